@@ -1,0 +1,204 @@
+// Softmax and causal scaled-dot-product attention on the CPU. Attention runs one (batch, head)
+// pair per task: the [seq, seq] score matrix through sgemm, then a masked row softmax, Philox
+// dropout and a second sgemm. The backward recomputes the probabilities from the saved
+// log-sum-exp, as flash attention does, so only O(seq) floats per row are kept between passes.
+#include <cblas.h>
+
+#include <cmath>
+#include <limits>
+
+#include "core/cpu/cpu_backend.h"
+#include "core/cpu/kernel_util.h"
+#include "core/philox.h"
+
+namespace nf::cpu {
+namespace {
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+// C[m, n] = alpha * op(A) op(B) on fp32 row-major matrices (beta = 0).
+void MatMul(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+            const float* a, const float* b, float* c) {
+  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
+              trans_b ? CblasTrans : CblasNoTrans, static_cast<blasint>(m),
+              static_cast<blasint>(n), static_cast<blasint>(k), alpha, a,
+              static_cast<blasint>(trans_a ? m : k), b, static_cast<blasint>(trans_b ? k : n),
+              0.0f, c, static_cast<blasint>(n));
+}
+
+// Per (batch, head): the dropout multipliers keep / (1 - p) of row i's first i + 1 columns.
+struct DropoutRow {
+  const ops::DropoutSpec& spec;
+  uint64_t sample, head;
+  uint32_t threshold;
+  float keep_scale;
+
+  DropoutRow(const ops::DropoutSpec& s, int64_t b, int64_t h)
+      : spec(s),
+        sample(s.first_sample + b),
+        head(s.head_offset + h),
+        threshold(DropoutThreshold(s.p)),
+        keep_scale(1.0f / (1.0f - s.p)) {}
+
+  // row[j] *= multiplier(i, j) for j < length.
+  void Apply(int64_t i, float* row, int64_t length) const {
+    if (spec.p == 0.0f) return;
+    PhiloxCounter words{};
+    for (int64_t j = 0; j < length; ++j) {
+      if ((j & 3) == 0) words = DropoutWords(spec.seed, spec.site, sample, head, i, j);
+      row[j] = words[j & 3] >= threshold ? row[j] * keep_scale : 0.0f;
+    }
+  }
+};
+
+// The [seq, head_dim] slice of (batch, head) pair `bh` of t as fp32 (staged in buf if needed).
+template <typename T>
+const float* LoadHead(const Tensor& t, int64_t bh, int64_t n, std::vector<float>& buf) {
+  return AsFloat(t.data<T>() + bh * n, n, buf);
+}
+
+template <typename T>
+void AttentionForwardTyped(const ops::AttentionArgs& args) {
+  const int64_t batch = args.q.dim(0), heads = args.q.dim(1);
+  const int64_t seq = args.q.dim(2), dim = args.q.dim(3), n = seq * dim;
+  ParallelFor(batch * heads, 4 * seq * seq * dim, [&](int64_t begin, int64_t end) {
+    std::vector<float> q_buf, k_buf, v_buf, scores(seq * seq), out(n);
+    for (int64_t bh = begin; bh < end; ++bh) {
+      const DropoutRow dropout(args.dropout, bh / heads, bh % heads);
+      const float* q = LoadHead<T>(args.q, bh, n, q_buf);
+      const float* k = LoadHead<T>(args.k, bh, n, k_buf);
+      const float* v = LoadHead<T>(args.v, bh, n, v_buf);
+      float* lse = args.lse.data<float>() + bh * seq;
+      MatMul(false, true, seq, seq, dim, args.scale, q, k, scores.data());
+      for (int64_t i = 0; i < seq; ++i) {
+        float* row = scores.data() + i * seq;
+        float max = kNegInf;
+        for (int64_t j = 0; j <= i; ++j) max = std::max(max, row[j]);
+        double sum = 0.0;
+        for (int64_t j = 0; j <= i; ++j) sum += std::exp(static_cast<double>(row[j] - max));
+        lse[i] = max + static_cast<float>(std::log(sum));
+        for (int64_t j = 0; j <= i; ++j) row[j] = std::exp(row[j] - lse[i]);
+        for (int64_t j = i + 1; j < seq; ++j) row[j] = 0.0f;
+        dropout.Apply(i, row, i + 1);
+      }
+      MatMul(false, false, seq, dim, seq, 1.0f, scores.data(), v, out.data());
+      StoreFloats(out.data(), n, args.out.data<T>() + bh * n);
+    }
+  });
+}
+
+template <typename T>
+void AttentionBackwardTyped(const ops::AttentionBackwardArgs& args) {
+  const int64_t batch = args.q.dim(0), heads = args.q.dim(1);
+  const int64_t seq = args.q.dim(2), dim = args.q.dim(3), n = seq * dim;
+  ParallelFor(batch * heads, 10 * seq * seq * dim, [&](int64_t begin, int64_t end) {
+    std::vector<float> q_buf, k_buf, v_buf, o_buf, do_buf;
+    std::vector<float> probs(seq * seq), dropped(seq * seq), grad_buf(seq * seq);
+    std::vector<float> result(n), row_dot(seq);
+    for (int64_t bh = begin; bh < end; ++bh) {
+      const DropoutRow dropout(args.dropout, bh / heads, bh % heads);
+      const float* q = LoadHead<T>(args.q, bh, n, q_buf);
+      const float* k = LoadHead<T>(args.k, bh, n, k_buf);
+      const float* v = LoadHead<T>(args.v, bh, n, v_buf);
+      const float* o = LoadHead<T>(args.out, bh, n, o_buf);
+      const float* d_o = LoadHead<T>(args.dout, bh, n, do_buf);
+      const float* lse = args.lse.data<float>() + bh * seq;
+      // P (probabilities) and P' = dropout(P), both [seq, seq], zero above the diagonal.
+      float* p = probs.data();
+      MatMul(false, true, seq, seq, dim, args.scale, q, k, p);
+      for (int64_t i = 0; i < seq; ++i) {
+        for (int64_t j = 0; j <= i; ++j) p[i * seq + j] = std::exp(p[i * seq + j] - lse[i]);
+        for (int64_t j = i + 1; j < seq; ++j) p[i * seq + j] = 0.0f;
+        std::copy(p + i * seq, p + (i + 1) * seq, dropped.data() + i * seq);
+        dropout.Apply(i, dropped.data() + i * seq, i + 1);
+        // sum_j P'_ij dP'_ij = sum_d dO_id O_id: the softmax backward's row term.
+        double dot = 0.0;
+        for (int64_t d = 0; d < dim; ++d) dot += static_cast<double>(d_o[i * dim + d]) * o[i * dim + d];
+        row_dot[i] = static_cast<float>(dot);
+      }
+      // dV = P'^T dO.
+      MatMul(true, false, seq, dim, seq, 1.0f, dropped.data(), d_o, result.data());
+      StoreFloats(result.data(), n, args.dv.data<T>() + bh * n);
+      // dP' = dO V^T; dP = dropout(dP'); dS = P * (dP - row_dot).
+      float* grad = grad_buf.data();
+      MatMul(false, true, seq, seq, dim, 1.0f, d_o, v, grad);
+      for (int64_t i = 0; i < seq; ++i) {
+        float* g = grad + i * seq;
+        dropout.Apply(i, g, i + 1);
+        for (int64_t j = 0; j <= i; ++j) g[j] = p[i * seq + j] * (g[j] - row_dot[i]);
+        for (int64_t j = i + 1; j < seq; ++j) g[j] = 0.0f;
+      }
+      // dQ = scale * dS K; dK = scale * dS^T Q.
+      MatMul(false, false, seq, dim, seq, args.scale, grad, k, result.data());
+      StoreFloats(result.data(), n, args.dq.data<T>() + bh * n);
+      MatMul(true, false, seq, dim, seq, args.scale, grad, q, result.data());
+      StoreFloats(result.data(), n, args.dk.data<T>() + bh * n);
+    }
+  });
+}
+
+}  // namespace
+
+absl::Status CpuBackend::SoftmaxForward(const Tensor& x, const Tensor& y) {
+  const int64_t cols = ops::Cols(x);
+  DispatchFloat(x.dtype(), [&]<typename T>() {
+    const T* px = x.data<T>();
+    T* py = y.data<T>();
+    ParallelFor(ops::Rows(x), 20 * cols, [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r) {
+        const T* in = px + r * cols;
+        T* out = py + r * cols;
+        float max = kNegInf;
+        for (int64_t c = 0; c < cols; ++c) max = std::max(max, ToFloat(in[c]));
+        if (max == kNegInf) {  // fully masked row: no probability mass anywhere
+          for (int64_t c = 0; c < cols; ++c) out[c] = FromFloat<T>(0.0f);
+          continue;
+        }
+        double sum = 0.0;
+        for (int64_t c = 0; c < cols; ++c) sum += std::exp(static_cast<double>(ToFloat(in[c]) - max));
+        const double inv = 1.0 / sum;
+        for (int64_t c = 0; c < cols; ++c) {
+          out[c] = FromFloat<T>(static_cast<float>(std::exp(static_cast<double>(ToFloat(in[c]) - max)) * inv));
+        }
+      }
+    });
+  });
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::SoftmaxBackward(const Tensor& y, const Tensor& dy, const Tensor& dx) {
+  const int64_t cols = ops::Cols(y);
+  DispatchFloat(y.dtype(), [&]<typename T>() {
+    const T* py = y.data<T>();
+    const T* pdy = dy.data<T>();
+    T* pdx = dx.data<T>();
+    ParallelFor(ops::Rows(y), 4 * cols, [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r) {
+        const int64_t base = r * cols;
+        double dot = 0.0;
+        for (int64_t c = 0; c < cols; ++c) {
+          dot += static_cast<double>(ToFloat(py[base + c])) * ToFloat(pdy[base + c]);
+        }
+        for (int64_t c = 0; c < cols; ++c) {
+          const float yc = ToFloat(py[base + c]);
+          pdx[base + c] = FromFloat<T>(yc * (ToFloat(pdy[base + c]) - static_cast<float>(dot)));
+        }
+      }
+    });
+  });
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::AttentionForward(const ops::AttentionArgs& args) {
+  if (args.q.numel() == 0) return absl::OkStatus();
+  DispatchFloat(args.q.dtype(), [&]<typename T>() { AttentionForwardTyped<T>(args); });
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::AttentionBackward(const ops::AttentionBackwardArgs& args) {
+  if (args.q.numel() == 0) return absl::OkStatus();
+  DispatchFloat(args.q.dtype(), [&]<typename T>() { AttentionBackwardTyped<T>(args); });
+  return absl::OkStatus();
+}
+
+}  // namespace nf::cpu

@@ -1,0 +1,67 @@
+// What a device backend implements: one method per op of ops.h, called only after ops.cc has
+// validated the arguments, so implementations may assume consistent shapes, dtypes and devices.
+#pragma once
+
+#include "absl/status/status.h"
+#include "core/device.h"
+#include "core/ops/ops.h"
+
+namespace nf::ops {
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  virtual absl::Status Gemm(const GemmArgs& args) = 0;
+
+  virtual absl::Status AddBias(const Tensor& x, const Tensor& bias) = 0;
+  virtual absl::Status BiasBackward(const Tensor& dy, const Tensor& dbias) = 0;
+  virtual absl::Status ActivationForward(Activation act, const Tensor& x, const Tensor& y) = 0;
+  virtual absl::Status ActivationBackward(Activation act, const Tensor& x, const Tensor& dy,
+                                          const Tensor& dx) = 0;
+  virtual absl::Status Dropout(const Tensor& x, const Tensor& y, const DropoutSpec& spec) = 0;
+
+  virtual absl::Status LayerNormForward(const LayerNormArgs& args) = 0;
+  virtual absl::Status LayerNormPartialStats(const Tensor& x, const Tensor& stats) = 0;
+  virtual absl::Status LayerNormForwardFromStats(const LayerNormArgs& args, const Tensor& stats,
+                                                 int64_t total_cols) = 0;
+  virtual absl::Status LayerNormBackward(const LayerNormBackwardArgs& args) = 0;
+  virtual absl::Status LayerNormBackwardPartialSums(const LayerNormBackwardArgs& args,
+                                                    const Tensor& sums) = 0;
+  virtual absl::Status LayerNormBackwardFromSums(const LayerNormBackwardArgs& args,
+                                                 const Tensor& sums, int64_t total_cols) = 0;
+
+  virtual absl::Status SoftmaxForward(const Tensor& x, const Tensor& y) = 0;
+  virtual absl::Status SoftmaxBackward(const Tensor& y, const Tensor& dy, const Tensor& dx) = 0;
+  virtual absl::Status AttentionForward(const AttentionArgs& args) = 0;
+  virtual absl::Status AttentionBackward(const AttentionBackwardArgs& args) = 0;
+
+  virtual absl::Status EmbeddingForward(const EmbeddingArgs& args) = 0;
+  virtual absl::Status EmbeddingBackward(const Tensor& ids, const Tensor& dout,
+                                         const Tensor& dtable, int64_t vocab_offset) = 0;
+  virtual absl::Status CrossEntropyRowMax(const CrossEntropyArgs& args,
+                                          const Tensor& row_max) = 0;
+  virtual absl::Status CrossEntropySumExp(const CrossEntropyArgs& args, const Tensor& row_max,
+                                          const Tensor& sum_exp, const Tensor& target_logit) = 0;
+  virtual absl::Status CrossEntropyLoss(const Tensor& targets, const Tensor& row_max,
+                                        const Tensor& sum_exp, const Tensor& target_logit,
+                                        const Tensor& loss) = 0;
+  virtual absl::Status CrossEntropyBackward(const CrossEntropyArgs& args, const Tensor& row_max,
+                                            const Tensor& sum_exp, const Tensor& dloss,
+                                            const Tensor& dlogits) = 0;
+
+  virtual absl::Status AdamWStep(const AdamWArgs& args) = 0;
+  virtual absl::Status UnscaleAndCheck(const Tensor& grads, float inv_scale,
+                                       const Tensor& found_nonfinite) = 0;
+  virtual absl::Status SquaredNorm(const Tensor& x, const Tensor& out) = 0;
+
+  virtual absl::Status Cast(const Tensor& src, const Tensor& dst) = 0;
+  virtual absl::Status Fill(const Tensor& x, float value) = 0;
+  virtual absl::Status Scale(const Tensor& x, float alpha) = 0;
+  virtual absl::Status Axpy(float alpha, const Tensor& x, const Tensor& y) = 0;
+};
+
+// The backend for tensors on `device`, or an error naming the device when none is built in.
+absl::StatusOr<Backend*> BackendFor(Device device);
+
+}  // namespace nf::ops

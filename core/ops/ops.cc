@@ -1,0 +1,534 @@
+// Validation and dispatch for every op of ops.h. Backends receive only consistent arguments.
+#include "core/ops/ops.h"
+
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "core/ops/backend.h"
+#include "core/ops/checks.h"
+#include "core/status.h"
+
+namespace nf::ops {
+namespace {
+
+absl::Status CheckFloatingSameDType(absl::string_view op, Named reference, Named t) {
+  NF_RETURN_IF_ERROR(CheckFloating(op, t));
+  return CheckDType(op, t, reference.tensor.dtype());
+}
+
+absl::Status CheckDropout(absl::string_view op, const DropoutSpec& spec) {
+  if (spec.p >= 0.0f && spec.p < 1.0f && spec.seq_len > 0 && spec.col_offset >= 0 &&
+      spec.head_offset >= 0) {
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      op, ": invalid dropout (p=", spec.p, ", seq_len=", spec.seq_len, ", col_offset=",
+      spec.col_offset, ", head_offset=", spec.head_offset,
+      "); p must be in [0, 1), seq_len positive and offsets non-negative"));
+}
+
+// The matrix dimensions of one GEMM operand: [rows, cols] of its last two dims, and its batch.
+struct MatrixDims {
+  int64_t batch, rows, cols;
+};
+MatrixDims DimsOf(const Tensor& t) {
+  return {t.rank() == 3 ? t.dim(0) : 1, t.dim(-2), t.dim(-1)};
+}
+
+}  // namespace
+
+#define NF_BACKEND(tensor) \
+  NF_ASSIGN_OR_RETURN(Backend * backend, BackendFor((tensor).device()))
+
+absl::Status Gemm(const GemmArgs& args) {
+  constexpr absl::string_view op = "Gemm";
+  NF_RETURN_IF_ERROR(CheckSameDevice(op, {{"A", args.a}, {"B", args.b}, {"C", args.c}}));
+  NF_RETURN_IF_ERROR(CheckFloating(op, {"A", args.a}));
+  NF_RETURN_IF_ERROR(CheckFloatingSameDType(op, {"A", args.a}, {"B", args.b}));
+  NF_RETURN_IF_ERROR(CheckFloating(op, {"C", args.c}));
+  for (Named t : {Named{"A", args.a}, Named{"B", args.b}, Named{"C", args.c}}) {
+    if (t.tensor.rank() != 2 && t.tensor.rank() != 3) {
+      return absl::InvalidArgumentError(absl::StrCat(op, ": ", t.name, " is ",
+                                                     t.tensor.DebugString(),
+                                                     ", expected 2 or 3 dimensions"));
+    }
+  }
+  const MatrixDims a = DimsOf(args.a), b = DimsOf(args.b), c = DimsOf(args.c);
+  const int64_t m = args.trans_a ? a.cols : a.rows;
+  const int64_t k = args.trans_a ? a.rows : a.cols;
+  const int64_t kb = args.trans_b ? b.cols : b.rows;
+  const int64_t n = args.trans_b ? b.rows : b.cols;
+  const int64_t batch = std::max(a.batch, b.batch);
+  const bool batches_agree = (args.a.rank() == 2 || a.batch == batch) &&
+                             (args.b.rank() == 2 || b.batch == batch) &&
+                             (batch == 1 || args.c.rank() == 3) && c.batch == batch;
+  if (k != kb || c.rows != m || c.cols != n || !batches_agree) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        op, ": shapes do not multiply: op(A) of ", args.a.DebugString(),
+        args.trans_a ? " (transposed)" : "", " times op(B) of ", args.b.DebugString(),
+        args.trans_b ? " (transposed)" : "", " into C ", args.c.DebugString()));
+  }
+  NF_BACKEND(args.c);
+  return backend->Gemm(args);
+}
+
+absl::Status AddBias(const Tensor& x, const Tensor& bias) {
+  constexpr absl::string_view op = "AddBias";
+  NF_RETURN_IF_ERROR(CheckSameDevice(op, {{"x", x}, {"bias", bias}}));
+  NF_RETURN_IF_ERROR(CheckFloating(op, {"x", x}));
+  NF_RETURN_IF_ERROR(CheckFloating(op, {"bias", bias}));
+  NF_RETURN_IF_ERROR(CheckShape(op, {"bias", bias}, {Cols(x)}));
+  NF_BACKEND(x);
+  return backend->AddBias(x, bias);
+}
+
+absl::Status BiasBackward(const Tensor& dy, const Tensor& dbias) {
+  constexpr absl::string_view op = "BiasBackward";
+  NF_RETURN_IF_ERROR(CheckSameDevice(op, {{"dy", dy}, {"dbias", dbias}}));
+  NF_RETURN_IF_ERROR(CheckFloating(op, {"dy", dy}));
+  NF_RETURN_IF_ERROR(CheckDType(op, {"dbias", dbias}, DType::kF32));
+  NF_RETURN_IF_ERROR(CheckShape(op, {"dbias", dbias}, {Cols(dy)}));
+  NF_BACKEND(dy);
+  return backend->BiasBackward(dy, dbias);
+}
+
+absl::Status ActivationForward(Activation act, const Tensor& x, const Tensor& y) {
+  constexpr absl::string_view op = "ActivationForward";
+  NF_RETURN_IF_ERROR(CheckSameDevice(op, {{"x", x}, {"y", y}}));
+  NF_RETURN_IF_ERROR(CheckFloating(op, {"x", x}));
+  NF_RETURN_IF_ERROR(CheckFloatingSameDType(op, {"x", x}, {"y", y}));
+  NF_RETURN_IF_ERROR(CheckShape(op, {"y", y}, x.shape()));
+  NF_BACKEND(x);
+  return backend->ActivationForward(act, x, y);
+}
+
+absl::Status ActivationBackward(Activation act, const Tensor& x, const Tensor& dy,
+                                const Tensor& dx) {
+  constexpr absl::string_view op = "ActivationBackward";
+  NF_RETURN_IF_ERROR(CheckSameDevice(op, {{"x", x}, {"dy", dy}, {"dx", dx}}));
+  NF_RETURN_IF_ERROR(CheckFloating(op, {"x", x}));
+  NF_RETURN_IF_ERROR(CheckFloatingSameDType(op, {"x", x}, {"dy", dy}));
+  NF_RETURN_IF_ERROR(CheckFloatingSameDType(op, {"x", x}, {"dx", dx}));
+  NF_RETURN_IF_ERROR(CheckShape(op, {"dy", dy}, x.shape()));
+  NF_RETURN_IF_ERROR(CheckShape(op, {"dx", dx}, x.shape()));
+  NF_BACKEND(x);
+  return backend->ActivationBackward(act, x, dy, dx);
+}
+
+absl::Status Dropout(const Tensor& x, const Tensor& y, const DropoutSpec& spec) {
+  constexpr absl::string_view op = "Dropout";
+  NF_RETURN_IF_ERROR(CheckSameDevice(op, {{"x", x}, {"y", y}}));
+  NF_RETURN_IF_ERROR(CheckFloating(op, {"x", x}));
+  NF_RETURN_IF_ERROR(CheckFloatingSameDType(op, {"x", x}, {"y", y}));
+  NF_RETURN_IF_ERROR(CheckShape(op, {"y", y}, x.shape()));
+  NF_RETURN_IF_ERROR(CheckDropout(op, spec));
+  NF_BACKEND(x);
+  return backend->Dropout(x, y, spec);
+}
+
+// ---- LayerNorm ---------------------------------------------------------------------------------
+
+namespace {
+
+absl::Status CheckLayerNormArgs(absl::string_view op, const LayerNormArgs& args) {
+  NF_RETURN_IF_ERROR(CheckSameDevice(op, {{"x", args.x},
+                                          {"weight", args.weight},
+                                          {"bias", args.bias},
+                                          {"y", args.y},
+                                          {"mean", args.mean},
+                                          {"rstd", args.rstd}}));
+  NF_RETURN_IF_ERROR(CheckFloating(op, {"x", args.x}));
+  NF_RETURN_IF_ERROR(CheckRankAtLeast(op, {"x", args.x}, 1));
+  NF_RETURN_IF_ERROR(CheckFloatingSameDType(op, {"x", args.x}, {"y", args.y}));
+  NF_RETURN_IF_ERROR(CheckShape(op, {"y", args.y}, args.x.shape()));
+  for (Named t : {Named{"weight", args.weight}, Named{"bias", args.bias}}) {
+    NF_RETURN_IF_ERROR(CheckFloating(op, t));
+    NF_RETURN_IF_ERROR(CheckShape(op, t, {Cols(args.x)}));
+  }
+  for (Named t : {Named{"mean", args.mean}, Named{"rstd", args.rstd}}) {
+    NF_RETURN_IF_ERROR(CheckDType(op, t, DType::kF32));
+    NF_RETURN_IF_ERROR(CheckShape(op, t, {Rows(args.x)}));
+  }
+  if (!(args.eps > 0.0f)) {
+    return absl::InvalidArgumentError(absl::StrCat(op, ": eps must be positive, got ", args.eps));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckRowPairs(absl::string_view op, Named pairs, const Tensor& x) {
+  NF_RETURN_IF_ERROR(CheckDType(op, pairs, DType::kF32));
+  NF_RETURN_IF_ERROR(CheckShape(op, pairs, {Rows(x), 2}));
+  if (!(pairs.tensor.device() == x.device())) {
+    return absl::InvalidArgumentError(absl::StrCat(op, ": ", pairs.name, " is on ",
+                                                   pairs.tensor.device().ToString(),
+                                                   ", expected ", x.device().ToString()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckTotalCols(absl::string_view op, int64_t total_cols, const Tensor& x) {
+  if (total_cols >= Cols(x) && total_cols > 0) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(op, ": total_cols ", total_cols,
+                                                 " must be positive and at least the local ",
+                                                 Cols(x), " columns"));
+}
+
+absl::Status CheckLayerNormBackwardArgs(absl::string_view op, const LayerNormBackwardArgs& args) {
+  NF_RETURN_IF_ERROR(CheckSameDevice(
+      op, {{"dy", args.dy}, {"x", args.x}, {"weight", args.weight}, {"mean", args.mean},
+           {"rstd", args.rstd}, {"dx", args.dx}, {"dweight", args.dweight},
+           {"dbias", args.dbias}}));
+  NF_RETURN_IF_ERROR(CheckFloating(op, {"x", args.x}));
+  NF_RETURN_IF_ERROR(CheckRankAtLeast(op, {"x", args.x}, 1));
+  NF_RETURN_IF_ERROR(CheckFloatingSameDType(op, {"x", args.x}, {"dy", args.dy}));
+  NF_RETURN_IF_ERROR(CheckFloatingSameDType(op, {"x", args.x}, {"dx", args.dx}));
+  NF_RETURN_IF_ERROR(CheckShape(op, {"dy", args.dy}, args.x.shape()));
+  NF_RETURN_IF_ERROR(CheckShape(op, {"dx", args.dx}, args.x.shape()));
+  NF_RETURN_IF_ERROR(CheckFloating(op, {"weight", args.weight}));
+  NF_RETURN_IF_ERROR(CheckShape(op, {"weight", args.weight}, {Cols(args.x)}));
+  for (Named t : {Named{"dweight", args.dweight}, Named{"dbias", args.dbias}}) {
+    NF_RETURN_IF_ERROR(CheckDType(op, t, DType::kF32));
+    NF_RETURN_IF_ERROR(CheckShape(op, t, {Cols(args.x)}));
+  }
+  for (Named t : {Named{"mean", args.mean}, Named{"rstd", args.rstd}}) {
+    NF_RETURN_IF_ERROR(CheckDType(op, t, DType::kF32));
+    NF_RETURN_IF_ERROR(CheckShape(op, t, {Rows(args.x)}));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status LayerNormForward(const LayerNormArgs& args) {
+  NF_RETURN_IF_ERROR(CheckLayerNormArgs("LayerNormForward", args));
+  NF_BACKEND(args.x);
+  return backend->LayerNormForward(args);
+}
+
+absl::Status LayerNormPartialStats(const Tensor& x, const Tensor& stats) {
+  constexpr absl::string_view op = "LayerNormPartialStats";
+  NF_RETURN_IF_ERROR(CheckFloating(op, {"x", x}));
+  NF_RETURN_IF_ERROR(CheckRankAtLeast(op, {"x", x}, 1));
+  NF_RETURN_IF_ERROR(CheckRowPairs(op, {"stats", stats}, x));
+  NF_BACKEND(x);
+  return backend->LayerNormPartialStats(x, stats);
+}
+
+absl::Status LayerNormForwardFromStats(const LayerNormArgs& args, const Tensor& stats,
+                                       int64_t total_cols) {
+  constexpr absl::string_view op = "LayerNormForwardFromStats";
+  NF_RETURN_IF_ERROR(CheckLayerNormArgs(op, args));
+  NF_RETURN_IF_ERROR(CheckRowPairs(op, {"stats", stats}, args.x));
+  NF_RETURN_IF_ERROR(CheckTotalCols(op, total_cols, args.x));
+  NF_BACKEND(args.x);
+  return backend->LayerNormForwardFromStats(args, stats, total_cols);
+}
+
+absl::Status LayerNormBackward(const LayerNormBackwardArgs& args) {
+  NF_RETURN_IF_ERROR(CheckLayerNormBackwardArgs("LayerNormBackward", args));
+  NF_BACKEND(args.x);
+  return backend->LayerNormBackward(args);
+}
+
+absl::Status LayerNormBackwardPartialSums(const LayerNormBackwardArgs& args, const Tensor& sums) {
+  constexpr absl::string_view op = "LayerNormBackwardPartialSums";
+  NF_RETURN_IF_ERROR(CheckLayerNormBackwardArgs(op, args));
+  NF_RETURN_IF_ERROR(CheckRowPairs(op, {"sums", sums}, args.x));
+  NF_BACKEND(args.x);
+  return backend->LayerNormBackwardPartialSums(args, sums);
+}
+
+absl::Status LayerNormBackwardFromSums(const LayerNormBackwardArgs& args, const Tensor& sums,
+                                       int64_t total_cols) {
+  constexpr absl::string_view op = "LayerNormBackwardFromSums";
+  NF_RETURN_IF_ERROR(CheckLayerNormBackwardArgs(op, args));
+  NF_RETURN_IF_ERROR(CheckRowPairs(op, {"sums", sums}, args.x));
+  NF_RETURN_IF_ERROR(CheckTotalCols(op, total_cols, args.x));
+  NF_BACKEND(args.x);
+  return backend->LayerNormBackwardFromSums(args, sums, total_cols);
+}
+
+// ---- Softmax and attention ---------------------------------------------------------------------
+
+absl::Status SoftmaxForward(const Tensor& x, const Tensor& y) {
+  constexpr absl::string_view op = "SoftmaxForward";
+  NF_RETURN_IF_ERROR(CheckSameDevice(op, {{"x", x}, {"y", y}}));
+  NF_RETURN_IF_ERROR(CheckFloating(op, {"x", x}));
+  NF_RETURN_IF_ERROR(CheckFloatingSameDType(op, {"x", x}, {"y", y}));
+  NF_RETURN_IF_ERROR(CheckShape(op, {"y", y}, x.shape()));
+  NF_BACKEND(x);
+  return backend->SoftmaxForward(x, y);
+}
+
+absl::Status SoftmaxBackward(const Tensor& y, const Tensor& dy, const Tensor& dx) {
+  constexpr absl::string_view op = "SoftmaxBackward";
+  NF_RETURN_IF_ERROR(CheckSameDevice(op, {{"y", y}, {"dy", dy}, {"dx", dx}}));
+  NF_RETURN_IF_ERROR(CheckFloating(op, {"y", y}));
+  NF_RETURN_IF_ERROR(CheckFloatingSameDType(op, {"y", y}, {"dy", dy}));
+  NF_RETURN_IF_ERROR(CheckFloatingSameDType(op, {"y", y}, {"dx", dx}));
+  NF_RETURN_IF_ERROR(CheckShape(op, {"dy", dy}, y.shape()));
+  NF_RETURN_IF_ERROR(CheckShape(op, {"dx", dx}, y.shape()));
+  NF_BACKEND(y);
+  return backend->SoftmaxBackward(y, dy, dx);
+}
+
+namespace {
+
+// q, k, v and every [batch, heads, seq, head_dim] companion; lse [batch, heads, seq].
+absl::Status CheckAttentionTensors(absl::string_view op, std::initializer_list<Named> like_q,
+                                   Named lse, const DropoutSpec& dropout) {
+  const Named& q = *like_q.begin();
+  NF_RETURN_IF_ERROR(CheckFloating(op, q));
+  if (q.tensor.rank() != 4) {
+    return absl::InvalidArgumentError(absl::StrCat(op, ": ", q.name, " is ",
+                                                   q.tensor.DebugString(),
+                                                   ", expected [batch, heads, seq, head_dim]"));
+  }
+  for (const Named& t : like_q) {
+    NF_RETURN_IF_ERROR(CheckFloatingSameDType(op, q, t));
+    NF_RETURN_IF_ERROR(CheckShape(op, t, q.tensor.shape()));
+    if (!(t.tensor.device() == q.tensor.device())) {
+      return CheckSameDevice(op, {q, t});
+    }
+  }
+  NF_RETURN_IF_ERROR(CheckDType(op, lse, DType::kF32));
+  NF_RETURN_IF_ERROR(
+      CheckShape(op, lse, {q.tensor.dim(0), q.tensor.dim(1), q.tensor.dim(2)}));
+  NF_RETURN_IF_ERROR(CheckSameDevice(op, {q, lse}));
+  return CheckDropout(op, dropout);
+}
+
+}  // namespace
+
+absl::Status AttentionForward(const AttentionArgs& args) {
+  NF_RETURN_IF_ERROR(CheckAttentionTensors(
+      "AttentionForward", {{"q", args.q}, {"k", args.k}, {"v", args.v}, {"out", args.out}},
+      {"lse", args.lse}, args.dropout));
+  NF_BACKEND(args.q);
+  return backend->AttentionForward(args);
+}
+
+absl::Status AttentionBackward(const AttentionBackwardArgs& args) {
+  NF_RETURN_IF_ERROR(CheckAttentionTensors("AttentionBackward",
+                                           {{"q", args.q},
+                                            {"k", args.k},
+                                            {"v", args.v},
+                                            {"out", args.out},
+                                            {"dout", args.dout},
+                                            {"dq", args.dq},
+                                            {"dk", args.dk},
+                                            {"dv", args.dv}},
+                                           {"lse", args.lse}, args.dropout));
+  NF_BACKEND(args.q);
+  return backend->AttentionBackward(args);
+}
+
+// ---- Embedding and loss ------------------------------------------------------------------------
+
+absl::Status EmbeddingForward(const EmbeddingArgs& args) {
+  constexpr absl::string_view op = "EmbeddingForward";
+  NF_RETURN_IF_ERROR(
+      CheckSameDevice(op, {{"ids", args.ids}, {"table", args.table}, {"out", args.out}}));
+  NF_RETURN_IF_ERROR(CheckDType(op, {"ids", args.ids}, DType::kI32));
+  NF_RETURN_IF_ERROR(CheckShape(op, {"ids", args.ids}, {args.ids.numel()}));
+  NF_RETURN_IF_ERROR(CheckFloating(op, {"table", args.table}));
+  NF_RETURN_IF_ERROR(CheckFloatingSameDType(op, {"table", args.table}, {"out", args.out}));
+  if (args.table.rank() != 2) {
+    return CheckShape(op, {"table", args.table}, {args.table.numel(), 1});
+  }
+  NF_RETURN_IF_ERROR(CheckShape(op, {"out", args.out}, {args.ids.numel(), args.table.dim(1)}));
+  const int64_t global = args.global_vocab == 0 ? args.vocab_offset + args.table.dim(0)
+                                                : args.global_vocab;
+  if (args.vocab_offset < 0 || args.vocab_offset + args.table.dim(0) > global) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        op, ": vocab slice [", args.vocab_offset, ", ", args.vocab_offset + args.table.dim(0),
+        ") does not fit a global vocabulary of ", global));
+  }
+  NF_BACKEND(args.table);
+  EmbeddingArgs resolved = args;
+  resolved.global_vocab = global;
+  return backend->EmbeddingForward(resolved);
+}
+
+absl::Status EmbeddingBackward(const Tensor& ids, const Tensor& dout, const Tensor& dtable,
+                               int64_t vocab_offset) {
+  constexpr absl::string_view op = "EmbeddingBackward";
+  NF_RETURN_IF_ERROR(CheckSameDevice(op, {{"ids", ids}, {"dout", dout}, {"dtable", dtable}}));
+  NF_RETURN_IF_ERROR(CheckDType(op, {"ids", ids}, DType::kI32));
+  NF_RETURN_IF_ERROR(CheckShape(op, {"ids", ids}, {ids.numel()}));
+  NF_RETURN_IF_ERROR(CheckDType(op, {"dtable", dtable}, DType::kF32));
+  if (dtable.rank() != 2) return CheckShape(op, {"dtable", dtable}, {dtable.numel(), 1});
+  NF_RETURN_IF_ERROR(CheckFloating(op, {"dout", dout}));
+  NF_RETURN_IF_ERROR(CheckShape(op, {"dout", dout}, {ids.numel(), dtable.dim(1)}));
+  if (vocab_offset < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(op, ": negative vocab_offset ", vocab_offset));
+  }
+  NF_BACKEND(dtable);
+  return backend->EmbeddingBackward(ids, dout, dtable, vocab_offset);
+}
+
+namespace {
+
+absl::Status CheckCrossEntropyArgs(absl::string_view op, const CrossEntropyArgs& args,
+                                   std::initializer_list<Named> per_row) {
+  NF_RETURN_IF_ERROR(CheckSameDevice(op, {{"logits", args.logits}, {"targets", args.targets}}));
+  NF_RETURN_IF_ERROR(CheckFloating(op, {"logits", args.logits}));
+  if (args.logits.rank() != 2) {
+    return CheckShape(op, {"logits", args.logits}, {Rows(args.logits), Cols(args.logits)});
+  }
+  NF_RETURN_IF_ERROR(CheckDType(op, {"targets", args.targets}, DType::kI32));
+  NF_RETURN_IF_ERROR(CheckShape(op, {"targets", args.targets}, {args.logits.dim(0)}));
+  for (const Named& t : per_row) {
+    NF_RETURN_IF_ERROR(CheckSameDevice(op, {{"logits", args.logits}, t}));
+    NF_RETURN_IF_ERROR(CheckDType(op, t, DType::kF32));
+    NF_RETURN_IF_ERROR(CheckShape(op, t, {args.logits.dim(0)}));
+  }
+  if (args.vocab_offset < 0 || args.valid_vocab < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(op, ": negative vocab_offset (",
+                                                   args.vocab_offset, ") or valid_vocab (",
+                                                   args.valid_vocab, ")"));
+  }
+  return absl::OkStatus();
+}
+
+CrossEntropyArgs Resolved(const CrossEntropyArgs& args) {
+  CrossEntropyArgs resolved = args;
+  if (resolved.valid_vocab == 0) resolved.valid_vocab = args.vocab_offset + args.logits.dim(1);
+  return resolved;
+}
+
+}  // namespace
+
+absl::Status CrossEntropyRowMax(const CrossEntropyArgs& args, const Tensor& row_max) {
+  NF_RETURN_IF_ERROR(CheckCrossEntropyArgs("CrossEntropyRowMax", args, {{"row_max", row_max}}));
+  NF_BACKEND(args.logits);
+  return backend->CrossEntropyRowMax(Resolved(args), row_max);
+}
+
+absl::Status CrossEntropySumExp(const CrossEntropyArgs& args, const Tensor& row_max,
+                                const Tensor& sum_exp, const Tensor& target_logit) {
+  NF_RETURN_IF_ERROR(CheckCrossEntropyArgs(
+      "CrossEntropySumExp", args,
+      {{"row_max", row_max}, {"sum_exp", sum_exp}, {"target_logit", target_logit}}));
+  NF_BACKEND(args.logits);
+  return backend->CrossEntropySumExp(Resolved(args), row_max, sum_exp, target_logit);
+}
+
+absl::Status CrossEntropyLoss(const Tensor& targets, const Tensor& row_max, const Tensor& sum_exp,
+                              const Tensor& target_logit, const Tensor& loss) {
+  constexpr absl::string_view op = "CrossEntropyLoss";
+  NF_RETURN_IF_ERROR(CheckDType(op, {"targets", targets}, DType::kI32));
+  NF_RETURN_IF_ERROR(CheckShape(op, {"targets", targets}, {targets.numel()}));
+  for (Named t : {Named{"row_max", row_max}, Named{"sum_exp", sum_exp},
+                  Named{"target_logit", target_logit}, Named{"loss", loss}}) {
+    NF_RETURN_IF_ERROR(CheckSameDevice(op, {{"targets", targets}, t}));
+    NF_RETURN_IF_ERROR(CheckDType(op, t, DType::kF32));
+    NF_RETURN_IF_ERROR(CheckShape(op, t, targets.shape()));
+  }
+  NF_BACKEND(targets);
+  return backend->CrossEntropyLoss(targets, row_max, sum_exp, target_logit, loss);
+}
+
+absl::Status CrossEntropyForward(const CrossEntropyArgs& args, const Tensor& row_max,
+                                 const Tensor& sum_exp, const Tensor& loss) {
+  // The target logit is written into `loss` first and turned into the loss in place.
+  NF_RETURN_IF_ERROR(CrossEntropyRowMax(args, row_max));
+  NF_RETURN_IF_ERROR(CrossEntropySumExp(args, row_max, sum_exp, loss));
+  return CrossEntropyLoss(args.targets, row_max, sum_exp, loss, loss);
+}
+
+absl::Status CrossEntropyBackward(const CrossEntropyArgs& args, const Tensor& row_max,
+                                  const Tensor& sum_exp, const Tensor& dloss,
+                                  const Tensor& dlogits) {
+  constexpr absl::string_view op = "CrossEntropyBackward";
+  NF_RETURN_IF_ERROR(CheckCrossEntropyArgs(
+      op, args, {{"row_max", row_max}, {"sum_exp", sum_exp}, {"dloss", dloss}}));
+  NF_RETURN_IF_ERROR(CheckSameDevice(op, {{"logits", args.logits}, {"dlogits", dlogits}}));
+  NF_RETURN_IF_ERROR(CheckFloatingSameDType(op, {"logits", args.logits}, {"dlogits", dlogits}));
+  NF_RETURN_IF_ERROR(CheckShape(op, {"dlogits", dlogits}, args.logits.shape()));
+  NF_BACKEND(args.logits);
+  return backend->CrossEntropyBackward(Resolved(args), row_max, sum_exp, dloss, dlogits);
+}
+
+// ---- Optimizer and mixed precision -------------------------------------------------------------
+
+absl::Status AdamWStep(const AdamWArgs& args) {
+  constexpr absl::string_view op = "AdamWStep";
+  NF_RETURN_IF_ERROR(CheckSameDevice(op, {{"params", args.params},
+                                          {"grads", args.grads},
+                                          {"exp_avg", args.exp_avg},
+                                          {"exp_avg_sq", args.exp_avg_sq}}));
+  for (Named t : {Named{"params", args.params}, Named{"grads", args.grads},
+                  Named{"exp_avg", args.exp_avg}, Named{"exp_avg_sq", args.exp_avg_sq}}) {
+    NF_RETURN_IF_ERROR(CheckDType(op, t, DType::kF32));
+    NF_RETURN_IF_ERROR(CheckShape(op, t, args.params.shape()));
+  }
+  if (args.step < 1 || !(args.beta1 >= 0 && args.beta1 < 1) ||
+      !(args.beta2 >= 0 && args.beta2 < 1) || !(args.eps > 0) || !std::isfinite(args.lr)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        op, ": invalid hyper-parameters (step=", args.step, ", lr=", args.lr, ", betas=(",
+        args.beta1, ", ", args.beta2, "), eps=", args.eps,
+        "); step >= 1, betas in [0, 1), eps > 0 and a finite lr are required"));
+  }
+  NF_BACKEND(args.params);
+  return backend->AdamWStep(args);
+}
+
+absl::Status UnscaleAndCheck(const Tensor& grads, float inv_scale, const Tensor& found_nonfinite) {
+  constexpr absl::string_view op = "UnscaleAndCheck";
+  NF_RETURN_IF_ERROR(
+      CheckSameDevice(op, {{"grads", grads}, {"found_nonfinite", found_nonfinite}}));
+  NF_RETURN_IF_ERROR(CheckDType(op, {"grads", grads}, DType::kF32));
+  NF_RETURN_IF_ERROR(CheckDType(op, {"found_nonfinite", found_nonfinite}, DType::kF32));
+  NF_RETURN_IF_ERROR(CheckShape(op, {"found_nonfinite", found_nonfinite}, {1}));
+  NF_BACKEND(grads);
+  return backend->UnscaleAndCheck(grads, inv_scale, found_nonfinite);
+}
+
+absl::Status SquaredNorm(const Tensor& x, const Tensor& out) {
+  constexpr absl::string_view op = "SquaredNorm";
+  NF_RETURN_IF_ERROR(CheckSameDevice(op, {{"x", x}, {"out", out}}));
+  NF_RETURN_IF_ERROR(CheckFloating(op, {"x", x}));
+  NF_RETURN_IF_ERROR(CheckDType(op, {"out", out}, DType::kF32));
+  NF_RETURN_IF_ERROR(CheckShape(op, {"out", out}, {1}));
+  NF_BACKEND(x);
+  return backend->SquaredNorm(x, out);
+}
+
+// ---- Data movement and BLAS-1 ------------------------------------------------------------------
+
+absl::Status Cast(const Tensor& src, const Tensor& dst) {
+  constexpr absl::string_view op = "Cast";
+  NF_RETURN_IF_ERROR(CheckSameDevice(op, {{"src", src}, {"dst", dst}}));
+  NF_RETURN_IF_ERROR(CheckFloating(op, {"src", src}));
+  NF_RETURN_IF_ERROR(CheckFloating(op, {"dst", dst}));
+  NF_RETURN_IF_ERROR(CheckSameNumel(op, {"src", src}, {"dst", dst}));
+  NF_BACKEND(src);
+  return backend->Cast(src, dst);
+}
+
+absl::Status Fill(const Tensor& x, float value) {
+  NF_RETURN_IF_ERROR(CheckDefined("Fill", {"x", x}));
+  NF_BACKEND(x);
+  return backend->Fill(x, value);
+}
+
+absl::Status Scale(const Tensor& x, float alpha) {
+  NF_RETURN_IF_ERROR(CheckFloating("Scale", {"x", x}));
+  NF_BACKEND(x);
+  return backend->Scale(x, alpha);
+}
+
+absl::Status Axpy(float alpha, const Tensor& x, const Tensor& y) {
+  constexpr absl::string_view op = "Axpy";
+  NF_RETURN_IF_ERROR(CheckSameDevice(op, {{"x", x}, {"y", y}}));
+  NF_RETURN_IF_ERROR(CheckFloating(op, {"x", x}));
+  NF_RETURN_IF_ERROR(CheckFloating(op, {"y", y}));
+  NF_RETURN_IF_ERROR(CheckSameNumel(op, {"x", x}, {"y", y}));
+  NF_BACKEND(x);
+  return backend->Axpy(alpha, x, y);
+}
+
+#undef NF_BACKEND
+
+}  // namespace nf::ops

@@ -1,0 +1,211 @@
+// The op table: every tensor operation of normformer, declared once. Each function checks
+// shapes, dtypes and devices (errors name the op and the offending tensor), then runs the
+// backend of the tensors' device (core/cpu today, core/cuda with the CUDA issue).
+//
+// Conventions
+// - Outputs are passed in pre-allocated (no allocation on the hot path) and written through
+//   const Tensor& handles.
+// - Floating inputs may be fp32, fp16 or bf16; arithmetic, statistics and accumulation are
+//   fp32 (the CPU backend accumulates long sums in double, which only makes it a better
+//   reference).
+// - Parameter gradients (dweight, dbias, dtable) are fp32 and ACCUMULATED (+=), so gradient
+//   accumulation over micro-batches needs no extra op; zero them with Fill at step start.
+// - "rows" means every dimension but the last flattened: x [..., cols] is [rows, cols].
+#pragma once
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "core/tensor.h"
+
+namespace nf::ops {
+
+// ---- Matrix products ---------------------------------------------------------------------------
+
+// C = alpha * op(A) op(B) + beta * C, op(X) = X or X^T, fp32 accumulation.
+// A: [M, K] ([K, M] if trans_a) or [batch, ...]; B: [K, N] ([N, K] if trans_b) or [batch, ...];
+// C: [M, N] or [batch, M, N]. A 2-D operand next to a 3-D one is shared by every batch (stride
+// 0). A and B share a floating dtype; C may be any floating dtype (fp32 C with beta = 1
+// accumulates weight gradients into main grads).
+struct GemmArgs {
+  Tensor a, b, c;
+  bool trans_a = false;
+  bool trans_b = false;
+  float alpha = 1.0f;
+  float beta = 0.0f;
+};
+absl::Status Gemm(const GemmArgs& args);
+
+// ---- Elementwise -------------------------------------------------------------------------------
+
+// x[r, :] += bias for every row. x [rows, cols], bias [cols].
+absl::Status AddBias(const Tensor& x, const Tensor& bias);
+// dbias[c] += sum_r dy[r, c]. dy [rows, cols], dbias fp32 [cols].
+absl::Status BiasBackward(const Tensor& dy, const Tensor& dbias);
+
+enum class Activation {
+  kGelu,         // x * Phi(x), exact erf form (fairseq's default "gelu")
+  kGeluTanh,     // tanh approximation (GPT-2's "gelu_new" / "gelu_accurate")
+  kReluSquared,  // max(x, 0)^2 (Primer)
+};
+// y = act(x). y may be x itself (in place).
+absl::Status ActivationForward(Activation act, const Tensor& x, const Tensor& y);
+// dx = dy * act'(x). dx may be dy itself.
+absl::Status ActivationBackward(Activation act, const Tensor& x, const Tensor& dy,
+                                const Tensor& dx);
+
+// Inverted dropout with Philox masks keyed by global coordinates (core/philox.h). The tensor
+// is [tokens, cols] with tokens = samples * seq_len in sample-major order; element (t, c) uses
+// sample = first_sample + t / seq_len, row = t % seq_len, col = col_offset + c (col_offset is
+// where a tensor-parallel shard starts in the full feature dimension).
+struct DropoutSpec {
+  float p = 0.0f;  // probability of zeroing an element, 0 <= p < 1
+  uint32_t seed = 0;
+  uint32_t site = 0;  // identifies the dropout inside the network (layer, kind)
+  uint64_t first_sample = 0;
+  int64_t seq_len = 1;
+  int64_t col_offset = 0;
+  int64_t head_offset = 0;  // attention only: global index of this shard's first head
+};
+// y = x * keep / (1 - p). The backward pass is the same call on dy: the mask is recomputed.
+// y may be x itself.
+absl::Status Dropout(const Tensor& x, const Tensor& y, const DropoutSpec& spec);
+
+// ---- LayerNorm ---------------------------------------------------------------------------------
+
+// y = (x - mean) * rstd * weight + bias over the last dimension.
+// x, y [rows, cols]; weight, bias [cols]; mean, rstd fp32 [rows] saved for the backward.
+struct LayerNormArgs {
+  Tensor x, weight, bias, y, mean, rstd;
+  float eps = 1e-5f;
+};
+absl::Status LayerNormForward(const LayerNormArgs& args);
+
+// Tensor-parallel LayerNorm over a feature dimension split across ranks (NormFormer's FFN
+// LayerNorm): each rank computes per-row partial sums of its columns, the caller all-reduces
+// them over the group, and the forward finishes from the global sums.
+// stats fp32 [rows, 2] = (sum x, sum x^2) over the local columns.
+absl::Status LayerNormPartialStats(const Tensor& x, const Tensor& stats);
+// As LayerNormForward, with mean and variance from all-reduced `stats` over `total_cols`.
+absl::Status LayerNormForwardFromStats(const LayerNormArgs& args, const Tensor& stats,
+                                       int64_t total_cols);
+
+// dx from dy; dweight, dbias (fp32) accumulated.
+struct LayerNormBackwardArgs {
+  Tensor dy, x, weight, mean, rstd;
+  Tensor dx, dweight, dbias;
+};
+absl::Status LayerNormBackward(const LayerNormBackwardArgs& args);
+// Tensor-parallel backward: sums fp32 [rows, 2] = (sum g, sum g * xhat) over local columns,
+// g = dy * weight; all-reduce them, then finish with the global sums over `total_cols`.
+absl::Status LayerNormBackwardPartialSums(const LayerNormBackwardArgs& args, const Tensor& sums);
+absl::Status LayerNormBackwardFromSums(const LayerNormBackwardArgs& args, const Tensor& sums,
+                                       int64_t total_cols);
+
+// ---- Softmax and attention ---------------------------------------------------------------------
+
+// y = softmax(x) over the last dimension. A row that is entirely -inf yields zeros.
+absl::Status SoftmaxForward(const Tensor& x, const Tensor& y);
+// dx = y * (dy - sum(dy * y)) per row.
+absl::Status SoftmaxBackward(const Tensor& y, const Tensor& dy, const Tensor& dx);
+
+// Causal scaled-dot-product attention with dropout on the probabilities:
+//   P = softmax(scale * Q K^T + causal mask), out = dropout(P) V.
+// q, k, v, out [batch, heads, seq, head_dim]; lse fp32 [batch, heads, seq] is the
+// log-sum-exp of each row of scaled scores, saved so the backward recomputes P exactly.
+// Dropout coordinates: sample = first_sample + b, head = head_offset + h, row = query
+// position, col = key position (spec.seq_len and col_offset are unused).
+struct AttentionArgs {
+  Tensor q, k, v, out, lse;
+  float scale = 1.0f;
+  DropoutSpec dropout;
+};
+absl::Status AttentionForward(const AttentionArgs& args);
+
+struct AttentionBackwardArgs {
+  Tensor q, k, v, out, lse, dout;
+  Tensor dq, dk, dv;
+  float scale = 1.0f;
+  DropoutSpec dropout;
+};
+absl::Status AttentionBackward(const AttentionBackwardArgs& args);
+
+// ---- Embedding and loss ------------------------------------------------------------------------
+
+// out[t] = table[ids[t] - vocab_offset], or zeros when the id belongs to another rank's slice
+// (vocab-parallel). ids i32 [tokens] must lie in [0, global_vocab); table [vocab_local, d];
+// out [tokens, d]. global_vocab = 0 means vocab_offset + vocab_local.
+struct EmbeddingArgs {
+  Tensor ids, table, out;
+  int64_t vocab_offset = 0;
+  int64_t global_vocab = 0;
+};
+absl::Status EmbeddingForward(const EmbeddingArgs& args);
+// dtable[ids[t] - vocab_offset] += dout[t] for the ids of this slice. dtable fp32.
+absl::Status EmbeddingBackward(const Tensor& ids, const Tensor& dout, const Tensor& dtable,
+                               int64_t vocab_offset);
+
+// Cross-entropy over logits [rows, vocab_local] holding global columns
+// [vocab_offset, vocab_offset + vocab_local). Columns with global id >= valid_vocab (vocab
+// padding) are never predicted: they count as -inf. targets i32 [rows]; -1 ignores a row
+// (loss 0, gradient 0). Vocab-parallel use, over the tensor-parallel group:
+//   CrossEntropyRowMax -> all-reduce max -> CrossEntropySumExp -> all-reduce sum of both
+//   outputs -> CrossEntropyLoss; the backward needs the global row_max and sum_exp.
+struct CrossEntropyArgs {
+  Tensor logits, targets;
+  int64_t vocab_offset = 0;
+  int64_t valid_vocab = 0;  // 0 means every column is valid
+};
+// row_max fp32 [rows]: max over this slice's valid columns (-inf when it has none).
+absl::Status CrossEntropyRowMax(const CrossEntropyArgs& args, const Tensor& row_max);
+// sum_exp fp32 [rows] = sum of exp(logit - row_max) over this slice's valid columns;
+// target_logit fp32 [rows] = the target's logit if this slice holds it, else 0.
+absl::Status CrossEntropySumExp(const CrossEntropyArgs& args, const Tensor& row_max,
+                                const Tensor& sum_exp, const Tensor& target_logit);
+// loss fp32 [rows] = log(sum_exp) + row_max - target_logit (0 for ignored rows).
+absl::Status CrossEntropyLoss(const Tensor& targets, const Tensor& row_max, const Tensor& sum_exp,
+                              const Tensor& target_logit, const Tensor& loss);
+// One-rank forward: the three steps above without communication.
+absl::Status CrossEntropyForward(const CrossEntropyArgs& args, const Tensor& row_max,
+                                 const Tensor& sum_exp, const Tensor& loss);
+// dlogits = dloss[r] * (softmax - onehot(target)) on this slice; zero on padding columns and
+// ignored rows. dloss fp32 [rows]; dlogits like logits (may be logits itself).
+absl::Status CrossEntropyBackward(const CrossEntropyArgs& args, const Tensor& row_max,
+                                  const Tensor& sum_exp, const Tensor& dloss,
+                                  const Tensor& dlogits);
+
+// ---- Optimizer and mixed precision -------------------------------------------------------------
+
+// One AdamW step on fp32 master weights (Loshchilov & Hutter, decoupled weight decay, as
+// fairseq's Adam): m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
+// p -= lr * (wd * p + (m / (1-b1^t)) / (sqrt(v / (1-b2^t)) + eps)).
+// params, grads, exp_avg, exp_avg_sq: fp32, same shape. step t counts from 1.
+struct AdamWArgs {
+  Tensor params, grads, exp_avg, exp_avg_sq;
+  float lr = 1e-3f;
+  float beta1 = 0.9f;
+  float beta2 = 0.98f;
+  float eps = 1e-8f;
+  float weight_decay = 0.0f;
+  int64_t step = 1;
+};
+absl::Status AdamWStep(const AdamWArgs& args);
+
+// grads *= inv_scale; found_nonfinite fp32 [1] is set to 1 if any result is inf or NaN
+// (left unchanged otherwise, so one flag can collect several buffers).
+absl::Status UnscaleAndCheck(const Tensor& grads, float inv_scale, const Tensor& found_nonfinite);
+// out fp32 [1] += sum of x^2.
+absl::Status SquaredNorm(const Tensor& x, const Tensor& out);
+
+// ---- Data movement and BLAS-1 ------------------------------------------------------------------
+
+// dst = src converted between floating dtypes (round to nearest even). Same number of elements.
+absl::Status Cast(const Tensor& src, const Tensor& dst);
+// Every element of x set to value (floating or integer tensors).
+absl::Status Fill(const Tensor& x, float value);
+// x *= alpha.
+absl::Status Scale(const Tensor& x, float alpha);
+// y += alpha * x. Same number of elements.
+absl::Status Axpy(float alpha, const Tensor& x, const Tensor& y);
+
+}  // namespace nf::ops

@@ -1,0 +1,97 @@
+// Helpers for numerical tests: random inputs, tensors from vectors, float64 comparisons and
+// central finite differences. References in tests are written in double, independently of the
+// kernels they check.
+#pragma once
+
+#include <cmath>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+#include "gtest/gtest.h"
+
+namespace nf::testing {
+
+// n uniform values in [lo, hi), reproducible from the seed.
+inline std::vector<float> RandomFloats(size_t n, uint32_t seed, float lo = -1.0f, float hi = 1.0f) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> dist(lo, hi);
+  std::vector<float> out(n);
+  for (float& v : out) v = dist(rng);
+  return out;
+}
+
+// A CPU tensor of dtype holding values (rounded to dtype); aborts the test on error.
+inline Tensor MakeTensor(DType dtype, Shape shape, const std::vector<float>& values) {
+  auto t = TensorFromFloats(dtype, std::move(shape), values);
+  if (!t.ok()) {
+    ADD_FAILURE() << t.status();
+    std::abort();
+  }
+  return *std::move(t);
+}
+
+inline Tensor MakeZeros(DType dtype, Shape shape) {
+  auto t = Tensor::Zeros(dtype, std::move(shape));
+  if (!t.ok()) {
+    ADD_FAILURE() << t.status();
+    std::abort();
+  }
+  return *std::move(t);
+}
+
+inline Tensor MakeIds(Shape shape, const std::vector<int32_t>& ids) {
+  Tensor t = MakeZeros(DType::kI32, std::move(shape));
+  std::copy(ids.begin(), ids.end(), t.data<int32_t>());
+  return t;
+}
+
+// The tensor's values as doubles (floating dtypes).
+inline std::vector<double> ToDoubles(const Tensor& t) {
+  auto floats = ToFloatVector(t);
+  EXPECT_TRUE(floats.ok()) << floats.status();
+  return std::vector<double>(floats->begin(), floats->end());
+}
+
+// The values as they are after rounding to dtype (what a kernel actually reads).
+inline std::vector<double> Rounded(DType dtype, const std::vector<float>& values) {
+  return ToDoubles(MakeTensor(dtype, {static_cast<int64_t>(values.size())}, values));
+}
+
+// Expects |actual - expected| <= atol + rtol * |expected| elementwise, reporting the worst.
+inline void ExpectAllClose(const std::vector<double>& actual, const std::vector<double>& expected,
+                           double atol, double rtol, const std::string& what) {
+  ASSERT_EQ(actual.size(), expected.size()) << what;
+  double worst = 0.0;
+  size_t worst_index = 0;
+  for (size_t i = 0; i < actual.size(); ++i) {
+    const double excess = std::abs(actual[i] - expected[i]) - (atol + rtol * std::abs(expected[i]));
+    if (!(excess <= worst) || std::isnan(actual[i]) != std::isnan(expected[i])) {
+      worst = std::isnan(excess) ? INFINITY : excess;
+      worst_index = i;
+    }
+  }
+  EXPECT_LE(worst, 0.0) << what << ": element " << worst_index << " is " << actual[worst_index]
+                        << ", expected " << expected[worst_index] << " (atol " << atol
+                        << ", rtol " << rtol << ")";
+}
+
+// d f / d x by central differences in double: (f(x + h) - f(x - h)) / 2h per coordinate.
+inline std::vector<double> NumericGradient(const std::function<double(const std::vector<double>&)>& f,
+                                           std::vector<double> x, double h = 1e-6) {
+  std::vector<double> grad(x.size());
+  for (size_t i = 0; i < x.size(); ++i) {
+    const double saved = x[i];
+    x[i] = saved + h;
+    const double up = f(x);
+    x[i] = saved - h;
+    const double down = f(x);
+    x[i] = saved;
+    grad[i] = (up - down) / (2 * h);
+  }
+  return grad;
+}
+
+}  // namespace nf::testing
