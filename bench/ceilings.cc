@@ -1,0 +1,31 @@
+#include "bench/ceilings.h"
+
+#include <cblas.h>
+
+#include <cstring>
+
+namespace nf::bench {
+
+Ceilings MeasureCeilings() {
+  Ceilings ceilings{};
+  {
+    constexpr int n = 1024;
+    std::vector<float> a(n * n, 0.5f), b(n * n, 0.25f), c(n * n, 0.0f);
+    auto sgemm = [&] {
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a.data(), n, b.data(),
+                  n, 0.0f, c.data(), n);
+    };
+    sgemm();  // warm up threads and caches
+    ceilings.sgemm_gflops = 2.0 * n * n * n / MedianSeconds(7, sgemm) / 1e9;
+  }
+  {
+    constexpr size_t bytes = size_t{256} << 20;
+    std::vector<char> src(bytes, 1), dst(bytes, 0);
+    auto copy = [&] { std::memcpy(dst.data(), src.data(), bytes); };
+    copy();
+    ceilings.memcpy_gbytes_per_s = 2.0 * bytes / MedianSeconds(5, copy) / 1e9;
+  }
+  return ceilings;
+}
+
+}  // namespace nf::bench

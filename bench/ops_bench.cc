@@ -1,0 +1,218 @@
+// Op benchmarks of the CPU backend. Every row reports its work rate (GFLOP/s for matrix work,
+// GB/s for memory-bound ops) and its ratio to a ceiling measured at the start of the same run:
+// OpenBLAS sgemm for FLOP rates, memcpy for byte rates. Medians over repetitions.
+//
+//   build/bench/nf-bench-ops [--benchmark_filter=Gemm] [--benchmark_repetitions=5]
+#include <benchmark/benchmark.h>
+#include <cblas.h>
+
+#include <chrono>
+#include <cstdio>
+#include <vector>
+
+#include "bench/ceilings.h"
+#include "core/ops/ops.h"
+
+namespace nf::bench {
+namespace {
+
+Ceilings ceilings;
+
+Tensor Random(DType dtype, Shape shape, float scale = 1.0f) {
+  std::vector<float> values(NumElements(shape));
+  uint32_t state = 12345;
+  for (float& v : values) {  // xorshift: fast, reproducible, no dependence on <random>
+    state ^= state << 13;
+    state ^= state >> 17;
+    state ^= state << 5;
+    v = scale * (static_cast<float>(state) / 4294967296.0f - 0.5f);
+  }
+  return *TensorFromFloats(dtype, std::move(shape), values);
+}
+
+Tensor Zeros(DType dtype, Shape shape) { return *Tensor::Zeros(dtype, std::move(shape)); }
+
+// Times `op` per iteration and reports rates from the wall time of the loop (the kernels are
+// multi-threaded, so CPU time of the calling thread would mislead): flops and bytes are per
+// iteration.
+template <typename Op>
+void Run(benchmark::State& state, double flops, double bytes, Op&& op) {
+  const auto start = std::chrono::steady_clock::now();
+  for (auto _ : state) {
+    const absl::Status status = op();
+    if (!status.ok()) {
+      state.SkipWithError(std::string(status.message()).c_str());
+      return;
+    }
+  }
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const double per_second = static_cast<double>(state.iterations()) / seconds;
+  if (flops > 0) {
+    state.counters["GFLOP/s"] = flops * per_second / 1e9;
+    state.counters["vs_sgemm"] = flops * per_second / 1e9 / ceilings.sgemm_gflops;
+  }
+  if (bytes > 0) {
+    state.counters["GB/s"] = bytes * per_second / 1e9;
+    state.counters["vs_memcpy"] = bytes * per_second / 1e9 / ceilings.memcpy_gbytes_per_s;
+  }
+}
+
+// ---- GEMM: the ceiling itself, then ops::Gemm per dtype -----------------------------------------
+
+void BM_OpenBlasSgemm(benchmark::State& state) {
+  const int n = static_cast<int>(state.range(0));
+  std::vector<float> a(n * n, 0.5f), b(n * n, 0.25f), c(n * n);
+  Run(state, 2.0 * n * n * n, 0, [&] {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a.data(), n, b.data(), n,
+                0.0f, c.data(), n);
+    return absl::OkStatus();
+  });
+}
+
+// [m, k] x [k, n] -> [m, n]; range: m, n, k.
+template <DType kDType>
+void BM_Gemm(benchmark::State& state) {
+  const int64_t m = state.range(0), n = state.range(1), k = state.range(2);
+  ops::GemmArgs args{
+      .a = Random(kDType, {m, k}), .b = Random(kDType, {k, n}), .c = Zeros(kDType, {m, n})};
+  Run(state, 2.0 * m * n * k, 0, [&] { return ops::Gemm(args); });
+}
+
+// ---- LayerNorm: memory-bound, bytes = tensors read and written ---------------------------------
+
+template <DType kDType>
+void BM_LayerNormForward(benchmark::State& state) {
+  const int64_t rows = state.range(0), cols = state.range(1);
+  ops::LayerNormArgs args{.x = Random(kDType, {rows, cols}),
+                          .weight = Random(DType::kF32, {cols}),
+                          .bias = Random(DType::kF32, {cols}),
+                          .y = Zeros(kDType, {rows, cols}),
+                          .mean = Zeros(DType::kF32, {rows}),
+                          .rstd = Zeros(DType::kF32, {rows})};
+  Run(state, 0, 2.0 * rows * cols * SizeOf(kDType), [&] { return ops::LayerNormForward(args); });
+}
+
+template <DType kDType>
+void BM_LayerNormBackward(benchmark::State& state) {
+  const int64_t rows = state.range(0), cols = state.range(1);
+  ops::LayerNormArgs fwd{.x = Random(kDType, {rows, cols}),
+                         .weight = Random(DType::kF32, {cols}),
+                         .bias = Random(DType::kF32, {cols}),
+                         .y = Zeros(kDType, {rows, cols}),
+                         .mean = Zeros(DType::kF32, {rows}),
+                         .rstd = Zeros(DType::kF32, {rows})};
+  if (!ops::LayerNormForward(fwd).ok()) state.SkipWithError("forward failed");
+  ops::LayerNormBackwardArgs args{Random(kDType, {rows, cols}),
+                                  fwd.x,
+                                  fwd.weight,
+                                  fwd.mean,
+                                  fwd.rstd,
+                                  Zeros(kDType, {rows, cols}),
+                                  Zeros(DType::kF32, {cols}),
+                                  Zeros(DType::kF32, {cols})};
+  // Reads x and dy, writes dx (the parameter-gradient pass reads x and dy again).
+  Run(state, 0, 3.0 * rows * cols * SizeOf(kDType), [&] { return ops::LayerNormBackward(args); });
+}
+
+// ---- Attention: causal, [batch, heads, seq, head_dim] -------------------------------------------
+// FLOPs counted as the dense matrix products (2 in forward, 4 in backward, each 2*S*S*D per
+// head), the convention of FlashAttention's benchmarks without the causal halving.
+
+template <DType kDType>
+void BM_AttentionForward(benchmark::State& state) {
+  const int64_t b = state.range(0), h = state.range(1), s = state.range(2), d = state.range(3);
+  const Shape shape{b, h, s, d};
+  ops::AttentionArgs args{.q = Random(kDType, shape),
+                          .k = Random(kDType, shape),
+                          .v = Random(kDType, shape),
+                          .out = Zeros(kDType, shape),
+                          .lse = Zeros(DType::kF32, {b, h, s}),
+                          .scale = 0.125f,
+                          .dropout = {.p = 0.1f}};
+  Run(state, 4.0 * b * h * s * s * d, 0, [&] { return ops::AttentionForward(args); });
+}
+
+template <DType kDType>
+void BM_AttentionBackward(benchmark::State& state) {
+  const int64_t b = state.range(0), h = state.range(1), s = state.range(2), d = state.range(3);
+  const Shape shape{b, h, s, d};
+  ops::AttentionArgs fwd{.q = Random(kDType, shape),
+                         .k = Random(kDType, shape),
+                         .v = Random(kDType, shape),
+                         .out = Zeros(kDType, shape),
+                         .lse = Zeros(DType::kF32, {b, h, s}),
+                         .scale = 0.125f,
+                         .dropout = {.p = 0.1f}};
+  if (!ops::AttentionForward(fwd).ok()) state.SkipWithError("forward failed");
+  ops::AttentionBackwardArgs args{.q = fwd.q,
+                                  .k = fwd.k,
+                                  .v = fwd.v,
+                                  .out = fwd.out,
+                                  .lse = fwd.lse,
+                                  .dout = Random(kDType, shape),
+                                  .dq = Zeros(kDType, shape),
+                                  .dk = Zeros(kDType, shape),
+                                  .dv = Zeros(kDType, shape),
+                                  .scale = fwd.scale,
+                                  .dropout = fwd.dropout};
+  Run(state, 8.0 * b * h * s * s * d, 0, [&] { return ops::AttentionBackward(args); });
+}
+
+// ---- AdamW: reads params, grads, m, v; writes params, m, v (28 bytes per parameter) ------------
+
+void BM_AdamW(benchmark::State& state) {
+  const int64_t n = state.range(0);
+  ops::AdamWArgs args{.params = Random(DType::kF32, {n}),
+                      .grads = Random(DType::kF32, {n}),
+                      .exp_avg = Zeros(DType::kF32, {n}),
+                      .exp_avg_sq = Zeros(DType::kF32, {n}),
+                      .weight_decay = 0.01f};
+  int64_t step = 0;
+  Run(state, 0, 28.0 * n, [&] {
+    args.step = ++step;
+    return ops::AdamWStep(args);
+  });
+}
+
+// Registered after the ceilings are measured; names read "<op>_<dtype>/<shape>".
+void RegisterAll() {
+  auto add = [](const std::string& name, auto fn, std::vector<int64_t> args) {
+    benchmark::RegisterBenchmark(name.c_str(), fn)
+        ->Args(args)
+        ->UseRealTime()
+        ->Unit(benchmark::kMillisecond)
+        ->MinTime(0.2)
+        ->Repetitions(3)
+        ->ReportAggregatesOnly(true);
+  };
+  add("openblas_sgemm/n", BM_OpenBlasSgemm, {1024});
+  add("gemm_f32/m/n/k", BM_Gemm<DType::kF32>, {1024, 1024, 1024});
+  add("gemm_f32/m/n/k", BM_Gemm<DType::kF32>, {2048, 3072, 768});
+  add("gemm_bf16/m/n/k", BM_Gemm<DType::kBF16>, {1024, 1024, 1024});
+  add("gemm_f16/m/n/k", BM_Gemm<DType::kF16>, {1024, 1024, 1024});
+  add("layer_norm_fwd_f32/rows/cols", BM_LayerNormForward<DType::kF32>, {8192, 768});
+  add("layer_norm_fwd_bf16/rows/cols", BM_LayerNormForward<DType::kBF16>, {8192, 768});
+  add("layer_norm_bwd_f32/rows/cols", BM_LayerNormBackward<DType::kF32>, {8192, 768});
+  add("attention_fwd_f32/b/h/s/d", BM_AttentionForward<DType::kF32>, {4, 12, 256, 64});
+  add("attention_bwd_f32/b/h/s/d", BM_AttentionBackward<DType::kF32>, {4, 12, 256, 64});
+  add("attention_fwd_bf16/b/h/s/d", BM_AttentionForward<DType::kBF16>, {4, 12, 256, 64});
+  add("adamw_f32/params", BM_AdamW, {16 << 20});
+}
+
+}  // namespace
+}  // namespace nf::bench
+
+int main(int argc, char** argv) {
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  nf::bench::ceilings = nf::bench::MeasureCeilings();
+  std::printf(
+      "Ceilings measured in this run: OpenBLAS sgemm (n=1024) %.1f GFLOP/s, "
+      "memcpy (256 MiB) %.1f GB/s\n",
+      nf::bench::ceilings.sgemm_gflops, nf::bench::ceilings.memcpy_gbytes_per_s);
+  nf::bench::RegisterAll();
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}
