@@ -3,6 +3,10 @@
 // because the machines are shared and noisy.
 #pragma once
 
+#include <algorithm>
+#include <chrono>
+#include <vector>
+
 namespace nf::bench {
 
 struct Ceilings {
@@ -15,16 +19,7 @@ Ceilings MeasureCeilings();
 
 // Median of `trials` timings of fn(), in seconds.
 template <typename F>
-double MedianSeconds(int trials, F&& fn);
-
-}  // namespace nf::bench
-
-#include <algorithm>
-#include <chrono>
-#include <vector>
-
-template <typename F>
-double nf::bench::MedianSeconds(int trials, F&& fn) {
+double MedianSeconds(int trials, F&& fn) {
   std::vector<double> seconds;
   for (int i = 0; i < trials; ++i) {
     const auto start = std::chrono::steady_clock::now();
@@ -35,3 +30,5 @@ double nf::bench::MedianSeconds(int trials, F&& fn) {
   std::sort(seconds.begin(), seconds.end());
   return seconds[seconds.size() / 2];
 }
+
+}  // namespace nf::bench
