@@ -77,7 +77,8 @@ void Tensor::CheckDType(DType expected) const {
 absl::StatusOr<Tensor> Tensor::View(int64_t element_offset, Shape shape) const {
   if (absl::Status s = ValidateShape(shape); !s.ok()) return s;
   const int64_t n = NumElements(shape);
-  if (element_offset < 0 || element_offset + n > numel()) {
+  // Written so that a huge offset cannot overflow int64 and wrap back into range.
+  if (element_offset < 0 || n > numel() - element_offset) {
     return absl::OutOfRangeError(absl::StrCat("view of ", ShapeToString(shape), " at offset ",
                                               element_offset, " exceeds ", DebugString()));
   }
@@ -97,9 +98,10 @@ absl::StatusOr<Tensor> Tensor::Reshape(Shape shape) const {
 
 absl::StatusOr<Tensor> Tensor::Slice(int64_t start, int64_t length) const {
   if (rank() == 0) return absl::InvalidArgumentError("cannot slice a scalar tensor");
-  if (start < 0 || length < 0 || start + length > shape_[0]) {
-    return absl::OutOfRangeError(absl::StrCat("slice [", start, ", ", start + length,
-                                              ") exceeds dimension 0 of ", DebugString()));
+  // Written so that a huge start or length cannot overflow int64 and wrap back into range.
+  if (start < 0 || length < 0 || start > shape_[0] - length) {
+    return absl::OutOfRangeError(absl::StrCat("slice of length ", length, " at row ", start,
+                                              " exceeds dimension 0 of ", DebugString()));
   }
   Shape shape = shape_;
   shape[0] = length;
@@ -114,7 +116,8 @@ std::string Tensor::DebugString() const {
 namespace {
 
 absl::Status CheckHostFloat(const Tensor& tensor) {
-  if (tensor.device().type != DeviceType::kCpu || !IsFloating(tensor.dtype())) {
+  if (!tensor.defined() || tensor.device().type != DeviceType::kCpu ||
+      !IsFloating(tensor.dtype())) {
     return absl::InvalidArgumentError(
         absl::StrCat("expected a floating CPU tensor, got ", tensor.DebugString()));
   }

@@ -5,6 +5,7 @@
 // decides) and on a few million random fp32 bit patterns against two independent references:
 // GCC's _Float16 conversion (software, round-to-nearest-even) and a rounding written here in
 // double arithmetic.
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstdint>
@@ -146,18 +147,18 @@ TEST(HalfTest, EveryPatternDecodesExactly) {
     const float f = HalfBitsToFloat(h);
     const double reference = HalfReference(h);
     if (IsHalfNaN(h)) {
-      EXPECT_TRUE(std::isnan(f)) << std::hex << h;
-      EXPECT_EQ(std::signbit(f), (h & 0x8000u) != 0) << std::hex << h;
+      ASSERT_TRUE(std::isnan(f)) << std::hex << h;
+      ASSERT_EQ(std::signbit(f), (h & 0x8000u) != 0) << std::hex << h;
       // Documented: the payload is kept (in the top mantissa bits) and the NaN is quiet.
-      EXPECT_EQ((FloatBits(f) >> 13) & 0x3FFu, (h & 0x3FFu) | 0x200u) << std::hex << h;
-      EXPECT_TRUE(std::isnan(GccHalfBitsToFloat(h)));
+      ASSERT_EQ((FloatBits(f) >> 13) & 0x3FFu, (h & 0x3FFu) | 0x200u) << std::hex << h;
+      ASSERT_TRUE(std::isnan(GccHalfBitsToFloat(h)));
       continue;
     }
     // Exact equality, bitwise so that -0 and +0 are told apart.
-    EXPECT_EQ(FloatBits(f), FloatBits(static_cast<float>(reference)))
+    ASSERT_EQ(FloatBits(f), FloatBits(static_cast<float>(reference)))
         << std::hex << "h=" << h << " got " << f << " expected " << reference;
-    EXPECT_EQ(static_cast<double>(f), reference) << std::hex << h;
-    EXPECT_EQ(FloatBits(f), FloatBits(GccHalfBitsToFloat(h))) << std::hex << h;
+    ASSERT_EQ(static_cast<double>(f), reference) << std::hex << h;
+    ASSERT_EQ(FloatBits(f), FloatBits(GccHalfBitsToFloat(h))) << std::hex << h;
   }
 }
 
@@ -167,10 +168,10 @@ TEST(HalfTest, EveryPatternRoundTrips) {
     const uint16_t back = FloatToHalfBits(HalfBitsToFloat(h));
     if (IsHalfNaN(h)) {
       // NaN stays NaN with its sign and payload; only the quiet bit may be added.
-      EXPECT_TRUE(IsHalfNaN(back)) << std::hex << h << " -> " << back;
-      EXPECT_EQ(back, h | 0x0200u) << std::hex << h;
+      ASSERT_TRUE(IsHalfNaN(back)) << std::hex << h << " -> " << back;
+      ASSERT_EQ(back, h | 0x0200u) << std::hex << h;
     } else {
-      EXPECT_EQ(back, h) << std::hex << h;  // includes +-0 and +-inf
+      ASSERT_EQ(back, h) << std::hex << h;  // includes +-0 and +-inf
     }
   }
 }
@@ -254,7 +255,7 @@ TEST(HalfTest, RandomFloatsMatchGccAndDoubleReference) {
     const uint16_t h = FloatToHalfBits(f);
     if (std::isnan(f)) {
       ASSERT_TRUE(IsHalfNaN(h)) << std::hex << bits;
-      ASSERT_EQ(h >> 15, bits >> 31) << std::hex << bits;
+      ASSERT_EQ(h >> 15, static_cast<int>(bits >> 31)) << std::hex << bits;
       continue;
     }
     ASSERT_EQ(h, GccFloatToHalfBits(f)) << std::hex << "fp32 bits " << bits << " (" << f << ")";
@@ -272,12 +273,12 @@ TEST(BFloat16Test, EveryPatternDecodesExactly) {
     const uint16_t b = static_cast<uint16_t>(i);
     const float f = BFloat16BitsToFloat(b);
     // Documented as exact: the bf16 bits are the top half of the fp32 bits (NaNs included).
-    EXPECT_EQ(FloatBits(f), i << 16) << std::hex << b;
+    ASSERT_EQ(FloatBits(f), i << 16) << std::hex << b;
     if (IsBFloat16NaN(b)) {
-      EXPECT_TRUE(std::isnan(f)) << std::hex << b;
+      ASSERT_TRUE(std::isnan(f)) << std::hex << b;
     } else {
-      EXPECT_EQ(static_cast<double>(f), BFloat16Reference(b)) << std::hex << b;
-      EXPECT_EQ(std::signbit(f), (b & 0x8000u) != 0) << std::hex << b;
+      ASSERT_EQ(static_cast<double>(f), BFloat16Reference(b)) << std::hex << b;
+      ASSERT_EQ(std::signbit(f), (b & 0x8000u) != 0) << std::hex << b;
     }
   }
 }
@@ -288,10 +289,10 @@ TEST(BFloat16Test, EveryPatternRoundTrips) {
     const uint16_t back = FloatToBFloat16Bits(BFloat16BitsToFloat(b));
     if (IsBFloat16NaN(b)) {
       // NaN stays NaN with its sign and payload; only the quiet bit may be added.
-      EXPECT_TRUE(IsBFloat16NaN(back)) << std::hex << b << " -> " << back;
-      EXPECT_EQ(back, b | 0x0040u) << std::hex << b;
+      ASSERT_TRUE(IsBFloat16NaN(back)) << std::hex << b << " -> " << back;
+      ASSERT_EQ(back, b | 0x0040u) << std::hex << b;
     } else {
-      EXPECT_EQ(back, b) << std::hex << b;  // includes +-0 and +-inf
+      ASSERT_EQ(back, b) << std::hex << b;  // includes +-0 and +-inf
     }
   }
 }
@@ -304,11 +305,11 @@ TEST(BFloat16Test, SpecialValues) {
   EXPECT_EQ(FloatToBFloat16Bits(-std::numeric_limits<float>::infinity()), 0xFF80u);
   // NaNs whose payload is only in the low 16 bits (truncation alone would give infinity), and
   // the all-ones NaN (adding a rounding bias would carry out of the word).
-  for (uint32_t nan_bits : {0x7F800001u, 0xFF800001u, 0x7F80FFFFu, 0x7FFFFFFFu, 0xFFFFFFFFu,
-                            0x7FC00000u}) {
+  for (uint32_t nan_bits :
+       {0x7F800001u, 0xFF800001u, 0x7F80FFFFu, 0x7FFFFFFFu, 0xFFFFFFFFu, 0x7FC00000u}) {
     const uint16_t b = FloatToBFloat16Bits(BitsFloat(nan_bits));
     EXPECT_TRUE(IsBFloat16NaN(b)) << std::hex << nan_bits << " -> " << b;
-    EXPECT_EQ(b >> 15, nan_bits >> 31) << std::hex << nan_bits;
+    EXPECT_EQ(b >> 15, static_cast<int>(nan_bits >> 31)) << std::hex << nan_bits;
   }
   // Overflow: the midpoint between the largest finite bf16 (0x7F7F, odd) and 2^128 ties to the
   // even "2^128", i.e. infinity; one fp32 ulp below it rounds down.
@@ -332,7 +333,8 @@ TEST(BFloat16Test, MidpointsRoundToNearestEven) {
       // 9 significant bits (or an odd multiple of 2^-134): exact in fp32.
       ASSERT_EQ(static_cast<double>(mid), mid_exact) << std::hex << low;
       const uint16_t even = (low & 1u) == 0 ? low : high;
-      ASSERT_EQ(FloatToBFloat16Bits(mid), even) << std::hex << "midpoint of " << low << ", " << high;
+      ASSERT_EQ(FloatToBFloat16Bits(mid), even)
+          << std::hex << "midpoint of " << low << ", " << high;
       const float nearer_zero = std::nextafter(mid, 0.0f);
       const float farther = std::nextafter(mid, sign ? -INFINITY : INFINITY);
       ASSERT_EQ(FloatToBFloat16Bits(nearer_zero), low) << std::hex << low;
@@ -353,7 +355,7 @@ TEST(BFloat16Test, RandomFloatsMatchDoubleReference) {
     const uint16_t b = FloatToBFloat16Bits(f);
     if (std::isnan(f)) {
       ASSERT_TRUE(IsBFloat16NaN(b)) << std::hex << bits;
-      ASSERT_EQ(b >> 15, bits >> 31) << std::hex << bits;
+      ASSERT_EQ(b >> 15, static_cast<int>(bits >> 31)) << std::hex << bits;
       continue;
     }
     const double expected = BFloat16RoundReference(f);
@@ -393,7 +395,7 @@ TEST(DTypeTest, NameRoundTrip) {
     const char* name;
     bool floating;
   } kCases[] = {
-      {DType::kF32, "f32", true},  {DType::kF16, "f16", true}, {DType::kBF16, "bf16", true},
+      {DType::kF32, "f32", true},  {DType::kF16, "f16", true},  {DType::kBF16, "bf16", true},
       {DType::kI32, "i32", false}, {DType::kI64, "i64", false}, {DType::kU16, "u16", false},
       {DType::kU8, "u8", false},
   };
@@ -411,8 +413,8 @@ TEST(DTypeTest, ParseAliases) {
     const char* name;
     DType dtype;
   } kAliases[] = {
-      {"fp32", DType::kF32},     {"float32", DType::kF32}, {"fp16", DType::kF16},
-      {"float16", DType::kF16},  {"bfloat16", DType::kBF16},
+      {"fp32", DType::kF32},    {"float32", DType::kF32},   {"fp16", DType::kF16},
+      {"float16", DType::kF16}, {"bfloat16", DType::kBF16},
   };
   for (const auto& a : kAliases) {
     auto parsed = ParseDType(a.name);
