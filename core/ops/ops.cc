@@ -58,7 +58,9 @@ absl::Status Gemm(const GemmArgs& args) {
   const int64_t k = args.trans_a ? a.rows : a.cols;
   const int64_t kb = args.trans_b ? b.cols : b.rows;
   const int64_t n = args.trans_b ? b.rows : b.cols;
-  const int64_t batch = std::max(a.batch, b.batch);
+  // The batch count comes from the 3-D operands (a 2-D one is shared by every batch, even
+  // when there are none).
+  const int64_t batch = args.a.rank() == 3 ? a.batch : b.batch;
   const bool batches_agree = (args.a.rank() == 2 || a.batch == batch) &&
                              (args.b.rank() == 2 || b.batch == batch) &&
                              (batch == 1 || args.c.rank() == 3) && c.batch == batch;
@@ -145,6 +147,8 @@ absl::Status CheckLayerNormArgs(absl::string_view op, const LayerNormArgs& args)
     NF_RETURN_IF_ERROR(CheckFloating(op, t));
     NF_RETURN_IF_ERROR(CheckShape(op, t, {Cols(args.x)}));
   }
+  // The backends read weight and bias with one element type.
+  NF_RETURN_IF_ERROR(CheckDType(op, {"bias", args.bias}, args.weight.dtype()));
   for (Named t : {Named{"mean", args.mean}, Named{"rstd", args.rstd}}) {
     NF_RETURN_IF_ERROR(CheckDType(op, t, DType::kF32));
     NF_RETURN_IF_ERROR(CheckShape(op, t, {Rows(args.x)}));
