@@ -14,6 +14,7 @@ size_t SizeOf(DType dtype) {
     case DType::kU16:
       return 2;
     case DType::kI64:
+    case DType::kF64:
       return 8;
     case DType::kU8:
       return 1;
@@ -37,6 +38,8 @@ absl::string_view DTypeName(DType dtype) {
       return "u16";
     case DType::kU8:
       return "u8";
+    case DType::kF64:
+      return "f64";
   }
   return "unknown";
 }
@@ -49,8 +52,9 @@ absl::StatusOr<DType> ParseDType(absl::string_view name) {
   if (name == "i64" || name == "int64") return DType::kI64;
   if (name == "u16" || name == "uint16") return DType::kU16;
   if (name == "u8" || name == "uint8") return DType::kU8;
-  return absl::InvalidArgumentError(
-      absl::StrCat("unknown dtype '", name, "'; use one of f32, f16, bf16, i32, i64, u16, u8"));
+  if (name == "f64" || name == "fp64" || name == "float64") return DType::kF64;
+  return absl::InvalidArgumentError(absl::StrCat(
+      "unknown dtype '", name, "'; use one of f32, f16, bf16, i32, i64, u16, u8, f64"));
 }
 
 }  // namespace nf

@@ -1,5 +1,6 @@
-// Element types of tensors. Floating types carry model data; integer types carry token ids,
-// targets and masks. Statistics and accumulation are always fp32 whatever the storage type.
+// Element types of tensors. fp32/fp16/bf16 ("floating" below) carry model data; integer types
+// carry token ids, targets and masks; f64 carries statistics that are exchanged between ranks.
+// Statistics and accumulation are always fp32 whatever the storage type.
 #pragma once
 
 #include <cstddef>
@@ -18,15 +19,17 @@ enum class DType : uint8_t {
   kI64,
   kU16,
   kU8,
+  kF64,  // host-side statistics and reductions that must not lose bits
 };
 
 // Bytes per element.
 size_t SizeOf(DType dtype);
 
-// "f32", "f16", "bf16", "i32", "i64", "u16", "u8".
+// "f32", "f16", "bf16", "i32", "i64", "u16", "u8", "f64".
 absl::string_view DTypeName(DType dtype);
 
-// Parses a DTypeName() spelling (also "fp32", "fp16", "float32", "float16", "bfloat16").
+// Parses a DTypeName() spelling (also "fp32", "fp16", "fp64", "float32", "float16", "float64",
+// "bfloat16").
 absl::StatusOr<DType> ParseDType(absl::string_view name);
 
 inline bool IsFloating(DType dtype) {

@@ -9,10 +9,10 @@
 #define NF_CONCAT(a, b) NF_CONCAT_INNER(a, b)
 
 // Returns from the enclosing function when `expr` (an absl::Status) is not OK.
-#define NF_RETURN_IF_ERROR(expr)                 \
-  do {                                           \
-    ::absl::Status nf_status_ = (expr);          \
-    if (!nf_status_.ok()) return nf_status_;     \
+#define NF_RETURN_IF_ERROR(expr)             \
+  do {                                       \
+    ::absl::Status nf_status_ = (expr);      \
+    if (!nf_status_.ok()) return nf_status_; \
   } while (false)
 
 // `NF_ASSIGN_OR_RETURN(auto x, MakeX());` declares x from an absl::StatusOr or returns its error.

@@ -147,8 +147,8 @@ absl::StatusOr<std::vector<float>> ToFloatVector(const Tensor& tensor) {
 absl::Status CopyFromFloats(const Tensor& tensor, std::span<const float> values) {
   if (absl::Status s = CheckHostFloat(tensor); !s.ok()) return s;
   if (static_cast<int64_t>(values.size()) != tensor.numel()) {
-    return absl::InvalidArgumentError(absl::StrCat("cannot copy ", values.size(),
-                                                   " values into ", tensor.DebugString()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot copy ", values.size(), " values into ", tensor.DebugString()));
   }
   for (size_t i = 0; i < values.size(); ++i) {
     switch (tensor.dtype()) {

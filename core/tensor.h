@@ -26,7 +26,7 @@ int64_t NumElements(const Shape& shape);
 std::string ShapeToString(const Shape& shape);  // "[2, 3, 4]"
 
 // Maps a C++ element type to its DType (float, Half, BFloat16, int32_t, int64_t, uint16_t,
-// uint8_t).
+// uint8_t, double).
 template <typename T>
 constexpr DType DTypeOf();
 
@@ -134,6 +134,10 @@ constexpr DType DTypeOf<uint16_t>() {
 template <>
 constexpr DType DTypeOf<uint8_t>() {
   return DType::kU8;
+}
+template <>
+constexpr DType DTypeOf<double>() {
+  return DType::kF64;
 }
 
 template <typename T>

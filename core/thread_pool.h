@@ -38,10 +38,10 @@ class ThreadPool {
   std::vector<std::thread> workers_;
   std::mutex mutex_;
   std::condition_variable wake_;
-  Job* job_ = nullptr;        // guarded by mutex_
-  uint64_t generation_ = 0;   // guarded by mutex_; bumped per job so workers join each once
-  bool stopping_ = false;     // guarded by mutex_
-  std::mutex submit_mutex_;   // one job at a time from outside the pool
+  Job* job_ = nullptr;       // guarded by mutex_
+  uint64_t generation_ = 0;  // guarded by mutex_; bumped per job so workers join each once
+  bool stopping_ = false;    // guarded by mutex_
+  std::mutex submit_mutex_;  // one job at a time from outside the pool
 };
 
 }  // namespace nf

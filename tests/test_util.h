@@ -74,13 +74,14 @@ inline void ExpectAllClose(const std::vector<double>& actual, const std::vector<
     }
   }
   EXPECT_LE(worst, 0.0) << what << ": element " << worst_index << " is " << actual[worst_index]
-                        << ", expected " << expected[worst_index] << " (atol " << atol
-                        << ", rtol " << rtol << ")";
+                        << ", expected " << expected[worst_index] << " (atol " << atol << ", rtol "
+                        << rtol << ")";
 }
 
 // d f / d x by central differences in double: (f(x + h) - f(x - h)) / 2h per coordinate.
-inline std::vector<double> NumericGradient(const std::function<double(const std::vector<double>&)>& f,
-                                           std::vector<double> x, double h = 1e-6) {
+inline std::vector<double> NumericGradient(
+    const std::function<double(const std::vector<double>&)>& f, std::vector<double> x,
+    double h = 1e-6) {
   std::vector<double> grad(x.size());
   for (size_t i = 0; i < x.size(); ++i) {
     const double saved = x[i];

@@ -20,10 +20,9 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 void MatMul(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
             const float* a, const float* b, float* c) {
   cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
-              trans_b ? CblasTrans : CblasNoTrans, static_cast<blasint>(m),
-              static_cast<blasint>(n), static_cast<blasint>(k), alpha, a,
-              static_cast<blasint>(trans_a ? m : k), b, static_cast<blasint>(trans_b ? k : n),
-              0.0f, c, static_cast<blasint>(n));
+              trans_b ? CblasTrans : CblasNoTrans, static_cast<blasint>(m), static_cast<blasint>(n),
+              static_cast<blasint>(k), alpha, a, static_cast<blasint>(trans_a ? m : k), b,
+              static_cast<blasint>(trans_b ? k : n), 0.0f, c, static_cast<blasint>(n));
 }
 
 // Per (batch, head): the dropout multipliers keep / (1 - p) of row i's first i + 1 columns.
@@ -113,7 +112,8 @@ void AttentionBackwardTyped(const ops::AttentionBackwardArgs& args) {
         dropout.Apply(i, dropped.data() + i * seq, i + 1);
         // sum_j P'_ij dP'_ij = sum_d dO_id O_id: the softmax backward's row term.
         double dot = 0.0;
-        for (int64_t d = 0; d < dim; ++d) dot += static_cast<double>(d_o[i * dim + d]) * o[i * dim + d];
+        for (int64_t d = 0; d < dim; ++d)
+          dot += static_cast<double>(d_o[i * dim + d]) * o[i * dim + d];
         row_dot[i] = static_cast<float>(dot);
       }
       // dV = P'^T dO.
@@ -155,10 +155,12 @@ absl::Status CpuBackend::SoftmaxForward(const Tensor& x, const Tensor& y) {
           continue;
         }
         double sum = 0.0;
-        for (int64_t c = 0; c < cols; ++c) sum += std::exp(static_cast<double>(ToFloat(in[c]) - max));
+        for (int64_t c = 0; c < cols; ++c)
+          sum += std::exp(static_cast<double>(ToFloat(in[c]) - max));
         const double inv = 1.0 / sum;
         for (int64_t c = 0; c < cols; ++c) {
-          out[c] = FromFloat<T>(static_cast<float>(std::exp(static_cast<double>(ToFloat(in[c]) - max)) * inv));
+          out[c] = FromFloat<T>(
+              static_cast<float>(std::exp(static_cast<double>(ToFloat(in[c]) - max)) * inv));
         }
       }
     });

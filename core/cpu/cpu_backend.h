@@ -26,8 +26,8 @@ class CpuBackend final : public ops::Backend {
   absl::Status LayerNormBackward(const ops::LayerNormBackwardArgs& args) override;
   absl::Status LayerNormBackwardPartialSums(const ops::LayerNormBackwardArgs& args,
                                             const Tensor& sums) override;
-  absl::Status LayerNormBackwardFromSums(const ops::LayerNormBackwardArgs& args,
-                                         const Tensor& sums, int64_t total_cols) override;
+  absl::Status LayerNormBackwardFromSums(const ops::LayerNormBackwardArgs& args, const Tensor& sums,
+                                         int64_t total_cols) override;
 
   absl::Status SoftmaxForward(const Tensor& x, const Tensor& y) override;
   absl::Status SoftmaxBackward(const Tensor& y, const Tensor& dy, const Tensor& dx) override;
@@ -41,9 +41,8 @@ class CpuBackend final : public ops::Backend {
                                   const Tensor& row_max) override;
   absl::Status CrossEntropySumExp(const ops::CrossEntropyArgs& args, const Tensor& row_max,
                                   const Tensor& sum_exp, const Tensor& target_logit) override;
-  absl::Status CrossEntropyLoss(const Tensor& targets, const Tensor& row_max,
-                                const Tensor& sum_exp, const Tensor& target_logit,
-                                const Tensor& loss) override;
+  absl::Status CrossEntropyLoss(const Tensor& targets, const Tensor& row_max, const Tensor& sum_exp,
+                                const Tensor& target_logit, const Tensor& loss) override;
   absl::Status CrossEntropyBackward(const ops::CrossEntropyArgs& args, const Tensor& row_max,
                                     const Tensor& sum_exp, const Tensor& dloss,
                                     const Tensor& dlogits) override;

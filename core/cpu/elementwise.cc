@@ -9,9 +9,9 @@
 namespace nf::cpu {
 namespace {
 
-constexpr float kSqrtHalf = 0.70710678118654752f;         // 1 / sqrt(2)
-constexpr float kInvSqrt2Pi = 0.39894228040143268f;       // 1 / sqrt(2 pi)
-constexpr float kSqrt2OverPi = 0.79788456080286536f;      // sqrt(2 / pi)
+constexpr float kSqrtHalf = 0.70710678118654752f;     // 1 / sqrt(2)
+constexpr float kInvSqrt2Pi = 0.39894228040143268f;   // 1 / sqrt(2 pi)
+constexpr float kSqrt2OverPi = 0.79788456080286536f;  // sqrt(2 / pi)
 constexpr float kGeluTanhCubic = 0.044715f;
 
 float Activate(ops::Activation act, float x) {
@@ -86,20 +86,18 @@ absl::Status CpuBackend::BiasBackward(const Tensor& dy, const Tensor& dbias) {
   return absl::OkStatus();
 }
 
-absl::Status CpuBackend::ActivationForward(ops::Activation act, const Tensor& x,
-                                           const Tensor& y) {
+absl::Status CpuBackend::ActivationForward(ops::Activation act, const Tensor& x, const Tensor& y) {
   DispatchFloat(x.dtype(), [&]<typename T>() {
     const T* px = x.data<T>();
     T* py = y.data<T>();
-    ForEachElement(x.numel(), 20, [&](int64_t i) {
-      py[i] = FromFloat<T>(Activate(act, ToFloat(px[i])));
-    });
+    ForEachElement(x.numel(), 20,
+                   [&](int64_t i) { py[i] = FromFloat<T>(Activate(act, ToFloat(px[i]))); });
   });
   return absl::OkStatus();
 }
 
-absl::Status CpuBackend::ActivationBackward(ops::Activation act, const Tensor& x,
-                                            const Tensor& dy, const Tensor& dx) {
+absl::Status CpuBackend::ActivationBackward(ops::Activation act, const Tensor& x, const Tensor& dy,
+                                            const Tensor& dx) {
   DispatchFloat(x.dtype(), [&]<typename T>() {
     const T* px = x.data<T>();
     const T* pdy = dy.data<T>();
@@ -177,6 +175,9 @@ absl::Status CpuBackend::Fill(const Tensor& x, float value) {
       break;
     case DType::kU8:
       fill(static_cast<uint8_t>(value));
+      break;
+    case DType::kF64:
+      fill(static_cast<double>(value));
       break;
   }
   return absl::OkStatus();

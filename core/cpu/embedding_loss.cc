@@ -31,10 +31,9 @@ absl::Status CpuBackend::EmbeddingForward(const ops::EmbeddingArgs& args) {
   const int64_t local_vocab = args.table.dim(0);
   for (int64_t t = 0; t < tokens; ++t) {
     if (ids[t] < 0 || ids[t] >= args.global_vocab) {
-      return absl::InvalidArgumentError(absl::StrCat("EmbeddingForward: token id ", ids[t],
-                                                     " at position ", t,
-                                                     " is outside the vocabulary [0, ",
-                                                     args.global_vocab, ")"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("EmbeddingForward: token id ", ids[t], " at position ", t,
+                       " is outside the vocabulary [0, ", args.global_vocab, ")"));
     }
   }
   DispatchFloat(args.table.dtype(), [&]<typename T>() {
@@ -95,6 +94,14 @@ absl::Status CpuBackend::CrossEntropyRowMax(const ops::CrossEntropyArgs& args,
 absl::Status CpuBackend::CrossEntropySumExp(const ops::CrossEntropyArgs& args,
                                             const Tensor& row_max, const Tensor& sum_exp,
                                             const Tensor& target_logit) {
+  const int32_t* targets = args.targets.data<int32_t>();
+  for (int64_t r = 0; r < args.targets.numel(); ++r) {
+    if (targets[r] < -1 || targets[r] >= args.valid_vocab) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "CrossEntropySumExp: target ", targets[r], " of row ", r,
+          " is outside the vocabulary [0, ", args.valid_vocab, ") and is not -1 (ignored)"));
+    }
+  }
   const int64_t cols = args.logits.dim(1), valid = ValidLocalColumns(args);
   const float* max = row_max.data<float>();
   float* sums = sum_exp.data<float>();
@@ -128,9 +135,9 @@ absl::Status CpuBackend::CrossEntropyLoss(const Tensor& targets, const Tensor& r
   const float* target = target_logit.data<float>();
   float* out = loss.data<float>();
   for (int64_t r = 0; r < targets.numel(); ++r) {
-    out[r] = t[r] < 0 ? 0.0f
-                      : static_cast<float>(std::log(static_cast<double>(sums[r])) + max[r] -
-                                           target[r]);
+    out[r] = t[r] < 0
+                 ? 0.0f
+                 : static_cast<float>(std::log(static_cast<double>(sums[r])) + max[r] - target[r]);
   }
   return absl::OkStatus();
 }

@@ -9,9 +9,9 @@ namespace nf::cpu {
 namespace {
 
 struct Operand {
-  const float* data;   // fp32 view of the whole operand
+  const float* data;     // fp32 view of the whole operand
   int64_t batch_stride;  // elements between batches; 0 when shared by every batch
-  int64_t ld;          // row-major leading dimension (the stored matrix's column count)
+  int64_t ld;            // row-major leading dimension (the stored matrix's column count)
 };
 
 template <typename T>
@@ -31,10 +31,10 @@ absl::Status CpuBackend::Gemm(const ops::GemmArgs& args) {
   if (c.numel() == 0) return absl::OkStatus();
 
   std::vector<float> a_buffer, b_buffer, c_buffer;
-  const Operand a = DispatchFloat(args.a.dtype(),
-                                  [&]<typename T>() { return Widen<T>(args.a, a_buffer); });
-  const Operand b = DispatchFloat(args.b.dtype(),
-                                  [&]<typename T>() { return Widen<T>(args.b, b_buffer); });
+  const Operand a =
+      DispatchFloat(args.a.dtype(), [&]<typename T>() { return Widen<T>(args.a, a_buffer); });
+  const Operand b =
+      DispatchFloat(args.b.dtype(), [&]<typename T>() { return Widen<T>(args.b, b_buffer); });
   // C is computed in fp32: in place when it is fp32, else in a staging buffer.
   float* c_data = DispatchFloat(c.dtype(), [&]<typename T>() -> float* {
     if constexpr (std::is_same_v<T, float>) {

@@ -126,7 +126,7 @@ absl::Status CpuBackend::LayerNormForward(const ops::LayerNormArgs& args) {
 
 absl::Status CpuBackend::LayerNormPartialStats(const Tensor& x, const Tensor& stats) {
   const int64_t cols = ops::Cols(x);
-  float* out = stats.data<float>();
+  double* out = stats.data<double>();
   DispatchFloat(x.dtype(), [&]<typename T>() {
     const T* px = x.data<T>();
     ParallelFor(ops::Rows(x), 3 * cols, [&](int64_t begin, int64_t end) {
@@ -137,8 +137,8 @@ absl::Status CpuBackend::LayerNormPartialStats(const Tensor& x, const Tensor& st
           sum += v;
           squares += v * v;
         }
-        out[2 * r] = static_cast<float>(sum);
-        out[2 * r + 1] = static_cast<float>(squares);
+        out[2 * r] = sum;
+        out[2 * r + 1] = squares;
       }
     });
   });
@@ -147,15 +147,15 @@ absl::Status CpuBackend::LayerNormPartialStats(const Tensor& x, const Tensor& st
 
 absl::Status CpuBackend::LayerNormForwardFromStats(const ops::LayerNormArgs& args,
                                                    const Tensor& stats, int64_t total_cols) {
-  const float* s = stats.data<float>();
+  const double* s = stats.data<double>();
   float* mean = args.mean.data<float>();
   float* rstd = args.rstd.data<float>();
   DispatchLayerNorm(args.x, args.weight, [&]<typename T, typename W>() {
     ParallelFor(ops::Rows(args.x), 4 * ops::Cols(args.x), [&](int64_t begin, int64_t end) {
       for (int64_t r = begin; r < end; ++r) {
-        const double mu = static_cast<double>(s[2 * r]) / total_cols;
+        const double mu = s[2 * r] / total_cols;
         // E[x^2] - mean^2 can come out slightly negative from rounding: clamp at 0.
-        const double var = std::max(0.0, static_cast<double>(s[2 * r + 1]) / total_cols - mu * mu);
+        const double var = std::max(0.0, s[2 * r + 1] / total_cols - mu * mu);
         mean[r] = static_cast<float>(mu);
         rstd[r] = static_cast<float>(1.0 / std::sqrt(var + args.eps));
       }

@@ -39,8 +39,7 @@ class Backend {
   virtual absl::Status EmbeddingForward(const EmbeddingArgs& args) = 0;
   virtual absl::Status EmbeddingBackward(const Tensor& ids, const Tensor& dout,
                                          const Tensor& dtable, int64_t vocab_offset) = 0;
-  virtual absl::Status CrossEntropyRowMax(const CrossEntropyArgs& args,
-                                          const Tensor& row_max) = 0;
+  virtual absl::Status CrossEntropyRowMax(const CrossEntropyArgs& args, const Tensor& row_max) = 0;
   virtual absl::Status CrossEntropySumExp(const CrossEntropyArgs& args, const Tensor& row_max,
                                           const Tensor& sum_exp, const Tensor& target_logit) = 0;
   virtual absl::Status CrossEntropyLoss(const Tensor& targets, const Tensor& row_max,

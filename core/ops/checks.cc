@@ -51,8 +51,8 @@ absl::Status CheckSameDevice(absl::string_view op, std::initializer_list<Named> 
   for (const Named& t : tensors) {
     if (absl::Status s = CheckDefined(op, t); !s.ok()) return s;
     if (!(t.tensor.device() == first.tensor.device())) {
-      return Mismatch(op, t, absl::StrCat("on ", first.tensor.device().ToString(), " like ",
-                                          first.name));
+      return Mismatch(op, t,
+                      absl::StrCat("on ", first.tensor.device().ToString(), " like ", first.name));
     }
   }
   return absl::OkStatus();

@@ -21,24 +21,21 @@ absl::Status CheckDropout(absl::string_view op, const DropoutSpec& spec) {
       spec.head_offset >= 0) {
     return absl::OkStatus();
   }
-  return absl::InvalidArgumentError(absl::StrCat(
-      op, ": invalid dropout (p=", spec.p, ", seq_len=", spec.seq_len, ", col_offset=",
-      spec.col_offset, ", head_offset=", spec.head_offset,
-      "); p must be in [0, 1), seq_len positive and offsets non-negative"));
+  return absl::InvalidArgumentError(
+      absl::StrCat(op, ": invalid dropout (p=", spec.p, ", seq_len=", spec.seq_len,
+                   ", col_offset=", spec.col_offset, ", head_offset=", spec.head_offset,
+                   "); p must be in [0, 1), seq_len positive and offsets non-negative"));
 }
 
 // The matrix dimensions of one GEMM operand: [rows, cols] of its last two dims, and its batch.
 struct MatrixDims {
   int64_t batch, rows, cols;
 };
-MatrixDims DimsOf(const Tensor& t) {
-  return {t.rank() == 3 ? t.dim(0) : 1, t.dim(-2), t.dim(-1)};
-}
+MatrixDims DimsOf(const Tensor& t) { return {t.rank() == 3 ? t.dim(0) : 1, t.dim(-2), t.dim(-1)}; }
 
 }  // namespace
 
-#define NF_BACKEND(tensor) \
-  NF_ASSIGN_OR_RETURN(Backend * backend, BackendFor((tensor).device()))
+#define NF_BACKEND(tensor) NF_ASSIGN_OR_RETURN(Backend* backend, BackendFor((tensor).device()))
 
 absl::Status Gemm(const GemmArgs& args) {
   constexpr absl::string_view op = "Gemm";
@@ -48,9 +45,8 @@ absl::Status Gemm(const GemmArgs& args) {
   NF_RETURN_IF_ERROR(CheckFloating(op, {"C", args.c}));
   for (Named t : {Named{"A", args.a}, Named{"B", args.b}, Named{"C", args.c}}) {
     if (t.tensor.rank() != 2 && t.tensor.rank() != 3) {
-      return absl::InvalidArgumentError(absl::StrCat(op, ": ", t.name, " is ",
-                                                     t.tensor.DebugString(),
-                                                     ", expected 2 or 3 dimensions"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          op, ": ", t.name, " is ", t.tensor.DebugString(), ", expected 2 or 3 dimensions"));
     }
   }
   const MatrixDims a = DimsOf(args.a), b = DimsOf(args.b), c = DimsOf(args.c);
@@ -65,10 +61,10 @@ absl::Status Gemm(const GemmArgs& args) {
                              (args.b.rank() == 2 || b.batch == batch) &&
                              (batch == 1 || args.c.rank() == 3) && c.batch == batch;
   if (k != kb || c.rows != m || c.cols != n || !batches_agree) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        op, ": shapes do not multiply: op(A) of ", args.a.DebugString(),
-        args.trans_a ? " (transposed)" : "", " times op(B) of ", args.b.DebugString(),
-        args.trans_b ? " (transposed)" : "", " into C ", args.c.DebugString()));
+    return absl::InvalidArgumentError(
+        absl::StrCat(op, ": shapes do not multiply: op(A) of ", args.a.DebugString(),
+                     args.trans_a ? " (transposed)" : "", " times op(B) of ", args.b.DebugString(),
+                     args.trans_b ? " (transposed)" : "", " into C ", args.c.DebugString()));
   }
   NF_BACKEND(args.c);
   return backend->Gemm(args);
@@ -159,13 +155,13 @@ absl::Status CheckLayerNormArgs(absl::string_view op, const LayerNormArgs& args)
   return absl::OkStatus();
 }
 
-absl::Status CheckRowPairs(absl::string_view op, Named pairs, const Tensor& x) {
-  NF_RETURN_IF_ERROR(CheckDType(op, pairs, DType::kF32));
+absl::Status CheckRowPairs(absl::string_view op, Named pairs, const Tensor& x, DType dtype) {
+  NF_RETURN_IF_ERROR(CheckDType(op, pairs, dtype));
   NF_RETURN_IF_ERROR(CheckShape(op, pairs, {Rows(x), 2}));
   if (!(pairs.tensor.device() == x.device())) {
     return absl::InvalidArgumentError(absl::StrCat(op, ": ", pairs.name, " is on ",
-                                                   pairs.tensor.device().ToString(),
-                                                   ", expected ", x.device().ToString()));
+                                                   pairs.tensor.device().ToString(), ", expected ",
+                                                   x.device().ToString()));
   }
   return absl::OkStatus();
 }
@@ -178,10 +174,14 @@ absl::Status CheckTotalCols(absl::string_view op, int64_t total_cols, const Tens
 }
 
 absl::Status CheckLayerNormBackwardArgs(absl::string_view op, const LayerNormBackwardArgs& args) {
-  NF_RETURN_IF_ERROR(CheckSameDevice(
-      op, {{"dy", args.dy}, {"x", args.x}, {"weight", args.weight}, {"mean", args.mean},
-           {"rstd", args.rstd}, {"dx", args.dx}, {"dweight", args.dweight},
-           {"dbias", args.dbias}}));
+  NF_RETURN_IF_ERROR(CheckSameDevice(op, {{"dy", args.dy},
+                                          {"x", args.x},
+                                          {"weight", args.weight},
+                                          {"mean", args.mean},
+                                          {"rstd", args.rstd},
+                                          {"dx", args.dx},
+                                          {"dweight", args.dweight},
+                                          {"dbias", args.dbias}}));
   NF_RETURN_IF_ERROR(CheckFloating(op, {"x", args.x}));
   NF_RETURN_IF_ERROR(CheckRankAtLeast(op, {"x", args.x}, 1));
   NF_RETURN_IF_ERROR(CheckFloatingSameDType(op, {"x", args.x}, {"dy", args.dy}));
@@ -213,7 +213,7 @@ absl::Status LayerNormPartialStats(const Tensor& x, const Tensor& stats) {
   constexpr absl::string_view op = "LayerNormPartialStats";
   NF_RETURN_IF_ERROR(CheckFloating(op, {"x", x}));
   NF_RETURN_IF_ERROR(CheckRankAtLeast(op, {"x", x}, 1));
-  NF_RETURN_IF_ERROR(CheckRowPairs(op, {"stats", stats}, x));
+  NF_RETURN_IF_ERROR(CheckRowPairs(op, {"stats", stats}, x, DType::kF64));
   NF_BACKEND(x);
   return backend->LayerNormPartialStats(x, stats);
 }
@@ -222,7 +222,7 @@ absl::Status LayerNormForwardFromStats(const LayerNormArgs& args, const Tensor& 
                                        int64_t total_cols) {
   constexpr absl::string_view op = "LayerNormForwardFromStats";
   NF_RETURN_IF_ERROR(CheckLayerNormArgs(op, args));
-  NF_RETURN_IF_ERROR(CheckRowPairs(op, {"stats", stats}, args.x));
+  NF_RETURN_IF_ERROR(CheckRowPairs(op, {"stats", stats}, args.x, DType::kF64));
   NF_RETURN_IF_ERROR(CheckTotalCols(op, total_cols, args.x));
   NF_BACKEND(args.x);
   return backend->LayerNormForwardFromStats(args, stats, total_cols);
@@ -237,7 +237,7 @@ absl::Status LayerNormBackward(const LayerNormBackwardArgs& args) {
 absl::Status LayerNormBackwardPartialSums(const LayerNormBackwardArgs& args, const Tensor& sums) {
   constexpr absl::string_view op = "LayerNormBackwardPartialSums";
   NF_RETURN_IF_ERROR(CheckLayerNormBackwardArgs(op, args));
-  NF_RETURN_IF_ERROR(CheckRowPairs(op, {"sums", sums}, args.x));
+  NF_RETURN_IF_ERROR(CheckRowPairs(op, {"sums", sums}, args.x, DType::kF32));
   NF_BACKEND(args.x);
   return backend->LayerNormBackwardPartialSums(args, sums);
 }
@@ -246,7 +246,7 @@ absl::Status LayerNormBackwardFromSums(const LayerNormBackwardArgs& args, const 
                                        int64_t total_cols) {
   constexpr absl::string_view op = "LayerNormBackwardFromSums";
   NF_RETURN_IF_ERROR(CheckLayerNormBackwardArgs(op, args));
-  NF_RETURN_IF_ERROR(CheckRowPairs(op, {"sums", sums}, args.x));
+  NF_RETURN_IF_ERROR(CheckRowPairs(op, {"sums", sums}, args.x, DType::kF32));
   NF_RETURN_IF_ERROR(CheckTotalCols(op, total_cols, args.x));
   NF_BACKEND(args.x);
   return backend->LayerNormBackwardFromSums(args, sums, total_cols);
@@ -284,8 +284,7 @@ absl::Status CheckAttentionTensors(absl::string_view op, std::initializer_list<N
   const Named& q = *like_q.begin();
   NF_RETURN_IF_ERROR(CheckFloating(op, q));
   if (q.tensor.rank() != 4) {
-    return absl::InvalidArgumentError(absl::StrCat(op, ": ", q.name, " is ",
-                                                   q.tensor.DebugString(),
+    return absl::InvalidArgumentError(absl::StrCat(op, ": ", q.name, " is ", q.tensor.DebugString(),
                                                    ", expected [batch, heads, seq, head_dim]"));
   }
   for (const Named& t : like_q) {
@@ -296,8 +295,7 @@ absl::Status CheckAttentionTensors(absl::string_view op, std::initializer_list<N
     }
   }
   NF_RETURN_IF_ERROR(CheckDType(op, lse, DType::kF32));
-  NF_RETURN_IF_ERROR(
-      CheckShape(op, lse, {q.tensor.dim(0), q.tensor.dim(1), q.tensor.dim(2)}));
+  NF_RETURN_IF_ERROR(CheckShape(op, lse, {q.tensor.dim(0), q.tensor.dim(1), q.tensor.dim(2)}));
   NF_RETURN_IF_ERROR(CheckSameDevice(op, {q, lse}));
   return CheckDropout(op, dropout);
 }
@@ -341,8 +339,8 @@ absl::Status EmbeddingForward(const EmbeddingArgs& args) {
     return CheckShape(op, {"table", args.table}, {args.table.numel(), 1});
   }
   NF_RETURN_IF_ERROR(CheckShape(op, {"out", args.out}, {args.ids.numel(), args.table.dim(1)}));
-  const int64_t global = args.global_vocab == 0 ? args.vocab_offset + args.table.dim(0)
-                                                : args.global_vocab;
+  const int64_t global =
+      args.global_vocab == 0 ? args.vocab_offset + args.table.dim(0) : args.global_vocab;
   if (args.vocab_offset < 0 || args.vocab_offset + args.table.dim(0) > global) {
     return absl::InvalidArgumentError(absl::StrCat(
         op, ": vocab slice [", args.vocab_offset, ", ", args.vocab_offset + args.table.dim(0),
@@ -469,10 +467,10 @@ absl::Status AdamWStep(const AdamWArgs& args) {
   }
   if (args.step < 1 || !(args.beta1 >= 0 && args.beta1 < 1) ||
       !(args.beta2 >= 0 && args.beta2 < 1) || !(args.eps > 0) || !std::isfinite(args.lr)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        op, ": invalid hyper-parameters (step=", args.step, ", lr=", args.lr, ", betas=(",
-        args.beta1, ", ", args.beta2, "), eps=", args.eps,
-        "); step >= 1, betas in [0, 1), eps > 0 and a finite lr are required"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(op, ": invalid hyper-parameters (step=", args.step, ", lr=", args.lr,
+                     ", betas=(", args.beta1, ", ", args.beta2, "), eps=", args.eps,
+                     "); step >= 1, betas in [0, 1), eps > 0 and a finite lr are required"));
   }
   NF_BACKEND(args.params);
   return backend->AdamWStep(args);
@@ -480,8 +478,7 @@ absl::Status AdamWStep(const AdamWArgs& args) {
 
 absl::Status UnscaleAndCheck(const Tensor& grads, float inv_scale, const Tensor& found_nonfinite) {
   constexpr absl::string_view op = "UnscaleAndCheck";
-  NF_RETURN_IF_ERROR(
-      CheckSameDevice(op, {{"grads", grads}, {"found_nonfinite", found_nonfinite}}));
+  NF_RETURN_IF_ERROR(CheckSameDevice(op, {{"grads", grads}, {"found_nonfinite", found_nonfinite}}));
   NF_RETURN_IF_ERROR(CheckDType(op, {"grads", grads}, DType::kF32));
   NF_RETURN_IF_ERROR(CheckDType(op, {"found_nonfinite", found_nonfinite}, DType::kF32));
   NF_RETURN_IF_ERROR(CheckShape(op, {"found_nonfinite", found_nonfinite}, {1}));

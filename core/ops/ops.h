@@ -74,7 +74,8 @@ absl::Status Dropout(const Tensor& x, const Tensor& y, const DropoutSpec& spec);
 // ---- LayerNorm ---------------------------------------------------------------------------------
 
 // y = (x - mean) * rstd * weight + bias over the last dimension.
-// x, y [rows, cols]; weight, bias [cols]; mean, rstd fp32 [rows] saved for the backward.
+// x, y [rows, cols]; weight, bias [cols] of one dtype; mean, rstd fp32 [rows] saved for the
+// backward.
 struct LayerNormArgs {
   Tensor x, weight, bias, y, mean, rstd;
   float eps = 1e-5f;
@@ -84,7 +85,9 @@ absl::Status LayerNormForward(const LayerNormArgs& args);
 // Tensor-parallel LayerNorm over a feature dimension split across ranks (NormFormer's FFN
 // LayerNorm): each rank computes per-row partial sums of its columns, the caller all-reduces
 // them over the group, and the forward finishes from the global sums.
-// stats fp32 [rows, 2] = (sum x, sum x^2) over the local columns.
+// stats f64 [rows, 2] = (sum x, sum x^2) over the local columns. Double precision keeps
+// var = E[x^2] - mean^2 exact to fp32 level even for rows whose mean dwarfs their spread, for
+// 16 bytes of all-reduce per token.
 absl::Status LayerNormPartialStats(const Tensor& x, const Tensor& stats);
 // As LayerNormForward, with mean and variance from all-reduced `stats` over `total_cols`.
 absl::Status LayerNormForwardFromStats(const LayerNormArgs& args, const Tensor& stats,
@@ -148,7 +151,9 @@ absl::Status EmbeddingBackward(const Tensor& ids, const Tensor& dout, const Tens
 // Cross-entropy over logits [rows, vocab_local] holding global columns
 // [vocab_offset, vocab_offset + vocab_local). Columns with global id >= valid_vocab (vocab
 // padding) are never predicted: they count as -inf. targets i32 [rows]; -1 ignores a row
-// (loss 0, gradient 0). Vocab-parallel use, over the tensor-parallel group:
+// (loss 0, gradient 0); any other target outside [0, valid_vocab) is an error. With vocab
+// slices, set valid_vocab to the real vocabulary size. Vocab-parallel use, over the
+// tensor-parallel group:
 //   CrossEntropyRowMax -> all-reduce max -> CrossEntropySumExp -> all-reduce sum of both
 //   outputs -> CrossEntropyLoss; the backward needs the global row_max and sum_exp.
 struct CrossEntropyArgs {

@@ -385,6 +385,7 @@ TEST(DTypeTest, SizeOf) {
   EXPECT_EQ(SizeOf(DType::kI64), 8u);
   EXPECT_EQ(SizeOf(DType::kU16), 2u);
   EXPECT_EQ(SizeOf(DType::kU8), 1u);
+  EXPECT_EQ(SizeOf(DType::kF64), 8u);
   EXPECT_EQ(sizeof(Half), 2u);
   EXPECT_EQ(sizeof(BFloat16), 2u);
 }
@@ -397,7 +398,7 @@ TEST(DTypeTest, NameRoundTrip) {
   } kCases[] = {
       {DType::kF32, "f32", true},  {DType::kF16, "f16", true},  {DType::kBF16, "bf16", true},
       {DType::kI32, "i32", false}, {DType::kI64, "i64", false}, {DType::kU16, "u16", false},
-      {DType::kU8, "u8", false},
+      {DType::kU8, "u8", false},   {DType::kF64, "f64", false},
   };
   for (const auto& c : kCases) {
     EXPECT_EQ(DTypeName(c.dtype), c.name);

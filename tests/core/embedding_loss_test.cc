@@ -536,6 +536,31 @@ TEST_P(CrossEntropySplitTest, SlicesMatchUnsplitLossAndGradient) {
   }
 }
 
+// A target outside [0, valid_vocab) other than -1 is a data error (a corrupt or mis-tokenised
+// batch), reported with the target and its row rather than trained on silently.
+TEST(CrossEntropyTest, OutOfVocabularyTargetIsAnErrorNamingIt) {
+  const int64_t rows = 3, vocab = 8;
+  Tensor logits = MakeTensor(DType::kF32, {rows, vocab}, RandomFloats(rows * vocab, 21));
+  Tensor row_max = MakeZeros(DType::kF32, {rows}), sum_exp = MakeZeros(DType::kF32, {rows});
+  Tensor loss = MakeZeros(DType::kF32, {rows});
+  // Padding column 7 (valid_vocab 7) cannot be a target; neither can 8 nor -2.
+  ExpectInvalid(
+      ops::CrossEntropyForward({logits, MakeIds({rows}, {0, 7, 1}), 0, 7}, row_max, sum_exp, loss),
+      "target 7 of row 1");
+  ExpectInvalid(
+      ops::CrossEntropyForward({logits, MakeIds({rows}, {8, 0, 1})}, row_max, sum_exp, loss),
+      "target 8 of row 0");
+  ExpectInvalid(
+      ops::CrossEntropyForward({logits, MakeIds({rows}, {0, 1, -2})}, row_max, sum_exp, loss),
+      "target -2 of row 2");
+  // A vocab slice accepts targets held by other slices when valid_vocab is the global size.
+  EXPECT_TRUE(
+      ops::CrossEntropyForward({MakeTensor(DType::kF32, {rows, 4}, RandomFloats(rows * 4, 22)),
+                                MakeIds({rows}, {6, 0, -1}), 0, 7},
+                               row_max, sum_exp, loss)
+          .ok());
+}
+
 TEST(CrossEntropyTest, RejectsInconsistentArguments) {
   const int64_t rows = 3, vocab = 5;
   const auto f32 = [](Shape s) { return MakeZeros(DType::kF32, s); };

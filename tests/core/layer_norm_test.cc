@@ -251,25 +251,27 @@ TEST_P(LayerNormDTypeTest, ShardedForwardMatchesUnsharded) {
     const int64_t shards = widths.size();
     SCOPED_TRACE(::testing::Message() << shards << " shards");
     std::vector<Tensor> xs, ws, bs;
-    std::vector<float> stats(c.rows * 2, 0.0f);
+    std::vector<double> stats(c.rows * 2, 0.0);
     int64_t begin = 0;
     for (int64_t width : widths) {
       xs.push_back(
           MakeTensor(c.dtype, {c.rows, width}, ColumnBlock(c.x, c.rows, c.cols, begin, width)));
       ws.push_back(*w.View(begin, {width}));
       bs.push_back(*b.View(begin, {width}));
-      Tensor partial = MakeZeros(DType::kF32, {c.rows, 2});
+      Tensor partial = MakeZeros(DType::kF64, {c.rows, 2});
       ASSERT_TRUE(ops::LayerNormPartialStats(xs.back(), partial).ok());
-      for (int64_t i = 0; i < c.rows * 2; ++i) stats[i] += partial.data<float>()[i];
+      for (int64_t i = 0; i < c.rows * 2; ++i) stats[i] += partial.data<double>()[i];
       begin += width;
     }
     ASSERT_EQ(begin, c.cols);
-    const Tensor global = MakeTensor(DType::kF32, {c.rows, 2}, stats);
+    Tensor global = MakeZeros(DType::kF64, {c.rows, 2});
+    std::copy(stats.begin(), stats.end(), global.data<double>());
 
-    // Error budget of the E[x^2] - mean^2 form from fp32 sums: each partial sum and each fp32
-    // addition of the all-reduce is one rounding, (shards + 2) u32 relative on sum x and sum
-    // x^2. Relative to var, the x^2 error is amplified by kappa = E[x^2] / var (about 2 here);
-    // rstd inherits half of it. The mean's error moves xhat by (shards + 2) u32 mean|x| rstd.
+    // Error budget of the E[x^2] - mean^2 form from fp64 sums: every partial sum and every
+    // addition of the all-reduce is one double rounding, (cols + shards) u64 relative on sum x
+    // and sum x^2; relative to var the x^2 error is amplified by kappa = E[x^2] / var. rstd is
+    // then rounded to fp32 (u32) on both sides, so the two can differ by 2 u32 plus that.
+    constexpr double kU64 = 0x1p-53;
     double kappa = 0.0, mean_shift = 0.0;
     for (int64_t r = 0; r < c.rows; ++r) {
       double sq = 0.0, abs_sum = 0.0;
@@ -281,8 +283,10 @@ TEST_P(LayerNormDTypeTest, ShardedForwardMatchesUnsharded) {
       kappa = std::max(kappa, sq / c.cols * rstd_r * rstd_r);
       mean_shift = std::max(mean_shift, abs_sum / c.cols * rstd_r);
     }
-    const double rstd_rel = (shards + 3) * kU32 * kappa;
-    const double xhat_err = (shards + 2) * kU32 * mean_shift + MaxAbs(ref.xhat) * rstd_rel;
+    const double rstd_rel = (c.cols + shards) * kU64 * kappa;
+    // The fp32 mean of each side is correctly rounded from nearly the same double: 2 u32 of
+    // mean|x|, moving xhat by that times rstd.
+    const double xhat_err = 2 * kU32 * mean_shift + MaxAbs(ref.xhat) * (rstd_rel + 2 * kU32);
     // y differs by |w| xhat_err plus each side's fp32 work (8 u32 of |y|); the two fp32 values
     // then round independently to the output dtype, which can split them by one ulp (2u).
     const double y_atol = MaxAbs(c.wd) * xhat_err + 8 * kU32 * (MaxAbs(ref.y) + 1);
@@ -297,9 +301,8 @@ TEST_P(LayerNormDTypeTest, ShardedForwardMatchesUnsharded) {
                       .ok());
       ExpectAllClose(ToDoubles(ys), ColumnBlock(y_full, c.rows, c.cols, begin, width), y_atol,
                      2 * UnitRoundoff(c.dtype), "shard y");
-      // mean: (shards + 2) u32 on sum x, i.e. on mean|x| per row (bounded by max|x|).
-      ExpectAllClose(ToDoubles(means), ToDoubles(mean), (shards + 2) * kU32 * MaxAbs(c.xd), kU32,
-                     "shard mean");
+      // mean: both sides round nearly the same double to fp32, one ulp apart at most.
+      ExpectAllClose(ToDoubles(means), ToDoubles(mean), 0.0, 2 * kU32, "shard mean");
       ExpectAllClose(ToDoubles(rstds), ToDoubles(rstd), 0.0, rstd_rel + 2 * kU32, "shard rstd");
       begin += width;
     }
@@ -403,6 +406,49 @@ TEST(LayerNormTest, LargeMeanRowsKeepTheirVariance) {
   // still far below the O(1) error of a variance computed in fp32 from E[x^2].
   const double atol = 2 * 3e4 * kU32 * MaxAbs(ref.rstd) * MaxAbs(wd) + 8 * kU32 * MaxAbs(ref.y);
   ExpectAllClose(ToDoubles(y), ref.y, atol, 0.0, "y");
+}
+
+// The tensor-parallel path on the same rows: f64 statistics keep E[x^2] - mean^2 exact enough
+// that two shards reproduce the unsharded output. (With fp32 sums, var would carry an absolute
+// error of about u32 * 9e8 = 54 against a true var of 1/3: the output would be garbage.)
+TEST(LayerNormTest, ShardedLargeMeanRowsKeepTheirVariance) {
+  const int64_t rows = 4, cols = 64, half = cols / 2;
+  std::vector<float> x = RandomFloats(rows * cols, 3);
+  for (int64_t i = 0; i < rows * cols; ++i) x[i] += (i / cols) % 2 == 0 ? 1e4f : -3e4f;
+  const std::vector<float> w = RandomFloats(cols, 4, 0.5f, 1.5f), b = RandomFloats(cols, 5);
+  Tensor tw = MakeTensor(DType::kF32, {cols}, w), tb = MakeTensor(DType::kF32, {cols}, b);
+  Tensor y = MakeZeros(DType::kF32, {rows, cols});
+  Tensor mean = MakeZeros(DType::kF32, {rows}), rstd = MakeZeros(DType::kF32, {rows});
+  ASSERT_TRUE(
+      ops::LayerNormForward({MakeTensor(DType::kF32, {rows, cols}, x), tw, tb, y, mean, rstd, kEps})
+          .ok());
+
+  std::vector<Tensor> shards;
+  Tensor stats = MakeZeros(DType::kF64, {rows, 2});
+  for (int64_t s = 0; s < 2; ++s) {
+    shards.push_back(
+        MakeTensor(DType::kF32, {rows, half}, ColumnBlock(x, rows, cols, s * half, half)));
+    Tensor partial = MakeZeros(DType::kF64, {rows, 2});
+    ASSERT_TRUE(ops::LayerNormPartialStats(shards.back(), partial).ok());
+    for (int64_t i = 0; i < rows * 2; ++i) stats.data<double>()[i] += partial.data<double>()[i];
+  }
+  const std::vector<double> y_full = ToDoubles(y);
+  for (int64_t s = 0; s < 2; ++s) {
+    Tensor ys = MakeZeros(DType::kF32, {rows, half});
+    Tensor means = MakeZeros(DType::kF32, {rows}), rstds = MakeZeros(DType::kF32, {rows});
+    ASSERT_TRUE(ops::LayerNormForwardFromStats({shards[s], *tw.View(s * half, {half}),
+                                                *tb.View(s * half, {half}), ys, means, rstds, kEps},
+                                               stats, cols)
+                    .ok());
+    // rstd from E[x^2] - mean^2 in double: sum x^2 ~ 64 * 9e8 carries ~64 u64 relative, i.e.
+    // an absolute var error ~ 6e10 * 2^-53 ~ 7e-6 against var ~ 1/3: 2e-5 relative on var,
+    // 1e-5 on rstd. The two fp32 means may differ by one ulp of 3e4 (2^-9), which moves
+    // xhat by 2^-9 rstd (rstd ~ 1.7). Bound y by |w| (2^-9 rstd + 1e-5 |xhat|) plus 8 u32 |y|.
+    const std::vector<double> expected = ColumnBlock(y_full, rows, cols, s * half, half);
+    ExpectAllClose(ToDoubles(ys), expected, 1.5 * (0x1p-9 * 1.8 + 1e-5 * 2.0) + 8 * kU32 * 4.0, 0.0,
+                   "sharded large-mean y");
+    ExpectAllClose(ToDoubles(rstds), ToDoubles(rstd), 0.0, 1e-5 + 2 * kU32, "sharded rstd");
+  }
 }
 
 // Enough rows that the kernels split them into several thread-pool chunks (each chunk is at
@@ -511,7 +557,7 @@ TEST(LayerNormTest, ZeroRowsIsANoOp) {
   Tensor mean = MakeZeros(DType::kF32, {0});
   Tensor rstd = MakeZeros(DType::kF32, {0});
   EXPECT_TRUE(ops::LayerNormForward({x, w, b, y, mean, rstd, kEps}).ok());
-  Tensor stats = MakeZeros(DType::kF32, {0, 2});
+  Tensor stats = MakeZeros(DType::kF64, {0, 2});
   EXPECT_TRUE(ops::LayerNormPartialStats(x, stats).ok());
   EXPECT_TRUE(ops::LayerNormForwardFromStats({x, w, b, y, mean, rstd, kEps}, stats, 16).ok());
   const std::vector<float> dw0 = RandomFloats(cols, 3), db0 = RandomFloats(cols, 4);
@@ -519,8 +565,9 @@ TEST(LayerNormTest, ZeroRowsIsANoOp) {
   Tensor dbias = MakeTensor(DType::kF32, {cols}, db0);
   const ops::LayerNormBackwardArgs args{x, x, w, mean, rstd, y, dweight, dbias};
   EXPECT_TRUE(ops::LayerNormBackward(args).ok());
-  EXPECT_TRUE(ops::LayerNormBackwardPartialSums(args, stats).ok());
-  EXPECT_TRUE(ops::LayerNormBackwardFromSums(args, stats, 16).ok());
+  Tensor sums = MakeZeros(DType::kF32, {0, 2});
+  EXPECT_TRUE(ops::LayerNormBackwardPartialSums(args, sums).ok());
+  EXPECT_TRUE(ops::LayerNormBackwardFromSums(args, sums, 16).ok());
   // Nothing to add: the accumulated gradients keep their values exactly.
   ExpectAllClose(ToDoubles(dweight), std::vector<double>(dw0.begin(), dw0.end()), 0, 0, "dw");
   ExpectAllClose(ToDoubles(dbias), std::vector<double>(db0.begin(), db0.end()), 0, 0, "db");
@@ -568,12 +615,14 @@ TEST(LayerNormTest, RejectsInconsistentArguments) {
   a.bias = MakeZeros(DType::kF16, {cols});
   ExpectInvalid(ops::LayerNormForward(a), "bias");
 
-  // Tensor-parallel statistics: [rows, 2] fp32, and total_cols covering the local columns.
-  ExpectInvalid(ops::LayerNormPartialStats(good.x, f32({rows})), "stats");
-  ExpectInvalid(ops::LayerNormPartialStats(good.x, MakeZeros(DType::kF16, {rows, 2})), "stats");
-  ExpectInvalid(ops::LayerNormForwardFromStats(good, f32({rows, 3}), cols), "stats");
-  ExpectInvalid(ops::LayerNormForwardFromStats(good, f32({rows, 2}), cols - 1), "total_cols");
-  ExpectInvalid(ops::LayerNormForwardFromStats(good, f32({rows, 2}), 0), "total_cols");
+  // Tensor-parallel statistics: [rows, 2] f64, and total_cols covering the local columns.
+  const Tensor f64_stats = MakeZeros(DType::kF64, {rows, 2});
+  ExpectInvalid(ops::LayerNormPartialStats(good.x, MakeZeros(DType::kF64, {rows})), "stats");
+  ExpectInvalid(ops::LayerNormPartialStats(good.x, f32({rows, 2})), "stats");
+  ExpectInvalid(ops::LayerNormForwardFromStats(good, MakeZeros(DType::kF64, {rows, 3}), cols),
+                "stats");
+  ExpectInvalid(ops::LayerNormForwardFromStats(good, f64_stats, cols - 1), "total_cols");
+  ExpectInvalid(ops::LayerNormForwardFromStats(good, f64_stats, 0), "total_cols");
 
   const ops::LayerNormBackwardArgs bgood{f32({rows, cols}), f32({rows, cols}), f32({cols}),
                                          f32({rows}),       f32({rows}),       f32({rows, cols}),
