@@ -6,9 +6,16 @@
 
 namespace nf::bench {
 
+AllCoresBlas::AllCoresBlas() : saved_threads_(openblas_get_num_threads()) {
+  openblas_set_num_threads(openblas_get_num_procs());
+}
+
+AllCoresBlas::~AllCoresBlas() { openblas_set_num_threads(saved_threads_); }
+
 Ceilings MeasureCeilings() {
   Ceilings ceilings{};
   {
+    const AllCoresBlas all_cores;
     constexpr int n = 1024;
     std::vector<float> a(n * n, 0.5f), b(n * n, 0.25f), c(n * n, 0.0f);
     auto sgemm = [&] {

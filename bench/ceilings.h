@@ -10,12 +10,25 @@
 namespace nf::bench {
 
 struct Ceilings {
-  double sgemm_gflops;         // OpenBLAS cblas_sgemm, fp32, square n = 1024
+  double sgemm_gflops;         // OpenBLAS cblas_sgemm on all cores, fp32, square n = 1024
   double memcpy_gbytes_per_s;  // memcpy of 256 MiB: bytes read + bytes written per second
 };
 
 // Measures both ceilings (takes about a second).
 Ceilings MeasureCeilings();
+
+// OpenBLAS on every core while in scope. The CPU backend runs OpenBLAS single-threaded under
+// its own pool; the ceiling is OpenBLAS at its best on this machine.
+class AllCoresBlas {
+ public:
+  AllCoresBlas();
+  ~AllCoresBlas();
+  AllCoresBlas(const AllCoresBlas&) = delete;
+  AllCoresBlas& operator=(const AllCoresBlas&) = delete;
+
+ private:
+  int saved_threads_;
+};
 
 // Median of `trials` timings of fn(), in seconds.
 template <typename F>

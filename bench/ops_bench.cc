@@ -63,6 +63,7 @@ void Run(benchmark::State& state, double flops, double bytes, Op&& op) {
 void BM_OpenBlasSgemm(benchmark::State& state) {
   const int n = static_cast<int>(state.range(0));
   std::vector<float> a(n * n, 0.5f), b(n * n, 0.25f), c(n * n);
+  const AllCoresBlas all_cores;
   Run(state, 2.0 * n * n * n, 0, [&] {
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a.data(), n, b.data(), n,
                 0.0f, c.data(), n);

@@ -2,11 +2,10 @@
 // pair per task: the [seq, seq] score matrix through sgemm, then a masked row softmax, Philox
 // dropout and a second sgemm. The backward recomputes the probabilities from the saved
 // log-sum-exp, as flash attention does, so only O(seq) floats per row are kept between passes.
-#include <cblas.h>
-
 #include <cmath>
 #include <limits>
 
+#include "core/cpu/blas.h"
 #include "core/cpu/cpu_backend.h"
 #include "core/cpu/kernel_util.h"
 #include "core/philox.h"
@@ -19,10 +18,7 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 // C[m, n] = alpha * op(A) op(B) on fp32 row-major matrices (beta = 0).
 void MatMul(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
             const float* a, const float* b, float* c) {
-  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
-              trans_b ? CblasTrans : CblasNoTrans, static_cast<blasint>(m), static_cast<blasint>(n),
-              static_cast<blasint>(k), alpha, a, static_cast<blasint>(trans_a ? m : k), b,
-              static_cast<blasint>(trans_b ? k : n), 0.0f, c, static_cast<blasint>(n));
+  Sgemm(trans_a, trans_b, m, n, k, alpha, a, trans_a ? m : k, b, trans_b ? k : n, 0.0f, c, n);
 }
 
 // Per (batch, head): the dropout multipliers keep / (1 - p) of row i's first i + 1 columns.

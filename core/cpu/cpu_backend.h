@@ -1,7 +1,8 @@
 // The CPU backend: OpenBLAS for matrix products, plain loops over the thread pool for the rest.
 // It is the reference every other backend is tested against, so it favours clarity and exact
 // accumulation (double for long sums) over speed. Methods are defined by concern in
-// gemm.cc, elementwise.cc, layer_norm.cc, attention.cc, embedding_loss.cc and optimizer.cc.
+// cpu_backend.cc, gemm.cc, elementwise.cc, layer_norm.cc, attention.cc, embedding_loss.cc and
+// optimizer.cc.
 #pragma once
 
 #include "core/ops/backend.h"
@@ -10,6 +11,8 @@ namespace nf::cpu {
 
 class CpuBackend final : public ops::Backend {
  public:
+  CpuBackend();
+
   absl::Status Gemm(const ops::GemmArgs& args) override;
 
   absl::Status AddBias(const Tensor& x, const Tensor& bias) override;

@@ -70,28 +70,45 @@ void InputGradRow(const ops::LayerNormBackwardArgs& args, int64_t r, double mean
   }
 }
 
-// dweight += sum_r dy * xhat, dbias += sum_r dy; parallel over columns, rows in order.
+// dweight += sum_r dy * xhat, dbias += sum_r dy. Rows are read contiguously in fixed blocks,
+// each block's per-column partial sums kept in double, then the blocks added in order: cache
+// friendly, and the same result for any thread count.
 template <typename T>
 void ParamGrads(const ops::LayerNormBackwardArgs& args) {
+  constexpr int64_t kRowsPerBlock = 64;
   const int64_t rows = ops::Rows(args.x), cols = ops::Cols(args.x);
+  const int64_t blocks = (rows + kRowsPerBlock - 1) / kRowsPerBlock;
   const T* x = args.x.data<T>();
   const T* dy = args.dy.data<T>();
   const float* mean = args.mean.data<float>();
   const float* rstd = args.rstd.data<float>();
-  float* dw = args.dweight.data<float>();
-  float* db = args.dbias.data<float>();
-  ParallelFor(cols, 3 * rows, [&](int64_t begin, int64_t end) {
-    for (int64_t c = begin; c < end; ++c) {
-      double sum_w = 0.0, sum_b = 0.0;
-      for (int64_t r = 0; r < rows; ++r) {
-        const double g = ToFloat(dy[r * cols + c]);
-        sum_w += g * ((ToFloat(x[r * cols + c]) - mean[r]) * rstd[r]);
-        sum_b += g;
+  // [blocks, 2, cols]: per block, the dweight partials then the dbias partials.
+  std::vector<double> partial(blocks * 2 * cols, 0.0);
+  ParallelFor(blocks, 4 * kRowsPerBlock * cols, [&](int64_t begin, int64_t end) {
+    for (int64_t block = begin; block < end; ++block) {
+      double* sum_w = partial.data() + block * 2 * cols;
+      double* sum_b = sum_w + cols;
+      for (int64_t r = block * kRowsPerBlock; r < std::min(rows, (block + 1) * kRowsPerBlock);
+           ++r) {
+        for (int64_t c = 0; c < cols; ++c) {
+          const double g = ToFloat(dy[r * cols + c]);
+          sum_w[c] += g * ((ToFloat(x[r * cols + c]) - mean[r]) * rstd[r]);
+          sum_b[c] += g;
+        }
       }
-      dw[c] += static_cast<float>(sum_w);
-      db[c] += static_cast<float>(sum_b);
     }
   });
+  float* dw = args.dweight.data<float>();
+  float* db = args.dbias.data<float>();
+  for (int64_t c = 0; c < cols; ++c) {
+    double sum_w = 0.0, sum_b = 0.0;
+    for (int64_t block = 0; block < blocks; ++block) {
+      sum_w += partial[block * 2 * cols + c];
+      sum_b += partial[block * 2 * cols + cols + c];
+    }
+    dw[c] += static_cast<float>(sum_w);
+    db[c] += static_cast<float>(sum_b);
+  }
 }
 
 }  // namespace
