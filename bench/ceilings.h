@@ -11,7 +11,7 @@ namespace nf::bench {
 
 struct Ceilings {
   double sgemm_gflops;         // OpenBLAS cblas_sgemm on all cores, fp32, square n = 1024
-  double memcpy_gbytes_per_s;  // memcpy of 256 MiB: bytes read + bytes written per second
+  double memcpy_gbytes_per_s;  // memcpy of 256 MiB on all cores: bytes read + written per second
 };
 
 // Measures both ceilings (takes about a second).

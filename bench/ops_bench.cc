@@ -184,7 +184,7 @@ void RegisterAll() {
         ->UseRealTime()
         ->Unit(benchmark::kMillisecond)
         ->MinTime(0.2)
-        ->Repetitions(3)
+        ->Repetitions(5)
         ->ReportAggregatesOnly(true);
   };
   add("openblas_sgemm/n", BM_OpenBlasSgemm, {1024});
