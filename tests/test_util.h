@@ -1,18 +1,56 @@
-// Helpers for numerical tests: random inputs, tensors from vectors, float64 comparisons and
-// central finite differences. References in tests are written in double, independently of the
-// kernels they check.
+// Helpers for numerical tests: random inputs, tensors from vectors, float64 comparisons,
+// central finite differences, rounding constants and status checks. References in tests are
+// written in double, independently of the kernels they check.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "core/tensor.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
 namespace nf::testing {
+
+// fp32 unit roundoff: the relative error of one rounding to fp32.
+inline constexpr double kU32 = 0x1p-24;
+
+// Unit roundoff of `dtype` (half an ulp, relative): the error of one rounding to it.
+inline double UnitRoundoff(DType dtype) {
+  switch (dtype) {
+    case DType::kF16:
+      return 0x1p-11;
+    case DType::kBF16:
+      return 0x1p-8;
+    default:
+      return kU32;
+  }
+}
+
+// The largest |v[i]|, 0 for an empty vector.
+inline double MaxAbs(const std::vector<double>& v) {
+  double m = 0.0;
+  for (double x : v) m = std::max(m, std::abs(x));
+  return m;
+}
+
+// Expects an InvalidArgument error whose message contains `mentions`.
+inline void ExpectInvalidArgument(const absl::Status& status, const std::string& mentions) {
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+  EXPECT_THAT(std::string(status.message()), ::testing::HasSubstr(mentions)) << status;
+}
+
+// The same, and the message starts with "<op>: ".
+inline void ExpectInvalidArgument(const absl::Status& status, const std::string& op,
+                                  const std::string& mentions) {
+  ExpectInvalidArgument(status, mentions);
+  EXPECT_THAT(std::string(status.message()), ::testing::StartsWith(op + ": ")) << status;
+}
 
 // n uniform values in [lo, hi), reproducible from the seed.
 inline std::vector<float> RandomFloats(size_t n, uint32_t seed, float lo = -1.0f, float hi = 1.0f) {

@@ -27,34 +27,19 @@ namespace nf {
 namespace {
 
 using ::nf::testing::ExpectAllClose;
+using ::nf::testing::kU32;
 using ::nf::testing::MakeTensor;
 using ::nf::testing::MakeZeros;
+using ::nf::testing::MaxAbs;
 using ::nf::testing::NumericGradient;
 using ::nf::testing::RandomFloats;
 using ::nf::testing::Rounded;
 using ::nf::testing::ToDoubles;
+using ::nf::testing::UnitRoundoff;
 using ::testing::HasSubstr;
 
-constexpr double kU32 = 0x1p-24;   // fp32 unit roundoff
 constexpr double kFdError = 1e-8;  // central differences in double, see the header comment
 constexpr float kInf = std::numeric_limits<float>::infinity();
-
-double UnitRoundoff(DType dtype) {
-  switch (dtype) {
-    case DType::kF16:
-      return 0x1p-11;
-    case DType::kBF16:
-      return 0x1p-8;
-    default:
-      return kU32;
-  }
-}
-
-double MaxAbs(const std::vector<double>& v) {
-  double m = 0.0;
-  for (double x : v) m = std::max(m, std::abs(x));
-  return m;
-}
 
 // Values rounded to dtype, as floats (exactly representable in dtype) and as doubles.
 struct Input {

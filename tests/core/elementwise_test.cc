@@ -28,16 +28,15 @@ namespace nf {
 namespace {
 
 using ::nf::testing::ExpectAllClose;
+using ::nf::testing::ExpectInvalidArgument;
+using ::nf::testing::kU32;
 using ::nf::testing::MakeTensor;
 using ::nf::testing::MakeZeros;
 using ::nf::testing::NumericGradient;
 using ::nf::testing::RandomFloats;
 using ::nf::testing::Rounded;
 using ::nf::testing::ToDoubles;
-using ::testing::HasSubstr;
-using ::testing::StartsWith;
 
-constexpr double kU = 0x1p-24;  // fp32 unit roundoff
 constexpr DType kFloatDTypes[] = {DType::kF32, DType::kF16, DType::kBF16};
 
 // Half an ulp of an fp16 / bf16 result, relative; 0 for fp32 (covered by each test's fp32 term).
@@ -46,12 +45,6 @@ double HalfUlp(DType dtype) {
 }
 // Half the spacing of fp16 subnormals (2^-24), the absolute rounding error near zero.
 double SubnormalHalfStep(DType dtype) { return dtype == DType::kF16 ? 0x1p-25 : 0.0; }
-
-void ExpectError(const absl::Status& status, const std::string& op, const std::string& mentions) {
-  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
-  EXPECT_THAT(std::string(status.message()), StartsWith(op + ": "));
-  EXPECT_THAT(std::string(status.message()), HasSubstr(mentions));
-}
 
 // Bitwise equality of two tensors' values (NaN equal to NaN, -0 distinct from +0).
 void ExpectSameValues(const Tensor& actual, const Tensor& expected, const std::string& what) {
@@ -84,8 +77,8 @@ TEST(AddBiasTest, AddsBiasToEveryRow) {
       for (size_t i = 0; i < rx.size(); ++i) expected[i] = rx[i] + rb[i % 17];
       // One fp32 addition (u relative) then the output rounding (half ulp, relative to the
       // rounded sum: <= (half ulp)(1 + u)), plus fp16's subnormal step: 2u + half ulp covers it.
-      ExpectAllClose(ToDoubles(tx), expected, SubnormalHalfStep(x_dtype), 2 * kU + HalfUlp(x_dtype),
-                     "x + bias");
+      ExpectAllClose(ToDoubles(tx), expected, SubnormalHalfStep(x_dtype),
+                     2 * kU32 + HalfUlp(x_dtype), "x + bias");
     }
   }
 }
@@ -104,13 +97,14 @@ TEST(AddBiasTest, EdgeShapes) {
 
 TEST(AddBiasTest, RejectsBadArguments) {
   const Tensor x = MakeZeros(DType::kF32, {3, 5});
-  ExpectError(ops::AddBias(x, MakeZeros(DType::kF32, {3})), "AddBias",
-              "bias is f32[3] on cpu, expected shape [5]");
-  ExpectError(ops::AddBias(x, MakeZeros(DType::kF32, {1, 5})), "AddBias", "expected shape [5]");
-  ExpectError(ops::AddBias(x, MakeZeros(DType::kI32, {5})), "AddBias", "bias is i32[5]");
-  ExpectError(ops::AddBias(MakeZeros(DType::kI64, {3, 5}), MakeZeros(DType::kF32, {5})), "AddBias",
-              "x is i64[3, 5]");
-  ExpectError(ops::AddBias(x, Tensor()), "AddBias", "bias is missing");
+  ExpectInvalidArgument(ops::AddBias(x, MakeZeros(DType::kF32, {3})), "AddBias",
+                        "bias is f32[3] on cpu, expected shape [5]");
+  ExpectInvalidArgument(ops::AddBias(x, MakeZeros(DType::kF32, {1, 5})), "AddBias",
+                        "expected shape [5]");
+  ExpectInvalidArgument(ops::AddBias(x, MakeZeros(DType::kI32, {5})), "AddBias", "bias is i32[5]");
+  ExpectInvalidArgument(ops::AddBias(MakeZeros(DType::kI64, {3, 5}), MakeZeros(DType::kF32, {5})),
+                        "AddBias", "x is i64[3, 5]");
+  ExpectInvalidArgument(ops::AddBias(x, Tensor()), "AddBias", "bias is missing");
 }
 
 TEST(BiasBackwardTest, AccumulatesColumnSumsInFp32) {
@@ -136,7 +130,7 @@ TEST(BiasBackwardTest, AccumulatesColumnSumsInFp32) {
         }
         // Each call sums in at least fp32 and adds into fp32: a sum of `rows` terms has error
         // <= rows u (sum of magnitudes), and each of the 2 additions into dbias u more.
-        const double tolerance = (2 * rows + 4) * kU * (std::abs(start[c]) + 2 * magnitude);
+        const double tolerance = (2 * rows + 4) * kU32 * (std::abs(start[c]) + 2 * magnitude);
         EXPECT_NEAR(actual[c], start[c] + 2 * sum, tolerance) << "column " << c;
       }
     }
@@ -147,12 +141,14 @@ TEST(BiasBackwardTest, EmptyAndBadArguments) {
   const Tensor dbias = MakeTensor(DType::kF32, {3}, {1, 2, 3});
   ASSERT_TRUE(ops::BiasBackward(MakeZeros(DType::kBF16, {0, 3}), dbias).ok());
   EXPECT_EQ(ToDoubles(dbias), (std::vector<double>{1, 2, 3}));  // nothing added
-  ExpectError(ops::BiasBackward(MakeZeros(DType::kF16, {2, 3}), MakeZeros(DType::kF16, {3})),
-              "BiasBackward", "dbias is f16[3] on cpu, expected dtype f32");
-  ExpectError(ops::BiasBackward(MakeZeros(DType::kF32, {2, 3}), MakeZeros(DType::kF32, {2})),
-              "BiasBackward", "expected shape [3]");
-  ExpectError(ops::BiasBackward(MakeZeros(DType::kI32, {2, 3}), dbias), "BiasBackward",
-              "dy is i32[2, 3]");
+  ExpectInvalidArgument(
+      ops::BiasBackward(MakeZeros(DType::kF16, {2, 3}), MakeZeros(DType::kF16, {3})),
+      "BiasBackward", "dbias is f16[3] on cpu, expected dtype f32");
+  ExpectInvalidArgument(
+      ops::BiasBackward(MakeZeros(DType::kF32, {2, 3}), MakeZeros(DType::kF32, {2})),
+      "BiasBackward", "expected shape [3]");
+  ExpectInvalidArgument(ops::BiasBackward(MakeZeros(DType::kI32, {2, 3}), dbias), "BiasBackward",
+                        "dy is i32[2, 3]");
 }
 
 // ---- Activations -------------------------------------------------------------------------------
@@ -271,16 +267,16 @@ TEST_P(ActivationTest, EdgeShapes) {
 TEST_P(ActivationTest, RejectsBadArguments) {
   const ops::Activation act = GetParam();
   const Tensor x = MakeZeros(DType::kF32, {2, 3});
-  ExpectError(ops::ActivationForward(act, x, MakeZeros(DType::kF16, {2, 3})), "ActivationForward",
-              "y is f16[2, 3] on cpu, expected dtype f32");
-  ExpectError(ops::ActivationForward(act, x, MakeZeros(DType::kF32, {3, 2})), "ActivationForward",
-              "expected shape [2, 3]");
-  ExpectError(ops::ActivationForward(act, MakeZeros(DType::kI32, {2, 3}), x), "ActivationForward",
-              "x is i32[2, 3]");
-  ExpectError(ops::ActivationBackward(act, x, MakeZeros(DType::kBF16, {2, 3}), x),
-              "ActivationBackward", "dy is bf16[2, 3]");
-  ExpectError(ops::ActivationBackward(act, x, x, MakeZeros(DType::kF32, {6})), "ActivationBackward",
-              "dx is f32[6]");
+  ExpectInvalidArgument(ops::ActivationForward(act, x, MakeZeros(DType::kF16, {2, 3})),
+                        "ActivationForward", "y is f16[2, 3] on cpu, expected dtype f32");
+  ExpectInvalidArgument(ops::ActivationForward(act, x, MakeZeros(DType::kF32, {3, 2})),
+                        "ActivationForward", "expected shape [2, 3]");
+  ExpectInvalidArgument(ops::ActivationForward(act, MakeZeros(DType::kI32, {2, 3}), x),
+                        "ActivationForward", "x is i32[2, 3]");
+  ExpectInvalidArgument(ops::ActivationBackward(act, x, MakeZeros(DType::kBF16, {2, 3}), x),
+                        "ActivationBackward", "dy is bf16[2, 3]");
+  ExpectInvalidArgument(ops::ActivationBackward(act, x, x, MakeZeros(DType::kF32, {6})),
+                        "ActivationBackward", "dx is f32[6]");
 }
 
 INSTANTIATE_TEST_SUITE_P(AllActivations, ActivationTest,
@@ -354,7 +350,7 @@ TEST(DropoutTest, OutputsAreZeroOrScaledInput) {
         ++kept;
         // x * fp32(1 / (1 - p)) in fp32: two roundings (2u) then the output's half ulp.
         const double expected = rx[i] / (1.0 - static_cast<double>(p));
-        ASSERT_NEAR(y[i], expected, (2 * kU + HalfUlp(dtype)) * std::abs(expected)) << i;
+        ASSERT_NEAR(y[i], expected, (2 * kU32 + HalfUlp(dtype)) * std::abs(expected)) << i;
       }
       EXPECT_GT(kept, 0);                           // something kept ...
       EXPECT_LT(kept, static_cast<int>(y.size()));  // ... and something dropped
@@ -444,7 +440,8 @@ TEST(DropoutTest, BackwardOnGradientReproducesTheMask) {
       ASSERT_EQ(y[i] == 0.0, dx[i] == 0.0) << i;
       if (dx[i] != 0.0) {
         // dy / (1 - p): two fp32 roundings and the output's half ulp, as above.
-        ASSERT_NEAR(dx[i], rdy[i] / 0.75, (2 * kU + HalfUlp(dtype)) * std::abs(rdy[i] / 0.75)) << i;
+        ASSERT_NEAR(dx[i], rdy[i] / 0.75, (2 * kU32 + HalfUlp(dtype)) * std::abs(rdy[i] / 0.75))
+            << i;
       }
     }
   }
@@ -512,16 +509,18 @@ TEST(DropoutTest, RejectsInvalidSpecs) {
   const Tensor x = MakeZeros(DType::kF32, {4, 4});
   for (float p : {1.0f, 1.5f, -0.1f, std::numeric_limits<float>::quiet_NaN(),
                   std::numeric_limits<float>::infinity()}) {
-    ExpectError(ops::Dropout(x, x, {.p = p}), "Dropout", "invalid dropout");
+    ExpectInvalidArgument(ops::Dropout(x, x, {.p = p}), "Dropout", "invalid dropout");
   }
-  ExpectError(ops::Dropout(x, x, {.p = 0.1f, .seq_len = 0}), "Dropout", "seq_len=0");
-  ExpectError(ops::Dropout(x, x, {.p = 0.1f, .col_offset = -1}), "Dropout", "col_offset=-1");
-  ExpectError(ops::Dropout(x, MakeZeros(DType::kF16, {4, 4}), {.p = 0.1f}), "Dropout",
-              "y is f16[4, 4]");
-  ExpectError(ops::Dropout(x, MakeZeros(DType::kF32, {16}), {.p = 0.1f}), "Dropout",
-              "expected shape [4, 4]");
-  ExpectError(ops::Dropout(MakeZeros(DType::kU8, {4}), MakeZeros(DType::kU8, {4}), {.p = 0.1f}),
-              "Dropout", "x is u8[4]");
+  ExpectInvalidArgument(ops::Dropout(x, x, {.p = 0.1f, .seq_len = 0}), "Dropout", "seq_len=0");
+  ExpectInvalidArgument(ops::Dropout(x, x, {.p = 0.1f, .col_offset = -1}), "Dropout",
+                        "col_offset=-1");
+  ExpectInvalidArgument(ops::Dropout(x, MakeZeros(DType::kF16, {4, 4}), {.p = 0.1f}), "Dropout",
+                        "y is f16[4, 4]");
+  ExpectInvalidArgument(ops::Dropout(x, MakeZeros(DType::kF32, {16}), {.p = 0.1f}), "Dropout",
+                        "expected shape [4, 4]");
+  ExpectInvalidArgument(
+      ops::Dropout(MakeZeros(DType::kU8, {4}), MakeZeros(DType::kU8, {4}), {.p = 0.1f}), "Dropout",
+      "x is u8[4]");
 }
 
 // ---- Cast --------------------------------------------------------------------------------------
@@ -626,10 +625,10 @@ TEST(CastTest, ShapesViewsAndErrors) {
   ASSERT_TRUE(ops::Cast(src, src).ok());
   EXPECT_EQ(ToDoubles(src), (std::vector<double>{1, 2, 3, 4, 5, 6}));
   EXPECT_TRUE(ops::Cast(MakeZeros(DType::kF16, {0, 3}), MakeZeros(DType::kF32, {0})).ok());
-  ExpectError(ops::Cast(src, MakeZeros(DType::kF16, {5})), "Cast",
-              "dst is f16[5] on cpu, expected 6 elements like src");
-  ExpectError(ops::Cast(src, MakeZeros(DType::kI32, {6})), "Cast", "dst is i32[6]");
-  ExpectError(ops::Cast(MakeZeros(DType::kI64, {6}), src), "Cast", "src is i64[6]");
+  ExpectInvalidArgument(ops::Cast(src, MakeZeros(DType::kF16, {5})), "Cast",
+                        "dst is f16[5] on cpu, expected 6 elements like src");
+  ExpectInvalidArgument(ops::Cast(src, MakeZeros(DType::kI32, {6})), "Cast", "dst is i32[6]");
+  ExpectInvalidArgument(ops::Cast(MakeZeros(DType::kI64, {6}), src), "Cast", "src is i64[6]");
 }
 
 // ---- Fill, Scale, Axpy -------------------------------------------------------------------------
@@ -674,7 +673,7 @@ TEST(FillTest, ViewsEmptyAndUndefined) {
   ASSERT_TRUE(ops::Fill(*storage.View(3, {2, 2}), -1.0f).ok());
   EXPECT_EQ(ToDoubles(storage), (std::vector<double>{2, 2, 2, -1, -1, -1, -1, 2, 2, 2}));
   EXPECT_TRUE(ops::Fill(MakeZeros(DType::kI32, {0, 4}), 1.0f).ok());
-  ExpectError(ops::Fill(Tensor(), 1.0f), "Fill", "x is missing");
+  ExpectInvalidArgument(ops::Fill(Tensor(), 1.0f), "Fill", "x is missing");
 }
 
 TEST(ScaleTest, MultipliesInPlace) {
@@ -689,12 +688,12 @@ TEST(ScaleTest, MultipliesInPlace) {
       for (double v : Rounded(dtype, x)) expected.push_back(alpha * v);
       // One fp32 product (u) then the output rounding: |fl16(fl32(p)) - p| <= (half ulp)(1+u)|p|
       // + u|p| < (half ulp + 2u)|p|, plus fp16's subnormal step for tiny products.
-      ExpectAllClose(ToDoubles(tx), expected, SubnormalHalfStep(dtype), HalfUlp(dtype) + 2 * kU,
+      ExpectAllClose(ToDoubles(tx), expected, SubnormalHalfStep(dtype), HalfUlp(dtype) + 2 * kU32,
                      "alpha x");
     }
   }
   EXPECT_TRUE(ops::Scale(MakeZeros(DType::kBF16, {0}), 2.0f).ok());
-  ExpectError(ops::Scale(MakeZeros(DType::kI32, {3}), 2.0f), "Scale", "x is i32[3]");
+  ExpectInvalidArgument(ops::Scale(MakeZeros(DType::kI32, {3}), 2.0f), "Scale", "x is i32[3]");
 }
 
 TEST(AxpyTest, MixedDTypes) {
@@ -714,7 +713,7 @@ TEST(AxpyTest, MixedDTypes) {
         const double expected = ry[i] + alpha * rx[i];
         // fp32: the product and the sum round once each, <= u (|y| + |alpha x|) each (fused or
         // not); then the output's half ulp of the fp32 result and fp16's subnormal step.
-        const double fp32_error = 2 * kU * (std::abs(ry[i]) + std::abs(alpha * rx[i]));
+        const double fp32_error = 2 * kU32 * (std::abs(ry[i]) + std::abs(alpha * rx[i]));
         ASSERT_NEAR(actual[i], expected,
                     fp32_error + HalfUlp(y_dtype) * (std::abs(expected) + fp32_error) +
                         SubnormalHalfStep(y_dtype))
@@ -726,12 +725,12 @@ TEST(AxpyTest, MixedDTypes) {
 
 TEST(AxpyTest, EmptyAndBadArguments) {
   EXPECT_TRUE(ops::Axpy(2.0f, MakeZeros(DType::kF16, {0}), MakeZeros(DType::kF32, {0, 3})).ok());
-  ExpectError(ops::Axpy(1.0f, MakeZeros(DType::kF16, {4}), MakeZeros(DType::kF32, {5})), "Axpy",
-              "y is f32[5] on cpu, expected 4 elements like x");
-  ExpectError(ops::Axpy(1.0f, MakeZeros(DType::kF16, {4}), MakeZeros(DType::kI32, {4})), "Axpy",
-              "y is i32[4]");
-  ExpectError(ops::Axpy(1.0f, MakeZeros(DType::kI64, {4}), MakeZeros(DType::kF32, {4})), "Axpy",
-              "x is i64[4]");
+  ExpectInvalidArgument(ops::Axpy(1.0f, MakeZeros(DType::kF16, {4}), MakeZeros(DType::kF32, {5})),
+                        "Axpy", "y is f32[5] on cpu, expected 4 elements like x");
+  ExpectInvalidArgument(ops::Axpy(1.0f, MakeZeros(DType::kF16, {4}), MakeZeros(DType::kI32, {4})),
+                        "Axpy", "y is i32[4]");
+  ExpectInvalidArgument(ops::Axpy(1.0f, MakeZeros(DType::kI64, {4}), MakeZeros(DType::kF32, {4})),
+                        "Axpy", "x is i64[4]");
 }
 
 }  // namespace

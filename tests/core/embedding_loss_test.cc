@@ -23,39 +23,19 @@ namespace nf {
 namespace {
 
 using ::nf::testing::ExpectAllClose;
+using ::nf::testing::ExpectInvalidArgument;
+using ::nf::testing::kU32;
 using ::nf::testing::MakeIds;
 using ::nf::testing::MakeTensor;
 using ::nf::testing::MakeZeros;
+using ::nf::testing::MaxAbs;
 using ::nf::testing::NumericGradient;
 using ::nf::testing::RandomFloats;
 using ::nf::testing::Rounded;
 using ::nf::testing::ToDoubles;
-using ::testing::HasSubstr;
+using ::nf::testing::UnitRoundoff;
 
-constexpr double kU32 = 0x1p-24;   // fp32 unit roundoff
 constexpr double kFdError = 1e-8;  // central differences in double, h = 1e-5, O(1-10) losses
-
-double UnitRoundoff(DType dtype) {
-  switch (dtype) {
-    case DType::kF16:
-      return 0x1p-11;
-    case DType::kBF16:
-      return 0x1p-8;
-    default:
-      return kU32;
-  }
-}
-
-double MaxAbs(const std::vector<double>& v) {
-  double m = 0.0;
-  for (double x : v) m = std::max(m, std::abs(x));
-  return m;
-}
-
-void ExpectInvalid(const absl::Status& status, const std::string& what) {
-  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
-  EXPECT_THAT(std::string(status.message()), HasSubstr(what)) << status;
-}
 
 std::string Name(const ::testing::TestParamInfo<DType>& info) {
   return std::string(DTypeName(info.param));
@@ -210,13 +190,14 @@ TEST(EmbeddingTest, OutOfRangeIdIsAnErrorNamingTheId) {
   const int64_t vocab = 10, width = 2;
   Tensor table = MakeTensor(DType::kF32, {vocab, width}, RandomFloats(vocab * width, 7));
   Tensor out = MakeZeros(DType::kF32, {3, width});
-  ExpectInvalid(ops::EmbeddingForward({MakeIds({3}, {1, 12, 3}), table, out}), "12");
-  ExpectInvalid(ops::EmbeddingForward({MakeIds({3}, {1, 2, -3}), table, out}), "-3");
-  ExpectInvalid(ops::EmbeddingForward({MakeIds({3}, {1, 10, 3}), table, out}), "10");
+  ExpectInvalidArgument(ops::EmbeddingForward({MakeIds({3}, {1, 12, 3}), table, out}), "12");
+  ExpectInvalidArgument(ops::EmbeddingForward({MakeIds({3}, {1, 2, -3}), table, out}), "-3");
+  ExpectInvalidArgument(ops::EmbeddingForward({MakeIds({3}, {1, 10, 3}), table, out}), "10");
   // In a slice, ids are checked against the global vocabulary, not the slice.
   Tensor slice = *table.View(6 * width, {4, width});
   EXPECT_TRUE(ops::EmbeddingForward({MakeIds({3}, {1, 9, 0}), slice, out, 6, vocab}).ok());
-  ExpectInvalid(ops::EmbeddingForward({MakeIds({3}, {1, 11, 0}), slice, out, 6, vocab}), "11");
+  ExpectInvalidArgument(ops::EmbeddingForward({MakeIds({3}, {1, 11, 0}), slice, out, 6, vocab}),
+                        "11");
 }
 
 TEST(EmbeddingTest, RejectsInconsistentArguments) {
@@ -225,17 +206,21 @@ TEST(EmbeddingTest, RejectsInconsistentArguments) {
   Tensor ids = MakeIds({3}, {0, 1, 2});
   Tensor out = MakeZeros(DType::kF32, {3, width});
   ASSERT_TRUE(ops::EmbeddingForward({ids, table, out}).ok());
-  ExpectInvalid(ops::EmbeddingForward({MakeZeros(DType::kI64, {3}), table, out}), "ids");
-  ExpectInvalid(ops::EmbeddingForward({MakeIds({3, 1}, {0, 1, 2}), table, out}), "ids");
-  ExpectInvalid(ops::EmbeddingForward({ids, table, MakeZeros(DType::kF32, {3, width + 1})}), "out");
-  ExpectInvalid(ops::EmbeddingForward({ids, table, MakeZeros(DType::kF16, {3, width})}), "out");
-  ExpectInvalid(ops::EmbeddingForward({ids, MakeZeros(DType::kF32, {vocab}), out}), "table");
+  ExpectInvalidArgument(ops::EmbeddingForward({MakeZeros(DType::kI64, {3}), table, out}), "ids");
+  ExpectInvalidArgument(ops::EmbeddingForward({MakeIds({3, 1}, {0, 1, 2}), table, out}), "ids");
+  ExpectInvalidArgument(ops::EmbeddingForward({ids, table, MakeZeros(DType::kF32, {3, width + 1})}),
+                        "out");
+  ExpectInvalidArgument(ops::EmbeddingForward({ids, table, MakeZeros(DType::kF16, {3, width})}),
+                        "out");
+  ExpectInvalidArgument(ops::EmbeddingForward({ids, MakeZeros(DType::kF32, {vocab}), out}),
+                        "table");
   // The slice [8, 18) does not fit a vocabulary of 12.
-  ExpectInvalid(ops::EmbeddingForward({ids, table, out, 8, 12}), "vocab");
-  ExpectInvalid(ops::EmbeddingBackward(ids, out, MakeZeros(DType::kF16, {vocab, width}), 0),
-                "dtable");
-  ExpectInvalid(ops::EmbeddingBackward(ids, MakeZeros(DType::kF32, {4, width}), table, 0), "dout");
-  ExpectInvalid(ops::EmbeddingBackward(ids, out, table, -1), "vocab_offset");
+  ExpectInvalidArgument(ops::EmbeddingForward({ids, table, out, 8, 12}), "vocab");
+  ExpectInvalidArgument(ops::EmbeddingBackward(ids, out, MakeZeros(DType::kF16, {vocab, width}), 0),
+                        "dtable");
+  ExpectInvalidArgument(ops::EmbeddingBackward(ids, MakeZeros(DType::kF32, {4, width}), table, 0),
+                        "dout");
+  ExpectInvalidArgument(ops::EmbeddingBackward(ids, out, table, -1), "vocab_offset");
 }
 
 // ---- Cross-entropy -----------------------------------------------------------------------------
@@ -544,13 +529,13 @@ TEST(CrossEntropyTest, OutOfVocabularyTargetIsAnErrorNamingIt) {
   Tensor row_max = MakeZeros(DType::kF32, {rows}), sum_exp = MakeZeros(DType::kF32, {rows});
   Tensor loss = MakeZeros(DType::kF32, {rows});
   // Padding column 7 (valid_vocab 7) cannot be a target; neither can 8 nor -2.
-  ExpectInvalid(
+  ExpectInvalidArgument(
       ops::CrossEntropyForward({logits, MakeIds({rows}, {0, 7, 1}), 0, 7}, row_max, sum_exp, loss),
       "target 7 of row 1");
-  ExpectInvalid(
+  ExpectInvalidArgument(
       ops::CrossEntropyForward({logits, MakeIds({rows}, {8, 0, 1})}, row_max, sum_exp, loss),
       "target 8 of row 0");
-  ExpectInvalid(
+  ExpectInvalidArgument(
       ops::CrossEntropyForward({logits, MakeIds({rows}, {0, 1, -2})}, row_max, sum_exp, loss),
       "target -2 of row 2");
   // A vocab slice accepts targets held by other slices when valid_vocab is the global size.
@@ -569,25 +554,25 @@ TEST(CrossEntropyTest, RejectsInconsistentArguments) {
   ASSERT_TRUE(ops::CrossEntropyForward(good, row_max, sum_exp, loss).ok());
   ops::CrossEntropyArgs a = good;
   a.logits = f32({1, rows, vocab});
-  ExpectInvalid(ops::CrossEntropyRowMax(a, row_max), "logits");
+  ExpectInvalidArgument(ops::CrossEntropyRowMax(a, row_max), "logits");
   a = good;
   a.targets = MakeZeros(DType::kI64, {rows});
-  ExpectInvalid(ops::CrossEntropyRowMax(a, row_max), "targets");
+  ExpectInvalidArgument(ops::CrossEntropyRowMax(a, row_max), "targets");
   a = good;
   a.targets = MakeIds({rows + 1}, {0, 0, 0, 0});
-  ExpectInvalid(ops::CrossEntropyRowMax(a, row_max), "targets");
+  ExpectInvalidArgument(ops::CrossEntropyRowMax(a, row_max), "targets");
   a = good;
   a.valid_vocab = -1;
-  ExpectInvalid(ops::CrossEntropyRowMax(a, row_max), "valid_vocab");
-  ExpectInvalid(ops::CrossEntropyRowMax(good, f32({rows + 1})), "row_max");
-  ExpectInvalid(ops::CrossEntropySumExp(good, row_max, MakeZeros(DType::kF16, {rows}), loss),
-                "sum_exp");
-  ExpectInvalid(ops::CrossEntropyLoss(good.targets, row_max, sum_exp, f32({2}), loss),
-                "target_logit");
-  ExpectInvalid(ops::CrossEntropyBackward(good, row_max, sum_exp, f32({rows}),
-                                          MakeZeros(DType::kBF16, {rows, vocab})),
-                "dlogits");
-  ExpectInvalid(
+  ExpectInvalidArgument(ops::CrossEntropyRowMax(a, row_max), "valid_vocab");
+  ExpectInvalidArgument(ops::CrossEntropyRowMax(good, f32({rows + 1})), "row_max");
+  ExpectInvalidArgument(
+      ops::CrossEntropySumExp(good, row_max, MakeZeros(DType::kF16, {rows}), loss), "sum_exp");
+  ExpectInvalidArgument(ops::CrossEntropyLoss(good.targets, row_max, sum_exp, f32({2}), loss),
+                        "target_logit");
+  ExpectInvalidArgument(ops::CrossEntropyBackward(good, row_max, sum_exp, f32({rows}),
+                                                  MakeZeros(DType::kBF16, {rows, vocab})),
+                        "dlogits");
+  ExpectInvalidArgument(
       ops::CrossEntropyBackward(good, row_max, sum_exp, f32({rows + 1}), f32({rows, vocab})),
       "dloss");
 }

@@ -28,6 +28,7 @@
 namespace nf {
 namespace {
 
+using ::nf::testing::kU32;
 using ::nf::testing::MakeTensor;
 using ::nf::testing::MakeZeros;
 using ::nf::testing::RandomFloats;
@@ -35,8 +36,6 @@ using ::nf::testing::Rounded;
 using ::nf::testing::ToDoubles;
 using ::testing::HasSubstr;
 using ::testing::StartsWith;
-
-constexpr double kF32Unit = 0x1p-24;  // fp32 unit roundoff
 
 // Half an ulp, relative, of a result stored in `dtype`, and the absolute floor of its subnormals.
 double OutputRelativeRounding(DType dtype) {
@@ -75,7 +74,7 @@ Expected ReferenceGemm(const GemmCase& gc, const std::vector<double>& a,
   const int64_t batches = std::max<int64_t>(1, gc.batch);
   const int64_t a_stride = (gc.batch > 0 && !gc.a_shared) ? gc.m * gc.k : 0;
   const int64_t b_stride = (gc.batch > 0 && !gc.b_shared) ? gc.k * gc.n : 0;
-  const double gamma = static_cast<double>(gc.k + 2) * kF32Unit;
+  const double gamma = static_cast<double>(gc.k + 2) * kU32;
   const double rel_out = OutputRelativeRounding(gc.c), abs_out = OutputAbsoluteRounding(gc.c);
   Expected out{std::vector<double>(batches * gc.m * gc.n),
                std::vector<double>(batches * gc.m * gc.n)};
@@ -307,7 +306,7 @@ TEST(GemmTest, BetaOneAccumulatesIntoFp32) {
       }
       // Two fp32 GEMMs chained through fp32 C: at most gamma = (2 tokens + 4) u relative to the
       // sum of magnitudes (each call: tokens products, the alpha scaling and the beta add).
-      EXPECT_NEAR(actual[i * out + j], expected, (2 * tokens + 4) * kF32Unit * magnitude)
+      EXPECT_NEAR(actual[i * out + j], expected, (2 * tokens + 4) * kU32 * magnitude)
           << "(" << i << ", " << j << ")";
     }
   }
@@ -391,7 +390,7 @@ TEST(GemmTest, WritesOnlyItsViewOfAFlatBuffer) {
         expected += static_cast<double>(a[row * k + l]) * b[l * n + col];
         magnitude += std::abs(static_cast<double>(a[row * k + l]) * b[l * n + col]);
       }
-      EXPECT_NEAR(after[i], expected, (k + 2) * kF32Unit * magnitude) << i;  // gamma bound
+      EXPECT_NEAR(after[i], expected, (k + 2) * kU32 * magnitude) << i;  // gamma bound
     } else {
       EXPECT_EQ(after[i], flat[i]) << "neighbour " << i << " was written";
     }

@@ -20,34 +20,18 @@ namespace nf {
 namespace {
 
 using ::nf::testing::ExpectAllClose;
+using ::nf::testing::ExpectInvalidArgument;
+using ::nf::testing::kU32;
 using ::nf::testing::MakeTensor;
 using ::nf::testing::MakeZeros;
+using ::nf::testing::MaxAbs;
 using ::nf::testing::NumericGradient;
 using ::nf::testing::RandomFloats;
 using ::nf::testing::Rounded;
 using ::nf::testing::ToDoubles;
-using ::testing::HasSubstr;
+using ::nf::testing::UnitRoundoff;
 
-constexpr double kU32 = 0x1p-24;  // fp32 unit roundoff
 constexpr float kEps = 1e-5f;
-
-// Half an ulp, relative: the error of one rounding to `dtype`.
-double UnitRoundoff(DType dtype) {
-  switch (dtype) {
-    case DType::kF16:
-      return 0x1p-11;
-    case DType::kBF16:
-      return 0x1p-8;
-    default:
-      return kU32;
-  }
-}
-
-double MaxAbs(const std::vector<double>& v) {
-  double m = 0.0;
-  for (double x : v) m = std::max(m, std::abs(x));
-  return m;
-}
 
 struct RefForward {
   std::vector<double> y, mean, rstd, xhat;
@@ -573,12 +557,6 @@ TEST(LayerNormTest, ZeroRowsIsANoOp) {
   ExpectAllClose(ToDoubles(dbias), std::vector<double>(db0.begin(), db0.end()), 0, 0, "db");
 }
 
-// Expects an InvalidArgument error whose message names `what`.
-void ExpectInvalid(const absl::Status& status, const std::string& what) {
-  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
-  EXPECT_THAT(std::string(status.message()), HasSubstr(what)) << status;
-}
-
 TEST(LayerNormTest, RejectsInconsistentArguments) {
   const int64_t rows = 3, cols = 4;
   const auto f32 = [](Shape s) { return MakeZeros(DType::kF32, s); };
@@ -588,41 +566,42 @@ TEST(LayerNormTest, RejectsInconsistentArguments) {
 
   ops::LayerNormArgs a = good;
   a.weight = f32({cols + 1});
-  ExpectInvalid(ops::LayerNormForward(a), "weight");
+  ExpectInvalidArgument(ops::LayerNormForward(a), "weight");
   a = good;
   a.bias = f32({rows, cols});
-  ExpectInvalid(ops::LayerNormForward(a), "bias");
+  ExpectInvalidArgument(ops::LayerNormForward(a), "bias");
   a = good;
   a.y = MakeZeros(DType::kF16, {rows, cols});
-  ExpectInvalid(ops::LayerNormForward(a), "y");
+  ExpectInvalidArgument(ops::LayerNormForward(a), "y");
   a = good;
   a.y = f32({cols, rows});
-  ExpectInvalid(ops::LayerNormForward(a), "y");
+  ExpectInvalidArgument(ops::LayerNormForward(a), "y");
   a = good;
   a.mean = MakeZeros(DType::kF16, {rows});
-  ExpectInvalid(ops::LayerNormForward(a), "mean");
+  ExpectInvalidArgument(ops::LayerNormForward(a), "mean");
   a = good;
   a.rstd = f32({rows + 1});
-  ExpectInvalid(ops::LayerNormForward(a), "rstd");
+  ExpectInvalidArgument(ops::LayerNormForward(a), "rstd");
   a = good;
   a.x = MakeZeros(DType::kI32, {rows, cols});
-  ExpectInvalid(ops::LayerNormForward(a), "x");
+  ExpectInvalidArgument(ops::LayerNormForward(a), "x");
   a = good;
   a.eps = 0.0f;
-  ExpectInvalid(ops::LayerNormForward(a), "eps");
+  ExpectInvalidArgument(ops::LayerNormForward(a), "eps");
   // Weight and bias are read with one dtype: a bias of another dtype is an error, not a crash.
   a = good;
   a.bias = MakeZeros(DType::kF16, {cols});
-  ExpectInvalid(ops::LayerNormForward(a), "bias");
+  ExpectInvalidArgument(ops::LayerNormForward(a), "bias");
 
   // Tensor-parallel statistics: [rows, 2] f64, and total_cols covering the local columns.
   const Tensor f64_stats = MakeZeros(DType::kF64, {rows, 2});
-  ExpectInvalid(ops::LayerNormPartialStats(good.x, MakeZeros(DType::kF64, {rows})), "stats");
-  ExpectInvalid(ops::LayerNormPartialStats(good.x, f32({rows, 2})), "stats");
-  ExpectInvalid(ops::LayerNormForwardFromStats(good, MakeZeros(DType::kF64, {rows, 3}), cols),
-                "stats");
-  ExpectInvalid(ops::LayerNormForwardFromStats(good, f64_stats, cols - 1), "total_cols");
-  ExpectInvalid(ops::LayerNormForwardFromStats(good, f64_stats, 0), "total_cols");
+  ExpectInvalidArgument(ops::LayerNormPartialStats(good.x, MakeZeros(DType::kF64, {rows})),
+                        "stats");
+  ExpectInvalidArgument(ops::LayerNormPartialStats(good.x, f32({rows, 2})), "stats");
+  ExpectInvalidArgument(
+      ops::LayerNormForwardFromStats(good, MakeZeros(DType::kF64, {rows, 3}), cols), "stats");
+  ExpectInvalidArgument(ops::LayerNormForwardFromStats(good, f64_stats, cols - 1), "total_cols");
+  ExpectInvalidArgument(ops::LayerNormForwardFromStats(good, f64_stats, 0), "total_cols");
 
   const ops::LayerNormBackwardArgs bgood{f32({rows, cols}), f32({rows, cols}), f32({cols}),
                                          f32({rows}),       f32({rows}),       f32({rows, cols}),
@@ -630,21 +609,22 @@ TEST(LayerNormTest, RejectsInconsistentArguments) {
   ASSERT_TRUE(ops::LayerNormBackward(bgood).ok());
   ops::LayerNormBackwardArgs bad = bgood;
   bad.dy = f32({rows, cols + 1});
-  ExpectInvalid(ops::LayerNormBackward(bad), "dy");
+  ExpectInvalidArgument(ops::LayerNormBackward(bad), "dy");
   bad = bgood;
   bad.dx = MakeZeros(DType::kBF16, {rows, cols});
-  ExpectInvalid(ops::LayerNormBackward(bad), "dx");
+  ExpectInvalidArgument(ops::LayerNormBackward(bad), "dx");
   bad = bgood;
   bad.dweight = MakeZeros(DType::kF16, {cols});  // parameter gradients are fp32
-  ExpectInvalid(ops::LayerNormBackward(bad), "dweight");
+  ExpectInvalidArgument(ops::LayerNormBackward(bad), "dweight");
   bad = bgood;
   bad.dbias = f32({cols + 1});
-  ExpectInvalid(ops::LayerNormBackward(bad), "dbias");
+  ExpectInvalidArgument(ops::LayerNormBackward(bad), "dbias");
   bad = bgood;
   bad.weight = f32({1});
-  ExpectInvalid(ops::LayerNormBackward(bad), "weight");
-  ExpectInvalid(ops::LayerNormBackwardPartialSums(bgood, f32({rows + 1, 2})), "sums");
-  ExpectInvalid(ops::LayerNormBackwardFromSums(bgood, f32({rows, 2}), cols - 1), "total_cols");
+  ExpectInvalidArgument(ops::LayerNormBackward(bad), "weight");
+  ExpectInvalidArgument(ops::LayerNormBackwardPartialSums(bgood, f32({rows + 1, 2})), "sums");
+  ExpectInvalidArgument(ops::LayerNormBackwardFromSums(bgood, f32({rows, 2}), cols - 1),
+                        "total_cols");
 }
 
 }  // namespace

@@ -23,21 +23,13 @@
 namespace nf {
 namespace {
 
+using ::nf::testing::ExpectInvalidArgument;
+using ::nf::testing::kU32;
 using ::nf::testing::MakeTensor;
 using ::nf::testing::MakeZeros;
 using ::nf::testing::RandomFloats;
 using ::nf::testing::Rounded;
 using ::nf::testing::ToDoubles;
-using ::testing::HasSubstr;
-using ::testing::StartsWith;
-
-constexpr double kU = 0x1p-24;  // fp32 unit roundoff
-
-void ExpectError(const absl::Status& status, const std::string& op, const std::string& mentions) {
-  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
-  EXPECT_THAT(std::string(status.message()), StartsWith(op + ": "));
-  EXPECT_THAT(std::string(status.message()), HasSubstr(mentions));
-}
 
 uint32_t Bits(float f) {
   uint32_t b;
@@ -72,27 +64,27 @@ struct AdamReference {
       // m = b1 m + (1 - b1) g: two products and a sum, each rounded (1 - b1 is exact in fp32).
       const double m_terms = std::abs(b1 * m[i]) + std::abs((1 - b1) * g);
       m[i] = b1 * m[i] + (1 - b1) * g;
-      err_m[i] = b1 * err_m[i] + 2 * kU * m_terms;
+      err_m[i] = b1 * err_m[i] + 2 * kU32 * m_terms;
       // v = b2 v + (1 - b2) g^2: three products and a sum.
       const double v_terms = b2 * v[i] + (1 - b2) * g * g;
       v[i] = v_terms;
-      err_v[i] = b2 * err_v[i] + 3 * kU * v_terms;
+      err_v[i] = b2 * err_v[i] + 3 * kU32 * v_terms;
       // denom = sqrt(v / bc2) + eps: sqrt(v) (err_v / (2 sqrt v) propagated, u rounded), times
       // 1 / sqrt(bc2) (bc2 rounded to fp32, a square root and a reciprocal: 2.5u), plus eps (u).
       const double sqrt_vhat = std::sqrt(v[i] / bc2);
       const double denom = sqrt_vhat + eps;
       const double err_denom =
-          (v[i] > 0 ? err_v[i] / (2 * std::sqrt(v[i] * bc2)) : 0.0) + 5.5 * kU * denom;
+          (v[i] > 0 ? err_v[i] / (2 * std::sqrt(v[i] * bc2)) : 0.0) + 5.5 * kU32 * denom;
       // update = (lr / bc1) m / denom: lr / bc1 rounded (2u), a product and a quotient (2u);
       // m's and denom's errors propagate.
       const double update = lr / bc1 * m[i] / denom;
-      const double err_update = 4 * kU * std::abs(update) + lr / bc1 * err_m[i] / denom +
+      const double err_update = 4 * kU32 * std::abs(update) + lr / bc1 * err_m[i] / denom +
                                 std::abs(update) * err_denom / denom;
       // p -= (lr wd) p + update: lr wd and its product with p (2u), the sum and the difference.
       const double decay = lr * wd * p[i];
       const double p_new = p[i] - (decay + update);
-      err_p[i] = err_p[i] * std::abs(1 - lr * wd) + err_update + 2 * kU * std::abs(decay) +
-                 kU * std::abs(decay + update) + kU * std::abs(p_new);
+      err_p[i] = err_p[i] * std::abs(1 - lr * wd) + err_update + 2 * kU32 * std::abs(decay) +
+                 kU32 * std::abs(decay + update) + kU32 * std::abs(p_new);
       p[i] = p_new;
     }
   }
@@ -202,7 +194,7 @@ TEST(AdamWTest, FirstStepMovesEachWeightByLr) {
     const double expected = params[i] - 0.01 * (grads[i] > 0 ? 1 : -1);
     // |g| / (|g| + eps) differs from 1 by <= 1e-5 (g = 1e-3), times lr; plus ~10 fp32 roundings
     // of the update (lr) and one of p (|p| <= 2).
-    EXPECT_NEAR(p[i], expected, 0.01 * 1e-5 + 10 * kU * 0.01 + 2 * kU * 2) << i;
+    EXPECT_NEAR(p[i], expected, 0.01 * 1e-5 + 10 * kU32 * 0.01 + 2 * kU32 * 2) << i;
   }
 }
 
@@ -221,7 +213,7 @@ TEST(AdamWTest, WeightDecayIsDecoupled) {
     EXPECT_EQ(t.exp_avg.data<float>()[i], 0.0f);
     EXPECT_EQ(t.exp_avg_sq.data<float>()[i], 0.0f);
     // Three steps of 3 fp32 roundings each, plus lr wd rounded once: 10u relative.
-    EXPECT_NEAR(p[i], params[i] * factor, 10 * kU * std::abs(params[i])) << i;
+    EXPECT_NEAR(p[i], params[i] * factor, 10 * kU32 * std::abs(params[i])) << i;
   }
   // Without decay, zero gradients leave the weights bit-for-bit unchanged.
   AdamTensors still = MakeAdamTensors(params);
@@ -268,7 +260,7 @@ TEST(AdamWTest, RejectsInvalidHyperParameters) {
   with("lr inf", [&](auto& a) { a.lr = inf; });
   for (const auto& [what, args] : cases) {
     SCOPED_TRACE(what);
-    ExpectError(ops::AdamWStep(args), "AdamWStep", "invalid hyper-parameters");
+    ExpectInvalidArgument(ops::AdamWStep(args), "AdamWStep", "invalid hyper-parameters");
   }
   // Nothing was touched by the rejected calls.
   EXPECT_EQ(ToDoubles(t.params), (std::vector<double>{1.0, 2.0}));
@@ -279,18 +271,20 @@ TEST(AdamWTest, RejectsNonFp32AndMismatchedTensors) {
   AdamTensors t = MakeAdamTensors({1.0f, 2.0f, 3.0f});
   ops::AdamWArgs args{t.params, t.grads, t.exp_avg, t.exp_avg_sq};
   args.grads = MakeZeros(DType::kF16, {3});
-  ExpectError(ops::AdamWStep(args), "AdamWStep", "grads is f16[3] on cpu, expected dtype f32");
+  ExpectInvalidArgument(ops::AdamWStep(args), "AdamWStep",
+                        "grads is f16[3] on cpu, expected dtype f32");
   args.grads = t.grads;
   args.params = MakeZeros(DType::kBF16, {3});
-  ExpectError(ops::AdamWStep(args), "AdamWStep", "params is bf16[3]");
+  ExpectInvalidArgument(ops::AdamWStep(args), "AdamWStep", "params is bf16[3]");
   args.params = t.params;
   args.exp_avg_sq = MakeZeros(DType::kF32, {4});
-  ExpectError(ops::AdamWStep(args), "AdamWStep", "exp_avg_sq is f32[4] on cpu, expected shape [3]");
+  ExpectInvalidArgument(ops::AdamWStep(args), "AdamWStep",
+                        "exp_avg_sq is f32[4] on cpu, expected shape [3]");
   args.exp_avg_sq = t.exp_avg_sq;
   args.exp_avg = MakeZeros(DType::kF32, {3, 1});
-  ExpectError(ops::AdamWStep(args), "AdamWStep", "exp_avg is f32[3, 1]");
+  ExpectInvalidArgument(ops::AdamWStep(args), "AdamWStep", "exp_avg is f32[3, 1]");
   args.exp_avg = Tensor();
-  ExpectError(ops::AdamWStep(args), "AdamWStep", "exp_avg is missing");
+  ExpectInvalidArgument(ops::AdamWStep(args), "AdamWStep", "exp_avg is missing");
 }
 
 // ---- UnscaleAndCheck ---------------------------------------------------------------------------
@@ -311,7 +305,7 @@ TEST(UnscaleAndCheckTest, ScalesFiniteGradientsAndKeepsTheFlag) {
       std::vector<double> expected;
       for (float v : g) expected.push_back(static_cast<double>(v) * inv_scale);
       // One fp32 product: <= u relative (exact for the power-of-two scale).
-      testing::ExpectAllClose(ToDoubles(grads), expected, 0.0, kU, "grads * inv_scale");
+      testing::ExpectAllClose(ToDoubles(grads), expected, 0.0, kU32, "grads * inv_scale");
     }
   }
 }
@@ -373,17 +367,17 @@ TEST(UnscaleAndCheckTest, OneFlagCollectsSeveralBuffers) {
 
 TEST(UnscaleAndCheckTest, RejectsBadArguments) {
   const Tensor flag = Flag(0.0f);
-  ExpectError(ops::UnscaleAndCheck(MakeZeros(DType::kF16, {4}), 0.5f, flag), "UnscaleAndCheck",
-              "grads is f16[4] on cpu, expected dtype f32");
-  ExpectError(ops::UnscaleAndCheck(MakeZeros(DType::kBF16, {4}), 0.5f, flag), "UnscaleAndCheck",
-              "grads is bf16[4]");
+  ExpectInvalidArgument(ops::UnscaleAndCheck(MakeZeros(DType::kF16, {4}), 0.5f, flag),
+                        "UnscaleAndCheck", "grads is f16[4] on cpu, expected dtype f32");
+  ExpectInvalidArgument(ops::UnscaleAndCheck(MakeZeros(DType::kBF16, {4}), 0.5f, flag),
+                        "UnscaleAndCheck", "grads is bf16[4]");
   const Tensor grads = MakeZeros(DType::kF32, {4});
-  ExpectError(ops::UnscaleAndCheck(grads, 0.5f, MakeZeros(DType::kF16, {1})), "UnscaleAndCheck",
-              "found_nonfinite is f16[1]");
-  ExpectError(ops::UnscaleAndCheck(grads, 0.5f, MakeZeros(DType::kF32, {2})), "UnscaleAndCheck",
-              "found_nonfinite is f32[2] on cpu, expected shape [1]");
-  ExpectError(ops::UnscaleAndCheck(grads, 0.5f, MakeZeros(DType::kF32, {})), "UnscaleAndCheck",
-              "expected shape [1]");
+  ExpectInvalidArgument(ops::UnscaleAndCheck(grads, 0.5f, MakeZeros(DType::kF16, {1})),
+                        "UnscaleAndCheck", "found_nonfinite is f16[1]");
+  ExpectInvalidArgument(ops::UnscaleAndCheck(grads, 0.5f, MakeZeros(DType::kF32, {2})),
+                        "UnscaleAndCheck", "found_nonfinite is f32[2] on cpu, expected shape [1]");
+  ExpectInvalidArgument(ops::UnscaleAndCheck(grads, 0.5f, MakeZeros(DType::kF32, {})),
+                        "UnscaleAndCheck", "expected shape [1]");
 }
 
 // ---- SquaredNorm -------------------------------------------------------------------------------
@@ -399,7 +393,7 @@ double SumOfSquares(const std::vector<double>& x) {
 // n terms adds <= n 2^-53 relative. We allow 4u + n 2^-53 (2x margin). A plain fp32 running sum
 // would be off by ~n u / 2 for n positive terms, far outside.
 double NormTolerance(double expected, int64_t n) {
-  return (4 * kU + static_cast<double>(n) * 0x1p-53) * std::abs(expected);
+  return (4 * kU32 + static_cast<double>(n) * 0x1p-53) * std::abs(expected);
 }
 
 TEST(SquaredNormTest, AccumulatesSumOfSquares) {
@@ -469,15 +463,16 @@ TEST(SquaredNormTest, NonFiniteAndEdgeCases) {
 
 TEST(SquaredNormTest, RejectsBadArguments) {
   const Tensor x = MakeZeros(DType::kF32, {4});
-  ExpectError(ops::SquaredNorm(x, MakeZeros(DType::kF16, {1})), "SquaredNorm",
-              "out is f16[1] on cpu, expected dtype f32");
-  ExpectError(ops::SquaredNorm(x, MakeZeros(DType::kBF16, {1})), "SquaredNorm", "out is bf16[1]");
-  ExpectError(ops::SquaredNorm(x, MakeZeros(DType::kF32, {2})), "SquaredNorm",
-              "expected shape [1]");
-  ExpectError(ops::SquaredNorm(x, MakeZeros(DType::kF32, {1, 1})), "SquaredNorm",
-              "out is f32[1, 1]");
-  ExpectError(ops::SquaredNorm(MakeZeros(DType::kI32, {4}), MakeZeros(DType::kF32, {1})),
-              "SquaredNorm", "x is i32[4]");
+  ExpectInvalidArgument(ops::SquaredNorm(x, MakeZeros(DType::kF16, {1})), "SquaredNorm",
+                        "out is f16[1] on cpu, expected dtype f32");
+  ExpectInvalidArgument(ops::SquaredNorm(x, MakeZeros(DType::kBF16, {1})), "SquaredNorm",
+                        "out is bf16[1]");
+  ExpectInvalidArgument(ops::SquaredNorm(x, MakeZeros(DType::kF32, {2})), "SquaredNorm",
+                        "expected shape [1]");
+  ExpectInvalidArgument(ops::SquaredNorm(x, MakeZeros(DType::kF32, {1, 1})), "SquaredNorm",
+                        "out is f32[1, 1]");
+  ExpectInvalidArgument(ops::SquaredNorm(MakeZeros(DType::kI32, {4}), MakeZeros(DType::kF32, {1})),
+                        "SquaredNorm", "x is i32[4]");
 }
 
 }  // namespace
