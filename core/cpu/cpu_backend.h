@@ -1,7 +1,7 @@
 // The CPU backend: OpenBLAS for matrix products, plain loops over the thread pool for the rest.
 // It is the reference every other backend is tested against, so it favours clarity and exact
 // accumulation (double for long sums) over speed. Methods are defined by concern in
-// cpu_backend.cc, gemm.cc, elementwise.cc, layer_norm.cc, attention.cc, embedding_loss.cc and
+// cpu_backend.cc, gemm.cc, elementwise.cc, layout.cc, layer_norm.cc, attention.cc, embedding_loss.cc and
 // optimizer.cc.
 #pragma once
 
@@ -21,6 +21,14 @@ class CpuBackend final : public ops::Backend {
   absl::Status ActivationBackward(ops::Activation act, const Tensor& x, const Tensor& dy,
                                   const Tensor& dx) override;
   absl::Status Dropout(const Tensor& x, const Tensor& y, const ops::DropoutSpec& spec) override;
+
+  absl::Status ScaleChannels(const Tensor& x, const Tensor& scale, int64_t inner,
+                             const Tensor& y) override;
+  absl::Status ScaleChannelsBackward(const Tensor& x, const Tensor& scale, int64_t inner,
+                                     const Tensor& dy, const Tensor& dx,
+                                     const Tensor& dscale) override;
+  absl::Status SplitHeads(const Tensor& tokens, const Tensor& heads) override;
+  absl::Status MergeHeads(const Tensor& heads, const Tensor& tokens) override;
 
   absl::Status LayerNormForward(const ops::LayerNormArgs& args) override;
   absl::Status LayerNormPartialStats(const Tensor& x, const Tensor& stats) override;

@@ -21,6 +21,14 @@ class Backend {
                                           const Tensor& dx) = 0;
   virtual absl::Status Dropout(const Tensor& x, const Tensor& y, const DropoutSpec& spec) = 0;
 
+  virtual absl::Status ScaleChannels(const Tensor& x, const Tensor& scale, int64_t inner,
+                                     const Tensor& y) = 0;
+  virtual absl::Status ScaleChannelsBackward(const Tensor& x, const Tensor& scale, int64_t inner,
+                                             const Tensor& dy, const Tensor& dx,
+                                             const Tensor& dscale) = 0;
+  virtual absl::Status SplitHeads(const Tensor& tokens, const Tensor& heads) = 0;
+  virtual absl::Status MergeHeads(const Tensor& heads, const Tensor& tokens) = 0;
+
   virtual absl::Status LayerNormForward(const LayerNormArgs& args) = 0;
   virtual absl::Status LayerNormPartialStats(const Tensor& x, const Tensor& stats) = 0;
   virtual absl::Status LayerNormForwardFromStats(const LayerNormArgs& args, const Tensor& stats,

@@ -124,6 +124,81 @@ absl::Status Dropout(const Tensor& x, const Tensor& y, const DropoutSpec& spec) 
   return backend->Dropout(x, y, spec);
 }
 
+namespace {
+
+absl::Status CheckChannels(absl::string_view op, const Tensor& x, const Tensor& scale,
+                           int64_t inner) {
+  NF_RETURN_IF_ERROR(CheckFloating(op, {"scale", scale}));
+  NF_RETURN_IF_ERROR(CheckShape(op, {"scale", scale}, {scale.numel()}));
+  const int64_t group = scale.numel() * inner;
+  if (inner < 1 || group == 0 || x.numel() % group != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        op, ": x ", x.DebugString(), " is not [outer, ", scale.numel(), " channels, ", inner,
+        " inner]; inner must be positive and divide the elements per channel group"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status ScaleChannels(const Tensor& x, const Tensor& scale, int64_t inner, const Tensor& y) {
+  constexpr absl::string_view op = "ScaleChannels";
+  NF_RETURN_IF_ERROR(CheckSameDevice(op, {{"x", x}, {"scale", scale}, {"y", y}}));
+  NF_RETURN_IF_ERROR(CheckFloating(op, {"x", x}));
+  NF_RETURN_IF_ERROR(CheckFloatingSameDType(op, {"x", x}, {"y", y}));
+  NF_RETURN_IF_ERROR(CheckShape(op, {"y", y}, x.shape()));
+  NF_RETURN_IF_ERROR(CheckChannels(op, x, scale, inner));
+  NF_BACKEND(x);
+  return backend->ScaleChannels(x, scale, inner, y);
+}
+
+absl::Status ScaleChannelsBackward(const Tensor& x, const Tensor& scale, int64_t inner,
+                                   const Tensor& dy, const Tensor& dx, const Tensor& dscale) {
+  constexpr absl::string_view op = "ScaleChannelsBackward";
+  NF_RETURN_IF_ERROR(CheckSameDevice(
+      op, {{"x", x}, {"scale", scale}, {"dy", dy}, {"dx", dx}, {"dscale", dscale}}));
+  NF_RETURN_IF_ERROR(CheckFloating(op, {"x", x}));
+  NF_RETURN_IF_ERROR(CheckFloatingSameDType(op, {"x", x}, {"dy", dy}));
+  NF_RETURN_IF_ERROR(CheckFloatingSameDType(op, {"x", x}, {"dx", dx}));
+  NF_RETURN_IF_ERROR(CheckShape(op, {"dy", dy}, x.shape()));
+  NF_RETURN_IF_ERROR(CheckShape(op, {"dx", dx}, x.shape()));
+  NF_RETURN_IF_ERROR(CheckChannels(op, x, scale, inner));
+  NF_RETURN_IF_ERROR(CheckDType(op, {"dscale", dscale}, DType::kF32));
+  NF_RETURN_IF_ERROR(CheckShape(op, {"dscale", dscale}, scale.shape()));
+  NF_BACKEND(x);
+  return backend->ScaleChannelsBackward(x, scale, inner, dy, dx, dscale);
+}
+
+namespace {
+
+// The 4-D side [batch, heads, seq, head_dim] and the token side [batch * seq, heads * head_dim].
+absl::Status CheckHeadLayout(absl::string_view op, Named tokens, Named heads) {
+  NF_RETURN_IF_ERROR(CheckSameDevice(op, {tokens, heads}));
+  NF_RETURN_IF_ERROR(CheckFloating(op, heads));
+  NF_RETURN_IF_ERROR(CheckFloatingSameDType(op, heads, tokens));
+  if (heads.tensor.rank() != 4) {
+    return absl::InvalidArgumentError(absl::StrCat(op, ": ", heads.name, " is ",
+                                                   heads.tensor.DebugString(),
+                                                   ", expected [batch, heads, seq, head_dim]"));
+  }
+  const Shape& s = heads.tensor.shape();
+  return CheckShape(op, tokens, {s[0] * s[2], s[1] * s[3]});
+}
+
+}  // namespace
+
+absl::Status SplitHeads(const Tensor& tokens, const Tensor& heads) {
+  NF_RETURN_IF_ERROR(CheckHeadLayout("SplitHeads", {"tokens", tokens}, {"heads", heads}));
+  NF_BACKEND(tokens);
+  return backend->SplitHeads(tokens, heads);
+}
+
+absl::Status MergeHeads(const Tensor& heads, const Tensor& tokens) {
+  NF_RETURN_IF_ERROR(CheckHeadLayout("MergeHeads", {"tokens", tokens}, {"heads", heads}));
+  NF_BACKEND(heads);
+  return backend->MergeHeads(heads, tokens);
+}
+
 // ---- LayerNorm ---------------------------------------------------------------------------------
 
 namespace {

@@ -71,6 +71,22 @@ struct DropoutSpec {
 // y may be x itself.
 absl::Status Dropout(const Tensor& x, const Tensor& y, const DropoutSpec& spec);
 
+// Per-channel scale: x viewed as [outer, channels, inner] with channels = scale.numel();
+// y = x * scale[c]. NormFormer's head scales ([batch, heads, seq * head_dim] or
+// [tokens, heads, head_dim]) and residual scale ([tokens, d_model, 1]) are both this op.
+// y may be x itself.
+absl::Status ScaleChannels(const Tensor& x, const Tensor& scale, int64_t inner, const Tensor& y);
+// dx = dy * scale[c]; dscale (fp32) += sum over outer and inner of dy * x. dx may be dy.
+absl::Status ScaleChannelsBackward(const Tensor& x, const Tensor& scale, int64_t inner,
+                                   const Tensor& dy, const Tensor& dx, const Tensor& dscale);
+
+// ---- Layout ----------------------------------------------------------------------------------
+
+// Tokens [batch * seq, heads * head_dim] (sample-major) -> [batch, heads, seq, head_dim], the
+// layout attention works in; MergeHeads is the inverse. Shapes come from the 4-D side.
+absl::Status SplitHeads(const Tensor& tokens, const Tensor& heads);
+absl::Status MergeHeads(const Tensor& heads, const Tensor& tokens);
+
 // ---- LayerNorm ---------------------------------------------------------------------------------
 
 // y = (x - mean) * rstd * weight + bias over the last dimension.

@@ -1,0 +1,110 @@
+// ScaleChannels (NormFormer's head and residual scales) and the SplitHeads/MergeHeads layout
+// permutation, against float64 references written here.
+#include <vector>
+
+#include "core/ops/ops.h"
+#include "gtest/gtest.h"
+#include "test_util.h"
+
+namespace nf {
+namespace {
+
+using ::nf::testing::ExpectAllClose;
+using ::nf::testing::ExpectInvalidArgument;
+using ::nf::testing::kU32;
+using ::nf::testing::MakeTensor;
+using ::nf::testing::MakeZeros;
+using ::nf::testing::RandomFloats;
+using ::nf::testing::Rounded;
+using ::nf::testing::ToDoubles;
+using ::nf::testing::UnitRoundoff;
+
+struct ChannelCase {
+  DType dtype;
+  int64_t outer, channels, inner;
+};
+
+class ScaleChannelsTest : public ::testing::TestWithParam<ChannelCase> {};
+
+INSTANTIATE_TEST_SUITE_P(Shapes, ScaleChannelsTest,
+                         ::testing::Values(ChannelCase{DType::kF32, 3, 4, 5},  // head scale
+                                           ChannelCase{DType::kF16, 7, 4, 2},
+                                           ChannelCase{DType::kBF16, 2, 3, 1},  // resid scale
+                                           ChannelCase{DType::kF32, 1, 1, 1},
+                                           ChannelCase{DType::kF32, 300, 8, 40}));
+
+TEST_P(ScaleChannelsTest, ForwardAndBackwardMatchFloat64) {
+  const ChannelCase c = GetParam();
+  const int64_t n = c.outer * c.channels * c.inner;
+  const std::vector<double> x = Rounded(c.dtype, RandomFloats(n, 1));
+  const std::vector<double> dy = Rounded(c.dtype, RandomFloats(n, 2));
+  const std::vector<float> scale = RandomFloats(c.channels, 3, 0.5f, 1.5f);
+  const std::vector<float> dscale0 = RandomFloats(c.channels, 4);
+  Tensor tx = MakeTensor(c.dtype, {n}, std::vector<float>(x.begin(), x.end()));
+  Tensor tdy = MakeTensor(c.dtype, {n}, std::vector<float>(dy.begin(), dy.end()));
+  Tensor tscale = MakeTensor(DType::kF32, {c.channels}, scale);
+  Tensor ty = MakeZeros(c.dtype, {n}), tdx = MakeZeros(c.dtype, {n});
+  Tensor tdscale = MakeTensor(DType::kF32, {c.channels}, dscale0);
+  ASSERT_TRUE(ops::ScaleChannels(tx, tscale, c.inner, ty).ok());
+  ASSERT_TRUE(ops::ScaleChannelsBackward(tx, tscale, c.inner, tdy, tdx, tdscale).ok());
+
+  std::vector<double> y(n), dx(n), dscale(dscale0.begin(), dscale0.end());
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t ch = (i / c.inner) % c.channels;
+    y[i] = x[i] * scale[ch];
+    dx[i] = dy[i] * scale[ch];
+    dscale[ch] += dy[i] * x[i];
+  }
+  // One fp32 product (u32) then one rounding to the output dtype (UnitRoundoff).
+  const double rtol = kU32 + UnitRoundoff(c.dtype);
+  ExpectAllClose(ToDoubles(ty), y, 0.0, rtol, "y");
+  ExpectAllClose(ToDoubles(tdx), dx, 0.0, rtol, "dx");
+  // Exact double sum of exact products (inputs have <= 24 bits, so each product is exact in
+  // double), rounded to fp32 twice (partial sum, then the accumulate): 2 u32 of the magnitude
+  // |dscale0| + sum |dy x| <= 1 + outer * inner.
+  ExpectAllClose(ToDoubles(tdscale), dscale, 2 * kU32 * (1.0 + c.outer * c.inner), 0.0, "dscale");
+}
+
+TEST(ScaleChannelsTest, InPlaceAndRejectsBadGroups) {
+  Tensor x = MakeTensor(DType::kF32, {2, 6}, {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12});
+  Tensor scale = MakeTensor(DType::kF32, {3}, {1, 10, 100});
+  ASSERT_TRUE(ops::ScaleChannels(x, scale, 2, x).ok());
+  EXPECT_EQ(ToDoubles(x), (std::vector<double>{1, 2, 30, 40, 500, 600, 7, 8, 90, 100, 1100, 1200}));
+  ExpectInvalidArgument(ops::ScaleChannels(x, scale, 5, x), "ScaleChannels", "inner");
+  ExpectInvalidArgument(ops::ScaleChannels(x, scale, 0, x), "ScaleChannels", "inner");
+  ExpectInvalidArgument(ops::ScaleChannelsBackward(x, scale, 2, x, x, MakeZeros(DType::kF16, {3})),
+                        "ScaleChannelsBackward", "dscale");
+}
+
+TEST(HeadLayoutTest, SplitPlacesEveryElementAndMergeInvertsIt) {
+  const int64_t batch = 2, heads = 3, seq = 5, dim = 4;
+  const int64_t n = batch * heads * seq * dim;
+  std::vector<float> tokens(n);
+  for (int64_t i = 0; i < n; ++i) tokens[i] = static_cast<float>(i);
+  Tensor t = MakeTensor(DType::kBF16, {batch * seq, heads * dim}, tokens);
+  Tensor h = MakeZeros(DType::kBF16, {batch, heads, seq, dim});
+  ASSERT_TRUE(ops::SplitHeads(t, h).ok());
+  const std::vector<double> split = ToDoubles(h);
+  const std::vector<double> rounded = Rounded(DType::kBF16, tokens);
+  for (int64_t b = 0; b < batch; ++b) {
+    for (int64_t hh = 0; hh < heads; ++hh) {
+      for (int64_t s = 0; s < seq; ++s) {
+        for (int64_t d = 0; d < dim; ++d) {
+          // Token (b, s), feature hh * dim + d.
+          ASSERT_EQ(split[((b * heads + hh) * seq + s) * dim + d],
+                    rounded[(b * seq + s) * heads * dim + hh * dim + d]);
+        }
+      }
+    }
+  }
+  Tensor back = MakeZeros(DType::kBF16, {batch * seq, heads * dim});
+  ASSERT_TRUE(ops::MergeHeads(h, back).ok());
+  EXPECT_EQ(ToDoubles(back), rounded);
+  ExpectInvalidArgument(ops::SplitHeads(MakeZeros(DType::kBF16, {batch * seq, heads * dim + 1}), h),
+                        "SplitHeads", "tokens");
+  ExpectInvalidArgument(ops::MergeHeads(MakeZeros(DType::kBF16, {batch, heads, seq}), back),
+                        "MergeHeads", "heads");
+}
+
+}  // namespace
+}  // namespace nf
