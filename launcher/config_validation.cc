@@ -1,0 +1,174 @@
+// The rules a TrainConfig must satisfy before anything is allocated: each catches a mistake
+// that would otherwise surface as a crash, a hang or a silently wrong run much later.
+#include <algorithm>
+#include <cmath>
+#include <concepts>
+#include <cstdint>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+#include "core/status.h"
+#include "launcher/config.h"
+
+namespace nf::launcher {
+namespace {
+
+absl::Status Invalid(absl::string_view message) { return absl::InvalidArgumentError(message); }
+
+template <std::integral T>
+absl::Status RequirePositive(absl::string_view name, T value) {
+  if (value > 0) return absl::OkStatus();
+  return Invalid(absl::StrCat(name, " must be positive (got ", value, ")"));
+}
+
+template <std::integral T>
+absl::Status RequireNonNegative(absl::string_view name, T value) {
+  if (value >= 0) return absl::OkStatus();
+  return Invalid(absl::StrCat(name, " must be >= 0 (got ", value, ")"));
+}
+
+// The floating-point checks are written so that NaN fails them.
+template <std::floating_point T>
+absl::Status RequirePositive(absl::string_view name, T value) {
+  if (value > 0 && std::isfinite(value)) return absl::OkStatus();
+  return Invalid(absl::StrCat(name, " must be positive and finite (got ", value, ")"));
+}
+
+template <std::floating_point T>
+absl::Status RequireNonNegative(absl::string_view name, T value) {
+  if (value >= 0 && std::isfinite(value)) return absl::OkStatus();
+  return Invalid(absl::StrCat(name, " must be >= 0 and finite (got ", value, ")"));
+}
+
+// [0, 1): a probability that still lets something through, or an exponential-average decay.
+absl::Status RequireUnitInterval(absl::string_view name, float value) {
+  if (value >= 0 && value < 1) return absl::OkStatus();
+  return Invalid(absl::StrCat(name, " must be in [0, 1) (got ", value, ")"));
+}
+
+absl::Status ValidateModel(const nf::model::ModelConfig& model) {
+  NF_RETURN_IF_ERROR(RequirePositive("model.num_layers", model.num_layers()));
+  NF_RETURN_IF_ERROR(RequirePositive("model.d_model", model.d_model()));
+  NF_RETURN_IF_ERROR(RequirePositive("model.num_heads", model.num_heads()));
+  NF_RETURN_IF_ERROR(RequirePositive("model.ffn_dim", model.ffn_dim()));
+  NF_RETURN_IF_ERROR(RequirePositive("model.vocab_size", model.vocab_size()));
+  NF_RETURN_IF_ERROR(RequirePositive("model.max_seq_len", model.max_seq_len()));
+  if (model.d_model() % model.num_heads() != 0) {
+    const int64_t up = (int64_t{model.d_model()} / model.num_heads() + 1) * model.num_heads();
+    return Invalid(absl::StrCat("model.d_model (", model.d_model(),
+                                ") must be a multiple of model.num_heads (", model.num_heads(),
+                                "): e.g. model.d_model=", up, ", or a num_heads that divides ",
+                                model.d_model()));
+  }
+  NF_RETURN_IF_ERROR(RequireUnitInterval("model.dropout", model.dropout()));
+  NF_RETURN_IF_ERROR(RequireUnitInterval("model.attention_dropout", model.attention_dropout()));
+  NF_RETURN_IF_ERROR(RequireUnitInterval("model.activation_dropout", model.activation_dropout()));
+  NF_RETURN_IF_ERROR(RequirePositive("model.layer_norm_eps", model.layer_norm_eps()));
+  return absl::OkStatus();
+}
+
+absl::Status ValidateBatch(const TrainOptions& train, const nf::model::ModelConfig& model) {
+  NF_RETURN_IF_ERROR(RequirePositive("train.seq_len", train.seq_len()));
+  if (train.seq_len() > model.max_seq_len()) {
+    return Invalid(absl::StrCat(
+        "train.seq_len (", train.seq_len(), ") exceeds model.max_seq_len (", model.max_seq_len(),
+        "): lower train.seq_len or set model.max_seq_len >= ", train.seq_len()));
+  }
+  NF_RETURN_IF_ERROR(RequirePositive("train.micro_batch_size", train.micro_batch_size()));
+  const int64_t micro = train.micro_batch_size();
+  const int64_t global = train.global_batch_size();
+  if (global <= 0 || global % micro != 0) {
+    const int64_t down = global / micro * micro;
+    const int64_t up = down + micro;
+    return Invalid(absl::StrCat("train.global_batch_size (", global,
+                                ") must be a positive multiple of train.micro_batch_size (", micro,
+                                "): e.g. ", down > 0 ? absl::StrCat(down, " or ") : "",
+                                std::max(up, micro)));
+  }
+  NF_RETURN_IF_ERROR(RequirePositive("train.train_iters", train.train_iters()));
+  NF_RETURN_IF_ERROR(RequirePositive("train.log_interval", train.log_interval()));
+  return absl::OkStatus();
+}
+
+absl::Status ValidateOptimizer(const OptimizerConfig& optimizer) {
+  NF_RETURN_IF_ERROR(RequirePositive("train.optimizer.lr", optimizer.lr()));
+  NF_RETURN_IF_ERROR(RequireUnitInterval("train.optimizer.beta1", optimizer.beta1()));
+  NF_RETURN_IF_ERROR(RequireUnitInterval("train.optimizer.beta2", optimizer.beta2()));
+  NF_RETURN_IF_ERROR(RequirePositive("train.optimizer.eps", optimizer.eps()));
+  NF_RETURN_IF_ERROR(RequireNonNegative("train.optimizer.weight_decay", optimizer.weight_decay()));
+  NF_RETURN_IF_ERROR(RequireNonNegative("train.optimizer.clip_grad", optimizer.clip_grad()));
+  return absl::OkStatus();
+}
+
+absl::Status ValidateSchedule(const TrainOptions& train) {
+  const LrScheduleConfig& schedule = train.lr_schedule();
+  NF_RETURN_IF_ERROR(RequireNonNegative("train.lr_schedule.warmup_iters", schedule.warmup_iters()));
+  NF_RETURN_IF_ERROR(RequireNonNegative("train.lr_schedule.decay_iters", schedule.decay_iters()));
+  NF_RETURN_IF_ERROR(RequireNonNegative("train.lr_schedule.min_lr", schedule.min_lr()));
+  if (schedule.min_lr() > train.optimizer().lr()) {
+    return Invalid(absl::StrCat("train.lr_schedule.min_lr (", schedule.min_lr(),
+                                ") exceeds the peak train.optimizer.lr (", train.optimizer().lr(),
+                                "): set min_lr <= lr"));
+  }
+  // A constant schedule has no decay point; a warmup longer than the run never reaches the peak.
+  const bool explicit_decay =
+      schedule.decay_iters() > 0 && schedule.decay() != LrScheduleConfig::CONSTANT;
+  const int64_t decay_point = explicit_decay ? schedule.decay_iters() : train.train_iters();
+  if (schedule.warmup_iters() > decay_point) {
+    return Invalid(absl::StrCat(
+        "train.lr_schedule.warmup_iters (", schedule.warmup_iters(), ") exceeds ",
+        explicit_decay ? "train.lr_schedule.decay_iters (" : "train.train_iters (", decay_point,
+        "), where the warmup would have to end: shorten the warmup or lengthen ",
+        explicit_decay ? "the decay" : "the run"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateLossScale(const LossScaleConfig& loss_scale) {
+  NF_RETURN_IF_ERROR(RequirePositive("train.loss_scale.initial_scale", loss_scale.initial_scale()));
+  NF_RETURN_IF_ERROR(RequirePositive("train.loss_scale.min_scale", loss_scale.min_scale()));
+  if (loss_scale.min_scale() > loss_scale.initial_scale()) {
+    return Invalid(absl::StrCat("train.loss_scale.min_scale (", loss_scale.min_scale(),
+                                ") exceeds train.loss_scale.initial_scale (",
+                                loss_scale.initial_scale(), "): set min_scale <= initial_scale"));
+  }
+  if (!(loss_scale.growth_factor() > 1) || !std::isfinite(loss_scale.growth_factor())) {
+    return Invalid(absl::StrCat("train.loss_scale.growth_factor must be finite and > 1 (got ",
+                                loss_scale.growth_factor(), "); 2 is usual"));
+  }
+  if (!(loss_scale.backoff_factor() > 0 && loss_scale.backoff_factor() < 1)) {
+    return Invalid(absl::StrCat("train.loss_scale.backoff_factor must be in (0, 1) (got ",
+                                loss_scale.backoff_factor(), "); 0.5 is usual"));
+  }
+  NF_RETURN_IF_ERROR(
+      RequirePositive("train.loss_scale.growth_interval", loss_scale.growth_interval()));
+  NF_RETURN_IF_ERROR(RequirePositive("train.loss_scale.hysteresis", loss_scale.hysteresis()));
+  return absl::OkStatus();
+}
+
+absl::Status ValidateData(const DataConfig& data, const nf::model::ModelConfig& model) {
+  const int32_t branching = data.synthetic().branching();
+  if (branching < 1 || branching >= model.vocab_size()) {
+    return Invalid(absl::StrCat("data.synthetic.branching (", branching,
+                                ") must be in [1, model.vocab_size) = [1, ", model.vocab_size(),
+                                "): each token needs that many distinct successors"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status ValidateTrainConfig(const TrainConfig& config) {
+  NF_RETURN_IF_ERROR(ValidateModel(config.model()));
+  NF_RETURN_IF_ERROR(ValidateBatch(config.train(), config.model()));
+  NF_RETURN_IF_ERROR(ValidateOptimizer(config.train().optimizer()));
+  NF_RETURN_IF_ERROR(ValidateSchedule(config.train()));
+  // Checked whatever the precision, so that switching a run to fp16 with --set cannot expose
+  // settings nobody looked at.
+  NF_RETURN_IF_ERROR(ValidateLossScale(config.train().loss_scale()));
+  NF_RETURN_IF_ERROR(ValidateData(config.data(), config.model()));
+  return absl::OkStatus();
+}
+
+}  // namespace nf::launcher

@@ -1,0 +1,482 @@
+// MixedPrecisionAdamW against a float64 AdamW written here: decay and no-decay ranges, padding
+// the optimizer must not touch, clipping by clip / norm, skipped steps on non-finite gradients,
+// fp16 / bf16 model params as the rounded fp32 master, the fp32 master aliasing the model,
+// checkpoint restore, and the rejections of Create and the stages.
+//
+// The layout of most tests: 44 elements, ranges [0, 12) decay, [12, 20) no decay, [20, 33) and
+// [33, 40) decay (touching: merged), [40, 44) uncovered padding.
+#include "core/optim/mixed_precision_optimizer.h"
+
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <limits>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "core/allocator.h"
+#include "core/tensor.h"
+#include "gtest/gtest.h"
+#include "test_util.h"
+
+namespace nf::optim {
+namespace {
+
+using ::nf::testing::ExpectInvalidArgument;
+using ::nf::testing::kU32;
+using ::nf::testing::MakeTensor;
+using ::nf::testing::MakeZeros;
+using ::nf::testing::RandomFloats;
+using ::nf::testing::Rounded;
+using ::nf::testing::ToDoubles;
+
+constexpr int64_t kNumel = 44;
+constexpr float kLossScale = 1024.0f;  // a power of two: scaling and unscaling are exact
+
+constexpr AdamWConfig kConfig{
+    .beta1 = 0.9f, .beta2 = 0.98f, .eps = 1e-8f, .weight_decay = 0.1f, .clip_grad = 0.0f};
+
+// Deliberately out of order.
+const std::vector<ParamRange> kRanges = {{.offset = 20, .length = 13, .weight_decay = true},
+                                         {.offset = 0, .length = 12, .weight_decay = true},
+                                         {.offset = 33, .length = 7, .weight_decay = true},
+                                         {.offset = 12, .length = 8, .weight_decay = false}};
+
+bool Covered(int64_t i) { return i < 40; }
+bool Decays(int64_t i) { return i < 12 || (i >= 20 && i < 40); }
+
+MixedPrecisionAdamW MakeOptimizer(const Tensor& model, const Tensor& grads,
+                                  const AdamWConfig& config = kConfig,
+                                  std::vector<ParamRange> ranges = kRanges) {
+  auto opt = MixedPrecisionAdamW::Create(model, grads, std::move(ranges), config);
+  if (!opt.ok()) {
+    ADD_FAILURE() << opt.status();
+    std::abort();
+  }
+  const absl::Status init = opt->InitializeMasterFromModel();
+  EXPECT_TRUE(init.ok()) << init;
+  return *std::move(opt);
+}
+
+std::vector<uint8_t> Bytes(const Tensor& t) {
+  const auto* p = static_cast<const uint8_t*>(t.raw_data());
+  return std::vector<uint8_t>(p, p + t.nbytes());
+}
+
+// Gradients of magnitude [0.1, 1) with a sign fixed per element across steps, so the moments
+// accumulate without cancellation (their relative error then stays a few u per step).
+std::vector<float> SignedGrads(int step) {
+  std::vector<float> g = RandomFloats(kNumel, 100 + step, 0.1f, 1.0f);
+  for (size_t i = 0; i < g.size(); i += 3) g[i] = -g[i];
+  return g;
+}
+
+// Writes g * kLossScale into the covered grads (exact) and `padding` into the rest.
+void SetScaledGrads(const Tensor& grads, const std::vector<float>& g, float padding = 7.0f) {
+  std::vector<float> scaled(g.size());
+  for (size_t i = 0; i < g.size(); ++i) scaled[i] = Covered(i) ? g[i] * kLossScale : padding;
+  ASSERT_TRUE(CopyFromFloats(grads, scaled).ok());
+}
+
+// AdamW in double (ops.h's formula), with a running bound on how far an fp32 evaluation of one
+// step may drift from it. Per step, for same-sign gradients, first order in u = 2^-24:
+//   m = b1 m + (1 - b1) g: 1 - b1 is exact, two products and a sum add <= 3u relative;
+//   v = b2 v + (1 - b2) g g: <= 4u relative; so after t steps m is off by <= 3tu, v by <= 4tu.
+//   denom = sqrt(v) / sqrt(bc2) + eps: 2tu from v, u for sqrt, 2.5u for bc2 (rounded, square
+//   root, reciprocal), u for the product and u for + eps: <= (2t + 5.5)u.
+//   update = (lr / bc1) m / denom: 2u for lr / bc1, 2u for product and quotient, plus m's and
+//   denom's errors: <= (5t + 9.5)u <= 24.5u for t <= 3; we allow 32u.
+//   p -= lr wd p + update: lr wd and its product with p (2u of the decay term), the sum (u of
+//   |decay| + |update|) and the difference (u of |p|); we allow 4u of |decay| + |p|.
+// Errors carried in p shrink by (1 - lr wd) <= 1 per step, so the bounds add up.
+struct Reference {
+  std::vector<double> p, m, v, p_bound;
+
+  explicit Reference(const std::vector<double>& params)
+      : p(params), m(p.size(), 0.0), v(p.size(), 0.0), p_bound(p.size(), 0.0) {}
+
+  void Step(const std::vector<float>& g, double lr, int64_t t, const AdamWConfig& c) {
+    const double b1 = c.beta1, b2 = c.beta2;
+    const double bc1 = 1 - std::pow(b1, static_cast<double>(t));
+    const double bc2 = 1 - std::pow(b2, static_cast<double>(t));
+    for (size_t i = 0; i < p.size(); ++i) {
+      if (!Covered(i)) continue;
+      const double gi = g[i];
+      m[i] = b1 * m[i] + (1 - b1) * gi;
+      v[i] = b2 * v[i] + (1 - b2) * gi * gi;
+      const double update = lr * (m[i] / bc1) / (std::sqrt(v[i] / bc2) + c.eps);
+      const double decay = Decays(i) ? lr * c.weight_decay * p[i] : 0.0;
+      p[i] -= decay + update;
+      p_bound[i] += 32 * kU32 * std::abs(update) + 4 * kU32 * (std::abs(decay) + std::abs(p[i]));
+    }
+  }
+};
+
+TEST(MixedPrecisionAdamWTest, StepsMatchFloat64AdamW) {
+  const std::vector<float> init = RandomFloats(kNumel, 1, -2.0f, 2.0f);
+  const Tensor model = MakeTensor(DType::kF32, {kNumel}, init);
+  const Tensor grads = MakeZeros(DType::kF32, {kNumel});
+  MixedPrecisionAdamW opt = MakeOptimizer(model, grads);
+  Reference ref(ToDoubles(model));
+  const float lrs[] = {1e-2f, 2e-2f, 1.5e-2f};
+  for (int64_t t = 1; t <= 3; ++t) {
+    SCOPED_TRACE(absl::StrCat("step ", t));
+    const std::vector<float> g = SignedGrads(static_cast<int>(t));
+    SetScaledGrads(grads, g);
+    const absl::StatusOr<StepResult> result = opt.Step(lrs[t - 1], kLossScale);
+    ASSERT_TRUE(result.ok()) << result.status();
+    EXPECT_FALSE(result->skipped);
+    EXPECT_EQ(opt.updates(), t);
+    double squares = 0.0;
+    for (int64_t i = 0; i < kNumel; ++i) squares += Covered(i) ? double{g[i]} * g[i] : 0.0;
+    // SquaredNorm sums in double and rounds to fp32 once (u relative); the square root halves
+    // that. The padding's 7s would add ~14 to a norm of ~4 if they were counted.
+    EXPECT_NEAR(result->grad_norm, std::sqrt(squares), kU32 * std::sqrt(squares));
+
+    ref.Step(g, lrs[t - 1], t, kConfig);
+    const std::vector<double> p = ToDoubles(model), m = ToDoubles(opt.exp_avg()),
+                              v = ToDoubles(opt.exp_avg_sq()), gr = ToDoubles(grads);
+    for (int64_t i = 0; i < kNumel; ++i) {
+      if (!Covered(i)) {
+        // Padding: never unscaled, never updated.
+        EXPECT_EQ(gr[i], 7.0) << i;
+        EXPECT_EQ(p[i], init[i]) << i;
+        EXPECT_EQ(m[i], 0.0) << i;
+        continue;
+      }
+      // 3tu and 4tu first-order bounds (see Reference), plus u for second-order terms.
+      EXPECT_NEAR(m[i], ref.m[i], (3 * t + 1) * kU32 * std::abs(ref.m[i])) << i;
+      EXPECT_NEAR(v[i], ref.v[i], (4 * t + 1) * kU32 * std::abs(ref.v[i])) << i;
+      EXPECT_NEAR(p[i], ref.p[i], ref.p_bound[i]) << i;
+    }
+  }
+}
+
+TEST(MixedPrecisionAdamWTest, WeightDecaySkipsTheNoDecayRange) {
+  // Zero gradients: the Adam part of the update is exactly 0 (m = 0), so decay-range weights
+  // shrink by (1 - lr wd) and the others keep their bits.
+  const std::vector<float> init = RandomFloats(kNumel, 2, -3.0f, 3.0f);
+  const Tensor model = MakeTensor(DType::kF32, {kNumel}, init);
+  MixedPrecisionAdamW opt = MakeOptimizer(
+      model, MakeZeros(DType::kF32, {kNumel}),
+      {.beta1 = 0.9f, .beta2 = 0.98f, .eps = 1e-8f, .weight_decay = 0.2f, .clip_grad = 0.0f});
+  ASSERT_TRUE(opt.Update(0.05f, 0.0).ok());
+  const std::vector<double> p = ToDoubles(model);
+  for (int64_t i = 0; i < kNumel; ++i) {
+    if (Decays(i)) {
+      // lr wd rounded, its product with p, the difference: 3u relative.
+      EXPECT_NEAR(p[i], init[i] * (1 - 0.05 * 0.2), 3 * kU32 * std::abs(init[i])) << i;
+    } else {
+      EXPECT_EQ(p[i], init[i]) << i;  // no-decay range and padding
+    }
+  }
+}
+
+TEST(MixedPrecisionAdamWTest, ClippingScalesByClipOverNorm) {
+  AdamWConfig config = kConfig;
+  config.clip_grad = 1.0f;
+  const std::vector<float> g = SignedGrads(1);
+  const Tensor model = MakeTensor(DType::kF32, {kNumel}, RandomFloats(kNumel, 3));
+  const Tensor grads = MakeTensor(DType::kF32, {kNumel}, g);
+  MixedPrecisionAdamW opt = MakeOptimizer(model, grads, config);
+
+  // A norm below the threshold, or clipping off, leaves the grads' bits alone.
+  ASSERT_TRUE(opt.Update(1e-3f, 0.5).ok());
+  EXPECT_EQ(ToDoubles(grads), Rounded(DType::kF32, g));
+  MixedPrecisionAdamW unclipped = MakeOptimizer(model, grads, kConfig);
+  ASSERT_TRUE(unclipped.Update(1e-3f, 1e6).ok());
+  EXPECT_EQ(ToDoubles(grads), Rounded(DType::kF32, g));
+
+  // An (all-reduced) norm of 4 scales the covered grads by 1 / (4 + 1e-6).
+  MixedPrecisionAdamW fresh = MakeOptimizer(model, grads, config);
+  ASSERT_TRUE(fresh.Update(1e-3f, 4.0).ok());
+  const double coef = 1.0 / (4.0 + 1e-6);
+  const std::vector<double> clipped = ToDoubles(grads), m = ToDoubles(fresh.exp_avg());
+  for (int64_t i = 0; i < kNumel; ++i) {
+    if (!Covered(i)) {
+      EXPECT_EQ(clipped[i], g[i]) << i;
+      continue;
+    }
+    const double expected = g[i] * coef;
+    // The coefficient rounded to fp32 and the product: two roundings, (1 + u)^2 - 1.
+    EXPECT_NEAR(clipped[i], expected, (2 * kU32 + kU32 * kU32) * std::abs(expected)) << i;
+    // exp_avg after the first update is (1 - b1) g_clipped: one more rounding.
+    const double expected_m = (1 - double{kConfig.beta1}) * expected;
+    EXPECT_NEAR(m[i], expected_m, (3 * kU32 + 4 * kU32 * kU32) * std::abs(expected_m)) << i;
+  }
+}
+
+TEST(MixedPrecisionAdamWTest, StepClipsWithTheNormItComputed) {
+  AdamWConfig config = kConfig;
+  config.clip_grad = 0.5f;
+  const std::vector<float> g = SignedGrads(4);
+  const Tensor grads = MakeZeros(DType::kF32, {kNumel});
+  MixedPrecisionAdamW opt =
+      MakeOptimizer(MakeTensor(DType::kF32, {kNumel}, RandomFloats(kNumel, 4)), grads, config);
+  SetScaledGrads(grads, g);
+  const absl::StatusOr<StepResult> result = opt.Step(1e-3f, kLossScale);
+  ASSERT_TRUE(result.ok()) << result.status();
+  double norm = 0.0, clipped_norm = 0.0;
+  const std::vector<double> clipped = ToDoubles(grads);
+  for (int64_t i = 0; i < 40; ++i) {
+    norm += double{g[i]} * g[i];
+    clipped_norm += clipped[i] * clipped[i];
+  }
+  norm = std::sqrt(norm);
+  clipped_norm = std::sqrt(clipped_norm);
+  // Reported: the norm before clipping (u relative: one fp32 rounding of the sum, halved by the
+  // square root, is u / 2).
+  EXPECT_NEAR(result->grad_norm, norm, kU32 * norm);
+  // After: clip * norm / (norm + 1e-6). The computed norm (u / 2), the coefficient (u) and each
+  // product (u) make <= 2.5u relative; 4u.
+  const double expected = 0.5 * norm / (norm + 1e-6);
+  EXPECT_NEAR(clipped_norm, expected, 4 * kU32 * expected);
+}
+
+TEST(MixedPrecisionAdamWTest, NonFiniteGradSkipsTheStep) {
+  const Tensor model = MakeTensor(DType::kBF16, {kNumel}, RandomFloats(kNumel, 5, -2.0f, 2.0f));
+  const Tensor grads = MakeZeros(DType::kF32, {kNumel});
+  MixedPrecisionAdamW opt = MakeOptimizer(model, grads);
+  SetScaledGrads(grads, SignedGrads(1));
+  ASSERT_TRUE(opt.Step(1e-2f, kLossScale).ok());  // moments and master now non-trivial
+  const std::vector<uint8_t> model0 = Bytes(model), master0 = Bytes(opt.master()),
+                             m0 = Bytes(opt.exp_avg()), v0 = Bytes(opt.exp_avg_sq());
+  const float inf = std::numeric_limits<float>::infinity();
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  for (float bad : {nan, inf, -inf}) {
+    for (int64_t where : {int64_t{0}, int64_t{15}, int64_t{39}}) {  // decay, no-decay, last
+      SCOPED_TRACE(absl::StrCat(bad, " at ", where));
+      std::vector<float> g = SignedGrads(2);
+      g[where] = bad;
+      SetScaledGrads(grads, g);
+      const absl::StatusOr<StepResult> result = opt.Step(1e-2f, kLossScale);
+      ASSERT_TRUE(result.ok()) << result.status();
+      EXPECT_TRUE(result->skipped);
+      EXPECT_TRUE(std::isnan(result->grad_norm));
+      EXPECT_EQ(opt.updates(), 1);
+      EXPECT_EQ(Bytes(model), model0);
+      EXPECT_EQ(Bytes(opt.master()), master0);
+      EXPECT_EQ(Bytes(opt.exp_avg()), m0);
+      EXPECT_EQ(Bytes(opt.exp_avg_sq()), v0);
+    }
+  }
+  // Finite gradients whose sum of squares overflows fp32 (40 x 1e40): skipped, norm inf.
+  SetScaledGrads(grads, std::vector<float>(kNumel, 1e20f));
+  const absl::StatusOr<StepResult> overflow = opt.Step(1e-2f, kLossScale);
+  ASSERT_TRUE(overflow.ok()) << overflow.status();
+  EXPECT_TRUE(overflow->skipped);
+  EXPECT_TRUE(std::isinf(overflow->grad_norm));
+  EXPECT_EQ(Bytes(opt.master()), master0);
+  // A NaN in the padding is none of the optimizer's business.
+  SetScaledGrads(grads, SignedGrads(3), nan);
+  const absl::StatusOr<StepResult> padded = opt.Step(1e-2f, kLossScale);
+  ASSERT_TRUE(padded.ok()) << padded.status();
+  EXPECT_FALSE(padded->skipped);
+  EXPECT_EQ(opt.updates(), 2);
+}
+
+TEST(MixedPrecisionAdamWTest, ReducedPrecisionModelIsTheRoundedMaster) {
+  for (DType dtype : {DType::kF16, DType::kBF16}) {
+    SCOPED_TRACE(DTypeName(dtype));
+    const std::vector<float> init = RandomFloats(kNumel, 6, -2.0f, 2.0f);
+    const Tensor model = MakeTensor(dtype, {kNumel}, init);
+    const Tensor grads = MakeZeros(DType::kF32, {kNumel});
+    MixedPrecisionAdamW opt = MakeOptimizer(model, grads);
+    EXPECT_EQ(opt.master().dtype(), DType::kF32);
+    EXPECT_FALSE(opt.master().SharesStorageWith(model));
+    // fp16 / bf16 values are exact in fp32: the master starts as the model, exactly.
+    const std::vector<double> start = ToDoubles(model);
+    EXPECT_EQ(ToDoubles(opt.master()), start);
+    for (int t = 1; t <= 2; ++t) {
+      SetScaledGrads(grads, SignedGrads(t));
+      ASSERT_TRUE(opt.Step(1e-3f, kLossScale).ok());
+    }
+    const std::vector<double> master = ToDoubles(opt.master()), p = ToDoubles(model);
+    std::vector<float> master_floats(master.begin(), master.end());
+    const std::vector<double> rounded = Rounded(dtype, master_floats);
+    int below_resolution = 0;
+    for (int64_t i = 0; i < kNumel; ++i) {
+      if (!Covered(i)) {
+        EXPECT_EQ(p[i], start[i]) << i;  // padding: untouched in the model too
+        continue;
+      }
+      // Cast rounds to nearest even exactly like TensorFromFloats: bit-for-bit equal.
+      EXPECT_EQ(p[i], rounded[i]) << i;
+      // Two updates of ~lr = 1e-3 each move every master weight ...
+      EXPECT_NE(master[i], start[i]) << i;
+      // ... while many are below the model dtype's resolution: the reason for a master copy.
+      below_resolution += p[i] == start[i];
+    }
+    if (dtype == DType::kBF16) {
+      EXPECT_GT(below_resolution, 0);
+    }
+  }
+}
+
+TEST(MixedPrecisionAdamWTest, Fp32MasterIsTheModelBuffer) {
+  const std::vector<float> init = RandomFloats(kNumel, 7);
+  const Tensor model = MakeTensor(DType::kF32, {kNumel}, init);
+  const Tensor grads = MakeZeros(DType::kF32, {kNumel});
+  MixedPrecisionAdamW opt = MakeOptimizer(model, grads);
+  EXPECT_TRUE(opt.master().SharesStorageWith(model));
+  EXPECT_EQ(opt.master().raw_data(), model.raw_data());
+  EXPECT_EQ(opt.master().shape(), model.shape());
+  SetScaledGrads(grads, SignedGrads(1));
+  ASSERT_TRUE(opt.Step(1e-2f, kLossScale).ok());
+  const std::vector<double> p = ToDoubles(model);
+  for (int64_t i = 0; i < 40; ++i) EXPECT_NE(p[i], init[i]) << i;
+}
+
+TEST(MixedPrecisionAdamWTest, MergesTouchingRangesWithTheSameDecayFlag) {
+  const Tensor model = MakeZeros(DType::kF32, {kNumel});
+  const Tensor grads = MakeZeros(DType::kF32, {kNumel});
+  EXPECT_EQ(MakeOptimizer(model, grads).merged_ranges(),
+            (std::vector<ParamRange>{{.offset = 0, .length = 12, .weight_decay = true},
+                                     {.offset = 12, .length = 8, .weight_decay = false},
+                                     {.offset = 20, .length = 20, .weight_decay = true}}));
+  // Zero-length ranges vanish; a gap keeps ranges apart even with equal flags.
+  std::vector<ParamRange> ranges = {{.offset = 10, .length = 10, .weight_decay = false},
+                                    {.offset = 5, .length = 0, .weight_decay = true},
+                                    {.offset = 0, .length = 10, .weight_decay = false},
+                                    {.offset = 25, .length = 5, .weight_decay = false}};
+  EXPECT_EQ(MakeOptimizer(model, grads, kConfig, ranges).merged_ranges(),
+            (std::vector<ParamRange>{{.offset = 0, .length = 20, .weight_decay = false},
+                                     {.offset = 25, .length = 5, .weight_decay = false}}));
+}
+
+TEST(MixedPrecisionAdamWTest, CheckpointRestoreContinuesBitForBit) {
+  const std::vector<float> init = RandomFloats(kNumel, 8, -2.0f, 2.0f);
+  const Tensor model_a = MakeTensor(DType::kBF16, {kNumel}, init);
+  const Tensor grads_a = MakeZeros(DType::kF32, {kNumel});
+  MixedPrecisionAdamW a = MakeOptimizer(model_a, grads_a);
+  for (int t = 1; t <= 2; ++t) {
+    SetScaledGrads(grads_a, SignedGrads(t));
+    ASSERT_TRUE(a.Step(1e-2f, kLossScale).ok());
+  }
+  // A new optimizer over other buffers, restored from a's state.
+  const Tensor model_b = MakeZeros(DType::kBF16, {kNumel});
+  const Tensor grads_b = MakeZeros(DType::kF32, {kNumel});
+  auto created = MixedPrecisionAdamW::Create(model_b, grads_b, kRanges, kConfig);
+  ASSERT_TRUE(created.ok()) << created.status();
+  MixedPrecisionAdamW b = *std::move(created);
+  for (auto [from, to] :
+       {std::pair{model_a, model_b}, std::pair{a.master(), b.master()},
+        std::pair{a.exp_avg(), b.exp_avg()}, std::pair{a.exp_avg_sq(), b.exp_avg_sq()}}) {
+    ASSERT_TRUE(CopyFromFloats(to, *ToFloatVector(from)).ok());
+  }
+  ASSERT_TRUE(b.SetUpdates(a.updates()).ok());
+  for (int t = 3; t <= 4; ++t) {
+    SetScaledGrads(grads_a, SignedGrads(t));
+    SetScaledGrads(grads_b, SignedGrads(t));
+    ASSERT_TRUE(a.Step(1e-2f, kLossScale).ok());
+    ASSERT_TRUE(b.Step(1e-2f, kLossScale).ok());
+  }
+  EXPECT_EQ(b.updates(), 4);
+  EXPECT_EQ(Bytes(model_b), Bytes(model_a));
+  EXPECT_EQ(Bytes(b.master()), Bytes(a.master()));
+  EXPECT_EQ(Bytes(b.exp_avg()), Bytes(a.exp_avg()));
+  EXPECT_EQ(Bytes(b.exp_avg_sq()), Bytes(a.exp_avg_sq()));
+}
+
+// Reports a device the CPU tensors are not on; never asked for memory.
+class OtherDeviceAllocator : public Allocator {
+ public:
+  Device device() const override { return Device::Cuda(0); }
+  absl::StatusOr<void*> Allocate(size_t) override { return absl::InternalError("unused"); }
+  void Deallocate(void*, size_t) override {}
+};
+
+TEST(MixedPrecisionAdamWTest, CreateRejectsBadBuffersRangesAndConfigs) {
+  const Tensor model = MakeZeros(DType::kBF16, {8});
+  const Tensor grads = MakeZeros(DType::kF32, {8});
+  const std::vector<ParamRange> all = {{.offset = 0, .length = 8, .weight_decay = true}};
+  auto create = [&](const Tensor& m, const Tensor& g, std::vector<ParamRange> ranges,
+                    const AdamWConfig& config = kConfig) {
+    return MixedPrecisionAdamW::Create(m, g, std::move(ranges), config).status();
+  };
+  const std::string op = "MixedPrecisionAdamW";
+  ExpectInvalidArgument(create(MakeZeros(DType::kF32, {2, 4}), grads, all), op,
+                        "model_params is f32[2, 4] on cpu, expected a flat 1-D buffer");
+  ExpectInvalidArgument(create(MakeZeros(DType::kI32, {8}), grads, all), op,
+                        "model_params is i32[8] on cpu, expected a floating dtype");
+  ExpectInvalidArgument(create(Tensor(), grads, all), op, "model_params is missing");
+  ExpectInvalidArgument(create(model, MakeZeros(DType::kBF16, {8}), all), op,
+                        "grads is bf16[8] on cpu, expected dtype f32");
+  ExpectInvalidArgument(create(model, MakeZeros(DType::kF32, {9}), all), op,
+                        "grads is f32[9] on cpu, expected shape [8]");
+  ExpectInvalidArgument(create(model, Tensor(), all), op, "grads is missing");
+  ExpectInvalidArgument(create(model, grads,
+                               {{.offset = 0, .length = 4, .weight_decay = true},
+                                {.offset = 4, .length = 5, .weight_decay = false}}),
+                        op, "range 1 (offset 4, length 5) lies outside the 8 elements");
+  ExpectInvalidArgument(
+      create(model, grads,
+             {{.offset = 1, .length = std::numeric_limits<int64_t>::max(), .weight_decay = true}}),
+      op, "range 0 (offset 1, length 9223372036854775807) lies outside the 8 elements");
+  ExpectInvalidArgument(create(model, grads, {{.offset = -1, .length = 2, .weight_decay = true}}),
+                        op, "range 0 has offset -1 and length 2; both must be >= 0");
+  ExpectInvalidArgument(create(model, grads, {{.offset = 2, .length = -1, .weight_decay = true}}),
+                        op, "range 0 has offset 2 and length -1");
+  ExpectInvalidArgument(create(model, grads,
+                               {{.offset = 5, .length = 3, .weight_decay = true},
+                                {.offset = 2, .length = 4, .weight_decay = false}}),
+                        op, "range 1 [2, 6) and range 0 [5, 8) overlap");
+  ExpectInvalidArgument(create(model, grads,
+                               {{.offset = 0, .length = 8, .weight_decay = true},
+                                {.offset = 0, .length = 8, .weight_decay = true}}),
+                        op, "range 0 [0, 8) and range 1 [0, 8) overlap");
+  OtherDeviceAllocator other;
+  ExpectInvalidArgument(MixedPrecisionAdamW::Create(model, grads, all, kConfig, other).status(), op,
+                        "the allocator is for cuda:0 but model_params is on cpu");
+
+  std::vector<std::pair<AdamWConfig, std::string>> configs;
+  auto with = [&](auto edit, std::string mentions) {
+    AdamWConfig config = kConfig;
+    edit(config);
+    configs.emplace_back(config, std::move(mentions));
+  };
+  with([](AdamWConfig& c) { c.beta1 = 1.0f; }, "beta1 must be in [0, 1), got 1");
+  with([](AdamWConfig& c) { c.beta2 = -0.5f; }, "beta2 must be in [0, 1), got -0.5");
+  with([](AdamWConfig& c) { c.beta2 = NAN; }, "beta2 must be in [0, 1)");
+  with([](AdamWConfig& c) { c.eps = 0.0f; }, "eps must be finite and > 0, got 0");
+  with([](AdamWConfig& c) { c.weight_decay = -0.1f; }, "weight_decay must be finite and >= 0");
+  with([](AdamWConfig& c) { c.clip_grad = -1.0f; }, "clip_grad must be finite and >= 0");
+  with([](AdamWConfig& c) { c.clip_grad = INFINITY; }, "clip_grad must be finite");
+  for (const auto& [config, mentions] : configs) {
+    SCOPED_TRACE(mentions);
+    ExpectInvalidArgument(create(model, grads, all, config), "AdamWConfig", mentions);
+  }
+}
+
+TEST(MixedPrecisionAdamWTest, StagesRejectBadArgumentsAndChangeNothing) {
+  const Tensor model = MakeTensor(DType::kF16, {kNumel}, RandomFloats(kNumel, 9));
+  const Tensor grads = MakeTensor(DType::kF32, {kNumel}, SignedGrads(1));
+  MixedPrecisionAdamW opt = MakeOptimizer(model, grads);
+  const std::vector<uint8_t> model0 = Bytes(model), grads0 = Bytes(grads),
+                             master0 = Bytes(opt.master());
+  const std::string op = "MixedPrecisionAdamW";
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float inf = std::numeric_limits<float>::infinity();
+  for (float scale : {0.0f, -2.0f, inf, nan}) {
+    ExpectInvalidArgument(opt.UnscaleAndCheck(scale).status(), op,
+                          "loss_scale must be finite and > 0");
+    ExpectInvalidArgument(opt.Step(1e-3f, scale).status(), op, "loss_scale must be finite");
+  }
+  for (float lr : {-1e-3f, inf, nan}) {
+    ExpectInvalidArgument(opt.Update(lr, 1.0), op, "Update: lr must be finite and >= 0");
+  }
+  for (double norm : {-1.0, double{inf}, double{nan}}) {
+    ExpectInvalidArgument(opt.Update(1e-3f, norm), op, "Update: grad_norm must be finite");
+  }
+  ExpectInvalidArgument(opt.SetUpdates(-1), op, "SetUpdates: updates must be >= 0, got -1");
+  EXPECT_EQ(opt.updates(), 0);
+  EXPECT_EQ(Bytes(model), model0);
+  EXPECT_EQ(Bytes(grads), grads0);
+  EXPECT_EQ(Bytes(opt.master()), master0);
+}
+
+}  // namespace
+}  // namespace nf::optim
