@@ -152,8 +152,9 @@ absl::Status AttentionBackward(const AttentionBackwardArgs& args);
 // ---- Embedding and loss ------------------------------------------------------------------------
 
 // out[t] = table[ids[t] - vocab_offset], or zeros when the id belongs to another rank's slice
-// (vocab-parallel). ids i32 [tokens] must lie in [0, global_vocab); table [vocab_local, d];
-// out [tokens, d]. global_vocab = 0 means vocab_offset + vocab_local.
+// (vocab-parallel). ids i32 [tokens] must lie in [0, global_vocab), the real vocabulary (the
+// table may carry padding rows beyond it); table [vocab_local, d]; out [tokens, d].
+// global_vocab = 0 means vocab_offset + vocab_local.
 struct EmbeddingArgs {
   Tensor ids, table, out;
   int64_t vocab_offset = 0;

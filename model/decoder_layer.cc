@@ -1,0 +1,280 @@
+#include "model/decoder_layer.h"
+
+#include <cmath>
+
+#include "core/status.h"
+
+namespace nf::model {
+namespace {
+
+absl::StatusOr<Tensor> New(DType dtype, Shape shape) { return Tensor::Zeros(dtype, shape); }
+
+absl::Status LayerNorm(const Tensor& x, const Param& weight, const Param& bias, const Tensor& y,
+                       const Tensor& mean, const Tensor& rstd, float eps) {
+  return ops::LayerNormForward({.x = x,
+                                .weight = weight.value,
+                                .bias = bias.value,
+                                .y = y,
+                                .mean = mean,
+                                .rstd = rstd,
+                                .eps = eps});
+}
+
+absl::Status LayerNormGrad(const Tensor& dy, const Tensor& x, const Param& weight,
+                           const Param& bias, const Tensor& mean, const Tensor& rstd,
+                           const Tensor& dx) {
+  return ops::LayerNormBackward({.dy = dy,
+                                 .x = x,
+                                 .weight = weight.value,
+                                 .mean = mean,
+                                 .rstd = rstd,
+                                 .dx = dx,
+                                 .dweight = weight.grad,
+                                 .dbias = bias.grad});
+}
+
+}  // namespace
+
+uint32_t DropoutSite(int layer, DropoutKind kind) {
+  return 1 + 4 * static_cast<uint32_t>(layer) + static_cast<uint32_t>(kind);
+}
+
+absl::StatusOr<LayerActivations> LayerActivations::Allocate(const LayerShape& s,
+                                                            const LayerOptions& options) {
+  const int64_t t = s.tokens();
+  const DType dt = s.dtype, f32 = DType::kF32;
+  const Shape heads{s.batch, s.heads, s.seq, s.head_dim};
+  LayerActivations a;
+  NF_ASSIGN_OR_RETURN(a.attn_in_norm, New(dt, {t, s.d_model}));
+  NF_ASSIGN_OR_RETURN(a.attn_in_mean, New(f32, {t}));
+  NF_ASSIGN_OR_RETURN(a.attn_in_rstd, New(f32, {t}));
+  NF_ASSIGN_OR_RETURN(a.q, New(dt, heads));
+  NF_ASSIGN_OR_RETURN(a.k, New(dt, heads));
+  NF_ASSIGN_OR_RETURN(a.v, New(dt, heads));
+  NF_ASSIGN_OR_RETURN(a.attn, New(dt, heads));
+  NF_ASSIGN_OR_RETURN(a.lse, New(f32, {s.batch, s.heads, s.seq}));
+  NF_ASSIGN_OR_RETURN(a.merged, New(dt, {t, s.local_width()}));
+  NF_ASSIGN_OR_RETURN(a.attn_proj, New(dt, {t, s.d_model}));
+  // Without the after-projection head scale, LN_post_attn reads out_proj's output directly.
+  const bool scale_after = options.scale_heads && !options.heads_before_out_proj;
+  if (scale_after) {
+    NF_ASSIGN_OR_RETURN(a.post_attn, New(dt, {t, s.d_model}));
+  } else {
+    a.post_attn = a.attn_proj;
+  }
+  NF_ASSIGN_OR_RETURN(a.post_attn_mean, New(f32, {t}));
+  NF_ASSIGN_OR_RETURN(a.post_attn_rstd, New(f32, {t}));
+  NF_ASSIGN_OR_RETURN(a.residual, New(dt, {t, s.d_model}));
+  NF_ASSIGN_OR_RETURN(a.ffn_in_norm, New(dt, {t, s.d_model}));
+  NF_ASSIGN_OR_RETURN(a.ffn_in_mean, New(f32, {t}));
+  NF_ASSIGN_OR_RETURN(a.ffn_in_rstd, New(f32, {t}));
+  NF_ASSIGN_OR_RETURN(a.fc1_out, New(dt, {t, s.ffn}));
+  NF_ASSIGN_OR_RETURN(a.act_out, New(dt, {t, s.ffn}));
+  NF_ASSIGN_OR_RETURN(a.mid_mean, New(f32, {t}));
+  NF_ASSIGN_OR_RETURN(a.mid_rstd, New(f32, {t}));
+  // Without LN_ffn_mid, fc2 reads the activation output directly.
+  if (options.scale_fc) {
+    NF_ASSIGN_OR_RETURN(a.fc2_in, New(dt, {t, s.ffn}));
+  } else {
+    a.fc2_in = a.act_out;
+  }
+  return a;
+}
+
+absl::StatusOr<LayerScratch> LayerScratch::Allocate(const LayerShape& s) {
+  LayerScratch scratch;
+  for (Tensor& t : scratch.local_tokens) {
+    NF_ASSIGN_OR_RETURN(t, New(s.dtype, {s.tokens(), s.local_width()}));
+  }
+  for (Tensor& t : scratch.heads) {
+    NF_ASSIGN_OR_RETURN(t, New(s.dtype, {s.batch, s.heads, s.seq, s.head_dim}));
+  }
+  for (Tensor& t : scratch.model_width) {
+    NF_ASSIGN_OR_RETURN(t, New(s.dtype, {s.tokens(), s.d_model}));
+  }
+  for (Tensor& t : scratch.ffn_width) {
+    NF_ASSIGN_OR_RETURN(t, New(s.dtype, {s.tokens(), s.ffn}));
+  }
+  return scratch;
+}
+
+ops::DropoutSpec DecoderLayer::Dropout(DropoutKind kind, const Step& step) const {
+  float p = 0.0f;
+  int64_t col_offset = 0;
+  switch (kind) {
+    case DropoutKind::kAttentionProbs:
+      p = options_.attention_dropout;
+      break;
+    case DropoutKind::kAttention:
+    case DropoutKind::kFfn:
+      p = options_.dropout;
+      break;
+    case DropoutKind::kActivation:
+      p = options_.activation_dropout;
+      col_offset = shape_.ffn_offset;  // [T, F_local] columns are global ffn features
+      break;
+  }
+  return {.p = step.train ? p : 0.0f,
+          .seed = step.seed,
+          .site = DropoutSite(index_, kind),
+          .first_sample = step.first_sample,
+          .seq_len = shape_.seq,
+          .col_offset = col_offset,
+          .head_offset = shape_.head_offset};
+}
+
+absl::Status DecoderLayer::Forward(const Tensor& x, const Tensor& y, const Step& step,
+                                   LayerActivations& acts, LayerScratch& scratch) const {
+  const LayerParams& p = params_;
+  const LayerShape& s = shape_;
+  const float eps = options_.eps;
+  // ---- attention block
+  NF_RETURN_IF_ERROR(LayerNorm(x, p.attn_norm_weight, p.attn_norm_bias, acts.attn_in_norm,
+                               acts.attn_in_mean, acts.attn_in_rstd, eps));
+  const Param* weights[3] = {&p.q_weight, &p.k_weight, &p.v_weight};
+  const Param* biases[3] = {&p.q_bias, &p.k_bias, &p.v_bias};
+  Tensor* heads[3] = {&acts.q, &acts.k, &acts.v};
+  for (int i = 0; i < 3; ++i) {
+    NF_RETURN_IF_ERROR(
+        LinearForward(acts.attn_in_norm, *weights[i], *biases[i], scratch.local_tokens[i]));
+    NF_RETURN_IF_ERROR(ops::SplitHeads(scratch.local_tokens[i], *heads[i]));
+  }
+  NF_RETURN_IF_ERROR(ops::AttentionForward(
+      {.q = acts.q,
+       .k = acts.k,
+       .v = acts.v,
+       .out = acts.attn,
+       .lse = acts.lse,
+       .scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(s.head_dim))),
+       .dropout = Dropout(DropoutKind::kAttentionProbs, step)}));
+  const bool scale_before = options_.scale_heads && options_.heads_before_out_proj;
+  const bool scale_after = options_.scale_heads && !options_.heads_before_out_proj;
+  const Tensor& head_output = scale_before ? scratch.heads[0] : acts.attn;
+  if (scale_before) {
+    // [B, H, S * Dh]: one scale per head.
+    NF_RETURN_IF_ERROR(
+        ops::ScaleChannels(acts.attn, p.head_scale.value, s.seq * s.head_dim, scratch.heads[0]));
+  }
+  NF_RETURN_IF_ERROR(ops::MergeHeads(head_output, acts.merged));
+  NF_RETURN_IF_ERROR(LinearForward(acts.merged, p.out_weight, p.out_bias, acts.attn_proj));
+  if (scale_after) {
+    // [T, H, Dh]: the projection's output viewed as heads.
+    NF_RETURN_IF_ERROR(
+        ops::ScaleChannels(acts.attn_proj, p.head_scale.value, s.head_dim, acts.post_attn));
+  }
+  const Tensor& branch = scratch.model_width[0];
+  if (options_.scale_attn) {
+    NF_RETURN_IF_ERROR(LayerNorm(acts.post_attn, p.post_attn_norm_weight, p.post_attn_norm_bias,
+                                 branch, acts.post_attn_mean, acts.post_attn_rstd, eps));
+    NF_RETURN_IF_ERROR(ops::Dropout(branch, branch, Dropout(DropoutKind::kAttention, step)));
+  } else {
+    NF_RETURN_IF_ERROR(
+        ops::Dropout(acts.post_attn, branch, Dropout(DropoutKind::kAttention, step)));
+  }
+  NF_RETURN_IF_ERROR(ops::Cast(x, acts.residual));
+  NF_RETURN_IF_ERROR(ops::Axpy(1.0f, branch, acts.residual));
+
+  // ---- feed-forward block
+  NF_RETURN_IF_ERROR(LayerNorm(acts.residual, p.ffn_norm_weight, p.ffn_norm_bias, acts.ffn_in_norm,
+                               acts.ffn_in_mean, acts.ffn_in_rstd, eps));
+  NF_RETURN_IF_ERROR(LinearForward(acts.ffn_in_norm, p.fc1_weight, p.fc1_bias, acts.fc1_out));
+  NF_RETURN_IF_ERROR(ops::ActivationForward(options_.activation, acts.fc1_out, acts.act_out));
+  NF_RETURN_IF_ERROR(
+      ops::Dropout(acts.act_out, acts.act_out, Dropout(DropoutKind::kActivation, step)));
+  if (options_.scale_fc) {
+    NF_RETURN_IF_ERROR(LayerNorm(acts.act_out, p.mid_ffn_norm_weight, p.mid_ffn_norm_bias,
+                                 acts.fc2_in, acts.mid_mean, acts.mid_rstd, eps));
+  }
+  const Tensor& ffn_out = scratch.model_width[1];
+  NF_RETURN_IF_ERROR(LinearForward(acts.fc2_in, p.fc2_weight, p.fc2_bias, ffn_out));
+  NF_RETURN_IF_ERROR(ops::Dropout(ffn_out, ffn_out, Dropout(DropoutKind::kFfn, step)));
+  if (options_.scale_resids) {
+    NF_RETURN_IF_ERROR(ops::ScaleChannels(acts.residual, p.resid_scale.value, 1, y));
+  } else {
+    NF_RETURN_IF_ERROR(ops::Cast(acts.residual, y));
+  }
+  return ops::Axpy(1.0f, ffn_out, y);
+}
+
+absl::Status DecoderLayer::Backward(const Tensor& x, const Tensor& dy, const Tensor& dx,
+                                    const Step& step, const LayerActivations& acts,
+                                    LayerScratch& scratch) const {
+  const LayerParams& p = params_;
+  const LayerShape& s = shape_;
+  const Tensor& d_residual = scratch.model_width[0];  // grad of acts.residual, accumulated
+  const Tensor& d_model = scratch.model_width[1];
+  const Tensor& d_model_aux = scratch.model_width[2];
+
+  // ---- feed-forward block: y = lambda * residual + dropout(fc2(...))
+  if (options_.scale_resids) {
+    NF_RETURN_IF_ERROR(ops::ScaleChannelsBackward(acts.residual, p.resid_scale.value, 1, dy,
+                                                  d_residual, p.resid_scale.grad));
+  } else {
+    NF_RETURN_IF_ERROR(ops::Cast(dy, d_residual));
+  }
+  NF_RETURN_IF_ERROR(ops::Dropout(dy, d_model, Dropout(DropoutKind::kFfn, step)));
+  const Tensor& d_fc2_in = scratch.ffn_width[0];
+  NF_RETURN_IF_ERROR(LinearBackward(acts.fc2_in, p.fc2_weight, p.fc2_bias, d_model, d_fc2_in,
+                                    /*accumulate_dx=*/false));
+  const Tensor& d_act = options_.scale_fc ? scratch.ffn_width[1] : d_fc2_in;
+  if (options_.scale_fc) {
+    NF_RETURN_IF_ERROR(LayerNormGrad(d_fc2_in, acts.act_out, p.mid_ffn_norm_weight,
+                                     p.mid_ffn_norm_bias, acts.mid_mean, acts.mid_rstd, d_act));
+  }
+  NF_RETURN_IF_ERROR(ops::Dropout(d_act, d_act, Dropout(DropoutKind::kActivation, step)));
+  NF_RETURN_IF_ERROR(ops::ActivationBackward(options_.activation, acts.fc1_out, d_act, d_act));
+  NF_RETURN_IF_ERROR(LinearBackward(acts.ffn_in_norm, p.fc1_weight, p.fc1_bias, d_act, d_model,
+                                    /*accumulate_dx=*/false));
+  NF_RETURN_IF_ERROR(LayerNormGrad(d_model, acts.residual, p.ffn_norm_weight, p.ffn_norm_bias,
+                                   acts.ffn_in_mean, acts.ffn_in_rstd, d_model_aux));
+  NF_RETURN_IF_ERROR(ops::Axpy(1.0f, d_model_aux, d_residual));
+
+  // ---- attention block: residual = x + dropout(LN_post_attn(scaled out_proj(...)))
+  NF_RETURN_IF_ERROR(ops::Dropout(d_residual, d_model, Dropout(DropoutKind::kAttention, step)));
+  const Tensor& d_post_attn = options_.scale_attn ? d_model_aux : d_model;
+  if (options_.scale_attn) {
+    NF_RETURN_IF_ERROR(LayerNormGrad(d_model, acts.post_attn, p.post_attn_norm_weight,
+                                     p.post_attn_norm_bias, acts.post_attn_mean,
+                                     acts.post_attn_rstd, d_post_attn));
+  }
+  const bool scale_before = options_.scale_heads && options_.heads_before_out_proj;
+  const bool scale_after = options_.scale_heads && !options_.heads_before_out_proj;
+  if (scale_after) {  // in place: d_post_attn becomes the grad of out_proj's output
+    NF_RETURN_IF_ERROR(ops::ScaleChannelsBackward(acts.attn_proj, p.head_scale.value, s.head_dim,
+                                                  d_post_attn, d_post_attn, p.head_scale.grad));
+  }
+  const Tensor& d_merged = scratch.local_tokens[0];
+  NF_RETURN_IF_ERROR(LinearBackward(acts.merged, p.out_weight, p.out_bias, d_post_attn, d_merged,
+                                    /*accumulate_dx=*/false));
+  const Tensor& d_attn = scratch.heads[0];
+  NF_RETURN_IF_ERROR(ops::SplitHeads(d_merged, d_attn));
+  if (scale_before) {
+    NF_RETURN_IF_ERROR(ops::ScaleChannelsBackward(acts.attn, p.head_scale.value, s.seq * s.head_dim,
+                                                  d_attn, d_attn, p.head_scale.grad));
+  }
+  NF_RETURN_IF_ERROR(ops::AttentionBackward(
+      {.q = acts.q,
+       .k = acts.k,
+       .v = acts.v,
+       .out = acts.attn,
+       .lse = acts.lse,
+       .dout = d_attn,
+       .dq = scratch.heads[1],
+       .dk = scratch.heads[2],
+       .dv = scratch.heads[3],
+       .scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(s.head_dim))),
+       .dropout = Dropout(DropoutKind::kAttentionProbs, step)}));
+  const Param* weights[3] = {&p.q_weight, &p.k_weight, &p.v_weight};
+  const Param* biases[3] = {&p.q_bias, &p.k_bias, &p.v_bias};
+  for (int i = 0; i < 3; ++i) {
+    NF_RETURN_IF_ERROR(ops::MergeHeads(scratch.heads[1 + i], scratch.local_tokens[i]));
+    NF_RETURN_IF_ERROR(LinearBackward(acts.attn_in_norm, *weights[i], *biases[i],
+                                      scratch.local_tokens[i], d_model,
+                                      /*accumulate_dx=*/i > 0));
+  }
+  NF_RETURN_IF_ERROR(LayerNormGrad(d_model, x, p.attn_norm_weight, p.attn_norm_bias,
+                                   acts.attn_in_mean, acts.attn_in_rstd, dx));
+  return ops::Axpy(1.0f, d_residual, dx);
+}
+
+}  // namespace nf::model

@@ -1,0 +1,117 @@
+// One NormFormer decoder layer with explicit Forward and Backward (DESIGN section 4):
+//
+//   r = x;  h = LN_attn_in(x);  q,k,v = h W_{q,k,v}^T + b          column-parallel
+//   o_i = softmax(q_i k_i^T / sqrt(d_head) + causal) v_i           attention dropout on P
+//   o_i *= gamma_i                     (scale_heads, paper placement: before out_proj)
+//   a = concat(o_i) W_o^T + b_o                                    row-parallel
+//   a = a viewed as heads * gamma      (scale_heads, fairseq placement: after out_proj)
+//   a = LN_post_attn(a)                (scale_attn)
+//   x = r + dropout(a);  r = x
+//   h = dropout_act(act(LN_ffn_in(x) W_1^T + b_1))                 column-parallel
+//   h = LN_ffn_mid(h)                  (scale_fc)
+//   x = lambda * r + dropout(h W_2^T + b_2)   (lambda: scale_resids, else 1)
+//
+// Tensors are token-major: [tokens = batch * seq, features]. Heads, ffn columns and the
+// vocabulary are this rank's tensor-parallel shard ("local"); d_model is never split.
+#pragma once
+
+#include <cstdint>
+
+#include "absl/status/statusor.h"
+#include "core/ops/ops.h"
+#include "model/normformer_params.h"
+
+namespace nf::model {
+
+// Shapes of one micro-batch on one tensor-parallel rank.
+struct LayerShape {
+  int64_t batch = 0, seq = 0;
+  int64_t d_model = 0;
+  int64_t heads = 0, head_dim = 0;  // local heads
+  int64_t ffn = 0;                  // local ffn columns
+  int64_t head_offset = 0;          // global index of the first local head
+  int64_t ffn_offset = 0;           // global index of the first local ffn column
+  DType dtype = DType::kF32;
+
+  int64_t tokens() const { return batch * seq; }
+  int64_t local_width() const { return heads * head_dim; }
+};
+
+// The layer's switches and rates, resolved from the model config.
+struct LayerOptions {
+  ops::Activation activation = ops::Activation::kGelu;
+  float dropout = 0.0f, attention_dropout = 0.0f, activation_dropout = 0.0f;
+  float eps = 1e-5f;
+  bool scale_attn = false, scale_heads = false, heads_before_out_proj = true;
+  bool scale_fc = false, scale_resids = false;
+};
+
+// What Forward keeps for Backward. [T, ...] tensors are in the model dtype; statistics fp32.
+struct LayerActivations {
+  Tensor attn_in_norm, attn_in_mean, attn_in_rstd;  // [T, d], [T], [T]
+  Tensor q, k, v, attn, lse;                        // [B, H, S, Dh]; lse [B, H, S]
+  Tensor merged;                                    // [T, H * Dh]: out_proj's input
+  Tensor attn_proj;                                 // [T, d]: out_proj's output
+  Tensor post_attn;                                 // [T, d]: LN_post_attn's input
+  Tensor post_attn_mean, post_attn_rstd;            // [T]
+  Tensor residual;                                  // [T, d]: x after the attention block
+  Tensor ffn_in_norm, ffn_in_mean, ffn_in_rstd;     // [T, d], [T], [T]
+  Tensor fc1_out;                                   // [T, F]: before the activation
+  Tensor act_out;                                   // [T, F]: after activation dropout
+  Tensor mid_mean, mid_rstd;                        // [T]
+  Tensor fc2_in;                                    // [T, F]: LN_ffn_mid's output
+
+  static absl::StatusOr<LayerActivations> Allocate(const LayerShape& shape,
+                                                   const LayerOptions& options);
+};
+
+// Temporaries shared by all layers; nothing in them survives a Forward or Backward call.
+struct LayerScratch {
+  Tensor local_tokens[3];  // [T, H * Dh]
+  Tensor heads[4];         // [B, H, S, Dh]
+  Tensor model_width[3];   // [T, d]
+  Tensor ffn_width[2];     // [T, F]
+
+  static absl::StatusOr<LayerScratch> Allocate(const LayerShape& shape);
+};
+
+// Dropout randomness is keyed by (seed, site): site 0 is the embedding dropout, layer l's
+// four dropouts are sites 1 + 4 l + kind.
+enum class DropoutKind : uint32_t {
+  kAttentionProbs = 0,
+  kAttention = 1,
+  kActivation = 2,
+  kFfn = 3
+};
+uint32_t DropoutSite(int layer, DropoutKind kind);
+
+class DecoderLayer {
+ public:
+  DecoderLayer(int index, LayerParams params, LayerShape shape, LayerOptions options)
+      : index_(index), params_(std::move(params)), shape_(shape), options_(options) {}
+
+  // Where a micro-batch sits in the global computation, and whether dropout is on.
+  struct Step {
+    uint64_t first_sample = 0;
+    uint32_t seed = 0;
+    bool train = true;
+  };
+
+  // x [T, d] -> y [T, d] (y must not alias x), filling `acts`.
+  absl::Status Forward(const Tensor& x, const Tensor& y, const Step& step, LayerActivations& acts,
+                       LayerScratch& scratch) const;
+  // dy [T, d] -> dx [T, d] (no aliasing), from the x and acts of the matching Forward;
+  // parameter gradients accumulate into the fp32 main grads.
+  absl::Status Backward(const Tensor& x, const Tensor& dy, const Tensor& dx, const Step& step,
+                        const LayerActivations& acts, LayerScratch& scratch) const;
+
+ private:
+  ops::DropoutSpec Dropout(DropoutKind kind, const Step& step) const;
+
+  int index_;
+  LayerParams params_;
+  LayerShape shape_;
+  LayerOptions options_;
+};
+
+}  // namespace nf::model

@@ -1,0 +1,246 @@
+#include "model/normformer_model.h"
+
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "core/ops/ops.h"
+#include "core/status.h"
+#include "model/vocab.h"
+
+namespace nf::model {
+namespace {
+
+ops::Activation ActivationOf(ModelConfig::Activation act) {
+  switch (act) {
+    case ModelConfig::GELU_TANH:
+      return ops::Activation::kGeluTanh;
+    case ModelConfig::RELU_SQUARED:
+      return ops::Activation::kReluSquared;
+    default:
+      return ops::Activation::kGelu;
+  }
+}
+
+// fairseq's sinusoidal table: for position p and i < d/2, sin(p w_i) in column i and
+// cos(p w_i) in column d/2 + i, w_i = 10000^(-i / (d/2 - 1)); an odd d leaves a zero column.
+// Positions count from 0 (fairseq offsets them past its padding index; the table is the same).
+std::vector<float> SinusoidalTable(int64_t positions, int64_t d) {
+  const int64_t half = d / 2;
+  const double step = half > 1 ? std::log(10000.0) / static_cast<double>(half - 1) : 0.0;
+  std::vector<float> table(positions * d, 0.0f);
+  for (int64_t p = 0; p < positions; ++p) {
+    for (int64_t i = 0; i < half; ++i) {
+      const double angle = static_cast<double>(p) * std::exp(-step * static_cast<double>(i));
+      table[p * d + i] = static_cast<float>(std::sin(angle));
+      table[p * d + half + i] = static_cast<float>(std::cos(angle));
+    }
+  }
+  return table;
+}
+
+}  // namespace
+
+NormFormerModel::NormFormerModel(ModelConfig config, ModelOptions options, ParamTable table)
+    : config_(std::move(config)), options_(options), table_(std::move(table)) {}
+
+absl::StatusOr<std::unique_ptr<NormFormerModel>> NormFormerModel::Create(
+    const ModelConfig& config, const ModelOptions& options) {
+  if (config.d_model() % config.num_heads() != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("model.d_model (", config.d_model(),
+                                                   ") must be divisible by model.num_heads (",
+                                                   config.num_heads(), ")"));
+  }
+  if (options.seq_len > config.max_seq_len()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "sequence length ", options.seq_len, " exceeds model.max_seq_len ", config.max_seq_len()));
+  }
+  const int64_t padded_vocab = PaddedVocabSize(config.vocab_size(), /*tensor_parallel=*/1);
+  NF_ASSIGN_OR_RETURN(
+      ParamTable table,
+      ParamTable::Create(NormFormerParamSpecs(config, padded_vocab), options.dtype, /*tp_rank=*/0,
+                         /*tp_size=*/1));
+  NF_RETURN_IF_ERROR(table.Initialize(options.seed));
+  std::unique_ptr<NormFormerModel> model(new NormFormerModel(config, options, std::move(table)));
+  model->padded_vocab_ = padded_vocab;
+  model->params_ = BindModelParams(model->table_, config);
+  const NormFormerConfig& nf = config.normformer();
+  model->shape_ = {.batch = options.micro_batch,
+                   .seq = options.seq_len,
+                   .d_model = config.d_model(),
+                   .heads = config.num_heads(),
+                   .head_dim = config.d_model() / config.num_heads(),
+                   .ffn = config.ffn_dim(),
+                   .dtype = options.dtype};
+  model->layer_options_ = {
+      .activation = ActivationOf(config.activation()),
+      .dropout = config.dropout(),
+      .attention_dropout = config.attention_dropout(),
+      .activation_dropout = config.activation_dropout(),
+      .eps = config.layer_norm_eps(),
+      .scale_attn = nf.scale_attn(),
+      .scale_heads = nf.scale_heads(),
+      .heads_before_out_proj = nf.head_scale_placement() == NormFormerConfig::BEFORE_OUT_PROJ,
+      .scale_fc = nf.scale_fc(),
+      .scale_resids = nf.scale_resids()};
+  for (int l = 0; l < config.num_layers(); ++l) {
+    model->layers_.emplace_back(l, model->params_.layers[l], model->shape_, model->layer_options_);
+  }
+  NF_RETURN_IF_ERROR(model->AllocateBuffers());
+  return model;
+}
+
+absl::Status NormFormerModel::AllocateBuffers() {
+  const int64_t t = shape_.tokens(), d = shape_.d_model;
+  const DType dt = options_.dtype, f32 = DType::kF32;
+  hidden_.resize(config_.num_layers() + 1);
+  for (Tensor& h : hidden_) {
+    NF_ASSIGN_OR_RETURN(h, Tensor::Zeros(dt, {t, d}));
+  }
+  const int distinct = options_.activation_recompute ? 1 : config_.num_layers();
+  for (int i = 0; i < distinct; ++i) {
+    NF_ASSIGN_OR_RETURN(LayerActivations acts, LayerActivations::Allocate(shape_, layer_options_));
+    layer_acts_.push_back(std::move(acts));
+  }
+  NF_ASSIGN_OR_RETURN(scratch_, LayerScratch::Allocate(shape_));
+  if (config_.positions() == ModelConfig::SINUSOIDAL) {
+    NF_ASSIGN_OR_RETURN(positions_, TensorFromFloats(dt, {config_.max_seq_len(), d},
+                                                     SinusoidalTable(config_.max_seq_len(), d)));
+  }
+  NF_ASSIGN_OR_RETURN(final_norm_, Tensor::Zeros(dt, {t, d}));
+  NF_ASSIGN_OR_RETURN(final_mean_, Tensor::Zeros(f32, {t}));
+  NF_ASSIGN_OR_RETURN(final_rstd_, Tensor::Zeros(f32, {t}));
+  NF_ASSIGN_OR_RETURN(logits_, Tensor::Zeros(dt, {t, padded_vocab_}));
+  for (Tensor* v : {&row_max_, &sum_exp_, &token_loss_, &dloss_}) {
+    NF_ASSIGN_OR_RETURN(*v, Tensor::Zeros(f32, {t}));
+  }
+  NF_ASSIGN_OR_RETURN(grad_a_, Tensor::Zeros(dt, {t, d}));
+  NF_ASSIGN_OR_RETURN(grad_b_, Tensor::Zeros(dt, {t, d}));
+  return absl::OkStatus();
+}
+
+absl::Status NormFormerModel::EmbedForward(const Tensor& ids, const DecoderLayer::Step& step) {
+  const Tensor& x = hidden_[0];
+  const int64_t d = shape_.d_model, seq = shape_.seq;
+  NF_RETURN_IF_ERROR(ops::EmbeddingForward({.ids = ids,
+                                            .table = params_.embed_tokens.value,
+                                            .out = x,
+                                            .global_vocab = config_.vocab_size()}));
+  if (config_.scale_embedding()) {
+    NF_RETURN_IF_ERROR(ops::Scale(x, static_cast<float>(std::sqrt(static_cast<double>(d)))));
+  }
+  const Tensor& table =
+      params_.embed_positions.defined() ? params_.embed_positions.value : positions_;
+  NF_ASSIGN_OR_RETURN(const Tensor positions, table.Slice(0, seq));
+  for (int64_t b = 0; b < shape_.batch; ++b) {  // every sample gets positions [0, seq)
+    NF_ASSIGN_OR_RETURN(const Tensor sample, x.Slice(b * seq, seq));
+    NF_RETURN_IF_ERROR(ops::Axpy(1.0f, positions, sample));
+  }
+  return ops::Dropout(x, x, EmbeddingDropout(step));
+}
+
+ops::DropoutSpec NormFormerModel::EmbeddingDropout(const DecoderLayer::Step& step) const {
+  return {.p = step.train ? config_.dropout() : 0.0f,
+          .seed = step.seed,
+          .site = 0,
+          .first_sample = step.first_sample,
+          .seq_len = shape_.seq};
+}
+
+absl::StatusOr<NormFormerModel::LossSum> NormFormerModel::Forward(const Tensor& inputs,
+                                                                  const Tensor& targets,
+                                                                  uint64_t first_sample,
+                                                                  bool train) {
+  const int64_t t = shape_.tokens();
+  const Shape expected{shape_.batch, shape_.seq};
+  if (inputs.shape() != expected || targets.shape() != expected || inputs.dtype() != DType::kI32 ||
+      targets.dtype() != DType::kI32) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("NormFormerModel::Forward: inputs ", inputs.DebugString(), " and targets ",
+                     targets.DebugString(), " must both be i32", ShapeToString(expected),
+                     " (micro_batch, seq_len)"));
+  }
+  NF_ASSIGN_OR_RETURN(ids_, inputs.Reshape({t}));
+  NF_ASSIGN_OR_RETURN(targets_, targets.Reshape({t}));
+  step_ = {.first_sample = first_sample, .seed = options_.seed, .train = train};
+
+  NF_RETURN_IF_ERROR(EmbedForward(ids_, step_));
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    NF_RETURN_IF_ERROR(
+        layers_[l].Forward(hidden_[l], hidden_[l + 1], step_, ActivationsOf(l), scratch_));
+  }
+  NF_RETURN_IF_ERROR(ops::LayerNormForward({.x = hidden_.back(),
+                                            .weight = params_.final_norm_weight.value,
+                                            .bias = params_.final_norm_bias.value,
+                                            .y = final_norm_,
+                                            .mean = final_mean_,
+                                            .rstd = final_rstd_,
+                                            .eps = config_.layer_norm_eps()}));
+  NF_RETURN_IF_ERROR(
+      ops::Gemm({.a = final_norm_, .b = HeadWeight().value, .c = logits_, .trans_b = true}));
+  NF_RETURN_IF_ERROR(ops::CrossEntropyForward(LossArgs(), row_max_, sum_exp_, token_loss_));
+  LossSum loss;
+  const float* per_token = token_loss_.data<float>();
+  const int32_t* target = targets_.data<int32_t>();
+  for (int64_t i = 0; i < t; ++i) {
+    if (target[i] < 0) continue;
+    loss.sum += per_token[i];
+    ++loss.tokens;
+  }
+  return loss;
+}
+
+absl::Status NormFormerModel::Backward(float loss_weight) {
+  NF_RETURN_IF_ERROR(ops::Fill(dloss_, loss_weight));
+  // dlogits overwrite the logits: [T, V] is the largest activation, kept once.
+  NF_RETURN_IF_ERROR(ops::CrossEntropyBackward(LossArgs(), row_max_, sum_exp_, dloss_, logits_));
+  const Param& head = HeadWeight();
+  NF_RETURN_IF_ERROR(
+      ops::Gemm({.a = logits_, .b = final_norm_, .c = head.grad, .trans_a = true, .beta = 1.0f}));
+  NF_RETURN_IF_ERROR(ops::Gemm({.a = logits_, .b = head.value, .c = grad_b_}));
+  NF_RETURN_IF_ERROR(ops::LayerNormBackward({.dy = grad_b_,
+                                             .x = hidden_.back(),
+                                             .weight = params_.final_norm_weight.value,
+                                             .mean = final_mean_,
+                                             .rstd = final_rstd_,
+                                             .dx = grad_a_,
+                                             .dweight = params_.final_norm_weight.grad,
+                                             .dbias = params_.final_norm_bias.grad}));
+  // grad_a_ holds the gradient of layer l's output; each layer writes its input's into grad_b_.
+  for (int l = static_cast<int>(layers_.size()) - 1; l >= 0; --l) {
+    LayerActivations& acts = ActivationsOf(l);
+    if (options_.activation_recompute) {
+      // Re-run the forward from the kept input; it rewrites hidden_[l + 1] with equal values.
+      NF_RETURN_IF_ERROR(layers_[l].Forward(hidden_[l], hidden_[l + 1], step_, acts, scratch_));
+    }
+    NF_RETURN_IF_ERROR(layers_[l].Backward(hidden_[l], grad_a_, grad_b_, step_, acts, scratch_));
+    std::swap(grad_a_, grad_b_);
+  }
+  return EmbedBackward(step_);
+}
+
+absl::Status NormFormerModel::EmbedBackward(const DecoderLayer::Step& step) {
+  const Tensor& dx = grad_a_;  // gradient of the embedding block's output
+  const int64_t d = shape_.d_model, seq = shape_.seq;
+  NF_RETURN_IF_ERROR(ops::Dropout(dx, dx, EmbeddingDropout(step)));
+  if (params_.embed_positions.defined()) {
+    NF_ASSIGN_OR_RETURN(const Tensor dpositions, params_.embed_positions.grad.Slice(0, seq));
+    for (int64_t b = 0; b < shape_.batch; ++b) {
+      NF_ASSIGN_OR_RETURN(const Tensor sample, dx.Slice(b * seq, seq));
+      NF_RETURN_IF_ERROR(ops::Axpy(1.0f, sample, dpositions));
+    }
+  }
+  if (config_.scale_embedding()) {
+    NF_RETURN_IF_ERROR(ops::Scale(dx, static_cast<float>(std::sqrt(static_cast<double>(d)))));
+  }
+  return ops::EmbeddingBackward(ids_, dx, params_.embed_tokens.grad, /*vocab_offset=*/0);
+}
+
+const Param& NormFormerModel::HeadWeight() const {
+  return config_.tie_embeddings() ? params_.embed_tokens : params_.output_projection;
+}
+
+ops::CrossEntropyArgs NormFormerModel::LossArgs() const {
+  return {.logits = logits_, .targets = targets_, .valid_vocab = config_.vocab_size()};
+}
+
+}  // namespace nf::model

@@ -1,0 +1,93 @@
+// The NormFormer language model on one rank: token embedding (scaled by sqrt(d_model)),
+// sinusoidal or learned positions, embedding dropout, the decoder layers, the final
+// LayerNorm, the LM head (tied to the embedding by default) and the cross-entropy loss over
+// the real vocabulary (padding rows are never predicted).
+//
+// Forward runs one micro-batch and keeps what Backward needs; Backward accumulates fp32
+// parameter gradients into the ParamTable. With activation recompute, only each layer's
+// input is kept and its Forward re-runs inside Backward: less memory, bit-identical results
+// (dropout masks are recomputed from the same Philox coordinates).
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "model/decoder_layer.h"
+#include "model/model_config.pb.h"
+#include "model/normformer_params.h"
+#include "model/param_table.h"
+
+namespace nf::model {
+
+struct ModelOptions {
+  DType dtype = DType::kF32;  // parameters and activations
+  int64_t micro_batch = 1;
+  int64_t seq_len = 1;
+  bool activation_recompute = false;
+  uint32_t seed = 1;  // initialisation and dropout
+};
+
+class NormFormerModel {
+ public:
+  static absl::StatusOr<std::unique_ptr<NormFormerModel>> Create(const ModelConfig& config,
+                                                                 const ModelOptions& options);
+
+  // inputs, targets: i32 [micro_batch, seq_len] (target -1: no loss for that position).
+  // first_sample: global index of the micro-batch's first sample (keys its dropout masks).
+  // Returns the sum of the token losses and the number of tokens that carry a loss.
+  struct LossSum {
+    double sum = 0.0;
+    int64_t tokens = 0;
+  };
+  absl::StatusOr<LossSum> Forward(const Tensor& inputs, const Tensor& targets,
+                                  uint64_t first_sample, bool train);
+
+  // Gradients of sum(token losses) * loss_weight, accumulated into params().grads(). The
+  // caller passes loss_weight = loss_scale / (tokens in the global batch).
+  absl::Status Backward(float loss_weight);
+
+  ParamTable& params() { return table_; }
+  const ModelParams& model_params() const { return params_; }
+  const ModelConfig& config() const { return config_; }
+  const ModelOptions& options() const { return options_; }
+  int64_t padded_vocab() const { return padded_vocab_; }
+  // [tokens, padded_vocab] logits of the last Forward (overwritten by Backward).
+  const Tensor& logits() const { return logits_; }
+
+ private:
+  NormFormerModel(ModelConfig config, ModelOptions options, ParamTable table);
+  absl::Status AllocateBuffers();
+  absl::Status EmbedForward(const Tensor& ids, const DecoderLayer::Step& step);
+  absl::Status EmbedBackward(const DecoderLayer::Step& step);
+  ops::DropoutSpec EmbeddingDropout(const DecoderLayer::Step& step) const;
+  const Param& HeadWeight() const;  // the embedding when tied, else output_projection
+  ops::CrossEntropyArgs LossArgs() const;
+  LayerActivations& ActivationsOf(int layer) {
+    return layer_acts_[options_.activation_recompute ? 0 : layer];
+  }
+
+  ModelConfig config_;
+  ModelOptions options_;
+  ParamTable table_;
+  ModelParams params_;
+  int64_t padded_vocab_ = 0;
+  LayerShape shape_;
+  LayerOptions layer_options_;
+  std::vector<DecoderLayer> layers_;
+
+  // Buffers, allocated once. hidden_[l] is layer l's input, hidden_.back() the last output.
+  std::vector<Tensor> hidden_;                // [T, d] x (num_layers + 1)
+  std::vector<LayerActivations> layer_acts_;  // one per layer, or one shared with recompute
+  LayerScratch scratch_;
+  Tensor positions_;                             // [max_seq_len, d] sinusoidal table (model dtype)
+  Tensor final_norm_, final_mean_, final_rstd_;  // [T, d], [T], [T]
+  Tensor logits_;                                // [T, V_pad]; holds dlogits after Backward
+  Tensor row_max_, sum_exp_, token_loss_, dloss_;  // [T] fp32
+  Tensor grad_a_, grad_b_;                         // [T, d] residual-stream gradients
+  // The last Forward's batch.
+  Tensor ids_, targets_;  // [T] i32 views
+  DecoderLayer::Step step_;
+};
+
+}  // namespace nf::model

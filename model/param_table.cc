@@ -1,0 +1,137 @@
+#include "model/param_table.h"
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+
+#include "absl/strings/str_cat.h"
+#include "core/ops/ops.h"
+#include "core/philox.h"
+#include "core/status.h"
+
+namespace nf::model {
+namespace {
+
+// Rows and columns of a parameter viewed as a matrix (a vector is [n, 1]).
+int64_t Rows(const Shape& s) { return s.empty() ? 1 : s[0]; }
+int64_t Cols(const Shape& s) { return s.size() < 2 ? 1 : NumElements(s) / s[0]; }
+
+// A uniform double in (0, 1) from a 32-bit word.
+double Unit(uint32_t word) { return (static_cast<double>(word) + 0.5) * 0x1p-32; }
+
+// The initial value of global element `index` of parameter number `param` (its row in the
+// table): Philox keyed by (seed, param), counter = the element index.
+double InitialValue(const ParamSpec& spec, uint32_t seed, uint32_t param, int64_t index) {
+  const PhiloxCounter words = Philox4x32_10(
+      {static_cast<uint32_t>(index), static_cast<uint32_t>(index >> 32), 0, 0}, {seed, param});
+  switch (spec.init) {
+    case InitKind::kOnes:
+      return 1.0;
+    case InitKind::kZeros:
+      return 0.0;
+    case InitKind::kNormal:  // Box-Muller
+      return spec.init_scale * std::sqrt(-2.0 * std::log(Unit(words[0]))) *
+             std::cos(2.0 * M_PI * Unit(words[1]));
+    case InitKind::kUniform:
+      return spec.init_scale * (2.0 * Unit(words[0]) - 1.0);
+    case InitKind::kXavierUniform: {
+      const double fan_out = Rows(spec.global_shape), fan_in = Cols(spec.global_shape);
+      const double bound = spec.init_scale * std::sqrt(6.0 / (fan_in + fan_out));
+      return bound * (2.0 * Unit(words[0]) - 1.0);
+    }
+  }
+  return 0.0;
+}
+
+}  // namespace
+
+absl::StatusOr<ParamTable> ParamTable::Create(std::vector<ParamSpec> specs, DType dtype,
+                                              int tp_rank, int tp_size) {
+  ParamTable table;
+  table.tp_rank_ = tp_rank;
+  table.tp_size_ = tp_size;
+  int64_t offset = 0;
+  for (ParamSpec& spec : specs) {
+    Shape local = spec.global_shape;
+    const int split_dim = spec.sharding == Sharding::kSplitRows   ? 0
+                          : spec.sharding == Sharding::kSplitCols ? 1
+                                                                  : -1;
+    if (split_dim >= static_cast<int>(local.size())) {
+      return absl::InvalidArgumentError(absl::StrCat("parameter ", spec.name, " of shape ",
+                                                     ShapeToString(local), " has no dimension ",
+                                                     split_dim, " to split"));
+    }
+    if (split_dim >= 0) {
+      if (local[split_dim] % tp_size != 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("parameter ", spec.name, ": dimension ", split_dim, " (", local[split_dim],
+                         ") does not divide by tensor_parallel = ", tp_size));
+      }
+      local[split_dim] /= tp_size;
+    }
+    if (!table.index_.emplace(spec.name, table.entries_.size()).second) {
+      return absl::InvalidArgumentError(absl::StrCat("parameter ", spec.name, " declared twice"));
+    }
+    const int64_t numel = NumElements(local);
+    table.entries_.push_back({std::move(spec), local, offset, Tensor(), Tensor()});
+    offset += numel;
+  }
+  NF_ASSIGN_OR_RETURN(table.params_, Tensor::Zeros(dtype, {offset}));
+  NF_ASSIGN_OR_RETURN(table.grads_, Tensor::Zeros(DType::kF32, {offset}));
+  for (Entry& e : table.entries_) {
+    NF_ASSIGN_OR_RETURN(e.value, table.params_.View(e.offset, e.local_shape));
+    NF_ASSIGN_OR_RETURN(e.grad, table.grads_.View(e.offset, e.local_shape));
+  }
+  return table;
+}
+
+absl::Status ParamTable::Initialize(uint32_t seed) {
+  for (size_t p = 0; p < entries_.size(); ++p) {
+    const Entry& e = entries_[p];
+    const int64_t rows = Rows(e.local_shape), cols = Cols(e.local_shape);
+    const int64_t global_cols = Cols(e.spec.global_shape);
+    // Where this rank's slice starts in the global [rows, cols] matrix.
+    const int64_t row0 = e.spec.sharding == Sharding::kSplitRows ? tp_rank_ * rows : 0;
+    const int64_t col0 = e.spec.sharding == Sharding::kSplitCols ? tp_rank_ * cols : 0;
+    std::vector<float> values(rows * cols);
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t c = 0; c < cols; ++c) {
+        const int64_t global_index = (row0 + r) * global_cols + col0 + c;
+        values[r * cols + c] =
+            static_cast<float>(InitialValue(e.spec, seed, static_cast<uint32_t>(p), global_index));
+      }
+    }
+    NF_RETURN_IF_ERROR(CopyFromFloats(e.value, values));
+  }
+  return absl::OkStatus();
+}
+
+const ParamTable::Entry& ParamTable::Get(absl::string_view name) const {
+  const auto it = index_.find(name);
+  if (it == index_.end()) {
+    std::fprintf(stderr, "normformer: internal error: no parameter named %s\n",
+                 std::string(name).c_str());
+    std::abort();
+  }
+  return entries_[it->second];
+}
+
+int64_t ParamTable::num_global_elements() const {
+  int64_t n = 0;
+  for (const Entry& e : entries_) n += NumElements(e.spec.global_shape);
+  return n;
+}
+
+std::vector<optim::ParamRange> ParamTable::DecayRanges() const {
+  std::vector<optim::ParamRange> ranges;
+  for (const Entry& e : entries_) {
+    ranges.push_back({.offset = e.offset,
+                      .length = NumElements(e.local_shape),
+                      .weight_decay = e.spec.weight_decay});
+  }
+  return ranges;
+}
+
+absl::Status ParamTable::ZeroGrads() const { return ops::Fill(grads_, 0.0f); }
+
+}  // namespace nf::model

@@ -1,0 +1,83 @@
+// The parameter registry: every parameter of the network as a ParamSpec row (fairseq-style
+// global name, global shape, tensor-parallel sharding, weight decay, initialisation), laid out
+// for one tensor-parallel rank in flat buffers: the model parameters in the model's dtype and
+// the fp32 main gradients. Bucketed all-reduce, ZeRO-1 and checkpoint I/O work on ranges of
+// these buffers; layers work on per-parameter views.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "core/optim/mixed_precision_optimizer.h"
+#include "core/tensor.h"
+
+namespace nf::model {
+
+// How a parameter is split over the tensor-parallel group.
+enum class Sharding {
+  kReplicated,  // every rank holds all of it (a "TP duplicate": counted once in grad norms)
+  kSplitRows,   // dim 0 split: column-parallel weights, their biases, vocab slices, head scales
+  kSplitCols,   // dim 1 split: row-parallel weights
+};
+
+enum class InitKind {
+  kOnes,
+  kZeros,
+  kNormal,         // N(0, scale^2)
+  kUniform,        // U(-scale, scale)
+  kXavierUniform,  // U(-b, b), b = scale * sqrt(6 / (fan_in + fan_out)) of the global shape
+};
+
+struct ParamSpec {
+  std::string name;  // e.g. "decoder.layers.3.fc1.weight"
+  Shape global_shape;
+  Sharding sharding = Sharding::kReplicated;
+  bool weight_decay = false;
+  InitKind init = InitKind::kZeros;
+  float init_scale = 0.0f;
+};
+
+class ParamTable {
+ public:
+  struct Entry {
+    ParamSpec spec;
+    Shape local_shape;
+    int64_t offset;  // into the flat buffers, in elements
+    Tensor value;    // view of params(): [local_shape], model dtype
+    Tensor grad;     // view of grads(): [local_shape], fp32
+  };
+
+  // Lays out `specs` for rank `tp_rank` of a tensor-parallel group of `tp_size` and allocates
+  // the buffers (gradients zeroed). Fails, naming the parameter, when a split dimension does
+  // not divide by tp_size or two parameters share a name.
+  static absl::StatusOr<ParamTable> Create(std::vector<ParamSpec> specs, DType dtype, int tp_rank,
+                                           int tp_size);
+
+  // fairseq's initialisation, a pure function of (seed, parameter name's index in the table,
+  // global element index): any tensor-parallel layout draws the same global values.
+  absl::Status Initialize(uint32_t seed);
+
+  const Entry& Get(absl::string_view name) const;  // aborts on an unknown name (a bug)
+  bool Contains(absl::string_view name) const { return index_.contains(name); }
+  const std::vector<Entry>& entries() const { return entries_; }
+
+  const Tensor& params() const { return params_; }  // [num_elements], model dtype
+  const Tensor& grads() const { return grads_; }    // [num_elements], fp32
+  int64_t num_elements() const { return params_.numel(); }
+  // Parameters of the whole (unsharded) model.
+  int64_t num_global_elements() const;
+  // The weight-decay flag of every parameter as ranges of the flat buffers.
+  std::vector<optim::ParamRange> DecayRanges() const;
+  absl::Status ZeroGrads() const;
+
+ private:
+  std::vector<Entry> entries_;
+  absl::flat_hash_map<std::string, size_t> index_;
+  Tensor params_, grads_;
+  int tp_rank_ = 0, tp_size_ = 1;
+};
+
+}  // namespace nf::model
