@@ -1,0 +1,100 @@
+#include "launcher/train_loop.h"
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "core/status.h"
+#include "launcher/config.h"
+#include "launcher/jsonl_log.h"
+#include "launcher/trainer.h"
+
+namespace nf::launcher {
+namespace {
+
+absl::Status WriteFileAtomically(const std::filesystem::path& path, const std::string& text) {
+  const std::filesystem::path temporary = path.string() + ".tmp";
+  {
+    std::ofstream out(temporary, std::ios::trunc);
+    out << text;
+    out.flush();
+    if (!out) return absl::UnavailableError(absl::StrCat("cannot write ", temporary.string()));
+  }
+  std::error_code error;
+  std::filesystem::rename(temporary, path, error);
+  if (error) {
+    return absl::UnavailableError(absl::StrCat("cannot rename ", temporary.string(), " to ",
+                                               path.string(), ": ", error.message()));
+  }
+  return absl::OkStatus();
+}
+
+JsonObject StepRecord(const StepStats& s) {
+  return JsonObject()
+      .AddInt("step", s.step)
+      .AddDouble("loss", s.loss)
+      .AddDouble("ppl", std::exp(s.loss))
+      .AddDouble("lr", s.lr)
+      .AddDouble("loss_scale", s.loss_scale)
+      .AddDouble("grad_norm", s.grad_norm)
+      .AddBool("skipped", s.skipped)
+      .AddInt("skipped_total", s.skipped_total)
+      .AddInt("tokens", s.tokens)
+      .AddDouble("seconds", s.seconds);
+}
+
+std::string Duration(double seconds) {
+  const int64_t s = static_cast<int64_t>(seconds);
+  return absl::StrFormat("%d:%02d:%02d", s / 3600, (s / 60) % 60, s % 60);
+}
+
+}  // namespace
+
+absl::Status RunTraining(const TrainConfig& config, const std::string& run_dir,
+                         std::ostream& console) {
+  const std::filesystem::path dir(run_dir);
+  std::error_code error;
+  std::filesystem::create_directories(dir, error);
+  if (error) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot create run directory ", run_dir, ": ", error.message()));
+  }
+  NF_RETURN_IF_ERROR(WriteFileAtomically(dir / "config.pbtxt", ResolvedConfigText(config)));
+  NF_ASSIGN_OR_RETURN(JsonlLog log, JsonlLog::Open((dir / "log.jsonl").string()));
+  NF_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer, Trainer::Create(config));
+
+  const int64_t total = config.train().train_iters();
+  const int64_t log_interval = std::max(1, config.train().log_interval());
+  console << absl::StrFormat("normformer: %d parameters, %s, training %d steps into %s\n",
+                             trainer->model().params().num_global_elements(),
+                             TrainOptions::Precision_Name(config.train().precision()), total,
+                             run_dir);
+  double elapsed = 0.0;
+  int64_t window_tokens = 0;
+  double window_seconds = 0.0;
+  while (trainer->step() < total) {
+    NF_ASSIGN_OR_RETURN(const StepStats stats, trainer->TrainStep());
+    NF_RETURN_IF_ERROR(log.Write(StepRecord(stats)));
+    elapsed += stats.seconds;
+    window_tokens += stats.tokens;
+    window_seconds += stats.seconds;
+    if (stats.step % log_interval == 0 || stats.step == total) {
+      const double eta = elapsed / stats.step * (total - stats.step);
+      console << absl::StrFormat(
+          "step %d/%d | loss %.4f | ppl %.2f | lr %.3e | scale %g | grad_norm %.3f%s | "
+          "%.0f tok/s | ETA %s\n",
+          stats.step, total, stats.loss, std::exp(stats.loss), stats.lr, stats.loss_scale,
+          stats.grad_norm, stats.skipped ? " (skipped)" : "", window_tokens / window_seconds,
+          Duration(eta));
+      console.flush();
+      window_tokens = 0;
+      window_seconds = 0.0;
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace nf::launcher

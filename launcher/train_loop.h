@@ -1,0 +1,19 @@
+// The training loop of nf-launch: prepares the run directory, trains for train.train_iters
+// steps, appends one JSON record per step to RUN/log.jsonl and prints a progress line every
+// train.log_interval steps.
+#pragma once
+
+#include <ostream>
+#include <string>
+
+#include "absl/status/status.h"
+#include "launcher/train_config.pb.h"
+
+namespace nf::launcher {
+
+// Creates `run_dir` if needed and writes RUN/config.pbtxt (the resolved configuration); the
+// log is appended to. Progress lines go to `console`.
+absl::Status RunTraining(const TrainConfig& config, const std::string& run_dir,
+                         std::ostream& console);
+
+}  // namespace nf::launcher
