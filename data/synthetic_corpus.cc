@@ -31,11 +31,20 @@ absl::StatusOr<SyntheticCorpus> SyntheticCorpus::Create(int64_t vocab_size, int 
 SyntheticCorpus::SyntheticCorpus(int64_t vocab_size, int branching, uint32_t seed)
     : vocab_size_(vocab_size), branching_(branching), seed_(seed) {
   successors_.resize(vocab_size * branching);
+  // A token's successors must be distinct, or it would have fewer than `branching` of them and
+  // the best loss would fall below ln(branching): draw 0, 1, 2, ... and keep the first
+  // `branching` distinct values (a token whose first draws do not collide keeps exactly them).
+  std::vector<bool> taken(vocab_size, false);
   for (int64_t token = 0; token < vocab_size; ++token) {
-    for (int b = 0; b < branching; ++b) {
-      successors_[token * branching + b] =
-          static_cast<int32_t>(Word(seed, kTableStream, token, b) % vocab_size);
+    int32_t* row = &successors_[token * branching];
+    uint64_t draw = 0;
+    for (int b = 0; b < branching;) {
+      const auto next = static_cast<int32_t>(Word(seed, kTableStream, token, draw++) % vocab_size);
+      if (taken[next]) continue;
+      taken[next] = true;
+      row[b++] = next;
     }
+    for (int b = 0; b < branching; ++b) taken[row[b]] = false;
   }
 }
 

@@ -1,7 +1,7 @@
 // A synthetic token stream with learnable structure, used to train before real corpora exist
 // and by tests: a Markov chain over the vocabulary in which each token has `branching`
-// possible successors, drawn once from the seed, each followed with equal probability. The
-// best achievable loss is ln(branching) per token (from the second token of a sample on).
+// distinct possible successors, drawn once from the seed, each followed with equal probability.
+// The best achievable loss is ln(branching) per token (from the second token of a sample on).
 //
 // Samples are a pure function of (seed, global sample index), so any data-parallel layout
 // and any resumption point see the same tokens, like the real sampler's promise.

@@ -1,0 +1,243 @@
+// Tests of the nf-launch command line, running the real binary of this build: --help, the
+// exit codes (0 done, 1 runtime error, 2 bad command line or configuration) with a one-line
+// error naming the problem, and a short run writing config.pbtxt and log.jsonl.
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "test_util.h"
+
+#ifndef NF_LAUNCH_BINARY
+#error "NF_LAUNCH_BINARY must name the nf-launch executable (tests/CMakeLists.txt)"
+#endif
+
+namespace nf::launcher {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::StartsWith;
+
+// What one run of nf-launch did.
+struct Outcome {
+  int exit_code = -1;  // -1 unless it exited normally
+  std::string out, err;
+};
+
+std::string ReadFile(const std::filesystem::path& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+// The lines of `text`, without the newlines (and without an empty last one).
+std::vector<std::string> Lines(const std::string& text) {
+  std::vector<std::string> lines = absl::StrSplit(text, '\n');
+  if (!lines.empty() && lines.back().empty()) lines.pop_back();
+  return lines;
+}
+
+// Single-quotes `arg` for /bin/sh.
+std::string ShellQuote(const std::string& arg) {
+  std::string quoted = "'";
+  for (const char c : arg) {
+    if (c == '\'') {
+      quoted += "'\\''";
+    } else {
+      quoted += c;
+    }
+  }
+  return quoted + "'";
+}
+
+// A fresh directory for one test's files, removed afterwards.
+class NfLaunchCliTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const ::testing::TestInfo* info = ::testing::UnitTest::GetInstance()->current_test_info();
+    dir_ = std::filesystem::path(::testing::TempDir()) /
+           absl::StrCat("nf_launch_cli_test_", getpid(), "_", info->name());
+    std::filesystem::remove_all(dir_);
+    std::filesystem::create_directories(dir_);
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+
+  // Runs nf-launch with `args`, stdout and stderr captured to files.
+  Outcome Launch(const std::vector<std::string>& args) {
+    const std::filesystem::path out = dir_ / "stdout.txt", err = dir_ / "stderr.txt";
+    std::string command = ShellQuote(NF_LAUNCH_BINARY);
+    for (const std::string& arg : args) absl::StrAppend(&command, " ", ShellQuote(arg));
+    absl::StrAppend(&command, " >", ShellQuote(out.string()), " 2>", ShellQuote(err.string()));
+    const int status = std::system(command.c_str());
+    Outcome outcome;
+    if (status != -1 && WIFEXITED(status)) outcome.exit_code = WEXITSTATUS(status);
+    outcome.out = ReadFile(out);
+    outcome.err = ReadFile(err);
+    return outcome;
+  }
+
+  std::string WriteConfig(const std::string& name, const std::string& text) {
+    const std::filesystem::path path = dir_ / name;
+    std::ofstream(path) << text;
+    return path.string();
+  }
+
+  // A valid configuration small enough to train 3 steps in milliseconds.
+  std::string TinyConfig() {
+    return WriteConfig("tiny.pbtxt", R"pb(
+      model { num_layers: 1 d_model: 16 num_heads: 2 ffn_dim: 32 vocab_size: 32 max_seq_len: 8 }
+      train {
+        seq_len: 8
+        micro_batch_size: 2
+        global_batch_size: 4
+        train_iters: 3
+        log_interval: 1
+        lr_schedule { warmup_iters: 1 }
+      }
+    )pb");
+  }
+
+  // Expects exit code 2 and a stderr whose first line is "nf-launch: " followed by an error
+  // mentioning every one of `mentions`. A command-line (usage) error may add one more line,
+  // pointing at --help; nothing else is printed, and nothing is run.
+  void ExpectConfigurationError(const Outcome& outcome, const std::vector<std::string>& mentions,
+                                bool usage_hint) {
+    EXPECT_EQ(outcome.exit_code, 2) << outcome.err;
+    const std::vector<std::string> lines = Lines(outcome.err);
+    ASSERT_EQ(lines.size(), usage_hint ? 2u : 1u) << outcome.err;
+    EXPECT_THAT(lines[0], StartsWith("nf-launch: "));
+    for (const std::string& mention : mentions) EXPECT_THAT(lines[0], HasSubstr(mention));
+    if (usage_hint) {
+      EXPECT_THAT(lines[1], HasSubstr("nf-launch --help"));
+    }
+    EXPECT_EQ(outcome.out, "") << "nothing is trained";
+  }
+
+  std::filesystem::path dir_;
+};
+
+TEST_F(NfLaunchCliTest, HelpDocumentsEveryOptionAndExitCode) {
+  for (const std::string flag : {"--help", "-h"}) {
+    const Outcome outcome = Launch({flag});
+    EXPECT_EQ(outcome.exit_code, 0) << flag;
+    EXPECT_EQ(outcome.err, "") << flag;
+    EXPECT_THAT(outcome.out, StartsWith("usage: nf-launch --config")) << flag;
+    for (const std::string option : {"--config FILE", "--set PATH=VALUE", "--run-dir DIR", "--help",
+                                     "config.pbtxt", "log.jsonl", "exit codes"}) {
+      EXPECT_THAT(outcome.out, HasSubstr(option)) << flag;
+    }
+    // Every field of a log record is named.
+    for (const std::string field : {"step", "loss", "ppl", "lr", "loss_scale", "grad_norm",
+                                    "skipped", "skipped_total", "tokens", "seconds"}) {
+      EXPECT_THAT(outcome.out, HasSubstr(field)) << flag;
+    }
+  }
+}
+
+TEST_F(NfLaunchCliTest, HelpWinsOverOtherArguments) {
+  const Outcome outcome = Launch({"--set", "model.d_model=1", "--help"});
+  EXPECT_EQ(outcome.exit_code, 0);
+  EXPECT_THAT(outcome.out, StartsWith("usage:"));
+}
+
+TEST_F(NfLaunchCliTest, MissingConfigIsUsageError) {
+  ExpectConfigurationError(Launch({"--run-dir", (dir_ / "run").string()}), {"--config is required"},
+                           /*usage_hint=*/true);
+  ExpectConfigurationError(Launch({}), {"--config is required"}, /*usage_hint=*/true);
+  EXPECT_FALSE(std::filesystem::exists(dir_ / "run"));
+}
+
+TEST_F(NfLaunchCliTest, MissingRunDirIsUsageError) {
+  ExpectConfigurationError(Launch({"--config", TinyConfig()}), {"--run-dir is required"},
+                           /*usage_hint=*/true);
+}
+
+TEST_F(NfLaunchCliTest, UnknownArgumentIsUsageError) {
+  ExpectConfigurationError(Launch({"--config", TinyConfig(), "--bogus", "--run-dir", "x"}),
+                           {"unknown argument '--bogus'"}, /*usage_hint=*/true);
+  // A stray positional argument too.
+  ExpectConfigurationError(Launch({"--config", TinyConfig(), "extra"}),
+                           {"unknown argument 'extra'"}, /*usage_hint=*/true);
+}
+
+TEST_F(NfLaunchCliTest, OptionWithoutValueIsUsageError) {
+  ExpectConfigurationError(Launch({"--config", TinyConfig(), "--run-dir", "x", "--set"}),
+                           {"--set needs a value"}, /*usage_hint=*/true);
+  ExpectConfigurationError(Launch({"--run-dir", "x", "--config"}), {"--config needs a value"},
+                           /*usage_hint=*/true);
+}
+
+TEST_F(NfLaunchCliTest, BadSetFieldNamesOverrideAndField) {
+  const std::string run_dir = (dir_ / "run").string();
+  ExpectConfigurationError(
+      Launch({"--config", TinyConfig(), "--set", "model.no_such_field=3", "--run-dir", run_dir}),
+      {"--set model.no_such_field=3", "no_such_field"}, /*usage_hint=*/false);
+  // A value of the wrong type, and one that fails validation.
+  ExpectConfigurationError(
+      Launch({"--config", TinyConfig(), "--set", "model.d_model=wide", "--run-dir", run_dir}),
+      {"--set model.d_model=wide", "'wide'"}, /*usage_hint=*/false);
+  ExpectConfigurationError(
+      Launch({"--config", TinyConfig(), "--set", "model.d_model=15", "--run-dir", run_dir}),
+      {"model.d_model (15)", "model.num_heads"}, /*usage_hint=*/false);
+  EXPECT_FALSE(std::filesystem::exists(run_dir)) << "a rejected configuration runs nothing";
+}
+
+TEST_F(NfLaunchCliTest, UnknownFieldInConfigFileNamesFileLineAndField) {
+  const std::string path = WriteConfig("bad.pbtxt", "model {\n  num_layers: 1\n  wings: 2\n}\n");
+  ExpectConfigurationError(Launch({"--config", path, "--run-dir", (dir_ / "run").string()}),
+                           {absl::StrCat(path, ":3:"), "wings"}, /*usage_hint=*/false);
+}
+
+TEST_F(NfLaunchCliTest, UnreadableConfigFileIsConfigurationError) {
+  const std::string path = (dir_ / "no_such.pbtxt").string();
+  ExpectConfigurationError(Launch({"--config", path, "--run-dir", (dir_ / "run").string()}), {path},
+                           /*usage_hint=*/false);
+}
+
+TEST_F(NfLaunchCliTest, ShortRunWritesConfigAndOneLogLinePerStep) {
+  const std::filesystem::path run_dir = dir_ / "run";
+  const Outcome outcome =
+      Launch({"--config", TinyConfig(), "--set", "train.seed=7", "--run-dir", run_dir.string()});
+  ASSERT_EQ(outcome.exit_code, 0) << outcome.err;
+  EXPECT_EQ(outcome.err, "");
+  // A header line and, with log_interval 1, one progress line per step.
+  const std::vector<std::string> console = Lines(outcome.out);
+  ASSERT_EQ(console.size(), 4u) << outcome.out;
+  EXPECT_THAT(console[0], StartsWith("normformer: "));
+  EXPECT_THAT(console[3], StartsWith("step 3/3 | loss "));
+
+  // The resolved configuration, with the override applied and defaults written out.
+  const std::string config = ReadFile(run_dir / "config.pbtxt");
+  EXPECT_THAT(config, HasSubstr("seed: 7"));
+  EXPECT_THAT(config, HasSubstr("train_iters: 3"));
+  EXPECT_THAT(config, HasSubstr("scale_attn: true"));
+
+  const std::vector<std::string> log = Lines(ReadFile(run_dir / "log.jsonl"));
+  ASSERT_EQ(log.size(), 3u);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_THAT(log[i], StartsWith(absl::StrCat("{\"step\":", i + 1, ",\"loss\":")));
+    EXPECT_THAT(log[i], HasSubstr("\"tokens\":32,"));  // global batch 4 x seq_len 8
+  }
+}
+
+TEST_F(NfLaunchCliTest, RunDirThatCannotBeCreatedIsRuntimeError) {
+  // A regular file where the run directory's parent should be: the configuration is fine, the
+  // run fails, exit code 1 with the reason on one line.
+  const std::string blocker = WriteConfig("blocker", "not a directory");
+  const Outcome outcome = Launch(
+      {"--config", TinyConfig(), "--run-dir", (std::filesystem::path(blocker) / "run").string()});
+  EXPECT_EQ(outcome.exit_code, 1) << outcome.err;
+  const std::vector<std::string> lines = Lines(outcome.err);
+  ASSERT_EQ(lines.size(), 1u) << outcome.err;
+  EXPECT_THAT(lines[0], StartsWith("nf-launch: cannot create run directory"));
+}
+
+}  // namespace
+}  // namespace nf::launcher
