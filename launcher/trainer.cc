@@ -42,6 +42,14 @@ DType ModelDType(TrainOptions::Precision precision) {
   }
 }
 
+optim::AdamWConfig AdamWConfigOf(const OptimizerConfig& o) {
+  return {.beta1 = o.beta1(),
+          .beta2 = o.beta2(),
+          .eps = o.eps(),
+          .weight_decay = o.weight_decay(),
+          .clip_grad = o.clip_grad()};
+}
+
 absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainConfig& config) {
   const TrainOptions& train = config.train();
   NF_ASSIGN_OR_RETURN(std::unique_ptr<model::NormFormerModel> model,
@@ -51,16 +59,11 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainConfig& conf
                                            .seq_len = train.seq_len(),
                                            .activation_recompute = train.activation_recompute(),
                                            .seed = train.seed()}));
-  const OptimizerConfig& o = train.optimizer();
   model::ParamTable& table = model->params();
   NF_ASSIGN_OR_RETURN(
       optim::MixedPrecisionAdamW optimizer,
       optim::MixedPrecisionAdamW::Create(table.params(), table.grads(), table.DecayRanges(),
-                                         {.beta1 = o.beta1(),
-                                          .beta2 = o.beta2(),
-                                          .eps = o.eps(),
-                                          .weight_decay = o.weight_decay(),
-                                          .clip_grad = o.clip_grad()}));
+                                         AdamWConfigOf(train.optimizer())));
   NF_RETURN_IF_ERROR(optimizer.InitializeMasterFromModel());
   const optim::LrSchedule schedule = ScheduleOf(train);
   NF_RETURN_IF_ERROR(optim::Validate(schedule));

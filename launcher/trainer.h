@@ -64,4 +64,7 @@ class Trainer {
 // The model dtype of a precision setting.
 DType ModelDType(TrainOptions::Precision precision);
 
+// The optimizer settings of a config as core/optim takes them.
+optim::AdamWConfig AdamWConfigOf(const OptimizerConfig& config);
+
 }  // namespace nf::launcher
