@@ -1,0 +1,100 @@
+// nf-preprocess's input side: the JSONL field scanner and the three document formats.
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "data/document_reader.h"
+#include "gtest/gtest.h"
+#include "test_util.h"
+
+namespace nf::data {
+namespace {
+
+using ::nf::testing::ExpectInvalidArgument;
+
+std::string WriteTemp(const std::string& name, const std::string& contents) {
+  const std::filesystem::path path = std::filesystem::temp_directory_path() /
+                                     ("nf_document_reader_" + std::to_string(getpid()) + name);
+  std::ofstream(path, std::ios::binary) << contents;
+  return path.string();
+}
+
+std::vector<std::string> ReadAll(const std::string& path, InputFormat format,
+                                 const std::string& key = "text") {
+  auto reader = DocumentReader::Open(path, format, key);
+  EXPECT_TRUE(reader.ok()) << reader.status();
+  std::vector<std::string> documents;
+  while (true) {
+    auto next = (*reader)->Next();
+    EXPECT_TRUE(next.ok()) << next.status();
+    if (!next.ok() || !next->has_value()) break;
+    documents.push_back(**next);
+  }
+  return documents;
+}
+
+TEST(JsonStringFieldTest, FindsTheFieldAndDecodesEscapes) {
+  auto v = JsonStringField(
+      R"({"id": 3, "meta": {"a": [1, 2.5e-3, null, true]}, "text": "a\"b\\c\n\u00e9\ud83d\ude00"})",
+      "text");
+  ASSERT_TRUE(v.ok()) << v.status();
+  ASSERT_TRUE(v->has_value());
+  EXPECT_EQ(**v, "a\"b\\c\n\xC3\xA9\xF0\x9F\x98\x80");  // é, 😀 as UTF-8
+  auto missing = JsonStringField(R"({"title": "x"})", "text");
+  ASSERT_TRUE(missing.ok());
+  EXPECT_FALSE(missing->has_value());
+  auto other_key = JsonStringField(R"({"title": "x", "text": "y"})", "title");
+  EXPECT_EQ(**other_key, "x");
+}
+
+TEST(JsonStringFieldTest, RejectsMalformedJsonWithoutReadingPastTheEnd) {
+  for (const std::string bad :
+       {"", "{", "[]", R"({"text": 3})", R"({"text": "unterminated)", R"({"text": "\q"})",
+        R"({"text": "\ud800"})", R"({"text": "\u12"})", R"({"a" 1})", R"({"a": tru})",
+        R"({"a": 1,})", R"({"text": "x"} trailing)", "{\"text\": \"tab\tinside\"}"}) {
+    EXPECT_FALSE(JsonStringField(bad, "text").ok()) << bad;
+  }
+  std::string deep = "{\"a\": ";
+  for (int i = 0; i < 100; ++i) deep += "[";
+  EXPECT_FALSE(JsonStringField(deep, "text").ok());  // depth limit, no stack overflow
+}
+
+TEST(DocumentReaderTest, JsonlSkipsBlankLinesAndEmptyTextsAndNamesBadLines) {
+  const std::string path = WriteTemp("a.jsonl",
+                                     "{\"text\": \"first\"}\n\n{\"text\": \"\"}\r\n"
+                                     "{\"body\": \"second\", \"text\": \"x\\ny\"}\n");
+  EXPECT_EQ(ReadAll(path, InputFormat::kJsonl), (std::vector<std::string>{"first", "x\ny"}));
+
+  const std::string bad = WriteTemp("b.jsonl", "{\"text\": \"ok\"}\n{\"text\": oops}\n");
+  auto reader = DocumentReader::Open(bad, InputFormat::kJsonl, "text");
+  ASSERT_TRUE(reader.ok());
+  ASSERT_TRUE((*reader)->Next().ok());
+  auto error = (*reader)->Next();
+  ASSERT_FALSE(error.ok());
+  EXPECT_NE(error.status().message().find(bad + ":2:"), std::string::npos) << error.status();
+
+  const std::string no_key = WriteTemp("c.jsonl", "{\"body\": \"x\"}\n");
+  auto keyless = DocumentReader::Open(no_key, InputFormat::kJsonl, "text");
+  ExpectInvalidArgument((*keyless)->Next().status(), "--json-key");
+}
+
+TEST(DocumentReaderTest, LinesAndParagraphs) {
+  const std::string path = WriteTemp("t.txt", "one\ntwo\n\n\nthree a\nthree b\n\nfour");
+  EXPECT_EQ(ReadAll(path, InputFormat::kLines),
+            (std::vector<std::string>{"one", "two", "three a", "three b", "four"}));
+  EXPECT_EQ(ReadAll(path, InputFormat::kParagraphs),
+            (std::vector<std::string>{"one\ntwo", "three a\nthree b", "four"}));
+}
+
+TEST(DocumentReaderTest, MissingFileAndFormatNames) {
+  auto missing = DocumentReader::Open("/nonexistent/corpus.jsonl", InputFormat::kJsonl, "text");
+  ASSERT_FALSE(missing.ok());
+  EXPECT_NE(missing.status().message().find("/nonexistent/corpus.jsonl"), std::string::npos);
+  EXPECT_EQ(*ParseInputFormat("paragraphs"), InputFormat::kParagraphs);
+  ExpectInvalidArgument(ParseInputFormat("csv").status(), "csv");
+}
+
+}  // namespace
+}  // namespace nf::data
