@@ -13,6 +13,7 @@ packages=(
   libsentencepiece-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   python3
+  clang libclang-rt-14-dev  # libFuzzer, for the fuzz pass of scripts/test.sh
 )
 
 missing=()

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The README's second command (and what .ci/run calls): installs what is missing, builds
 # normformer, and runs every test; then builds again with AddressSanitizer + UBSan and runs
-# the tests there too (NF_TEST_SANITIZE=0 skips that second pass).
+# the tests there too (NF_TEST_SANITIZE=0 skips that second pass); last, a short libFuzzer pass
+# over the .idx reader in a clang build (NF_TEST_FUZZ=0 skips it, NF_FUZZ_RUNS sets its length).
 #
 #   scripts/test.sh                 # everything
 #   scripts/test.sh -L core         # extra arguments go to ctest (here: only the core label)
@@ -31,5 +32,25 @@ if [[ "${NF_TEST_SANITIZE:-1}" != 0 ]]; then
   # The benchmarks are not tests; skip them in the sanitizer build to save compile time.
   ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
     run_suite build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DNF_SANITIZE=ON -DNF_BUILD_BENCHMARKS=OFF
+fi
+if [[ "${NF_TEST_FUZZ:-1}" != 0 ]]; then
+  # A short, reproducible (-seed) libFuzzer pass over the .idx reader from valid seeds; any
+  # crash, sanitizer report or leak makes the fuzzer exit non-zero, failing the script, and
+  # leaves the input as build-fuzz/fuzz/crash-* for reproduction.
+  echo "== fuzz the indexed dataset reader (build-fuzz/, clang + libFuzzer)"
+  CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DNF_FUZZ=ON \
+    -DNF_CUDA=OFF -DNF_BUILD_BENCHMARKS=OFF >/dev/null
+  cmake --build build-fuzz -j "$jobs" --target idx_reader_fuzzer
+  corpus=build-fuzz/fuzz/idx_reader_corpus
+  rm -rf "$corpus"
+  python3 fuzz/make_idx_seeds.py "$corpus"
+  fuzz_log=build-fuzz/fuzz/idx_reader_fuzzer.log
+  if ! build-fuzz/fuzz/idx_reader_fuzzer -runs="${NF_FUZZ_RUNS:-20000}" -seed=1 \
+    -artifact_prefix=build-fuzz/fuzz/ "$corpus" >"$fuzz_log" 2>&1; then
+    tail -n 60 "$fuzz_log" >&2
+    echo "fuzz: idx_reader_fuzzer failed; full log in $fuzz_log" >&2
+    exit 1
+  fi
+  tail -n 1 "$fuzz_log"
 fi
 echo "== all tests passed"

@@ -1,0 +1,83 @@
+// GPT-2's byte-level BPE, as openai/gpt-2's encoder.py defines it, loaded from the vocab.json
+// (token -> id) and merges.txt that GPT-2, fairseq's NormFormer models and Megatron ship.
+//
+// Encoding: the text is cut into pre-tokens (gpt2_pretokenizer.h); each byte of a pre-token
+// becomes one symbol through GPT-2's reversible byte -> character map; then, repeatedly, the
+// adjacent pair with the best (lowest) merge rank is merged everywhere in the word, left to
+// right, until no pair has a rank. Every byte has a symbol, so any byte string encodes, and
+// Decode(Encode(x)) == x byte for byte.
+//
+// Differences from encoder.py, all on inputs it cannot handle or that only a broken file has:
+// invalid UTF-8 is tokenized byte-wise instead of being undecodable; text "<|endoftext|>" is
+// ordinary text (as in the pattern openai published; the end-of-document id is appended by the
+// caller); the load checks what encoder.py would find out later with a KeyError.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "data/tokenizer.h"
+
+namespace nf::data {
+
+class Gpt2Bpe final : public Tokenizer {
+ public:
+  // Reads the two files. Errors are one line naming the file, and the line where there is one:
+  // NotFound (or the errno's code) when a file cannot be read; InvalidArgument for a malformed
+  // file (see FromContents).
+  static absl::StatusOr<std::unique_ptr<Gpt2Bpe>> Load(const std::string& vocab_path,
+                                                       const std::string& merges_path);
+
+  // The same from the files' contents; the names are only for messages. InvalidArgument unless:
+  // vocab.json is one JSON object of token -> id whose ids are exactly 0..N-1, with a token for
+  // every one of the 256 byte symbols; merges.txt is a "#version" line and then one merge per
+  // line, best first, as two tokens separated by one space, each merge distinct and its two
+  // tokens and their concatenation all in the vocabulary.
+  static absl::StatusOr<std::unique_ptr<Gpt2Bpe>> FromContents(
+      absl::string_view vocab_json, absl::string_view merges_txt,
+      absl::string_view vocab_name = "vocab.json", absl::string_view merges_name = "merges.txt");
+
+  absl::StatusOr<std::vector<int32_t>> Encode(absl::string_view text) const override;
+  // The exact bytes (not necessarily UTF-8: ids can end inside a character). Characters of a
+  // token outside the byte alphabet (hand-added special tokens) decode as their own UTF-8.
+  absl::StatusOr<std::string> Decode(std::span<const int32_t> ids) const override;
+  int64_t vocab_size() const override { return static_cast<int64_t>(id_bytes_.size()); }
+  // The id of "<|endoftext|>" when the vocabulary has it (GPT-2's 50256).
+  std::optional<int32_t> end_of_document() const override { return end_of_document_; }
+
+ private:
+  struct Merge {
+    int32_t rank;    // line order in merges.txt: lower merges first
+    int32_t merged;  // id of the concatenated token
+  };
+  // Pre-token -> ids, as encoder.py caches: words repeat, and merging is the costly part.
+  // Sharded so that encoding threads rarely wait for one another; a shard is emptied when full,
+  // which bounds memory on corpora with unbounded vocabularies (numbers, URLs).
+  struct CacheShard {
+    std::mutex mutex;
+    absl::flat_hash_map<std::string, std::vector<int32_t>> words;
+  };
+  static constexpr int kCacheShards = 16;
+
+  Gpt2Bpe() = default;
+  const Merge* FindMerge(int32_t left, int32_t right) const;
+  void AppendWord(absl::string_view piece, std::vector<int32_t>& ids) const;
+  std::vector<int32_t> MergeWord(absl::string_view piece) const;
+
+  std::array<int32_t, 256> byte_ids_{};          // the symbol of each byte
+  absl::flat_hash_map<uint64_t, Merge> merges_;  // key: left id << 32 | right id
+  std::vector<std::string> id_bytes_;            // what each id decodes to
+  std::optional<int32_t> end_of_document_;
+  mutable std::array<CacheShard, kCacheShards> cache_;
+};
+
+}  // namespace nf::data

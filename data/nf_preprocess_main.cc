@@ -1,0 +1,213 @@
+// nf-preprocess: text or JSONL -> tokens -> PREFIX.bin + PREFIX.idx (Megatron's MMIDIDX).
+//
+// Exit codes: 0 done; 1 a runtime error (nothing is left that looks complete); 2 bad usage.
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_format.h"
+#include "data/document_reader.h"
+#include "data/gpt2_bpe.h"
+#include "data/preprocess.h"
+#include "data/sentencepiece_tokenizer.h"
+
+namespace {
+
+constexpr char kUsage[] =
+    R"(usage: nf-preprocess --input FILE [--input FILE]... --output-prefix PREFIX
+                     --tokenizer gpt2 --vocab-file vocab.json --merges-file merges.txt
+                   | --tokenizer sentencepiece (--spm-model FILE | --spm-train-vocab-size N)
+                     [--format jsonl|lines|paragraphs] [--json-key KEY] [--workers N] [--no-eod]
+
+Tokenizes documents into PREFIX.bin and PREFIX.idx, byte-compatible with Megatron-LM's and
+fairseq's indexed datasets (uint16 tokens under 65,500 vocabulary entries, else int32). Both
+files appear only when everything succeeded.
+
+  --input FILE            a document source; repeatable; "-" reads standard input
+  --format FORMAT         jsonl (default; one JSON object per line), lines (one document per
+                          line) or paragraphs (documents separated by blank lines)
+  --json-key KEY          the JSONL string field holding the text (default: text)
+  --output-prefix PREFIX  where to write PREFIX.bin and PREFIX.idx
+  --tokenizer NAME        gpt2 (byte-level BPE) or sentencepiece
+  --vocab-file, --merges-file   GPT-2's vocab.json and merges.txt
+  --spm-model FILE        a trained SentencePiece model
+  --spm-train-vocab-size N      train a SentencePiece model of N pieces on the inputs first,
+                          written to PREFIX.spm.model
+  --workers N             tokenizing threads (default 1); the output does not depend on it
+  --no-eod                do not append the end-of-document token to each document
+  --help                  this text
+)";
+
+int Usage(const std::string& message) {
+  std::cerr << "nf-preprocess: " << message << "\n(run nf-preprocess --help for usage)\n";
+  return 2;
+}
+
+struct Flags {
+  std::vector<std::string> inputs;
+  std::string format = "jsonl", json_key = "text", output_prefix, tokenizer;
+  std::string vocab_file, merges_file, spm_model;
+  int spm_train_vocab_size = 0;
+  int workers = 1;
+  bool eod = true;
+};
+
+// Writes the documents of the inputs, one per paragraph, to a text file SentencePiece trains on.
+absl::Status WriteTrainingText(const Flags& flags, nf::data::InputFormat format,
+                               const std::string& path) {
+  std::ofstream out(path, std::ios::trunc);
+  for (const std::string& input : flags.inputs) {
+    auto reader = nf::data::DocumentReader::Open(input, format, flags.json_key);
+    if (!reader.ok()) return reader.status();
+    while (true) {
+      auto document = (*reader)->Next();
+      if (!document.ok()) return document.status();
+      if (!document->has_value()) break;
+      out << **document << "\n";
+    }
+  }
+  out.flush();
+  if (!out) return absl::UnavailableError("cannot write " + path);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<nf::data::Tokenizer>> MakeTokenizer(const Flags& flags,
+                                                                   nf::data::InputFormat format) {
+  if (flags.tokenizer == "gpt2") {
+    if (flags.vocab_file.empty() || flags.merges_file.empty()) {
+      return absl::InvalidArgumentError("--tokenizer gpt2 needs --vocab-file and --merges-file");
+    }
+    return nf::data::Gpt2Bpe::Load(flags.vocab_file, flags.merges_file);
+  }
+  if (flags.tokenizer != "sentencepiece") {
+    return absl::InvalidArgumentError("--tokenizer must be gpt2 or sentencepiece");
+  }
+  if (!flags.spm_model.empty()) return nf::data::SentencePieceTokenizer::Load(flags.spm_model);
+  if (flags.spm_train_vocab_size <= 0) {
+    return absl::InvalidArgumentError(
+        "--tokenizer sentencepiece needs --spm-model or --spm-train-vocab-size");
+  }
+  for (const std::string& input : flags.inputs) {
+    if (input == "-") {
+      return absl::InvalidArgumentError(
+          "--spm-train-vocab-size reads the inputs twice and cannot train from standard input");
+    }
+  }
+  const std::string text = flags.output_prefix + ".spm-train.txt";
+  if (absl::Status s = WriteTrainingText(flags, format, text); !s.ok()) return s;
+  const absl::Status trained =
+      nf::data::SentencePieceTokenizer::Train({.inputs = {text},
+                                               .model_prefix = flags.output_prefix + ".spm",
+                                               .vocab_size = flags.spm_train_vocab_size});
+  std::filesystem::remove(text);
+  if (!trained.ok()) return trained;
+  std::cerr << "nf-preprocess: trained " << flags.output_prefix << ".spm.model\n";
+  return nf::data::SentencePieceTokenizer::Load(flags.output_prefix + ".spm.model");
+}
+
+int64_t TotalInputBytes(const std::vector<std::string>& inputs) {
+  int64_t total = 0;
+  for (const std::string& input : inputs) {
+    std::error_code error;
+    const auto size = input == "-" ? 0 : std::filesystem::file_size(input, error);
+    if (error || input == "-") return 0;  // unknown: no ETA
+    total += static_cast<int64_t>(size);
+  }
+  return total;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Flags flags;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--help" || arg == "-h") {
+      std::cout << kUsage;
+      return 0;
+    }
+    if (arg == "--no-eod") {
+      flags.eod = false;
+      continue;
+    }
+    if (i + 1 >= argc) return Usage(arg + " needs a value (or is unknown)");
+    const std::string value = argv[++i];
+    if (arg == "--input") {
+      flags.inputs.push_back(value);
+    } else if (arg == "--format") {
+      flags.format = value;
+    } else if (arg == "--json-key") {
+      flags.json_key = value;
+    } else if (arg == "--output-prefix") {
+      flags.output_prefix = value;
+    } else if (arg == "--tokenizer") {
+      flags.tokenizer = value;
+    } else if (arg == "--vocab-file") {
+      flags.vocab_file = value;
+    } else if (arg == "--merges-file") {
+      flags.merges_file = value;
+    } else if (arg == "--spm-model") {
+      flags.spm_model = value;
+    } else if (arg == "--spm-train-vocab-size") {
+      if (!absl::SimpleAtoi(value, &flags.spm_train_vocab_size)) {
+        return Usage("--spm-train-vocab-size needs a number, got '" + value + "'");
+      }
+    } else if (arg == "--workers") {
+      if (!absl::SimpleAtoi(value, &flags.workers) || flags.workers < 1) {
+        return Usage("--workers needs a positive number, got '" + value + "'");
+      }
+    } else {
+      return Usage("unknown argument '" + arg + "'");
+    }
+  }
+  if (flags.inputs.empty()) return Usage("at least one --input is required");
+  if (flags.output_prefix.empty()) return Usage("--output-prefix is required");
+  const auto format = nf::data::ParseInputFormat(flags.format);
+  if (!format.ok()) return Usage(std::string(format.status().message()));
+
+  auto tokenizer = MakeTokenizer(flags, *format);
+  if (!tokenizer.ok()) {
+    std::cerr << "nf-preprocess: " << tokenizer.status().message() << "\n";
+    return tokenizer.status().code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
+  }
+  const int64_t total_bytes = TotalInputBytes(flags.inputs);
+  const bool terminal = isatty(fileno(stderr));
+  auto report = [&](const nf::data::PreprocessProgress& p) {
+    if (!terminal || p.seconds <= 0) return;
+    const double mb_per_s = p.bytes / 1e6 / p.seconds;
+    std::string eta = "?";
+    if (total_bytes > 0 && p.bytes > 0) {
+      eta = absl::StrFormat("%.0fs", p.seconds * (total_bytes - p.bytes) / p.bytes);
+    }
+    std::cerr << absl::StrFormat("\r%d docs | %.0f docs/s | %.2f MB/s | %.0f tokens/s | ETA %s   ",
+                                 p.documents, p.documents / p.seconds, mb_per_s,
+                                 p.tokens / p.seconds, eta);
+  };
+  const auto done = nf::data::Preprocess({.inputs = flags.inputs,
+                                          .format = *format,
+                                          .json_key = flags.json_key,
+                                          .output_prefix = flags.output_prefix,
+                                          .workers = flags.workers,
+                                          .append_end_of_document = flags.eod},
+                                         **tokenizer, report);
+  if (terminal) std::cerr << "\n";
+  if (!done.ok()) {
+    std::cerr << "nf-preprocess: " << done.status().message() << "\n";
+    return 1;
+  }
+  std::cout << absl::StrFormat(
+      "nf-preprocess: %d documents, %d tokens, %.2f MB in %.2f s (%.2f MB/s, %.0f tokens/s, "
+      "%d workers) -> %s.bin/.idx (%s tokens, vocabulary %d)\n",
+      done->documents, done->tokens, done->bytes / 1e6, done->seconds,
+      done->bytes / 1e6 / std::max(done->seconds, 1e-9),
+      done->tokens / std::max(done->seconds, 1e-9), flags.workers, flags.output_prefix,
+      (*tokenizer)->vocab_size() < 65500 ? "uint16" : "int32", (*tokenizer)->vocab_size());
+  return 0;
+}

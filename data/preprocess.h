@@ -1,0 +1,41 @@
+// nf-preprocess's pipeline: documents stream from the inputs, worker threads tokenize them in
+// batches, and the writer appends them to the indexed dataset in input order (so the output
+// does not depend on the worker count). Memory stays bounded whatever the corpus size: at most
+// 2 x workers batches are in flight.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "data/document_reader.h"
+#include "data/tokenizer.h"
+
+namespace nf::data {
+
+struct PreprocessOptions {
+  std::vector<std::string> inputs;  // paths, "-" for standard input
+  InputFormat format = InputFormat::kJsonl;
+  std::string json_key = "text";
+  std::string output_prefix;  // writes PREFIX.bin and PREFIX.idx
+  int workers = 1;
+  bool append_end_of_document = true;
+  int documents_per_batch = 64;
+};
+
+struct PreprocessProgress {
+  int64_t documents = 0;
+  int64_t tokens = 0;
+  int64_t bytes = 0;  // input bytes consumed
+  double seconds = 0.0;
+};
+
+// Runs the pipeline; `report` (may be empty) is called about every half second and at the end.
+// The output appears (atomically) only when everything succeeded.
+absl::StatusOr<PreprocessProgress> Preprocess(
+    const PreprocessOptions& options, const Tokenizer& tokenizer,
+    const std::function<void(const PreprocessProgress&)>& report);
+
+}  // namespace nf::data

@@ -1,0 +1,120 @@
+#include "data/sentencepiece_tokenizer.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <unordered_map>
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace nf::data {
+namespace {
+
+absl::Status ToStatus(const sentencepiece_backend::Result& result, absl::string_view context) {
+  if (result.ok()) return absl::OkStatus();
+  return absl::Status(static_cast<absl::StatusCode>(result.code),
+                      absl::StrCat(context, ": ", result.message));
+}
+
+// Fails like open(2) would for a file SentencePiece could not read.
+absl::Status CheckReadable(const std::string& path, absl::string_view what) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return absl::ErrnoToStatus(errno, absl::StrCat("cannot open ", what, " ", path));
+  ::close(fd);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+SentencePieceTokenizer::SentencePieceTokenizer(std::unique_ptr<sentencepiece_backend::Model> model)
+    : model_(std::move(model)) {}
+
+SentencePieceTokenizer::~SentencePieceTokenizer() = default;
+
+absl::StatusOr<std::unique_ptr<SentencePieceTokenizer>> SentencePieceTokenizer::Load(
+    const std::string& path) {
+  // SentencePiece's own message for a missing file does not say which one.
+  if (absl::Status readable = CheckReadable(path, "SentencePiece model"); !readable.ok()) {
+    return readable;
+  }
+  std::unique_ptr<sentencepiece_backend::Model> model;
+  const sentencepiece_backend::Result result = sentencepiece_backend::Model::Load(path, &model);
+  if (!result.ok()) {
+    // A file that does not parse as a model comes back as kInternal; it is the input's fault.
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot load SentencePiece model ", path, ": ", result.message));
+  }
+  return std::unique_ptr<SentencePieceTokenizer>(new SentencePieceTokenizer(std::move(model)));
+}
+
+absl::Status SentencePieceTokenizer::Train(const SentencePieceTrainOptions& options) {
+  const auto invalid = [](const auto&... what) {
+    return absl::InvalidArgumentError(absl::StrCat("SentencePiece training: ", what...));
+  };
+  if (options.inputs.empty()) return invalid("no input files");
+  if (options.model_prefix.empty()) return invalid("empty model prefix");
+  if (options.vocab_size <= 0)
+    return invalid("vocab_size must be positive, not ", options.vocab_size);
+  if (options.num_threads <= 0) return invalid("num_threads must be positive");
+  if (!(options.character_coverage > 0 && options.character_coverage <= 1)) {
+    return invalid("character_coverage must be in (0, 1], not ", options.character_coverage);
+  }
+  if (options.input_sentence_size < 0) return invalid("input_sentence_size must be >= 0");
+  for (const std::string& input : options.inputs) {
+    // SentencePiece takes the inputs as one comma-separated flag.
+    if (absl::StrContains(input, ',')) return invalid("input path has a comma: ", input);
+    if (absl::Status s = CheckReadable(input, "training input"); !s.ok()) return s;
+  }
+  const std::unordered_map<std::string, std::string> flags = {
+      {"input", absl::StrJoin(options.inputs, ",")},
+      {"model_prefix", options.model_prefix},
+      {"vocab_size", absl::StrCat(options.vocab_size)},
+      {"model_type", options.model_type},
+      {"character_coverage", absl::StrCat(options.character_coverage)},
+      {"byte_fallback", options.byte_fallback ? "true" : "false"},
+      {"input_sentence_size", absl::StrCat(options.input_sentence_size)},
+      {"shuffle_input_sentence", "true"},
+      {"num_threads", absl::StrCat(options.num_threads)},
+  };
+  return ToStatus(sentencepiece_backend::Train(flags),
+                  absl::StrCat("SentencePiece training of ", options.model_prefix));
+}
+
+absl::StatusOr<std::vector<int32_t>> SentencePieceTokenizer::Encode(absl::string_view text) const {
+  std::vector<int> ids;
+  if (absl::Status s = ToStatus(model_->Encode(std::string_view(text.data(), text.size()), &ids),
+                                "SentencePiece Encode");
+      !s.ok()) {
+    return s;
+  }
+  return std::vector<int32_t>(ids.begin(), ids.end());
+}
+
+absl::StatusOr<std::string> SentencePieceTokenizer::Decode(std::span<const int32_t> ids) const {
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (ids[i] < 0 || ids[i] >= vocab_size()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("SentencePiece Decode: id ", ids[i], " at position ", i,
+                       " is outside the vocabulary [0, ", vocab_size(), ")"));
+    }
+  }
+  std::string text;
+  if (absl::Status s = ToStatus(model_->Decode(std::vector<int>(ids.begin(), ids.end()), &text),
+                                "SentencePiece Decode");
+      !s.ok()) {
+    return s;
+  }
+  return text;
+}
+
+std::optional<int32_t> SentencePieceTokenizer::end_of_document() const {
+  const int eos = model_->eos_id();
+  if (eos < 0) return std::nullopt;
+  return eos;
+}
+
+}  // namespace nf::data

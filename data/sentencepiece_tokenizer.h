@@ -1,0 +1,58 @@
+// SentencePiece models (unigram or BPE, as trained by spm_train or SentencePieceTrainer) behind
+// the Tokenizer interface, and training one from text files.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "data/sentencepiece_backend.h"
+#include "data/tokenizer.h"
+
+namespace nf::data {
+
+struct SentencePieceTrainOptions {
+  std::vector<std::string> inputs;  // text files, one sentence per line
+  std::string model_prefix;         // writes PREFIX.model and PREFIX.vocab
+  int vocab_size = 0;
+  std::string model_type = "unigram";  // unigram, bpe, char or word
+  // The fraction of characters the vocabulary must cover; the rest become <unk> (or bytes).
+  double character_coverage = 0.9995;
+  // Spell characters outside the vocabulary as <0xNN> byte pieces instead of <unk> (needs 256
+  // byte pieces in the vocabulary, so vocab_size well above 256).
+  bool byte_fallback = false;
+  // Sentences sampled from the inputs for training; 0: all of them.
+  int64_t input_sentence_size = 0;
+  int num_threads = 1;
+};
+
+class SentencePieceTokenizer final : public Tokenizer {
+ public:
+  // NotFound or InvalidArgument naming the path when it cannot be read or is not a model.
+  static absl::StatusOr<std::unique_ptr<SentencePieceTokenizer>> Load(const std::string& path);
+
+  // Trains a model, writing PREFIX.model and PREFIX.vocab. InvalidArgument for bad options
+  // (checked here, as SentencePiece aborts the process on some of them), NotFound naming an
+  // input that cannot be read, and SentencePiece's own error otherwise.
+  static absl::Status Train(const SentencePieceTrainOptions& options);
+
+  ~SentencePieceTokenizer() override;
+
+  absl::StatusOr<std::vector<int32_t>> Encode(absl::string_view text) const override;
+  absl::StatusOr<std::string> Decode(std::span<const int32_t> ids) const override;
+  int64_t vocab_size() const override { return model_->piece_size(); }
+  // The model's </s> id (2 by SentencePiece's default), unless it was trained without one.
+  std::optional<int32_t> end_of_document() const override;
+
+ private:
+  explicit SentencePieceTokenizer(std::unique_ptr<sentencepiece_backend::Model> model);
+  std::unique_ptr<sentencepiece_backend::Model> model_;
+};
+
+}  // namespace nf::data

@@ -1,0 +1,39 @@
+// The text <-> token-id interface that nf-preprocess and the tools program against, so a corpus
+// can be tokenized with GPT-2's byte-level BPE (gpt2_bpe.h) or a SentencePiece model
+// (sentencepiece_tokenizer.h) without the pipeline knowing which.
+//
+// Every method is const and thread-safe: nf-preprocess calls Encode from several worker threads
+// on one shared instance.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace nf::data {
+
+class Tokenizer {
+ public:
+  virtual ~Tokenizer() = default;
+
+  // The token ids of `text` (bytes; UTF-8 expected, but implementations must not fail or crash
+  // on invalid sequences). Control tokens such as end-of-document are never produced from text:
+  // the caller appends them, so a document containing "<|endoftext|>" cannot split itself.
+  virtual absl::StatusOr<std::vector<int32_t>> Encode(absl::string_view text) const = 0;
+
+  // The bytes the ids stand for; InvalidArgument naming the first id outside the vocabulary.
+  virtual absl::StatusOr<std::string> Decode(std::span<const int32_t> ids) const = 0;
+
+  // Ids are in [0, vocab_size()).
+  virtual int64_t vocab_size() const = 0;
+
+  // The id appended after each document, when the vocabulary defines one.
+  virtual std::optional<int32_t> end_of_document() const = 0;
+};
+
+}  // namespace nf::data

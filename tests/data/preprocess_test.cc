@@ -1,0 +1,142 @@
+// nf-preprocess's pipeline with a byte-level toy tokenizer: ordered output for any worker
+// count, the dtype rule, the end-of-document token, and that a failure leaves nothing behind.
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "data/indexed_dataset.h"
+#include "data/preprocess.h"
+#include "gtest/gtest.h"
+
+namespace nf::data {
+namespace {
+
+namespace fs = std::filesystem;
+
+// Token = byte value; end of document = 256. Documents containing "FAIL" cannot be encoded.
+class ByteTokenizer final : public Tokenizer {
+ public:
+  explicit ByteTokenizer(int64_t vocab = 257) : vocab_(vocab) {}
+  absl::StatusOr<std::vector<int32_t>> Encode(absl::string_view text) const override {
+    if (text.find("FAIL") != absl::string_view::npos) {
+      return absl::InvalidArgumentError("cannot encode FAIL");
+    }
+    return std::vector<int32_t>(text.begin(), text.end());
+  }
+  absl::StatusOr<std::string> Decode(std::span<const int32_t> ids) const override {
+    return std::string(ids.begin(), ids.end());
+  }
+  int64_t vocab_size() const override { return vocab_; }
+  std::optional<int32_t> end_of_document() const override { return 256; }
+
+ private:
+  int64_t vocab_;
+};
+
+class PreprocessTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() /
+           ("nf_preprocess_test_" + std::to_string(getpid()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  std::string Write(const std::string& name, const std::string& contents) {
+    std::ofstream((dir_ / name).string(), std::ios::binary) << contents;
+    return (dir_ / name).string();
+  }
+  std::vector<std::string> Documents(const std::string& prefix) {
+    auto dataset = IndexedDataset::Open(prefix);
+    EXPECT_TRUE(dataset.ok()) << dataset.status();
+    std::vector<std::string> docs;
+    for (int64_t i = 0; i < (*dataset)->num_sequences(); ++i) {
+      std::vector<int32_t> tokens((*dataset)->sequence_length(i));
+      (*dataset)->ReadTokens(i, 0, tokens.size(), tokens.data());
+      std::string text;
+      for (int32_t t : tokens) text += t == 256 ? '|' : static_cast<char>(t);
+      docs.push_back(text);
+    }
+    return docs;
+  }
+  fs::path dir_;
+};
+
+TEST_F(PreprocessTest, OutputIsInInputOrderForAnyWorkerCount) {
+  std::string jsonl;
+  std::vector<std::string> expected;
+  for (int i = 0; i < 1000; ++i) {
+    jsonl += "{\"text\": \"document " + std::to_string(i) + "\"}\n";
+    expected.push_back("document " + std::to_string(i) + "|");
+  }
+  const std::string a = Write("a.jsonl", jsonl);
+  const std::string b = Write("b.txt", "tail one\ntail two\n");
+  std::vector<std::string> outputs;
+  for (int workers : {1, 3}) {
+    const std::string prefix = (dir_ / ("out" + std::to_string(workers))).string();
+    auto jsonl_done = Preprocess(
+        {.inputs = {a}, .output_prefix = prefix, .workers = workers, .documents_per_batch = 7},
+        ByteTokenizer(), {});
+    ASSERT_TRUE(jsonl_done.ok()) << jsonl_done.status();
+    EXPECT_EQ(jsonl_done->documents, 1000);
+    EXPECT_EQ(Documents(prefix), expected);
+    std::ifstream bin(prefix + ".bin", std::ios::binary);
+    outputs.push_back(std::string(std::istreambuf_iterator<char>(bin), {}));
+  }
+  EXPECT_EQ(outputs[0], outputs[1]);  // byte-identical whatever the worker count
+
+  const std::string lines = (dir_ / "lines").string();
+  ASSERT_TRUE(Preprocess({.inputs = {b, b},
+                          .format = InputFormat::kLines,
+                          .output_prefix = lines,
+                          .append_end_of_document = false},
+                         ByteTokenizer(), {})
+                  .ok());
+  EXPECT_EQ(Documents(lines),
+            (std::vector<std::string>{"tail one", "tail two", "tail one", "tail two"}));
+}
+
+TEST_F(PreprocessTest, TokenDTypeFollowsTheVocabularySize) {
+  const std::string input = Write("in.txt", "x\n");
+  for (const auto& [vocab, dtype] : std::vector<std::pair<int64_t, TokenDType>>{
+           {257, TokenDType::kU16}, {65499, TokenDType::kU16}, {65500, TokenDType::kI32}}) {
+    const std::string prefix = (dir_ / ("v" + std::to_string(vocab))).string();
+    ASSERT_TRUE(
+        Preprocess({.inputs = {input}, .format = InputFormat::kLines, .output_prefix = prefix},
+                   ByteTokenizer(vocab), {})
+            .ok());
+    EXPECT_EQ((*IndexedDataset::Open(prefix))->dtype(), dtype) << vocab;
+  }
+}
+
+// A failing document, a malformed line, or a missing input: an error naming the cause, and no
+// file that looks like a dataset (nor temporaries) in the output directory.
+TEST_F(PreprocessTest, FailuresLeaveNothingBehind) {
+  std::string many;
+  for (int i = 0; i < 500; ++i) many += "{\"text\": \"ok " + std::to_string(i) + "\"}\n";
+  const std::string failing = Write("f.jsonl", many + "{\"text\": \"FAIL\"}\n" + many);
+  const std::string malformed = Write("m.jsonl", many + "{\"text\": \n" + many);
+  struct Case {
+    std::string input, mentions;
+  };
+  for (const Case& c : std::vector<Case>{{failing, "cannot encode FAIL"},
+                                         {malformed, "m.jsonl:501:"},
+                                         {(dir_ / "missing.jsonl").string(), "missing.jsonl"}}) {
+    const std::string prefix = (dir_ / "out").string();
+    auto done = Preprocess(
+        {.inputs = {c.input}, .output_prefix = prefix, .workers = 2, .documents_per_batch = 16},
+        ByteTokenizer(), {});
+    ASSERT_FALSE(done.ok()) << c.input;
+    EXPECT_NE(done.status().message().find(c.mentions), std::string::npos) << done.status();
+    for (const auto& entry : fs::directory_iterator(dir_)) {
+      const std::string name = entry.path().filename().string();
+      EXPECT_EQ(name.find("out"), std::string::npos) << "left behind: " << name;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace nf::data

@@ -1,0 +1,173 @@
+// Tests of data/sentencepiece_tokenizer.h: train a small unigram model on a generated corpus in a
+// temporary directory, load it, and check round trips, the end-of-document id, thread-safe
+// encoding and the errors of loading and training.
+#include "data/sentencepiece_tokenizer.h"
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "test_util.h"
+
+namespace nf::data {
+namespace {
+
+using ::nf::testing::ExpectInvalidArgument;
+using ::testing::HasSubstr;
+
+// Sentences of pseudo-words built from a few syllables: enough distinct substrings for a
+// 200-piece vocabulary, and every sentence is already in SentencePiece's normal form (single
+// spaces, no leading or trailing space), so decoding gives it back exactly.
+std::string Sentence(std::mt19937& rng) {
+  static constexpr const char* kSyllables[] = {"ka", "lo", "mi", "ne", "ru", "sa", "to",  "vi",
+                                               "pe", "da", "go", "fu", "zi", "ba", "che", "str"};
+  std::string sentence;
+  const int words = 3 + rng() % 8;
+  for (int w = 0; w < words; ++w) {
+    if (w > 0) sentence += ' ';
+    const int syllables = 1 + rng() % 3;
+    for (int s = 0; s < syllables; ++s) sentence += kSyllables[rng() % 16];
+  }
+  return sentence + (rng() % 4 == 0 ? "." : "");
+}
+
+class SentencePieceTest : public ::testing::Test {
+ protected:
+  // One model for the whole suite: training is the slow part.
+  static void SetUpTestSuite() {
+    dir_ = new std::filesystem::path(std::filesystem::path(::testing::TempDir()) /
+                                     absl::StrCat("nf_sentencepiece_test_", getpid()));
+    std::filesystem::create_directories(*dir_);
+    std::mt19937 rng(3);
+    std::ofstream corpus(Path("corpus.txt"));
+    for (int i = 0; i < 3000; ++i) corpus << Sentence(rng) << "\n";
+    corpus.close();
+    train_status_ = new absl::Status(SentencePieceTokenizer::Train({
+        .inputs = {Path("corpus.txt")},
+        .model_prefix = Path("toy"),
+        .vocab_size = 200,
+    }));
+  }
+  static void TearDownTestSuite() {
+    std::filesystem::remove_all(*dir_);
+    delete dir_;
+    delete train_status_;
+  }
+  static std::string Path(const std::string& name) { return (*dir_ / name).string(); }
+
+  void SetUp() override {
+    ASSERT_TRUE(train_status_->ok()) << *train_status_;
+    absl::StatusOr<std::unique_ptr<SentencePieceTokenizer>> model =
+        SentencePieceTokenizer::Load(Path("toy.model"));
+    ASSERT_TRUE(model.ok()) << model.status();
+    model_ = *std::move(model);
+  }
+
+  static std::filesystem::path* dir_;
+  static absl::Status* train_status_;
+  std::unique_ptr<SentencePieceTokenizer> model_;
+};
+
+std::filesystem::path* SentencePieceTest::dir_ = nullptr;
+absl::Status* SentencePieceTest::train_status_ = nullptr;
+
+TEST_F(SentencePieceTest, TrainedModelHasTheVocabularyAndEos) {
+  EXPECT_TRUE(std::filesystem::exists(Path("toy.vocab")));
+  EXPECT_EQ(model_->vocab_size(), 200);
+  // SentencePiece's defaults: <unk> 0, <s> 1, </s> 2.
+  EXPECT_EQ(model_->end_of_document(), 2);
+}
+
+TEST_F(SentencePieceTest, RoundTrip) {
+  std::mt19937 rng(99);  // fresh sentences, not necessarily in the training data
+  for (int i = 0; i < 200; ++i) {
+    const std::string text = Sentence(rng);
+    absl::StatusOr<std::vector<int32_t>> ids = model_->Encode(text);
+    ASSERT_TRUE(ids.ok()) << ids.status();
+    ASSERT_FALSE(ids->empty());
+    for (int32_t id : *ids) {
+      ASSERT_TRUE(id > 2 && id < 200) << id << " in " << text;  // no control or unknown ids
+    }
+    absl::StatusOr<std::string> decoded = model_->Decode(*ids);
+    ASSERT_TRUE(decoded.ok()) << decoded.status();
+    EXPECT_EQ(*decoded, text);
+  }
+  // Frequent syllables became pieces: far fewer ids than characters.
+  absl::StatusOr<std::vector<int32_t>> ids = model_->Encode("kalomi nerusa tovi");
+  ASSERT_TRUE(ids.ok()) << ids.status();
+  EXPECT_LT(ids->size(), 10u);
+}
+
+TEST_F(SentencePieceTest, UnknownCharactersAndInvalidUtf8DoNotFail) {
+  // Characters never seen in training map to <unk> (id 0); broken UTF-8 is not an error.
+  for (const std::string& text : {std::string("漢字 ka"), std::string("ka\xff\xfe lo\xc3")}) {
+    absl::StatusOr<std::vector<int32_t>> ids = model_->Encode(text);
+    ASSERT_TRUE(ids.ok()) << ids.status();
+    EXPECT_NE(std::find(ids->begin(), ids->end(), 0), ids->end()) << text;
+    EXPECT_TRUE(model_->Decode(*ids).ok());
+  }
+}
+
+TEST_F(SentencePieceTest, ConcurrentEncodingAgrees) {
+  const std::string text = "kalomi nerusa tovi strche bago.";
+  absl::StatusOr<std::vector<int32_t>> expected = model_->Encode(text);
+  ASSERT_TRUE(expected.ok()) << expected.status();
+  std::vector<int> mismatches(4, 0);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < 200; ++i) {
+        absl::StatusOr<std::vector<int32_t>> ids = model_->Encode(text);
+        if (!ids.ok() || *ids != *expected) ++mismatches[t];
+      }
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  EXPECT_EQ(mismatches, std::vector<int>(4, 0));
+}
+
+TEST_F(SentencePieceTest, DecodeRejectsIdsOutsideTheVocabulary) {
+  ExpectInvalidArgument(model_->Decode(std::vector<int32_t>{5, 200}).status(),
+                        "id 200 at position 1 is outside the vocabulary [0, 200)");
+  ExpectInvalidArgument(model_->Decode(std::vector<int32_t>{-3}).status(), "id -3 at position 0");
+}
+
+TEST_F(SentencePieceTest, LoadErrorsNameThePath) {
+  const std::string missing = Path("no_such.model");
+  const absl::Status not_found = SentencePieceTokenizer::Load(missing).status();
+  EXPECT_EQ(not_found.code(), absl::StatusCode::kNotFound) << not_found;
+  EXPECT_THAT(std::string(not_found.message()), HasSubstr(missing));
+
+  const std::string garbage = Path("garbage.model");
+  std::ofstream(garbage) << "this is not a protobuf \xff\xff\xff\xff";
+  ExpectInvalidArgument(SentencePieceTokenizer::Load(garbage).status(),
+                        absl::StrCat("cannot load SentencePiece model ", garbage));
+}
+
+TEST_F(SentencePieceTest, TrainErrors) {
+  ExpectInvalidArgument(
+      SentencePieceTokenizer::Train({.inputs = {}, .model_prefix = Path("x"), .vocab_size = 100}),
+      "no input files");
+  ExpectInvalidArgument(
+      SentencePieceTokenizer::Train({.inputs = {Path("corpus.txt")}, .model_prefix = Path("x")}),
+      "vocab_size must be positive");
+  ExpectInvalidArgument(
+      SentencePieceTokenizer::Train(
+          {.inputs = {Path("a,b.txt")}, .model_prefix = Path("x"), .vocab_size = 100}),
+      "input path has a comma");
+  const std::string missing = Path("no_such_corpus.txt");
+  const absl::Status status = SentencePieceTokenizer::Train(
+      {.inputs = {missing}, .model_prefix = Path("x"), .vocab_size = 100});
+  EXPECT_EQ(status.code(), absl::StatusCode::kNotFound) << status;
+  EXPECT_THAT(std::string(status.message()), HasSubstr(missing));
+}
+
+}  // namespace
+}  // namespace nf::data
