@@ -154,6 +154,20 @@ absl::Status ValidateData(const DataConfig& data, const nf::model::ModelConfig& 
                                 ") must be in [1, model.vocab_size) = [1, ", model.vocab_size(),
                                 "): each token needs that many distinct successors"));
   }
+  if (!data.path().empty() && data.blend_size() > 0) {
+    return Invalid("set data.path or data.blend, not both (a single dataset is a blend of one)");
+  }
+  for (int k = 0; k < data.blend_size(); ++k) {
+    const WeightedDataset& d = data.blend(k);
+    if (d.path().empty()) {
+      return Invalid(absl::StrCat("data.blend[", k, "].path is empty; give the PREFIX of "
+                                  "PREFIX.bin/.idx"));
+    }
+    if (!(d.weight() >= 0 && std::isfinite(d.weight()))) {
+      return Invalid(absl::StrCat("data.blend[", k, "].weight must be finite and >= 0 (got ",
+                                  d.weight(), ")"));
+    }
+  }
   return absl::OkStatus();
 }
 

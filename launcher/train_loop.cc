@@ -68,10 +68,10 @@ absl::Status RunTraining(const TrainConfig& config, const std::string& run_dir,
 
   const int64_t total = config.train().train_iters();
   const int64_t log_interval = std::max(1, config.train().log_interval());
-  console << absl::StrFormat("normformer: %d parameters, %s, training %d steps into %s\n",
+  console << absl::StrFormat("normformer: %d parameters, %s, training %d steps on %s into %s\n",
                              trainer->model().params().num_global_elements(),
                              TrainOptions::Precision_Name(config.train().precision()), total,
-                             run_dir);
+                             trainer->batches().Describe(), run_dir);
   double elapsed = 0.0;
   int64_t window_tokens = 0;
   double window_seconds = 0.0;

@@ -72,43 +72,21 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainConfig& conf
     NF_ASSIGN_OR_RETURN(scaler,
                         optim::DynamicLossScaler::Create(ScalerConfigOf(train.loss_scale())));
   }
-  const SyntheticDataConfig& synthetic = config.data().synthetic();
-  NF_ASSIGN_OR_RETURN(data::SyntheticCorpus corpus,
-                      data::SyntheticCorpus::Create(config.model().vocab_size(),
-                                                    synthetic.branching(), synthetic.seed()));
-  const Shape batch{train.micro_batch_size(), train.seq_len()};
-  NF_ASSIGN_OR_RETURN(Tensor inputs, Tensor::Zeros(DType::kI32, batch));
-  NF_ASSIGN_OR_RETURN(Tensor targets, Tensor::Zeros(DType::kI32, batch));
+  NF_ASSIGN_OR_RETURN(std::unique_ptr<BatchSource> batches, MakeBatchSource(config));
   return std::unique_ptr<Trainer>(new Trainer(config, std::move(model), std::move(optimizer),
-                                              schedule, std::move(scaler), std::move(corpus),
-                                              inputs, targets));
+                                              schedule, std::move(scaler), std::move(batches)));
 }
 
 Trainer::Trainer(TrainConfig config, std::unique_ptr<model::NormFormerModel> model,
                  optim::MixedPrecisionAdamW optimizer, optim::LrSchedule schedule,
-                 std::optional<optim::DynamicLossScaler> scaler, data::SyntheticCorpus corpus,
-                 Tensor inputs, Tensor targets)
+                 std::optional<optim::DynamicLossScaler> scaler,
+                 std::unique_ptr<BatchSource> batches)
     : config_(std::move(config)),
       model_(std::move(model)),
       optimizer_(std::make_unique<optim::MixedPrecisionAdamW>(std::move(optimizer))),
       schedule_(schedule),
       scaler_(std::move(scaler)),
-      corpus_(std::move(corpus)),
-      inputs_(std::move(inputs)),
-      targets_(std::move(targets)),
-      sample_(config_.train().seq_len() + 1) {}
-
-void Trainer::LoadMicroBatch(uint64_t first_sample) {
-  const int64_t batch = inputs_.dim(0), seq = inputs_.dim(1);
-  int32_t* inputs = inputs_.data<int32_t>();
-  int32_t* targets = targets_.data<int32_t>();
-  for (int64_t b = 0; b < batch; ++b) {
-    // A sample of seq + 1 tokens: inputs are its first seq, targets its last seq.
-    corpus_.Sample(first_sample + b, seq + 1, sample_.data());
-    std::copy(sample_.begin(), sample_.end() - 1, inputs + b * seq);
-    std::copy(sample_.begin() + 1, sample_.end(), targets + b * seq);
-  }
-}
+      batches_(std::move(batches)) {}
 
 absl::StatusOr<StepStats> Trainer::TrainStep() {
   const auto start = std::chrono::steady_clock::now();
@@ -123,10 +101,11 @@ absl::StatusOr<StepStats> Trainer::TrainStep() {
   NF_RETURN_IF_ERROR(model_->params().ZeroGrads());
   double loss_sum = 0.0;
   int64_t tokens = 0;
-  for (int64_t first = 0; first < global; first += micro) {
-    LoadMicroBatch(static_cast<uint64_t>(step_) * global + first);
+  for (int64_t micro_batch = 0; micro_batch < global / micro; ++micro_batch) {
+    NF_ASSIGN_OR_RETURN(const int64_t first_sample, batches_->Load(step_, micro_batch));
     NF_ASSIGN_OR_RETURN(const model::NormFormerModel::LossSum loss,
-                        model_->Forward(inputs_, targets_, step_ * global + first, true));
+                        model_->Forward(batches_->inputs(), batches_->targets(),
+                                        static_cast<uint64_t>(first_sample), true));
     NF_RETURN_IF_ERROR(model_->Backward(loss_weight));
     loss_sum += loss.sum;
     tokens += loss.tokens;

@@ -1,5 +1,5 @@
 // Training on one rank: the model, the mixed-precision AdamW over its flat buffers, the LR
-// schedule, the fp16 loss scaler and the token source, wired from a TrainConfig. One call of
+// schedule, the fp16 loss scaler and the batch source, wired from a TrainConfig. One call of
 // TrainStep is one optimizer step over the global batch (gradient accumulation over its
 // micro-batches).
 #pragma once
@@ -12,7 +12,7 @@
 #include "core/optim/loss_scaler.h"
 #include "core/optim/lr_schedule.h"
 #include "core/optim/mixed_precision_optimizer.h"
-#include "data/synthetic_corpus.h"
+#include "launcher/batch_source.h"
 #include "launcher/train_config.pb.h"
 #include "model/normformer_model.h"
 
@@ -40,23 +40,19 @@ class Trainer {
   model::NormFormerModel& model() { return *model_; }
   const optim::MixedPrecisionAdamW& optimizer() const { return *optimizer_; }
   const optim::DynamicLossScaler* loss_scaler() const { return scaler_ ? &*scaler_ : nullptr; }
+  const BatchSource& batches() const { return *batches_; }
 
  private:
   Trainer(TrainConfig config, std::unique_ptr<model::NormFormerModel> model,
           optim::MixedPrecisionAdamW optimizer, optim::LrSchedule schedule,
-          std::optional<optim::DynamicLossScaler> scaler, data::SyntheticCorpus corpus,
-          Tensor inputs, Tensor targets);
-  // Fills inputs_/targets_ with the micro-batch whose first sample is `first_sample`.
-  void LoadMicroBatch(uint64_t first_sample);
+          std::optional<optim::DynamicLossScaler> scaler, std::unique_ptr<BatchSource> batches);
 
   TrainConfig config_;
   std::unique_ptr<model::NormFormerModel> model_;
   std::unique_ptr<optim::MixedPrecisionAdamW> optimizer_;
   optim::LrSchedule schedule_;
   std::optional<optim::DynamicLossScaler> scaler_;  // fp16 only
-  data::SyntheticCorpus corpus_;
-  Tensor inputs_, targets_;      // i32 [micro_batch, seq_len]
-  std::vector<int32_t> sample_;  // seq_len + 1 tokens
+  std::unique_ptr<BatchSource> batches_;
   int64_t step_ = 0;
   int64_t skipped_total_ = 0;
 };

@@ -1,0 +1,126 @@
+#include "launcher/batch_source.h"
+
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "core/status.h"
+#include "data/batch_loader.h"
+#include "data/indexed_document_source.h"
+#include "data/splits.h"
+#include "data/synthetic_corpus.h"
+
+namespace nf::launcher {
+namespace {
+
+class SyntheticBatches final : public BatchSource {
+ public:
+  SyntheticBatches(data::SyntheticCorpus corpus, int64_t global_batch, Tensor inputs,
+                   Tensor targets)
+      : corpus_(std::move(corpus)),
+        global_batch_(global_batch),
+        inputs_(std::move(inputs)),
+        targets_(std::move(targets)),
+        sample_(inputs_.dim(1) + 1) {}
+
+  absl::StatusOr<int64_t> Load(int64_t step, int64_t micro_batch) override {
+    const int64_t batch = inputs_.dim(0), seq = inputs_.dim(1);
+    const int64_t first = step * global_batch_ + micro_batch * batch;
+    int32_t* inputs = inputs_.data<int32_t>();
+    int32_t* targets = targets_.data<int32_t>();
+    for (int64_t b = 0; b < batch; ++b) {
+      // A sample of seq + 1 tokens: inputs are its first seq, targets its last seq.
+      corpus_.Sample(static_cast<uint64_t>(first + b), seq + 1, sample_.data());
+      std::copy(sample_.begin(), sample_.end() - 1, inputs + b * seq);
+      std::copy(sample_.begin() + 1, sample_.end(), targets + b * seq);
+    }
+    return first;
+  }
+  const Tensor& inputs() const override { return inputs_; }
+  const Tensor& targets() const override { return targets_; }
+  std::string Describe() const override { return "the synthetic Markov corpus"; }
+
+ private:
+  data::SyntheticCorpus corpus_;
+  int64_t global_batch_;
+  Tensor inputs_, targets_;
+  std::vector<int32_t> sample_;
+};
+
+class DatasetBatches final : public BatchSource {
+ public:
+  DatasetBatches(data::BatchLoader loader, int64_t global_batch, std::string names)
+      : loader_(std::move(loader)), global_batch_(global_batch), names_(std::move(names)) {}
+
+  absl::StatusOr<int64_t> Load(int64_t step, int64_t micro_batch) override {
+    return loader_.Load(step * global_batch_, micro_batch);
+  }
+  const Tensor& inputs() const override { return loader_.inputs(); }
+  const Tensor& targets() const override { return loader_.targets(); }
+  std::string Describe() const override { return names_; }
+
+ private:
+  data::BatchLoader loader_;
+  int64_t global_batch_;
+  std::string names_;
+};
+
+absl::StatusOr<std::unique_ptr<BatchSource>> MakeDatasetBatches(const TrainConfig& config) {
+  const TrainOptions& train = config.train();
+  const DataConfig& data_config = config.data();
+  std::vector<std::string> paths;
+  std::vector<double> weights;
+  if (!data_config.path().empty()) {
+    paths.push_back(data_config.path());
+    weights.push_back(1.0);
+  }
+  for (const WeightedDataset& d : data_config.blend()) {
+    paths.push_back(d.path());
+    weights.push_back(d.weight());
+  }
+  const int64_t total_samples = train.train_iters() * train.global_batch_size();
+  NF_ASSIGN_OR_RETURN(data::Blending blending, data::Blending::Build(weights, total_samples));
+  std::vector<data::GptSamples> samples;
+  for (size_t k = 0; k < paths.size(); ++k) {
+    NF_ASSIGN_OR_RETURN(std::shared_ptr<data::IndexedDocumentSource> source,
+                        data::IndexedDocumentSource::Open(paths[k]));
+    NF_ASSIGN_OR_RETURN(const std::vector<data::DocumentRange> splits,
+                        data::ParseSplit(data_config.split(), source->dataset().num_documents()));
+    NF_ASSIGN_OR_RETURN(const data::DocumentRange train_sequences,
+                        source->SequencesOf(splits.front()));
+    NF_ASSIGN_OR_RETURN(data::GptSamples built,
+                        data::GptSamples::Build(source, {.documents = train_sequences,
+                                                         .seq_len = train.seq_len(),
+                                                         .num_samples = blending.counts()[k],
+                                                         .seed = train.seed()}));
+    samples.push_back(std::move(built));
+  }
+  NF_ASSIGN_OR_RETURN(data::BatchLoader loader,
+                      data::BatchLoader::Create(std::move(samples), std::move(blending),
+                                                {.seq_len = train.seq_len(),
+                                                 .global_batch_size = train.global_batch_size(),
+                                                 .micro_batch_size = train.micro_batch_size(),
+                                                 .vocab_size = config.model().vocab_size()}));
+  return std::make_unique<DatasetBatches>(std::move(loader), train.global_batch_size(),
+                                          absl::StrJoin(paths, ", "));
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<BatchSource>> MakeBatchSource(const TrainConfig& config) {
+  if (!config.data().path().empty() || config.data().blend_size() > 0) {
+    return MakeDatasetBatches(config);
+  }
+  const TrainOptions& train = config.train();
+  const SyntheticDataConfig& synthetic = config.data().synthetic();
+  NF_ASSIGN_OR_RETURN(data::SyntheticCorpus corpus,
+                      data::SyntheticCorpus::Create(config.model().vocab_size(),
+                                                    synthetic.branching(), synthetic.seed()));
+  const Shape batch{train.micro_batch_size(), train.seq_len()};
+  NF_ASSIGN_OR_RETURN(Tensor inputs, Tensor::Zeros(DType::kI32, batch));
+  NF_ASSIGN_OR_RETURN(Tensor targets, Tensor::Zeros(DType::kI32, batch));
+  return std::make_unique<SyntheticBatches>(std::move(corpus), train.global_batch_size(),
+                                            std::move(inputs), std::move(targets));
+}
+
+}  // namespace nf::launcher

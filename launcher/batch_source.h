@@ -1,0 +1,31 @@
+// Where a training step's tokens come from: the preprocessed datasets of data.path / data.blend
+// (through data::BatchLoader: GPT samples of the training split, blended), or the synthetic
+// Markov corpus when no dataset is configured. Either way the global batch of step s is a pure
+// function of (seed, s, global batch size).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "core/tensor.h"
+#include "launcher/train_config.pb.h"
+
+namespace nf::launcher {
+
+class BatchSource {
+ public:
+  virtual ~BatchSource() = default;
+  // Fills inputs() and targets() with micro-batch `micro_batch` of step `step` (0-based) and
+  // returns the global index of its first sample (dropout masks are keyed by it).
+  virtual absl::StatusOr<int64_t> Load(int64_t step, int64_t micro_batch) = 0;
+  virtual const Tensor& inputs() const = 0;   // i32 [micro_batch_size, seq_len]
+  virtual const Tensor& targets() const = 0;  // i32 [micro_batch_size, seq_len]
+  // "synthetic" or the dataset prefixes, for the start-up line.
+  virtual std::string Describe() const = 0;
+};
+
+// The source `config.data` describes, sized for train.train_iters steps.
+absl::StatusOr<std::unique_ptr<BatchSource>> MakeBatchSource(const TrainConfig& config);
+
+}  // namespace nf::launcher
