@@ -13,6 +13,7 @@ packages=(
   libsentencepiece-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   python3
+  fortunes  # English text for the demo corpus (scripts/make-demo-corpus.py)
   clang libclang-rt-14-dev  # libFuzzer, for the fuzz pass of scripts/test.sh
 )
 
