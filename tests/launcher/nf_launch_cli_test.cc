@@ -1,17 +1,15 @@
 // Tests of the nf-launch command line, running the real binary of this build: --help, the
 // exit codes (0 done, 1 runtime error, 2 bad command line or configuration) with a one-line
 // error naming the problem, and a short run writing config.pbtxt and log.jsonl.
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
-#include <sstream>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
+#include "cli_util.h"
 #include "test_util.h"
 
 #ifndef NF_LAUNCH_BINARY
@@ -24,38 +22,9 @@ namespace {
 using ::testing::HasSubstr;
 using ::testing::StartsWith;
 
-// What one run of nf-launch did.
-struct Outcome {
-  int exit_code = -1;  // -1 unless it exited normally
-  std::string out, err;
-};
-
-std::string ReadFile(const std::filesystem::path& path) {
-  std::ifstream in(path);
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
-
-// The lines of `text`, without the newlines (and without an empty last one).
-std::vector<std::string> Lines(const std::string& text) {
-  std::vector<std::string> lines = absl::StrSplit(text, '\n');
-  if (!lines.empty() && lines.back().empty()) lines.pop_back();
-  return lines;
-}
-
-// Single-quotes `arg` for /bin/sh.
-std::string ShellQuote(const std::string& arg) {
-  std::string quoted = "'";
-  for (const char c : arg) {
-    if (c == '\'') {
-      quoted += "'\\''";
-    } else {
-      quoted += c;
-    }
-  }
-  return quoted + "'";
-}
+using ::nf::testing::Lines;
+using ::nf::testing::Outcome;
+using ::nf::testing::ReadFile;
 
 // A fresh directory for one test's files, removed afterwards.
 class NfLaunchCliTest : public ::testing::Test {
@@ -71,16 +40,7 @@ class NfLaunchCliTest : public ::testing::Test {
 
   // Runs nf-launch with `args`, stdout and stderr captured to files.
   Outcome Launch(const std::vector<std::string>& args) {
-    const std::filesystem::path out = dir_ / "stdout.txt", err = dir_ / "stderr.txt";
-    std::string command = ShellQuote(NF_LAUNCH_BINARY);
-    for (const std::string& arg : args) absl::StrAppend(&command, " ", ShellQuote(arg));
-    absl::StrAppend(&command, " >", ShellQuote(out.string()), " 2>", ShellQuote(err.string()));
-    const int status = std::system(command.c_str());
-    Outcome outcome;
-    if (status != -1 && WIFEXITED(status)) outcome.exit_code = WEXITSTATUS(status);
-    outcome.out = ReadFile(out);
-    outcome.err = ReadFile(err);
-    return outcome;
+    return ::nf::testing::RunProgram(NF_LAUNCH_BINARY, args, dir_);
   }
 
   std::string WriteConfig(const std::string& name, const std::string& text) {

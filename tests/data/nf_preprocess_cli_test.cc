@@ -1,0 +1,129 @@
+// The nf-preprocess command line, running the real binary of this build: --help, usage errors
+// (exit 2, one line naming the problem), a runtime error (exit 1, nothing left behind), and a
+// full run training a SentencePiece model and writing a dataset that reads back.
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "cli_util.h"
+#include "data/indexed_dataset.h"
+#include "data/sentencepiece_tokenizer.h"
+#include "test_util.h"
+
+#ifndef NF_PREPROCESS_BINARY
+#error "NF_PREPROCESS_BINARY must name the nf-preprocess executable (tests/CMakeLists.txt)"
+#endif
+
+namespace nf::data {
+namespace {
+
+using ::nf::testing::Lines;
+using ::nf::testing::Outcome;
+using ::testing::HasSubstr;
+
+class NfPreprocessCliTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = std::filesystem::path(::testing::TempDir()) /
+           absl::StrCat("nf_preprocess_cli_test_", getpid(), "_",
+                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    std::filesystem::remove_all(dir_);
+    std::filesystem::create_directories(dir_);
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+
+  Outcome Run(const std::vector<std::string>& args) {
+    return ::nf::testing::RunProgram(NF_PREPROCESS_BINARY, args, dir_);
+  }
+  std::string Path(const std::string& name) const { return (dir_ / name).string(); }
+
+  // 400 short JSONL documents over a small vocabulary: enough to train a 40-piece model.
+  std::string WriteCorpus() {
+    std::ofstream corpus(Path("corpus.jsonl"));
+    for (int i = 0; i < 400; ++i) {
+      corpus << "{\"text\": \"the quick brown fox " << i % 17 << " jumps over the lazy dog "
+             << i % 5 << "\"}\n";
+    }
+    return Path("corpus.jsonl");
+  }
+
+  std::filesystem::path dir_;
+};
+
+TEST_F(NfPreprocessCliTest, HelpDocumentsEveryOption) {
+  const Outcome outcome = Run({"--help"});
+  EXPECT_EQ(outcome.exit_code, 0);
+  for (const char* option :
+       {"--input", "--format", "--json-key", "--output-prefix", "--tokenizer", "--vocab-file",
+        "--merges-file", "--spm-model", "--spm-train-vocab-size", "--workers", "--no-eod"}) {
+    EXPECT_THAT(outcome.out, HasSubstr(option));
+  }
+}
+
+TEST_F(NfPreprocessCliTest, UsageErrorsExitTwoWithOneLineNamingTheProblem) {
+  struct Case {
+    std::vector<std::string> args;
+    std::string mentions;
+  };
+  for (const Case& c : std::vector<Case>{
+           {{"--output-prefix", "x"}, "--input"},
+           {{"--input", "a.jsonl"}, "--output-prefix"},
+           {{"--input", "a", "--output-prefix", "x", "--bogus", "1"}, "--bogus"},
+           {{"--input", "a", "--output-prefix", "x", "--workers", "0"}, "--workers"},
+           {{"--input", "a", "--output-prefix", "x", "--format", "csv"}, "csv"},
+           {{"--input", "a", "--output-prefix", "x", "--tokenizer", "gpt2"}, "--vocab-file"},
+           {{"--input", "a", "--output-prefix", "x", "--tokenizer", "wordpiece"}, "gpt2"},
+       }) {
+    const Outcome outcome = Run(c.args);
+    EXPECT_EQ(outcome.exit_code, 2) << c.mentions << ": " << outcome.err;
+    ASSERT_FALSE(Lines(outcome.err).empty());
+    EXPECT_THAT(Lines(outcome.err)[0], HasSubstr(c.mentions));
+  }
+}
+
+TEST_F(NfPreprocessCliTest, TrainsATokenizerAndWritesADatasetThatReadsBack) {
+  std::ofstream corpus(Path("corpus.jsonl"));
+  for (int i = 0; i < 400; ++i) {
+    corpus << "{\"text\": \"the quick brown fox " << i % 17 << " jumps over the lazy dog " << i % 5
+           << "\"}\n";
+  }
+  corpus.close();
+  const Outcome outcome =
+      Run({"--input", Path("corpus.jsonl"), "--output-prefix", Path("out"), "--tokenizer",
+           "sentencepiece", "--spm-train-vocab-size", "40", "--workers", "2"});
+  ASSERT_EQ(outcome.exit_code, 0) << outcome.err;
+  EXPECT_THAT(outcome.out, HasSubstr("400 documents"));
+  auto dataset = IndexedDataset::Open(Path("out"));
+  ASSERT_TRUE(dataset.ok()) << dataset.status();
+  EXPECT_EQ((*dataset)->num_sequences(), 400);
+  EXPECT_EQ((*dataset)->dtype(), TokenDType::kU16);
+  auto tokenizer = SentencePieceTokenizer::Load(Path("out.spm.model"));
+  ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
+  // Document 3 reads back as its text followed by the end-of-document token.
+  std::vector<int32_t> tokens((*dataset)->sequence_length(3));
+  (*dataset)->ReadTokens(3, 0, tokens.size(), tokens.data());
+  ASSERT_FALSE(tokens.empty());
+  EXPECT_EQ(tokens.back(), *(*tokenizer)->end_of_document());
+  tokens.pop_back();
+  EXPECT_EQ(*(*tokenizer)->Decode(tokens), "the quick brown fox 3 jumps over the lazy dog 3");
+}
+
+TEST_F(NfPreprocessCliTest, MalformedInputExitsOneAndLeavesNothing) {
+  std::ofstream(Path("bad.jsonl")) << "{\"text\": \"fine\"}\n{\"text\": broken}\n";
+  const Outcome trained = Run({"--input", WriteCorpus(), "--output-prefix", Path("m"),
+                               "--tokenizer", "sentencepiece", "--spm-train-vocab-size", "40"});
+  ASSERT_EQ(trained.exit_code, 0) << trained.err;
+  const Outcome outcome = Run({"--input", Path("bad.jsonl"), "--output-prefix", Path("out"),
+                               "--tokenizer", "sentencepiece", "--spm-model", Path("m.spm.model")});
+  EXPECT_EQ(outcome.exit_code, 1);
+  EXPECT_THAT(outcome.err, HasSubstr("bad.jsonl:2:"));
+  EXPECT_FALSE(std::filesystem::exists(Path("out.bin")));
+  EXPECT_FALSE(std::filesystem::exists(Path("out.idx")));
+}
+
+}  // namespace
+}  // namespace nf::data
