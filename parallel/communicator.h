@@ -1,0 +1,92 @@
+// Collective and point-to-point communication within one group of ranks (a tensor-, data- or
+// pipeline-parallel group, or the world), behind one interface with three implementations:
+// MPI for CPU tensors (mpi_communicator.h), NCCL for GPU tensors (with the CUDA backend), and a
+// group of one (local_communicator.h) where every collective is the identity.
+//
+// Every call counts the bytes it moves, by operation, so the volume of a step can be checked
+// against the formulas of the layers and exported as metrics. Blocking calls run under the
+// collective watchdog (watchdog.h): one that does not complete within its deadline reports
+// which operation, group and peers it waited for, then aborts the whole job.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+#include "core/tensor.h"
+
+namespace nf::parallel {
+
+enum class ReduceOp { kSum, kMax };
+
+enum class CommOp : int {
+  kAllReduce = 0,
+  kReduceScatter,
+  kAllGather,
+  kBroadcast,
+  kSend,
+  kRecv,
+  kBarrier,
+  kCount,
+};
+absl::string_view CommOpName(CommOp op);  // "all_reduce", "reduce_scatter", ...
+
+// Bytes and calls by operation, since the communicator was created (or last reset).
+struct CommStats {
+  std::array<int64_t, static_cast<int>(CommOp::kCount)> bytes{};
+  std::array<int64_t, static_cast<int>(CommOp::kCount)> calls{};
+  int64_t total_bytes() const;
+};
+
+// A pending non-blocking operation; Wait() completes it (under the watchdog) and must be
+// called exactly once before the tensors involved are reused.
+class CommHandle {
+ public:
+  virtual ~CommHandle() = default;
+  virtual absl::Status Wait() = 0;
+};
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+
+  virtual int rank() const = 0;  // within this group
+  virtual int size() const = 0;
+  // "tp", "dp", "pp", "mp", "embedding" or "world": names the group in errors and metrics.
+  virtual const std::string& name() const = 0;
+
+  // In place over all ranks of the group: tensor = op over the ranks' tensors (f32, f64,
+  // f16, bf16, i32, i64; f16/bf16 are reduced in fp32 and rounded once).
+  virtual absl::Status AllReduce(const Tensor& tensor, ReduceOp op) = 0;
+  virtual absl::StatusOr<std::unique_ptr<CommHandle>> AllReduceAsync(const Tensor& tensor,
+                                                                     ReduceOp op) = 0;
+  // output [n / size] = sum over ranks of input's slice [rank * n / size, (rank + 1) n / size).
+  virtual absl::Status ReduceScatter(const Tensor& input, const Tensor& output) = 0;
+  // output [size * n] = the ranks' inputs [n], in rank order.
+  virtual absl::Status AllGather(const Tensor& input, const Tensor& output) = 0;
+  virtual absl::Status Broadcast(const Tensor& tensor, int root) = 0;
+  virtual absl::Status Send(const Tensor& tensor, int peer) = 0;
+  virtual absl::Status Recv(const Tensor& tensor, int peer) = 0;
+  virtual absl::StatusOr<std::unique_ptr<CommHandle>> SendAsync(const Tensor& tensor,
+                                                                int peer) = 0;
+  virtual absl::StatusOr<std::unique_ptr<CommHandle>> RecvAsync(const Tensor& tensor,
+                                                                int peer) = 0;
+  virtual absl::Status Barrier() = 0;
+
+  const CommStats& stats() const { return stats_; }
+  void ResetStats() { stats_ = {}; }
+
+ protected:
+  void Count(CommOp op, int64_t bytes) {
+    stats_.bytes[static_cast<int>(op)] += bytes;
+    ++stats_.calls[static_cast<int>(op)];
+  }
+
+ private:
+  CommStats stats_;
+};
+
+}  // namespace nf::parallel
