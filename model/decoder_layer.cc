@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "core/status.h"
+#include "model/tensor_parallel.h"
 
 namespace nf::model {
 namespace {
@@ -95,6 +96,8 @@ absl::StatusOr<LayerScratch> LayerScratch::Allocate(const LayerShape& s) {
   for (Tensor& t : scratch.ffn_width) {
     NF_ASSIGN_OR_RETURN(t, New(s.dtype, {s.tokens(), s.ffn}));
   }
+  NF_ASSIGN_OR_RETURN(scratch.row_stats, New(DType::kF64, {s.tokens(), 2}));
+  NF_ASSIGN_OR_RETURN(scratch.row_sums, New(DType::kF32, {s.tokens(), 2}));
   return scratch;
 }
 
@@ -156,7 +159,8 @@ absl::Status DecoderLayer::Forward(const Tensor& x, const Tensor& y, const Step&
         ops::ScaleChannels(acts.attn, p.head_scale.value, s.seq * s.head_dim, scratch.heads[0]));
   }
   NF_RETURN_IF_ERROR(ops::MergeHeads(head_output, acts.merged));
-  NF_RETURN_IF_ERROR(LinearForward(acts.merged, p.out_weight, p.out_bias, acts.attn_proj));
+  NF_RETURN_IF_ERROR(
+      RowParallelLinearForward(acts.merged, p.out_weight, p.out_bias, acts.attn_proj, *tp_));
   if (scale_after) {
     // [T, H, Dh]: the projection's output viewed as heads.
     NF_RETURN_IF_ERROR(
@@ -182,11 +186,18 @@ absl::Status DecoderLayer::Forward(const Tensor& x, const Tensor& y, const Step&
   NF_RETURN_IF_ERROR(
       ops::Dropout(acts.act_out, acts.act_out, Dropout(DropoutKind::kActivation, step)));
   if (options_.scale_fc) {
-    NF_RETURN_IF_ERROR(LayerNorm(acts.act_out, p.mid_ffn_norm_weight, p.mid_ffn_norm_bias,
-                                 acts.fc2_in, acts.mid_mean, acts.mid_rstd, eps));
+    NF_RETURN_IF_ERROR(ShardedLayerNormForward({.x = acts.act_out,
+                                                .weight = p.mid_ffn_norm_weight.value,
+                                                .bias = p.mid_ffn_norm_bias.value,
+                                                .y = acts.fc2_in,
+                                                .mean = acts.mid_mean,
+                                                .rstd = acts.mid_rstd,
+                                                .eps = eps},
+                                               s.ffn_total, scratch.row_stats, *tp_));
   }
   const Tensor& ffn_out = scratch.model_width[1];
-  NF_RETURN_IF_ERROR(LinearForward(acts.fc2_in, p.fc2_weight, p.fc2_bias, ffn_out));
+  NF_RETURN_IF_ERROR(
+      RowParallelLinearForward(acts.fc2_in, p.fc2_weight, p.fc2_bias, ffn_out, *tp_));
   NF_RETURN_IF_ERROR(ops::Dropout(ffn_out, ffn_out, Dropout(DropoutKind::kFfn, step)));
   if (options_.scale_resids) {
     NF_RETURN_IF_ERROR(ops::ScaleChannels(acts.residual, p.resid_scale.value, 1, y));
@@ -218,13 +229,21 @@ absl::Status DecoderLayer::Backward(const Tensor& x, const Tensor& dy, const Ten
                                     /*accumulate_dx=*/false));
   const Tensor& d_act = options_.scale_fc ? scratch.ffn_width[1] : d_fc2_in;
   if (options_.scale_fc) {
-    NF_RETURN_IF_ERROR(LayerNormGrad(d_fc2_in, acts.act_out, p.mid_ffn_norm_weight,
-                                     p.mid_ffn_norm_bias, acts.mid_mean, acts.mid_rstd, d_act));
+    NF_RETURN_IF_ERROR(ShardedLayerNormBackward({.dy = d_fc2_in,
+                                                 .x = acts.act_out,
+                                                 .weight = p.mid_ffn_norm_weight.value,
+                                                 .mean = acts.mid_mean,
+                                                 .rstd = acts.mid_rstd,
+                                                 .dx = d_act,
+                                                 .dweight = p.mid_ffn_norm_weight.grad,
+                                                 .dbias = p.mid_ffn_norm_bias.grad},
+                                                s.ffn_total, scratch.row_sums, *tp_));
   }
   NF_RETURN_IF_ERROR(ops::Dropout(d_act, d_act, Dropout(DropoutKind::kActivation, step)));
   NF_RETURN_IF_ERROR(ops::ActivationBackward(options_.activation, acts.fc1_out, d_act, d_act));
   NF_RETURN_IF_ERROR(LinearBackward(acts.ffn_in_norm, p.fc1_weight, p.fc1_bias, d_act, d_model,
                                     /*accumulate_dx=*/false));
+  NF_RETURN_IF_ERROR(ReduceInputGrad(d_model, *tp_));  // fc1 is column-parallel
   NF_RETURN_IF_ERROR(LayerNormGrad(d_model, acts.residual, p.ffn_norm_weight, p.ffn_norm_bias,
                                    acts.ffn_in_mean, acts.ffn_in_rstd, d_model_aux));
   NF_RETURN_IF_ERROR(ops::Axpy(1.0f, d_model_aux, d_residual));
@@ -272,6 +291,7 @@ absl::Status DecoderLayer::Backward(const Tensor& x, const Tensor& dy, const Ten
                                       scratch.local_tokens[i], d_model,
                                       /*accumulate_dx=*/i > 0));
   }
+  NF_RETURN_IF_ERROR(ReduceInputGrad(d_model, *tp_));  // q, k, v are column-parallel
   NF_RETURN_IF_ERROR(LayerNormGrad(d_model, x, p.attn_norm_weight, p.attn_norm_bias,
                                    acts.attn_in_mean, acts.attn_in_rstd, dx));
   return ops::Axpy(1.0f, d_residual, dx);

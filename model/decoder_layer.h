@@ -20,6 +20,7 @@
 #include "absl/status/statusor.h"
 #include "core/ops/ops.h"
 #include "model/normformer_params.h"
+#include "parallel/communicator.h"
 
 namespace nf::model {
 
@@ -29,6 +30,7 @@ struct LayerShape {
   int64_t d_model = 0;
   int64_t heads = 0, head_dim = 0;  // local heads
   int64_t ffn = 0;                  // local ffn columns
+  int64_t ffn_total = 0;            // ffn_dim of the whole model (what LN_ffn_mid spans)
   int64_t head_offset = 0;          // global index of the first local head
   int64_t ffn_offset = 0;           // global index of the first local ffn column
   DType dtype = DType::kF32;
@@ -71,6 +73,8 @@ struct LayerScratch {
   Tensor heads[4];         // [B, H, S, Dh]
   Tensor model_width[3];   // [T, d]
   Tensor ffn_width[2];     // [T, F]
+  Tensor row_stats;        // f64 [T, 2]: the sharded LN_ffn_mid's forward statistics
+  Tensor row_sums;         // f32 [T, 2]: and its backward sums
 
   static absl::StatusOr<LayerScratch> Allocate(const LayerShape& shape);
 };
@@ -87,8 +91,11 @@ uint32_t DropoutSite(int layer, DropoutKind kind);
 
 class DecoderLayer {
  public:
-  DecoderLayer(int index, LayerParams params, LayerShape shape, LayerOptions options)
-      : index_(index), params_(std::move(params)), shape_(shape), options_(options) {}
+  // `tp` is the tensor-parallel group (a group of one without tensor parallelism); it must
+  // outlive the layer.
+  DecoderLayer(int index, LayerParams params, LayerShape shape, LayerOptions options,
+               parallel::Communicator* tp)
+      : index_(index), params_(std::move(params)), shape_(shape), options_(options), tp_(tp) {}
 
   // Where a micro-batch sits in the global computation, and whether dropout is on.
   struct Step {
@@ -112,6 +119,7 @@ class DecoderLayer {
   LayerParams params_;
   LayerShape shape_;
   LayerOptions options_;
+  parallel::Communicator* tp_;
 };
 
 }  // namespace nf::model

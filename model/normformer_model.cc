@@ -6,6 +6,7 @@
 #include "core/ops/ops.h"
 #include "core/status.h"
 #include "model/vocab.h"
+#include "parallel/local_communicator.h"
 
 namespace nf::model {
 namespace {
@@ -40,8 +41,13 @@ std::vector<float> SinusoidalTable(int64_t positions, int64_t d) {
 
 }  // namespace
 
-NormFormerModel::NormFormerModel(ModelConfig config, ModelOptions options, ParamTable table)
-    : config_(std::move(config)), options_(options), table_(std::move(table)) {}
+NormFormerModel::NormFormerModel(ModelConfig config, ModelOptions options,
+                                 std::unique_ptr<parallel::Communicator> own_tp, ParamTable table)
+    : config_(std::move(config)),
+      options_(options),
+      own_tp_(std::move(own_tp)),
+      tp_(own_tp_ ? own_tp_.get() : options.tensor_parallel),
+      table_(std::move(table)) {}
 
 absl::StatusOr<std::unique_ptr<NormFormerModel>> NormFormerModel::Create(
     const ModelConfig& config, const ModelOptions& options) {
@@ -54,22 +60,40 @@ absl::StatusOr<std::unique_ptr<NormFormerModel>> NormFormerModel::Create(
     return absl::InvalidArgumentError(absl::StrCat(
         "sequence length ", options.seq_len, " exceeds model.max_seq_len ", config.max_seq_len()));
   }
-  const int64_t padded_vocab = PaddedVocabSize(config.vocab_size(), /*tensor_parallel=*/1);
-  NF_ASSIGN_OR_RETURN(
-      ParamTable table,
-      ParamTable::Create(NormFormerParamSpecs(config, padded_vocab), options.dtype, /*tp_rank=*/0,
-                         /*tp_size=*/1));
+  std::unique_ptr<parallel::Communicator> own_tp;
+  if (options.tensor_parallel == nullptr) {
+    own_tp = std::make_unique<parallel::LocalCommunicator>("tp");
+  }
+  parallel::Communicator& tp = own_tp ? *own_tp : *options.tensor_parallel;
+  for (const auto& [name, value] :
+       {std::pair<const char*, int>{"model.num_heads", config.num_heads()},
+        std::pair<const char*, int>{"model.ffn_dim", config.ffn_dim()}}) {
+    if (value % tp.size() != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          name, " (", value, ") is not divisible by tensor_parallel (", tp.size(), ")"));
+    }
+  }
+  const int64_t padded_vocab = PaddedVocabSize(config.vocab_size(), tp.size());
+  NF_ASSIGN_OR_RETURN(ParamTable table,
+                      ParamTable::Create(NormFormerParamSpecs(config, padded_vocab), options.dtype,
+                                         tp.rank(), tp.size()));
   NF_RETURN_IF_ERROR(table.Initialize(options.seed));
-  std::unique_ptr<NormFormerModel> model(new NormFormerModel(config, options, std::move(table)));
+  std::unique_ptr<NormFormerModel> model(
+      new NormFormerModel(config, options, std::move(own_tp), std::move(table)));
   model->padded_vocab_ = padded_vocab;
+  model->vocab_offset_ = tp.rank() * (padded_vocab / tp.size());
   model->params_ = BindModelParams(model->table_, config);
   const NormFormerConfig& nf = config.normformer();
+  const int64_t heads = config.num_heads() / tp.size(), ffn = config.ffn_dim() / tp.size();
   model->shape_ = {.batch = options.micro_batch,
                    .seq = options.seq_len,
                    .d_model = config.d_model(),
-                   .heads = config.num_heads(),
+                   .heads = heads,
                    .head_dim = config.d_model() / config.num_heads(),
-                   .ffn = config.ffn_dim(),
+                   .ffn = ffn,
+                   .ffn_total = config.ffn_dim(),
+                   .head_offset = tp.rank() * heads,
+                   .ffn_offset = tp.rank() * ffn,
                    .dtype = options.dtype};
   model->layer_options_ = {
       .activation = ActivationOf(config.activation()),
@@ -83,7 +107,8 @@ absl::StatusOr<std::unique_ptr<NormFormerModel>> NormFormerModel::Create(
       .scale_fc = nf.scale_fc(),
       .scale_resids = nf.scale_resids()};
   for (int l = 0; l < config.num_layers(); ++l) {
-    model->layers_.emplace_back(l, model->params_.layers[l], model->shape_, model->layer_options_);
+    model->layers_.emplace_back(l, model->params_.layers[l], model->shape_, model->layer_options_,
+                                model->tp_);
   }
   NF_RETURN_IF_ERROR(model->AllocateBuffers());
   return model;
@@ -109,10 +134,13 @@ absl::Status NormFormerModel::AllocateBuffers() {
   NF_ASSIGN_OR_RETURN(final_norm_, Tensor::Zeros(dt, {t, d}));
   NF_ASSIGN_OR_RETURN(final_mean_, Tensor::Zeros(f32, {t}));
   NF_ASSIGN_OR_RETURN(final_rstd_, Tensor::Zeros(f32, {t}));
-  NF_ASSIGN_OR_RETURN(logits_, Tensor::Zeros(dt, {t, padded_vocab_}));
-  for (Tensor* v : {&row_max_, &sum_exp_, &token_loss_, &dloss_}) {
+  NF_ASSIGN_OR_RETURN(logits_, Tensor::Zeros(dt, {t, padded_vocab_ / tp_->size()}));
+  for (Tensor* v : {&row_max_, &token_loss_, &dloss_}) {
     NF_ASSIGN_OR_RETURN(*v, Tensor::Zeros(f32, {t}));
   }
+  NF_ASSIGN_OR_RETURN(loss_sums_, Tensor::Zeros(f32, {2, t}));
+  NF_ASSIGN_OR_RETURN(sum_exp_, loss_sums_.View(0, {t}));
+  NF_ASSIGN_OR_RETURN(target_logit_, loss_sums_.View(t, {t}));
   NF_ASSIGN_OR_RETURN(grad_a_, Tensor::Zeros(dt, {t, d}));
   NF_ASSIGN_OR_RETURN(grad_b_, Tensor::Zeros(dt, {t, d}));
   return absl::OkStatus();
@@ -124,7 +152,10 @@ absl::Status NormFormerModel::EmbedForward(const Tensor& ids, const DecoderLayer
   NF_RETURN_IF_ERROR(ops::EmbeddingForward({.ids = ids,
                                             .table = params_.embed_tokens.value,
                                             .out = x,
+                                            .vocab_offset = vocab_offset_,
                                             .global_vocab = config_.vocab_size()}));
+  // Each rank looked up the ids of its vocabulary slice (zeros elsewhere): sum the slices.
+  NF_RETURN_IF_ERROR(tp_->AllReduce(x, parallel::ReduceOp::kSum));
   if (config_.scale_embedding()) {
     NF_RETURN_IF_ERROR(ops::Scale(x, static_cast<float>(std::sqrt(static_cast<double>(d)))));
   }
@@ -177,7 +208,15 @@ absl::StatusOr<NormFormerModel::LossSum> NormFormerModel::Forward(const Tensor& 
                                             .eps = config_.layer_norm_eps()}));
   NF_RETURN_IF_ERROR(
       ops::Gemm({.a = final_norm_, .b = HeadWeight().value, .c = logits_, .trans_b = true}));
-  NF_RETURN_IF_ERROR(ops::CrossEntropyForward(LossArgs(), row_max_, sum_exp_, token_loss_));
+  // Vocab-parallel cross-entropy: the global row max, then the sums of exponentials against it
+  // and the target logit (held by one slice, 0 elsewhere), all-reduced together.
+  const ops::CrossEntropyArgs loss_args = LossArgs();
+  NF_RETURN_IF_ERROR(ops::CrossEntropyRowMax(loss_args, row_max_));
+  NF_RETURN_IF_ERROR(tp_->AllReduce(row_max_, parallel::ReduceOp::kMax));
+  NF_RETURN_IF_ERROR(ops::CrossEntropySumExp(loss_args, row_max_, sum_exp_, target_logit_));
+  NF_RETURN_IF_ERROR(tp_->AllReduce(loss_sums_, parallel::ReduceOp::kSum));
+  NF_RETURN_IF_ERROR(
+      ops::CrossEntropyLoss(targets_, row_max_, sum_exp_, target_logit_, token_loss_));
   LossSum loss;
   const float* per_token = token_loss_.data<float>();
   const int32_t* target = targets_.data<int32_t>();
@@ -197,6 +236,8 @@ absl::Status NormFormerModel::Backward(float loss_weight) {
   NF_RETURN_IF_ERROR(
       ops::Gemm({.a = logits_, .b = final_norm_, .c = head.grad, .trans_a = true, .beta = 1.0f}));
   NF_RETURN_IF_ERROR(ops::Gemm({.a = logits_, .b = head.value, .c = grad_b_}));
+  // The head is column-parallel over the vocabulary: sum the slices' input gradients.
+  NF_RETURN_IF_ERROR(tp_->AllReduce(grad_b_, parallel::ReduceOp::kSum));
   NF_RETURN_IF_ERROR(ops::LayerNormBackward({.dy = grad_b_,
                                              .x = hidden_.back(),
                                              .weight = params_.final_norm_weight.value,
@@ -232,7 +273,7 @@ absl::Status NormFormerModel::EmbedBackward(const DecoderLayer::Step& step) {
   if (config_.scale_embedding()) {
     NF_RETURN_IF_ERROR(ops::Scale(dx, static_cast<float>(std::sqrt(static_cast<double>(d)))));
   }
-  return ops::EmbeddingBackward(ids_, dx, params_.embed_tokens.grad, /*vocab_offset=*/0);
+  return ops::EmbeddingBackward(ids_, dx, params_.embed_tokens.grad, vocab_offset_);
 }
 
 const Param& NormFormerModel::HeadWeight() const {
@@ -240,7 +281,10 @@ const Param& NormFormerModel::HeadWeight() const {
 }
 
 ops::CrossEntropyArgs NormFormerModel::LossArgs() const {
-  return {.logits = logits_, .targets = targets_, .valid_vocab = config_.vocab_size()};
+  return {.logits = logits_,
+          .targets = targets_,
+          .vocab_offset = vocab_offset_,
+          .valid_vocab = config_.vocab_size()};
 }
 
 }  // namespace nf::model

@@ -1,7 +1,11 @@
-// The NormFormer language model on one rank: token embedding (scaled by sqrt(d_model)),
+// The NormFormer language model on one tensor-parallel rank (or on one rank alone): token
+// embedding (scaled by sqrt(d_model)),
 // sinusoidal or learned positions, embedding dropout, the decoder layers, the final
 // LayerNorm, the LM head (tied to the embedding by default) and the cross-entropy loss over
-// the real vocabulary (padding rows are never predicted).
+// the real vocabulary (padding rows are never predicted). Under tensor parallelism the
+// embedding and LM head hold a vocabulary slice (vocab-parallel embedding and cross-entropy),
+// the layers their heads and ffn columns (model/tensor_parallel.h); everything else, and the
+// loss, is replicated.
 //
 // Forward runs one micro-batch and keeps what Backward needs; Backward accumulates fp32
 // parameter gradients into the ParamTable. With activation recompute, only each layer's
@@ -17,6 +21,7 @@
 #include "model/model_config.pb.h"
 #include "model/normformer_params.h"
 #include "model/param_table.h"
+#include "parallel/communicator.h"
 
 namespace nf::model {
 
@@ -26,6 +31,8 @@ struct ModelOptions {
   int64_t seq_len = 1;
   bool activation_recompute = false;
   uint32_t seed = 1;  // initialisation and dropout
+  // The tensor-parallel group (must outlive the model); null: no tensor parallelism.
+  parallel::Communicator* tensor_parallel = nullptr;
 };
 
 class NormFormerModel {
@@ -52,11 +59,16 @@ class NormFormerModel {
   const ModelConfig& config() const { return config_; }
   const ModelOptions& options() const { return options_; }
   int64_t padded_vocab() const { return padded_vocab_; }
-  // [tokens, padded_vocab] logits of the last Forward (overwritten by Backward).
+  // This rank's vocabulary slice [vocab_offset(), vocab_offset() + padded_vocab() / tp).
+  int64_t vocab_offset() const { return vocab_offset_; }
+  parallel::Communicator& tensor_parallel() { return *tp_; }
+  // [tokens, padded_vocab / tp] logits of this rank's vocabulary slice from the last Forward
+  // (overwritten by Backward).
   const Tensor& logits() const { return logits_; }
 
  private:
-  NormFormerModel(ModelConfig config, ModelOptions options, ParamTable table);
+  NormFormerModel(ModelConfig config, ModelOptions options,
+                  std::unique_ptr<parallel::Communicator> own_tp, ParamTable table);
   absl::Status AllocateBuffers();
   absl::Status EmbedForward(const Tensor& ids, const DecoderLayer::Step& step);
   absl::Status EmbedBackward(const DecoderLayer::Step& step);
@@ -69,9 +81,12 @@ class NormFormerModel {
 
   ModelConfig config_;
   ModelOptions options_;
+  std::unique_ptr<parallel::Communicator> own_tp_;  // the group of one, without tensor parallelism
+  parallel::Communicator* tp_ = nullptr;
   ParamTable table_;
   ModelParams params_;
   int64_t padded_vocab_ = 0;
+  int64_t vocab_offset_ = 0;
   LayerShape shape_;
   LayerOptions layer_options_;
   std::vector<DecoderLayer> layers_;
@@ -83,8 +98,10 @@ class NormFormerModel {
   Tensor positions_;                             // [max_seq_len, d] sinusoidal table (model dtype)
   Tensor final_norm_, final_mean_, final_rstd_;  // [T, d], [T], [T]
   Tensor logits_;                                // [T, V_pad]; holds dlogits after Backward
-  Tensor row_max_, sum_exp_, token_loss_, dloss_;  // [T] fp32
-  Tensor grad_a_, grad_b_;                         // [T, d] residual-stream gradients
+  Tensor row_max_, token_loss_, dloss_;          // [T] fp32
+  // [2, T] fp32: the sums of exponentials and target logits, all-reduced together.
+  Tensor loss_sums_, sum_exp_, target_logit_;
+  Tensor grad_a_, grad_b_;  // [T, d] residual-stream gradients
   // The last Forward's batch.
   Tensor ids_, targets_;  // [T] i32 views
   DecoderLayer::Step step_;

@@ -4,9 +4,21 @@
 // group of one (local_communicator.h) where every collective is the identity.
 //
 // Every call counts the bytes it moves, by operation, so the volume of a step can be checked
-// against the formulas of the layers and exported as metrics. Blocking calls run under the
-// collective watchdog (watchdog.h): one that does not complete within its deadline reports
-// which operation, group and peers it waited for, then aborts the whole job.
+// against the formulas of the layers and exported as metrics. The count is the payload of the
+// call on this rank, whatever the algorithm puts on the wire and whatever the group's size
+// (a group of one counts the same as a group of eight, so a layer's formula holds at any tp):
+//   AllReduce, Broadcast, Send, Recv   tensor.nbytes()
+//   ReduceScatter                      input.nbytes()
+//   AllGather                          output.nbytes()
+//   Barrier                            0 (the call is counted)
+// A call counts once it has been validated and started (an async call when issued, not at
+// Wait); a call refused with an error counts nothing. fp16/bf16 reductions count their own
+// size, not the fp32 they are reduced in.
+//
+// Blocking calls run under the collective watchdog (watchdog.h): one that does not complete
+// within its deadline reports which operation, group and peers it waited for, then aborts the
+// whole job. A communicator is used by one thread at a time, and every rank of a group issues
+// the group's collectives in the same order.
 #pragma once
 
 #include <array>
@@ -70,10 +82,8 @@ class Communicator {
   virtual absl::Status Broadcast(const Tensor& tensor, int root) = 0;
   virtual absl::Status Send(const Tensor& tensor, int peer) = 0;
   virtual absl::Status Recv(const Tensor& tensor, int peer) = 0;
-  virtual absl::StatusOr<std::unique_ptr<CommHandle>> SendAsync(const Tensor& tensor,
-                                                                int peer) = 0;
-  virtual absl::StatusOr<std::unique_ptr<CommHandle>> RecvAsync(const Tensor& tensor,
-                                                                int peer) = 0;
+  virtual absl::StatusOr<std::unique_ptr<CommHandle>> SendAsync(const Tensor& tensor, int peer) = 0;
+  virtual absl::StatusOr<std::unique_ptr<CommHandle>> RecvAsync(const Tensor& tensor, int peer) = 0;
   virtual absl::Status Barrier() = 0;
 
   const CommStats& stats() const { return stats_; }

@@ -1,0 +1,30 @@
+// Process-wide MPI lifetime: one initialisation, one finalisation at exit, and the job-wide
+// abort used on errors that not every rank hits.
+#pragma once
+
+#include "absl/status/status.h"
+
+namespace nf::parallel {
+
+// Initialises MPI on the first call, asking for MPI_THREAD_MULTIPLE and accepting
+// MPI_THREAD_SERIALIZED (then the caller keeps MPI calls on one thread at a time), and
+// registers MPI_Finalize to run at exit. Later calls, from any thread, return the first
+// call's result. When something else initialised MPI first, it is used as is and left to that
+// code to finalise. argc/argv may be null.
+absl::Status InitMpi(int* argc = nullptr, char*** argv = nullptr);
+
+// True once MPI is initialised and not yet finalised.
+bool MpiActive();
+
+// Whether MPI was initialised with MPI_THREAD_MULTIPLE (false before InitMpi).
+bool MpiThreadMultiple();
+
+// This process's rank in MPI_COMM_WORLD; -1 when MPI is not active.
+int MpiWorldRank();
+
+// Ends every process of the job with `exit_code`: MPI_Abort(MPI_COMM_WORLD) when MPI is active,
+// else _Exit. An error that only some ranks hit must end the job this way: a plain exit()
+// would run MPI_Finalize, which waits for the ranks still blocked on this one.
+[[noreturn]] void AbortJob(int exit_code);
+
+}  // namespace nf::parallel

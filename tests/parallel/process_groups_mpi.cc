@@ -1,0 +1,107 @@
+// Tests of parallel/process_groups.h under mpirun with 8 ranks: for several layouts, every
+// group's communicator has exactly the members the topology computes (checked by MPI itself:
+// an all-reduce of world ranks over each group), the embedding group is absent on middle
+// stages, refusals come before any communication, and local-rank discovery agrees with the
+// node split.
+#include <cstdlib>
+#include <numeric>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "comm_test_util.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "mpi_test_util.h"
+#include "parallel/process_groups.h"
+#include "parallel/watchdog.h"
+#include "test_util.h"
+
+namespace nf::parallel {
+namespace {
+
+using ::nf::testing::TensorOf;
+using ::nf::testing::Values;
+
+int WorldSize() {
+  int size = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  return size;
+}
+
+class ProcessGroupsTest : public ::testing::TestWithParam<ParallelSizes> {};
+
+TEST_P(ProcessGroupsTest, EveryGroupHasTheTopologysMembers) {
+  const ParallelSizes sizes = GetParam();
+  if (WorldSize() % (sizes.tp * sizes.pp) != 0) GTEST_SKIP() << "layout does not fit the world";
+  auto groups = CreateProcessGroups(sizes, testing::MpiTestOptions());
+  ASSERT_TRUE(groups.ok()) << groups.status();
+  const Topology& t = groups->topology;
+  EXPECT_EQ(RankLabel(), t.ToString());
+  EXPECT_EQ(groups->world->size(), WorldSize());
+  EXPECT_EQ(groups->world->name(), "world");
+  for (int k = 0; k < static_cast<int>(GroupKind::kCount); ++k) {
+    const auto kind = static_cast<GroupKind>(k);
+    SCOPED_TRACE(GroupKindName(kind));
+    Communicator* comm = groups->group(kind);
+    if (t.group(kind).empty()) {
+      EXPECT_EQ(comm, nullptr);
+      continue;
+    }
+    ASSERT_NE(comm, nullptr);
+    EXPECT_EQ(comm->name(), GroupKindName(kind));
+    EXPECT_EQ(comm->size(), static_cast<int>(t.group(kind).size()));
+    EXPECT_EQ(comm->rank(), t.rank_in_group(kind));
+    const auto& members = t.group(kind);
+    const Tensor sum = TensorOf(DType::kI64, {1}, {static_cast<double>(t.world_rank())});
+    const Tensor max = TensorOf(DType::kI64, {1}, {static_cast<double>(t.world_rank())});
+    ASSERT_TRUE(comm->AllReduce(sum, ReduceOp::kSum).ok());
+    ASSERT_TRUE(comm->AllReduce(max, ReduceOp::kMax).ok());
+    EXPECT_EQ(Values(sum)[0], std::accumulate(members.begin(), members.end(), 0));
+    EXPECT_EQ(Values(max)[0], members.back());
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Layouts, ProcessGroupsTest,
+                         ::testing::Values(ParallelSizes{.tp = 2, .pp = 2, .dp = 0},
+                                           ParallelSizes{.tp = 2, .pp = 2, .dp = 2},
+                                           ParallelSizes{.tp = 1, .pp = 4, .dp = 0},
+                                           ParallelSizes{.tp = 4, .pp = 1, .dp = 0},
+                                           ParallelSizes{.tp = 1, .pp = 1, .dp = 0}),
+                         [](const ::testing::TestParamInfo<ParallelSizes>& info) {
+                           return absl::StrCat("tp", info.param.tp, "_pp", info.param.pp, "_dp",
+                                               info.param.dp);
+                         });
+
+TEST(ProcessGroupsRefusalTest, EveryRankRefusesBeforeCommunicating) {
+  const int world = WorldSize();
+  const int tp = world + 1;  // never divides the world
+  testing::ExpectInvalidArgument(
+      CreateProcessGroups({.tp = tp}).status(),
+      absl::StrCat("world size ", world, " is not divisible by tensor_parallel ", tp));
+}
+
+TEST(LocalRankTest, EnvironmentAndNodeSplitAgree) {
+  const char* ompi = std::getenv("OMPI_COMM_WORLD_LOCAL_RANK");
+  ASSERT_NE(ompi, nullptr) << "expected to run under Open MPI's mpirun";
+  auto from_env = DiscoverLocalRank();
+  ASSERT_TRUE(from_env.ok()) << from_env.status();
+  EXPECT_EQ(*from_env, std::atoi(ompi));
+  // Without the launchers' variables: the MPI_COMM_TYPE_SHARED split (collective). One node,
+  // so the local rank is the world rank.
+  const std::string saved = ompi;
+  const char* slurm = std::getenv("SLURM_LOCALID");
+  const std::string saved_slurm = slurm ? slurm : "";
+  unsetenv("OMPI_COMM_WORLD_LOCAL_RANK");
+  unsetenv("SLURM_LOCALID");
+  auto from_split = DiscoverLocalRank();
+  setenv("OMPI_COMM_WORLD_LOCAL_RANK", saved.c_str(), 1);
+  if (slurm) setenv("SLURM_LOCALID", saved_slurm.c_str(), 1);
+  ASSERT_TRUE(from_split.ok()) << from_split.status();
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  EXPECT_EQ(*from_split, rank);
+  EXPECT_EQ(*from_split, *from_env);
+}
+
+}  // namespace
+}  // namespace nf::parallel
