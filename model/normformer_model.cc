@@ -7,6 +7,7 @@
 #include "core/status.h"
 #include "model/vocab.h"
 #include "parallel/local_communicator.h"
+#include "parallel/topology.h"
 
 namespace nf::model {
 namespace {
@@ -65,14 +66,8 @@ absl::StatusOr<std::unique_ptr<NormFormerModel>> NormFormerModel::Create(
     own_tp = std::make_unique<parallel::LocalCommunicator>("tp");
   }
   parallel::Communicator& tp = own_tp ? *own_tp : *options.tensor_parallel;
-  for (const auto& [name, value] :
-       {std::pair<const char*, int>{"model.num_heads", config.num_heads()},
-        std::pair<const char*, int>{"model.ffn_dim", config.ffn_dim()}}) {
-    if (value % tp.size() != 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          name, " (", value, ") is not divisible by tensor_parallel (", tp.size(), ")"));
-    }
-  }
+  NF_RETURN_IF_ERROR(
+      parallel::CheckModelDivisibility(config.num_heads(), config.ffn_dim(), tp.size()));
   const int64_t padded_vocab = PaddedVocabSize(config.vocab_size(), tp.size());
   NF_ASSIGN_OR_RETURN(ParamTable table,
                       ParamTable::Create(NormFormerParamSpecs(config, padded_vocab), options.dtype,

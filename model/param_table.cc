@@ -134,4 +134,13 @@ std::vector<optim::ParamRange> ParamTable::DecayRanges() const {
 
 absl::Status ParamTable::ZeroGrads() const { return ops::Fill(grads_, 0.0f); }
 
+absl::StatusOr<double> ParamTable::OwnedSquaredGradNorm() const {
+  NF_ASSIGN_OR_RETURN(const Tensor sum, Tensor::Zeros(DType::kF32, {1}));
+  for (const Entry& e : entries_) {
+    if (e.spec.sharding == Sharding::kReplicated && tp_rank_ != 0) continue;
+    NF_RETURN_IF_ERROR(ops::SquaredNorm(e.grad, sum));
+  }
+  return sum.data<float>()[0];
+}
+
 }  // namespace nf::model

@@ -72,6 +72,11 @@ class ParamTable {
   // The weight-decay flag of every parameter as ranges of the flat buffers.
   std::vector<optim::ParamRange> DecayRanges() const;
   absl::Status ZeroGrads() const;
+  // Sum of squares of the gradients this rank counts in the global gradient norm: every
+  // tensor-parallel shard, and replicated parameters on tensor-parallel rank 0 only (their
+  // gradients are identical on every rank, so they count once). Summed over the
+  // tensor-parallel group, it is the unsharded model's squared norm.
+  absl::StatusOr<double> OwnedSquaredGradNorm() const;
 
  private:
   std::vector<Entry> entries_;

@@ -8,6 +8,9 @@
 //                                          at step 7 rank 1 stops participating (sleeps), so
 //                                          rank 0's watchdog must report and abort the job
 //   failure_probe_mpi recv <seconds>       the same, with rank 0 waiting to receive from rank 1
+//   failure_probe_mpi heads <heads> <tp>   every rank creates its groups with tensor_parallel
+//                                          tp, then checks a model of `heads` heads (ffn 64)
+//                                          against it; a refusal is printed and the rank exits 1
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -18,6 +21,7 @@
 #include "core/tensor.h"
 #include "parallel/mpi_runtime.h"
 #include "parallel/process_groups.h"
+#include "parallel/topology.h"
 #include "parallel/watchdog.h"
 
 namespace nf::parallel {
@@ -32,6 +36,13 @@ int CreateGroups(int tp, int pp) {
   auto groups = CreateProcessGroups({.tp = tp, .pp = pp});
   if (!groups.ok()) return Fail(groups.status());
   std::printf("%s: process groups created\n", groups->topology.ToString().c_str());
+  return 0;
+}
+
+int CheckHeads(int heads, int tp) {
+  auto groups = CreateProcessGroups({.tp = tp});
+  if (!groups.ok()) return Fail(groups.status());
+  if (absl::Status s = CheckModelDivisibility(heads, 64, tp); !s.ok()) return Fail(s);
   return 0;
 }
 
@@ -66,6 +77,10 @@ int Main(int argc, char** argv) {
   if (mode == "topology" && argc == 4 && absl::SimpleAtoi(argv[2], &a) &&
       absl::SimpleAtoi(argv[3], &b)) {
     return CreateGroups(a, b);
+  }
+  if (mode == "heads" && argc == 4 && absl::SimpleAtoi(argv[2], &a) &&
+      absl::SimpleAtoi(argv[3], &b)) {
+    return CheckHeads(a, b);
   }
   if ((mode == "all_reduce" || mode == "recv") && argc == 3 &&
       absl::SimpleAtod(argv[2], &seconds)) {

@@ -140,6 +140,46 @@ TEST_P(TensorParallelModelTest, ShardsMatchTheSingleRankModel) {
   }
 }
 
+// Replicated parameters (LayerNorms, the residual scale, the row-parallel biases, and the head
+// scales in fairseq's placement) see the same inputs and gradients on every rank, so their
+// gradients must be bit-identical across the group; and the global gradient norm counts them
+// once: the owned squared norms, summed over the group, equal the single-rank model's.
+TEST_P(TensorParallelModelTest, ReplicatedGradientsAgreeBitwiseAndCountOnceInTheNorm) {
+  parallel::Communicator& tp = ::nf::testing::World();
+  const ModelConfig config = Config(GetParam());
+  auto whole = NormFormerModel::Create(config, {.micro_batch = kBatch, .seq_len = kSeq, .seed = 4});
+  auto shard = NormFormerModel::Create(
+      config, {.micro_batch = kBatch, .seq_len = kSeq, .seed = 4, .tensor_parallel = &tp});
+  ASSERT_TRUE(whole.ok() && shard.ok());
+  const Batch batch = MakeBatch(1);
+  for (NormFormerModel* m : {whole->get(), shard->get()}) {
+    ASSERT_TRUE(m->Forward(batch.inputs, batch.targets, 0, true).ok());
+    ASSERT_TRUE(m->Backward(1.0f).ok());
+  }
+  int replicated = 0;
+  for (const ParamTable::Entry& e : (*shard)->params().entries()) {
+    if (e.spec.sharding != Sharding::kReplicated) continue;
+    ++replicated;
+    Tensor all = *Tensor::Zeros(DType::kF32, {tp.size() * e.grad.numel()});
+    ASSERT_TRUE(tp.AllGather(*e.grad.Reshape({e.grad.numel()}), all).ok());
+    const std::vector<float> gathered = *ToFloatVector(all);
+    for (int r = 1; r < tp.size(); ++r) {
+      for (int64_t i = 0; i < e.grad.numel(); ++i) {
+        ASSERT_EQ(gathered[r * e.grad.numel() + i], gathered[i])
+            << e.spec.name << " rank " << r << " element " << i;
+      }
+    }
+  }
+  EXPECT_GT(replicated, 10);
+  Tensor norm = *Tensor::Zeros(DType::kF64, {1});
+  norm.data<double>()[0] = *(*shard)->params().OwnedSquaredGradNorm();
+  ASSERT_TRUE(tp.AllReduce(norm, parallel::ReduceOp::kSum).ok());
+  const double whole_norm = *(*whole)->params().OwnedSquaredGradNorm();
+  // fp32 sums of squares in a different order, over gradients that agree to 1e-4 relative
+  // (previous test): 1e-4 relative on the squared norm.
+  EXPECT_NEAR(norm.data<double>()[0], whole_norm, 1e-4 * whole_norm);
+}
+
 TEST_P(TensorParallelModelTest, TenOptimizerStepsKeepTheLossesTogether) {
   parallel::Communicator& tp = ::nf::testing::World();
   const ModelConfig config = Config(GetParam());
