@@ -8,10 +8,13 @@
 //                                          at step 7 rank 1 stops participating (sleeps), so
 //                                          rank 0's watchdog must report and abort the job
 //   failure_probe_mpi recv <seconds>       the same, with rank 0 waiting to receive from rank 1
+//   failure_probe_mpi kill <seconds>       as all_reduce, but rank 1 is killed (SIGKILL) at step
+//                                          7: mpirun or rank 0's watchdog must end the job
 //   failure_probe_mpi heads <heads> <tp>   every rank creates its groups with tensor_parallel
 //                                          tp, then checks a model of `heads` heads (ffn 64)
 //                                          against it; a refusal is printed and the rank exits 1
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -56,6 +59,7 @@ int StopParticipating(const std::string& op, double seconds) {
   SetCurrentStep(6);
   if (absl::Status s = tp.AllReduce(*tensor, ReduceOp::kSum); !s.ok()) return Fail(s);
   SetCurrentStep(7);
+  if (tp.rank() == 1 && op == "kill") std::raise(SIGKILL);  // a node lost mid-step
   if (tp.rank() == 1) {
     // Hung: never joins step 7. The watchdog's MPI_Abort on rank 0 ends this process too;
     // returning after the sleep would mean it did not.
@@ -82,7 +86,7 @@ int Main(int argc, char** argv) {
       absl::SimpleAtoi(argv[3], &b)) {
     return CheckHeads(a, b);
   }
-  if ((mode == "all_reduce" || mode == "recv") && argc == 3 &&
+  if ((mode == "all_reduce" || mode == "recv" || mode == "kill") && argc == 3 &&
       absl::SimpleAtod(argv[2], &seconds)) {
     return StopParticipating(mode, seconds);
   }
