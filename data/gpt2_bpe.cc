@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <functional>
 #include <limits>
@@ -26,7 +27,16 @@ constexpr absl::string_view kEndOfText = "<|endoftext|>";
 // Longer pre-tokens (long numbers, runs of punctuation or spaces) are rarely repeated; caching
 // them would only churn the shards.
 constexpr size_t kMaxCachedBytes = 64;
-constexpr size_t kCacheShardCapacity = 1 << 14;
+constexpr size_t kCacheCapacity = 1 << 16;  // words per thread and tokenizer
+
+using WordCache = absl::flat_hash_map<std::string, std::vector<int32_t>>;
+
+// This thread's cache for the tokenizer with id `cache_id` (ids are never reused, so a
+// destroyed tokenizer's entry is merely dead weight until the thread ends).
+WordCache& ThreadCache(uint64_t cache_id) {
+  thread_local absl::flat_hash_map<uint64_t, WordCache> caches;
+  return caches[cache_id];
+}
 
 // GPT-2's bytes_to_unicode: printable Latin-1 bytes stand for themselves; the others (control
 // characters, space, DEL, NBSP, soft hyphen...) take U+0100, U+0101, ... in byte order, so
@@ -258,6 +268,11 @@ std::vector<int32_t> Gpt2Bpe::MergeWord(absl::string_view piece) const {
   return ids;
 }
 
+uint64_t Gpt2Bpe::NextCacheId() {
+  static std::atomic<uint64_t> next{1};
+  return next.fetch_add(1);
+}
+
 void Gpt2Bpe::AppendWord(absl::string_view piece, std::vector<int32_t>& ids) const {
   if (piece.size() == 1) {
     ids.push_back(byte_ids_[static_cast<unsigned char>(piece[0])]);
@@ -268,19 +283,15 @@ void Gpt2Bpe::AppendWord(absl::string_view piece, std::vector<int32_t>& ids) con
     ids.insert(ids.end(), word.begin(), word.end());
     return;
   }
-  CacheShard& shard = cache_[absl::Hash<absl::string_view>()(piece) % kCacheShards];
-  {
-    std::lock_guard<std::mutex> lock(shard.mutex);
-    if (const auto it = shard.words.find(piece); it != shard.words.end()) {
-      ids.insert(ids.end(), it->second.begin(), it->second.end());
-      return;
-    }
+  WordCache& cache = ThreadCache(cache_id_);
+  if (const auto it = cache.find(piece); it != cache.end()) {
+    ids.insert(ids.end(), it->second.begin(), it->second.end());
+    return;
   }
-  std::vector<int32_t> word = MergeWord(piece);  // outside the lock: the slow part
+  std::vector<int32_t> word = MergeWord(piece);
   ids.insert(ids.end(), word.begin(), word.end());
-  std::lock_guard<std::mutex> lock(shard.mutex);
-  if (shard.words.size() >= kCacheShardCapacity) shard.words.clear();
-  shard.words.emplace(piece, std::move(word));
+  if (cache.size() >= kCacheCapacity) cache.clear();
+  cache.emplace(piece, std::move(word));
 }
 
 absl::StatusOr<std::vector<int32_t>> Gpt2Bpe::Encode(absl::string_view text) const {
