@@ -1,0 +1,128 @@
+// Pipeline-parallel schedules as data: the ordered list of computations and point-to-point
+// transfers each pipeline rank runs in one training step, after Megatron-LM's schedules (GPipe,
+// 1F1B, interleaved 1F1B). Pure logic, no communication: an executor walks its rank's list,
+// issuing sends as non-blocking and receives as blocking operations. Building every rank's list
+// in one process lets the checker and the unit-time simulator below prove, before any job
+// starts, that the lists pair up and cannot deadlock, and measure their bubble.
+//
+// Model stages. The model's layers are cut into p * v contiguous stages (v = virtual_stages, 1
+// unless interleaved). Model stage s runs on pipeline rank s % p as that rank's model chunk
+// s / p (Megatron's virtual pipeline layout: rank r holds stages r, r + p, r + 2p, ...), so the
+// next stage of (rank r, chunk c) is on rank (r + 1) % p, chunk c + 1 when r is the last rank.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/types/span.h"
+
+namespace nf::parallel {
+
+enum class ScheduleKind {
+  kGPipe,                // all forwards, then all backwards: m micro-batches in flight
+  kOneFOneB,             // warm-up forwards, then one forward one backward: <= p in flight
+  kInterleavedOneFOneB,  // 1F1B over v chunks per rank: the bubble shrinks by v
+};
+
+// "GPIPE", "ONE_F_ONE_B", "INTERLEAVED_ONE_F_ONE_B": the names refusals advise.
+absl::string_view ScheduleKindName(ScheduleKind kind);
+
+struct Action {
+  enum Kind { kForward, kBackward, kSendActivation, kRecvActivation, kSendGrad, kRecvGrad };
+  Kind kind = kForward;
+  int micro_batch = 0;
+  // This rank's chunk that computes (forward, backward), produced the message (send) or
+  // consumes it (receive); 0 unless interleaved.
+  int model_chunk = 0;
+  // The pipeline rank sent to or received from; -1 for computations.
+  int peer = -1;
+
+  bool is_compute() const { return kind == kForward || kind == kBackward; }
+  bool is_send() const { return kind == kSendActivation || kind == kSendGrad; }
+  bool is_recv() const { return kind == kRecvActivation || kind == kRecvGrad; }
+
+  // "forward mb 3 chunk 1", "send_activation mb 3 chunk 1 to rank 2",
+  // "recv_grad mb 0 chunk 0 from rank 1".
+  std::string ToString() const;
+
+  friend bool operator==(const Action&, const Action&) = default;
+};
+
+// The actions pipeline rank `pipeline_rank` of `pipeline_size` runs for `micro_batches`
+// micro-batches, in order. Every forward is preceded by the receive of its input activation
+// (except on model stage 0) and followed by the send of its output (except on the last model
+// stage); every backward is preceded by the receive of its output gradient (except on the last
+// stage) and followed by the send of its input gradient (except on stage 0). Receives come
+// immediately before the computation that needs them: a receive is blocking, and the latest
+// position is the one that can never deadlock when an earlier one would not.
+//   kGPipe: forwards 0 .. m-1, then backwards m-1 .. 0.
+//   kOneFOneB: min(p - r - 1, m) warm-up forwards, then alternately one forward and one
+//     backward, then the remaining backwards, all in micro-batch order.
+//   kInterleavedOneFOneB: m * v forward and m * v backward steps; step k is micro-batch
+//     (k / (p v)) p + k % p on chunk (k % (p v)) / p (backwards: v - 1 minus that), i.e.
+//     micro-batches in rounds of p through every chunk; min((p - r - 1) 2 + (v - 1) p, m v)
+//     warm-up forward steps, then one forward and one backward step, then the rest.
+// Refuses, in one line saying what would work: pipeline_size < 1, a rank out of range,
+// micro_batches < 1, virtual_stages < 1, virtual_stages != 1 unless interleaved, and for
+// interleaving virtual_stages 1, pipeline_size 1 or micro-batches not a multiple of p.
+absl::StatusOr<std::vector<Action>> BuildSchedule(ScheduleKind kind, int pipeline_size,
+                                                  int pipeline_rank, int micro_batches,
+                                                  int virtual_stages = 1);
+
+// BuildSchedule for every rank 0 .. pipeline_size - 1, indexed by rank.
+absl::StatusOr<std::vector<std::vector<Action>>> BuildAllSchedules(ScheduleKind kind,
+                                                                   int pipeline_size,
+                                                                   int micro_batches,
+                                                                   int virtual_stages = 1);
+
+// Checks that the lists of all ranks (indexed by rank; p = their number) pair up: every send
+// names the rank of the next (activation) or previous (gradient) model stage as its peer, every
+// receive the rank its input comes from, and on every ordered pair of ranks the messages one
+// sends, activations and gradients together, are exactly the messages the other receives, in
+// the same order. That is what lets an executor use one tag per pair and still have each
+// blocking receive match the right send. The error names the first mismatch.
+absl::Status CheckSchedulePairing(absl::Span<const std::vector<Action>> schedules);
+
+struct SimulationOptions {
+  int64_t forward_time = 1;
+  int64_t backward_time = 1;
+};
+
+struct SimulationResult {
+  std::vector<int64_t> busy;    // per rank: time spent computing
+  std::vector<int64_t> finish;  // per rank: when its last action completed
+  int64_t makespan = 0;         // the latest finish
+  // Idle share of all ranks' time up to the makespan: 1 - sum(busy) / (p * makespan).
+  double idle_fraction = 0.0;
+};
+
+// Runs the lists of all ranks (indexed by rank) on a unit-time model: a forward takes
+// forward_time, a backward backward_time, sends and transfers take no time, and each rank runs
+// its list in order, blocking on a receive until the matching send has happened (messages
+// between a pair of ranks match in send order, as CheckSchedulePairing requires). Returns
+// FailedPrecondition on a deadlock (naming every blocked rank and what it waits for), on a
+// receive that does not match the next message from its peer, or on messages left unreceived.
+absl::StatusOr<SimulationResult> SimulateSchedules(absl::Span<const std::vector<Action>> schedules,
+                                                   SimulationOptions options = {});
+
+// Refuses a model whose num_layers does not split into pipeline_size * virtual_stages equal
+// stages, listing the stage counts that would work (the divisors of num_layers above 1).
+absl::Status CheckLayerSplit(int num_layers, int pipeline_size, int virtual_stages = 1);
+
+// The layers [begin, end) of each model stage s = chunk * p + rank, contiguous and in order:
+// equal when CheckLayerSplit passes, otherwise the first num_layers % (p v) stages hold one
+// layer more.
+std::vector<std::pair<int, int>> StageLayers(int num_layers, int pipeline_size,
+                                             int virtual_stages = 1);
+
+// The same for an explicit split: layers_per_stage[s] layers on model stage s. Refuses a split
+// with other than p * v entries, an entry below 1, or a sum other than num_layers.
+absl::StatusOr<std::vector<std::pair<int, int>>> StageLayers(
+    int num_layers, int pipeline_size, int virtual_stages, absl::Span<const int> layers_per_stage);
+
+}  // namespace nf::parallel
