@@ -61,6 +61,8 @@ absl::StatusOr<std::unique_ptr<NormFormerModel>> NormFormerModel::Create(
     return absl::InvalidArgumentError(absl::StrCat(
         "sequence length ", options.seq_len, " exceeds model.max_seq_len ", config.max_seq_len()));
   }
+  NF_ASSIGN_OR_RETURN(const PipelineStagePlacement placement,
+                      ResolvePlacement(options.pipeline, config.num_layers()));
   std::unique_ptr<parallel::Communicator> own_tp;
   if (options.tensor_parallel == nullptr) {
     own_tp = std::make_unique<parallel::LocalCommunicator>("tp");
@@ -70,14 +72,16 @@ absl::StatusOr<std::unique_ptr<NormFormerModel>> NormFormerModel::Create(
       parallel::CheckModelDivisibility(config.num_heads(), config.ffn_dim(), tp.size()));
   const int64_t padded_vocab = PaddedVocabSize(config.vocab_size(), tp.size());
   NF_ASSIGN_OR_RETURN(ParamTable table,
-                      ParamTable::Create(NormFormerParamSpecs(config, padded_vocab), options.dtype,
-                                         tp.rank(), tp.size()));
+                      ParamTable::Create(NormFormerParamSpecs(config, padded_vocab, placement),
+                                         options.dtype, tp.rank(), tp.size()));
   NF_RETURN_IF_ERROR(table.Initialize(options.seed));
+  ModelOptions resolved = options;
+  resolved.pipeline = placement;
   std::unique_ptr<NormFormerModel> model(
-      new NormFormerModel(config, options, std::move(own_tp), std::move(table)));
+      new NormFormerModel(config, resolved, std::move(own_tp), std::move(table)));
   model->padded_vocab_ = padded_vocab;
   model->vocab_offset_ = tp.rank() * (padded_vocab / tp.size());
-  model->params_ = BindModelParams(model->table_, config);
+  model->params_ = BindModelParams(model->table_, config, placement);
   const NormFormerConfig& nf = config.normformer();
   const int64_t heads = config.num_heads() / tp.size(), ffn = config.ffn_dim() / tp.size();
   model->shape_ = {.batch = options.micro_batch,
@@ -101,9 +105,10 @@ absl::StatusOr<std::unique_ptr<NormFormerModel>> NormFormerModel::Create(
       .heads_before_out_proj = nf.head_scale_placement() == NormFormerConfig::BEFORE_OUT_PROJ,
       .scale_fc = nf.scale_fc(),
       .scale_resids = nf.scale_resids()};
-  for (int l = 0; l < config.num_layers(); ++l) {
-    model->layers_.emplace_back(l, model->params_.layers[l], model->shape_, model->layer_options_,
-                                model->tp_);
+  // Layers keep their global index: it keys their dropout sites.
+  for (int l = placement.layer_begin; l < placement.layer_end; ++l) {
+    model->layers_.emplace_back(l, model->params_.layers[l - placement.layer_begin], model->shape_,
+                                model->layer_options_, model->tp_);
   }
   NF_RETURN_IF_ERROR(model->AllocateBuffers());
   return model;
@@ -111,21 +116,30 @@ absl::StatusOr<std::unique_ptr<NormFormerModel>> NormFormerModel::Create(
 
 absl::Status NormFormerModel::AllocateBuffers() {
   const int64_t t = shape_.tokens(), d = shape_.d_model;
-  const DType dt = options_.dtype, f32 = DType::kF32;
-  hidden_.resize(config_.num_layers() + 1);
+  const DType dt = options_.dtype;
+  hidden_.resize(layers_.size() + 1);
   for (Tensor& h : hidden_) {
     NF_ASSIGN_OR_RETURN(h, Tensor::Zeros(dt, {t, d}));
   }
-  const int distinct = options_.activation_recompute ? 1 : config_.num_layers();
-  for (int i = 0; i < distinct; ++i) {
+  const size_t distinct = options_.activation_recompute ? 1 : layers_.size();
+  for (size_t i = 0; i < distinct; ++i) {
     NF_ASSIGN_OR_RETURN(LayerActivations acts, LayerActivations::Allocate(shape_, layer_options_));
     layer_acts_.push_back(std::move(acts));
   }
   NF_ASSIGN_OR_RETURN(scratch_, LayerScratch::Allocate(shape_));
-  if (config_.positions() == ModelConfig::SINUSOIDAL) {
+  if (placement().first() && config_.positions() == ModelConfig::SINUSOIDAL) {
     NF_ASSIGN_OR_RETURN(positions_, TensorFromFloats(dt, {config_.max_seq_len(), d},
                                                      SinusoidalTable(config_.max_seq_len(), d)));
   }
+  if (placement().last()) NF_RETURN_IF_ERROR(AllocateHeadBuffers());
+  NF_ASSIGN_OR_RETURN(grad_a_, Tensor::Zeros(dt, {t, d}));
+  NF_ASSIGN_OR_RETURN(grad_b_, Tensor::Zeros(dt, {t, d}));
+  return absl::OkStatus();
+}
+
+absl::Status NormFormerModel::AllocateHeadBuffers() {
+  const int64_t t = shape_.tokens(), d = shape_.d_model;
+  const DType dt = options_.dtype, f32 = DType::kF32;
   NF_ASSIGN_OR_RETURN(final_norm_, Tensor::Zeros(dt, {t, d}));
   NF_ASSIGN_OR_RETURN(final_mean_, Tensor::Zeros(f32, {t}));
   NF_ASSIGN_OR_RETURN(final_rstd_, Tensor::Zeros(f32, {t}));
@@ -136,8 +150,6 @@ absl::Status NormFormerModel::AllocateBuffers() {
   NF_ASSIGN_OR_RETURN(loss_sums_, Tensor::Zeros(f32, {2, t}));
   NF_ASSIGN_OR_RETURN(sum_exp_, loss_sums_.View(0, {t}));
   NF_ASSIGN_OR_RETURN(target_logit_, loss_sums_.View(t, {t}));
-  NF_ASSIGN_OR_RETURN(grad_a_, Tensor::Zeros(dt, {t, d}));
-  NF_ASSIGN_OR_RETURN(grad_b_, Tensor::Zeros(dt, {t, d}));
   return absl::OkStatus();
 }
 
@@ -172,28 +184,117 @@ ops::DropoutSpec NormFormerModel::EmbeddingDropout(const DecoderLayer::Step& ste
           .seq_len = shape_.seq};
 }
 
+absl::Status NormFormerModel::CheckWholeModel(absl::string_view method) const {
+  if (placement().num_stages == 1) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "NormFormerModel::", method, " runs the whole model, but this is pipeline stage ",
+      placement().stage, " of ", placement().num_stages, ": use ", method, "Stage"));
+}
+
 absl::StatusOr<NormFormerModel::LossSum> NormFormerModel::Forward(const Tensor& inputs,
                                                                   const Tensor& targets,
                                                                   uint64_t first_sample,
                                                                   bool train) {
-  const int64_t t = shape_.tokens();
-  const Shape expected{shape_.batch, shape_.seq};
-  if (inputs.shape() != expected || targets.shape() != expected || inputs.dtype() != DType::kI32 ||
-      targets.dtype() != DType::kI32) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("NormFormerModel::Forward: inputs ", inputs.DebugString(), " and targets ",
-                     targets.DebugString(), " must both be i32", ShapeToString(expected),
-                     " (micro_batch, seq_len)"));
-  }
-  NF_ASSIGN_OR_RETURN(ids_, inputs.Reshape({t}));
-  NF_ASSIGN_OR_RETURN(targets_, targets.Reshape({t}));
-  step_ = {.first_sample = first_sample, .seed = options_.seed, .train = train};
+  NF_RETURN_IF_ERROR(CheckWholeModel("Forward"));
+  NF_ASSIGN_OR_RETURN(const StageOutput out,
+                      ForwardStage(&inputs, nullptr, targets, first_sample, train));
+  return out.loss;
+}
 
-  NF_RETURN_IF_ERROR(EmbedForward(ids_, step_));
+absl::Status NormFormerModel::Backward(float loss_weight) {
+  NF_RETURN_IF_ERROR(CheckWholeModel("Backward"));
+  return BackwardStage(nullptr, loss_weight);
+}
+
+absl::Status NormFormerModel::CheckStageInputs(const Tensor* input_ids, const Tensor* input_hidden,
+                                               const Tensor& targets) const {
+  const Shape expected{shape_.batch, shape_.seq};
+  const auto check_ids = [&](absl::string_view what, const Tensor* ids) -> absl::Status {
+    if (ids != nullptr && ids->shape() == expected && ids->dtype() == DType::kI32) {
+      return absl::OkStatus();
+    }
+    return absl::InvalidArgumentError(absl::StrCat(
+        "NormFormerModel::ForwardStage: ", what, " ", ids ? ids->DebugString() : "(none)",
+        " must be i32", ShapeToString(expected), " (micro_batch, seq_len)"));
+  };
+  if (placement().first()) {
+    NF_RETURN_IF_ERROR(check_ids("inputs", input_ids));
+  } else {
+    NF_RETURN_IF_ERROR(CheckHiddenShape("input_hidden", input_hidden));
+  }
+  if (placement().last()) NF_RETURN_IF_ERROR(check_ids("targets", &targets));
+  return absl::OkStatus();
+}
+
+absl::Status NormFormerModel::CheckHiddenShape(absl::string_view what, const Tensor* hidden) const {
+  const Shape expected{shape_.tokens(), shape_.d_model};
+  if (hidden != nullptr && hidden->shape() == expected && hidden->dtype() == options_.dtype) {
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "NormFormerModel: pipeline stage ", placement().stage, " of ", placement().num_stages,
+      " needs ", what, " ", hidden ? hidden->DebugString() : "(none)", " as ",
+      DTypeName(options_.dtype), ShapeToString(expected), " (micro_batch * seq_len, d_model)"));
+}
+
+absl::StatusOr<NormFormerModel::StageOutput> NormFormerModel::ForwardStage(
+    const Tensor* input_ids, const Tensor* input_hidden, const Tensor& targets,
+    uint64_t first_sample, bool train) {
+  NF_RETURN_IF_ERROR(CheckStageInputs(input_ids, input_hidden, targets));
+  const int64_t t = shape_.tokens();
+  step_ = {.first_sample = first_sample, .seed = options_.seed, .train = train};
+  if (placement().first()) {
+    NF_ASSIGN_OR_RETURN(ids_, input_ids->Reshape({t}));
+    NF_RETURN_IF_ERROR(EmbedForward(ids_, step_));
+  } else {
+    // Copied, not viewed: the sender's buffer may be reused (by the next micro-batch) while
+    // this micro-batch's backward still needs its input.
+    NF_RETURN_IF_ERROR(ops::Cast(*input_hidden, hidden_[0]));
+  }
+  NF_RETURN_IF_ERROR(LayersForward());
+  if (!placement().last()) return StageOutput{.hidden = &hidden_.back()};
+  NF_ASSIGN_OR_RETURN(targets_, targets.Reshape({t}));
+  NF_ASSIGN_OR_RETURN(const LossSum loss, HeadForward());
+  return StageOutput{.loss = loss};
+}
+
+absl::Status NormFormerModel::BackwardStage(const Tensor* output_grad, float loss_weight) {
+  if (placement().last()) {
+    NF_RETURN_IF_ERROR(HeadBackward(loss_weight));
+  } else {
+    NF_RETURN_IF_ERROR(CheckHiddenShape("output_grad", output_grad));
+    NF_RETURN_IF_ERROR(ops::Cast(*output_grad, grad_a_));
+  }
+  NF_RETURN_IF_ERROR(LayersBackward());
+  // grad_a_ now holds the gradient of the stage's input: input_grad() on later stages.
+  if (placement().first()) return EmbedBackward(step_);
+  return absl::OkStatus();
+}
+
+absl::Status NormFormerModel::LayersForward() {
   for (size_t l = 0; l < layers_.size(); ++l) {
     NF_RETURN_IF_ERROR(
         layers_[l].Forward(hidden_[l], hidden_[l + 1], step_, ActivationsOf(l), scratch_));
   }
+  return absl::OkStatus();
+}
+
+// grad_a_ holds the gradient of the last layer's output on entry and of the first layer's input
+// on return; each layer writes its input's gradient into grad_b_ and the two swap.
+absl::Status NormFormerModel::LayersBackward() {
+  for (int l = static_cast<int>(layers_.size()) - 1; l >= 0; --l) {
+    LayerActivations& acts = ActivationsOf(l);
+    if (options_.activation_recompute) {
+      // Re-run the forward from the kept input; it rewrites hidden_[l + 1] with equal values.
+      NF_RETURN_IF_ERROR(layers_[l].Forward(hidden_[l], hidden_[l + 1], step_, acts, scratch_));
+    }
+    NF_RETURN_IF_ERROR(layers_[l].Backward(hidden_[l], grad_a_, grad_b_, step_, acts, scratch_));
+    std::swap(grad_a_, grad_b_);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<NormFormerModel::LossSum> NormFormerModel::HeadForward() {
   NF_RETURN_IF_ERROR(ops::LayerNormForward({.x = hidden_.back(),
                                             .weight = params_.final_norm_weight.value,
                                             .bias = params_.final_norm_bias.value,
@@ -215,7 +316,7 @@ absl::StatusOr<NormFormerModel::LossSum> NormFormerModel::Forward(const Tensor& 
   LossSum loss;
   const float* per_token = token_loss_.data<float>();
   const int32_t* target = targets_.data<int32_t>();
-  for (int64_t i = 0; i < t; ++i) {
+  for (int64_t i = 0; i < shape_.tokens(); ++i) {
     if (target[i] < 0) continue;
     loss.sum += per_token[i];
     ++loss.tokens;
@@ -223,7 +324,8 @@ absl::StatusOr<NormFormerModel::LossSum> NormFormerModel::Forward(const Tensor& 
   return loss;
 }
 
-absl::Status NormFormerModel::Backward(float loss_weight) {
+// Leaves the gradient of the last layer's output in grad_a_.
+absl::Status NormFormerModel::HeadBackward(float loss_weight) {
   NF_RETURN_IF_ERROR(ops::Fill(dloss_, loss_weight));
   // dlogits overwrite the logits: [T, V] is the largest activation, kept once.
   NF_RETURN_IF_ERROR(ops::CrossEntropyBackward(LossArgs(), row_max_, sum_exp_, dloss_, logits_));
@@ -233,25 +335,14 @@ absl::Status NormFormerModel::Backward(float loss_weight) {
   NF_RETURN_IF_ERROR(ops::Gemm({.a = logits_, .b = head.value, .c = grad_b_}));
   // The head is column-parallel over the vocabulary: sum the slices' input gradients.
   NF_RETURN_IF_ERROR(tp_->AllReduce(grad_b_, parallel::ReduceOp::kSum));
-  NF_RETURN_IF_ERROR(ops::LayerNormBackward({.dy = grad_b_,
-                                             .x = hidden_.back(),
-                                             .weight = params_.final_norm_weight.value,
-                                             .mean = final_mean_,
-                                             .rstd = final_rstd_,
-                                             .dx = grad_a_,
-                                             .dweight = params_.final_norm_weight.grad,
-                                             .dbias = params_.final_norm_bias.grad}));
-  // grad_a_ holds the gradient of layer l's output; each layer writes its input's into grad_b_.
-  for (int l = static_cast<int>(layers_.size()) - 1; l >= 0; --l) {
-    LayerActivations& acts = ActivationsOf(l);
-    if (options_.activation_recompute) {
-      // Re-run the forward from the kept input; it rewrites hidden_[l + 1] with equal values.
-      NF_RETURN_IF_ERROR(layers_[l].Forward(hidden_[l], hidden_[l + 1], step_, acts, scratch_));
-    }
-    NF_RETURN_IF_ERROR(layers_[l].Backward(hidden_[l], grad_a_, grad_b_, step_, acts, scratch_));
-    std::swap(grad_a_, grad_b_);
-  }
-  return EmbedBackward(step_);
+  return ops::LayerNormBackward({.dy = grad_b_,
+                                 .x = hidden_.back(),
+                                 .weight = params_.final_norm_weight.value,
+                                 .mean = final_mean_,
+                                 .rstd = final_rstd_,
+                                 .dx = grad_a_,
+                                 .dweight = params_.final_norm_weight.grad,
+                                 .dbias = params_.final_norm_bias.grad});
 }
 
 absl::Status NormFormerModel::EmbedBackward(const DecoderLayer::Step& step) {

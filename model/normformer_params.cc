@@ -52,83 +52,146 @@ Param Bind(const ParamTable& table, const std::string& name) {
 
 std::string LayerPrefix(int layer) { return absl::StrCat("decoder.layers.", layer); }
 
-}  // namespace
+// The end of `placement`'s layer range, -1 (all) resolved.
+int LayerEnd(const PipelineStagePlacement& placement, const ModelConfig& config) {
+  return placement.layer_end == -1 ? config.num_layers() : placement.layer_end;
+}
 
-std::vector<ParamSpec> NormFormerParamSpecs(const ModelConfig& config, int64_t padded_vocab) {
-  const int64_t d = config.d_model(), ffn = config.ffn_dim();
-  const NormFormerConfig& nf = config.normformer();
-  // fairseq: embeddings N(0, d^-1/2); PyTorch's nn.Linear default U(+-1/sqrt(fan_in)) for
-  // fc1/fc2 weights and biases and q/k/v biases; xavier_uniform with gain 1/sqrt(2) for
-  // q/k/v weights and gain 1 for out_proj, whose bias starts at 0.
-  const float embed_std = static_cast<float>(1.0 / std::sqrt(static_cast<double>(d)));
-  const float inv_sqrt_d = embed_std;
-  const float inv_sqrt_ffn = static_cast<float>(1.0 / std::sqrt(static_cast<double>(ffn)));
-
-  std::vector<ParamSpec> specs;
+// The token embedding (also the tied head's copy on a last stage) and learned positions.
+void AddEmbedding(std::vector<ParamSpec>& specs, const ModelConfig& config, int64_t padded_vocab,
+                  bool positions) {
+  // fairseq: embeddings N(0, d^-1/2).
+  const float embed_std =
+      static_cast<float>(1.0 / std::sqrt(static_cast<double>(config.d_model())));
   specs.push_back({.name = "decoder.embed_tokens.weight",
-                   .global_shape = {padded_vocab, d},
+                   .global_shape = {padded_vocab, config.d_model()},
                    .sharding = Sharding::kSplitRows,
                    .weight_decay = true,
                    .init = InitKind::kNormal,
                    .init_scale = embed_std});
-  if (config.positions() == ModelConfig::LEARNED) {
+  if (positions && config.positions() == ModelConfig::LEARNED) {
     specs.push_back({.name = "decoder.embed_positions.weight",
-                     .global_shape = {config.max_seq_len(), d},
+                     .global_shape = {config.max_seq_len(), config.d_model()},
                      .weight_decay = true,
                      .init = InitKind::kNormal,
                      .init_scale = embed_std});
   }
+}
+
+void AddLayer(std::vector<ParamSpec>& specs, const ModelConfig& config, int layer) {
+  const int64_t d = config.d_model(), ffn = config.ffn_dim();
+  const NormFormerConfig& nf = config.normformer();
+  // fairseq: PyTorch's nn.Linear default U(+-1/sqrt(fan_in)) for fc1/fc2 weights and biases
+  // and q/k/v biases; xavier_uniform with gain 1/sqrt(2) for q/k/v weights and gain 1 for
+  // out_proj, whose bias starts at 0.
+  const float inv_sqrt_d = static_cast<float>(1.0 / std::sqrt(static_cast<double>(d)));
+  const float inv_sqrt_ffn = static_cast<float>(1.0 / std::sqrt(static_cast<double>(ffn)));
   const LinearInit qkv{Sharding::kSplitRows,     Sharding::kSplitRows,
                        InitKind::kXavierUniform, static_cast<float>(1.0 / std::sqrt(2.0)),
                        InitKind::kUniform,       inv_sqrt_d};
-  for (int layer = 0; layer < config.num_layers(); ++layer) {
-    const std::string p = LayerPrefix(layer);
-    AddLayerNorm(specs, p + ".self_attn_layer_norm", d, Sharding::kReplicated);
-    AddLinear(specs, p + ".self_attn.q_proj", d, d, qkv);
-    AddLinear(specs, p + ".self_attn.k_proj", d, d, qkv);
-    AddLinear(specs, p + ".self_attn.v_proj", d, d, qkv);
-    AddLinear(specs, p + ".self_attn.out_proj", d, d,
-              {Sharding::kSplitCols, Sharding::kReplicated, InitKind::kXavierUniform, 1.0f,
-               InitKind::kZeros, 0.0f});
-    if (nf.scale_heads()) {
-      // Before the output projection each head's scale lives with its head; after it the
-      // scale acts on the all-reduced output and is replicated.
-      const bool before = nf.head_scale_placement() == NormFormerConfig::BEFORE_OUT_PROJ;
-      specs.push_back({.name = p + ".c_attn",
-                       .global_shape = {config.num_heads()},
-                       .sharding = before ? Sharding::kSplitRows : Sharding::kReplicated,
-                       .init = InitKind::kOnes});
-    }
-    if (nf.scale_attn()) AddLayerNorm(specs, p + ".attn_ln", d, Sharding::kReplicated);
-    AddLayerNorm(specs, p + ".final_layer_norm", d, Sharding::kReplicated);
-    AddLinear(specs, p + ".fc1", ffn, d,
-              {Sharding::kSplitRows, Sharding::kSplitRows, InitKind::kUniform, inv_sqrt_d,
-               InitKind::kUniform, inv_sqrt_d});
-    if (nf.scale_fc()) AddLayerNorm(specs, p + ".ffn_layernorm", ffn, Sharding::kSplitRows);
-    AddLinear(specs, p + ".fc2", d, ffn,
-              {Sharding::kSplitCols, Sharding::kReplicated, InitKind::kUniform, inv_sqrt_ffn,
-               InitKind::kUniform, inv_sqrt_ffn});
-    if (nf.scale_resids()) {
-      specs.push_back({.name = p + ".w_resid", .global_shape = {d}, .init = InitKind::kOnes});
-    }
+  const std::string p = LayerPrefix(layer);
+  AddLayerNorm(specs, p + ".self_attn_layer_norm", d, Sharding::kReplicated);
+  AddLinear(specs, p + ".self_attn.q_proj", d, d, qkv);
+  AddLinear(specs, p + ".self_attn.k_proj", d, d, qkv);
+  AddLinear(specs, p + ".self_attn.v_proj", d, d, qkv);
+  AddLinear(specs, p + ".self_attn.out_proj", d, d,
+            {Sharding::kSplitCols, Sharding::kReplicated, InitKind::kXavierUniform, 1.0f,
+             InitKind::kZeros, 0.0f});
+  if (nf.scale_heads()) {
+    // Before the output projection each head's scale lives with its head; after it the
+    // scale acts on the all-reduced output and is replicated.
+    const bool before = nf.head_scale_placement() == NormFormerConfig::BEFORE_OUT_PROJ;
+    specs.push_back({.name = p + ".c_attn",
+                     .global_shape = {config.num_heads()},
+                     .sharding = before ? Sharding::kSplitRows : Sharding::kReplicated,
+                     .init = InitKind::kOnes});
   }
-  AddLayerNorm(specs, "decoder.layer_norm", d, Sharding::kReplicated);
+  if (nf.scale_attn()) AddLayerNorm(specs, p + ".attn_ln", d, Sharding::kReplicated);
+  AddLayerNorm(specs, p + ".final_layer_norm", d, Sharding::kReplicated);
+  AddLinear(specs, p + ".fc1", ffn, d,
+            {Sharding::kSplitRows, Sharding::kSplitRows, InitKind::kUniform, inv_sqrt_d,
+             InitKind::kUniform, inv_sqrt_d});
+  if (nf.scale_fc()) AddLayerNorm(specs, p + ".ffn_layernorm", ffn, Sharding::kSplitRows);
+  AddLinear(specs, p + ".fc2", d, ffn,
+            {Sharding::kSplitCols, Sharding::kReplicated, InitKind::kUniform, inv_sqrt_ffn,
+             InitKind::kUniform, inv_sqrt_ffn});
+  if (nf.scale_resids()) {
+    specs.push_back({.name = p + ".w_resid", .global_shape = {d}, .init = InitKind::kOnes});
+  }
+}
+
+// The final LayerNorm and the untied head; the tied head is the embedding (AddEmbedding).
+void AddHead(std::vector<ParamSpec>& specs, const ModelConfig& config, int64_t padded_vocab) {
+  AddLayerNorm(specs, "decoder.layer_norm", config.d_model(), Sharding::kReplicated);
   if (!config.tie_embeddings()) {
-    specs.push_back({.name = "decoder.output_projection.weight",
-                     .global_shape = {padded_vocab, d},
-                     .sharding = Sharding::kSplitRows,
-                     .weight_decay = true,
-                     .init = InitKind::kNormal,
-                     .init_scale = embed_std});
+    specs.push_back(
+        {.name = "decoder.output_projection.weight",
+         .global_shape = {padded_vocab, config.d_model()},
+         .sharding = Sharding::kSplitRows,
+         .weight_decay = true,
+         .init = InitKind::kNormal,
+         .init_scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(config.d_model())))});
   }
+}
+
+}  // namespace
+
+absl::StatusOr<PipelineStagePlacement> ResolvePlacement(const PipelineStagePlacement& placement,
+                                                        int num_layers) {
+  PipelineStagePlacement p = placement;
+  if (p.layer_end == -1) p.layer_end = num_layers;
+  const std::string where = absl::StrCat("pipeline stage ", p.stage, " of ", p.num_stages);
+  if (p.num_stages < 1 || p.stage < 0 || p.stage >= p.num_stages) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": the stage must be in [0, num_stages) and num_stages >= 1"));
+  }
+  if (p.layer_begin < 0 || p.layer_end > num_layers || p.layer_begin >= p.layer_end) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, ": layer range [", p.layer_begin, ", ", p.layer_end,
+        ") must be a non-empty range within the model's layers [0, ", num_layers, ")"));
+  }
+  if (p.first() != (p.layer_begin == 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, ": layer range [", p.layer_begin, ", ", p.layer_end,
+        ") must start at layer 0 exactly when the stage is the first (it holds the embedding)"));
+  }
+  if (p.last() != (p.layer_end == num_layers)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, ": layer range [", p.layer_begin, ", ", p.layer_end, ") must end at layer ",
+        num_layers, " exactly when the stage is the last (it holds the head and the loss)"));
+  }
+  return p;
+}
+
+std::vector<ParamSpec> NormFormerParamSpecs(const ModelConfig& config, int64_t padded_vocab,
+                                            const PipelineStagePlacement& placement) {
+  std::vector<ParamSpec> specs;
+  if (placement.first()) {
+    AddEmbedding(specs, config, padded_vocab, /*positions=*/true);
+  } else if (placement.last() && config.tie_embeddings()) {
+    AddEmbedding(specs, config, padded_vocab, /*positions=*/false);  // the head's copy
+  }
+  for (int layer = placement.layer_begin; layer < LayerEnd(placement, config); ++layer) {
+    AddLayer(specs, config, layer);
+  }
+  if (placement.last()) AddHead(specs, config, padded_vocab);
   return specs;
 }
 
-ModelParams BindModelParams(const ParamTable& table, const ModelConfig& config) {
+std::vector<std::string> EmbeddingGroupParams(const ModelConfig& config,
+                                              const PipelineStagePlacement& placement) {
+  const bool holds_copy = placement.first() || placement.last();
+  if (!config.tie_embeddings() || placement.num_stages == 1 || !holds_copy) return {};
+  return {"decoder.embed_tokens.weight"};
+}
+
+ModelParams BindModelParams(const ParamTable& table, const ModelConfig& config,
+                            const PipelineStagePlacement& placement) {
   ModelParams m;
   m.embed_tokens = Bind(table, "decoder.embed_tokens.weight");
   m.embed_positions = Bind(table, "decoder.embed_positions.weight");
-  for (int layer = 0; layer < config.num_layers(); ++layer) {
+  m.first_layer = placement.layer_begin;
+  for (int layer = placement.layer_begin; layer < LayerEnd(placement, config); ++layer) {
     const std::string p = LayerPrefix(layer);
     LayerParams l;
     l.attn_norm_weight = Bind(table, p + ".self_attn_layer_norm.weight");

@@ -1,8 +1,12 @@
 // The NormFormer parameter set: the ParamSpec rows of a model config (fairseq names, shapes,
-// tensor-parallel sharding, decay, fairseq initialisation) and typed views of them per layer.
+// tensor-parallel sharding, decay, fairseq initialisation) and typed views of them per layer,
+// for the whole model or for one pipeline stage of it.
 #pragma once
 
+#include <string>
 #include <vector>
+
+#include "absl/status/statusor.h"
 
 #include "model/linear.h"
 #include "model/model_config.pb.h"
@@ -25,18 +29,50 @@ struct LayerParams {
   Param resid_scale;           // w_resid [d] (scale_resids)
 };
 
+// The part of the model one pipeline stage holds: the layers [layer_begin, layer_end) (global
+// indices, so parameter names and dropout sites are those of the whole model); the first stage
+// also holds the embedding, the last the final LayerNorm, the LM head and the loss. With a tied
+// head, a last stage that is not also the first holds its own copy of the embedding as the head
+// (Megatron's scheme), under the same name and so with the same initial values.
+struct PipelineStagePlacement {
+  int stage = 0;
+  int num_stages = 1;
+  int layer_begin = 0;
+  int layer_end = -1;  // -1: through the model's last layer
+
+  bool first() const { return stage == 0; }
+  bool last() const { return stage == num_stages - 1; }
+};
+
+// `placement` with layer_end resolved, after checking it describes a stage of a model of
+// num_layers layers: 0 <= stage < num_stages, a non-empty layer range within the model, starting
+// at layer 0 exactly on the first stage and ending at the last layer exactly on the last stage.
+absl::StatusOr<PipelineStagePlacement> ResolvePlacement(const PipelineStagePlacement& placement,
+                                                        int num_layers);
+
 struct ModelParams {
-  Param embed_tokens;     // [vocab_padded / tp, d], vocab-parallel
-  Param embed_positions;  // [max_seq_len, d] when positions are LEARNED
-  std::vector<LayerParams> layers;
+  Param embed_tokens;     // [vocab_padded / tp, d], vocab-parallel (first stage; tied last stage)
+  Param embed_positions;  // [max_seq_len, d] when positions are LEARNED (first stage)
+  int first_layer = 0;    // global index of layers[0]
+  std::vector<LayerParams> layers;  // the stage's layers, in order
   Param final_norm_weight, final_norm_bias;
   Param output_projection;  // [vocab_padded / tp, d] when the head is untied
 };
 
-// Every parameter of the model for a vocabulary padded to `padded_vocab`, in a fixed order.
-std::vector<ParamSpec> NormFormerParamSpecs(const ModelConfig& config, int64_t padded_vocab);
+// Every parameter of the model (default) or of the pipeline stage `placement` (resolved by
+// ResolvePlacement) for a vocabulary padded to `padded_vocab`, in a fixed order.
+std::vector<ParamSpec> NormFormerParamSpecs(const ModelConfig& config, int64_t padded_vocab,
+                                            const PipelineStagePlacement& placement = {});
 
-// Views of `table`'s parameters, which must come from NormFormerParamSpecs(config, ...).
-ModelParams BindModelParams(const ParamTable& table, const ModelConfig& config);
+// Views of `table`'s parameters, which must come from NormFormerParamSpecs(config, ...,
+// placement).
+ModelParams BindModelParams(const ParamTable& table, const ModelConfig& config,
+                            const PipelineStagePlacement& placement = {});
+
+// The parameters of stage `placement` whose gradients must be all-reduced over the embedding
+// group (the first and last pipeline stages) before the optimizer step: the tied embedding when
+// the first and last stages are different stages (each holds a copy). Empty otherwise.
+std::vector<std::string> EmbeddingGroupParams(const ModelConfig& config,
+                                              const PipelineStagePlacement& placement);
 
 }  // namespace nf::model

@@ -5,6 +5,7 @@
 #include <cstdlib>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "core/ops/ops.h"
 #include "core/philox.h"
 #include "core/status.h"
@@ -19,11 +20,30 @@ int64_t Cols(const Shape& s) { return s.size() < 2 ? 1 : NumElements(s) / s[0]; 
 // A uniform double in (0, 1) from a 32-bit word.
 double Unit(uint32_t word) { return (static_cast<double>(word) + 0.5) * 0x1p-32; }
 
-// The initial value of global element `index` of parameter number `param` (its row in the
-// table): Philox keyed by (seed, param), counter = the element index.
-double InitialValue(const ParamSpec& spec, uint32_t seed, uint32_t param, int64_t index) {
-  const PhiloxCounter words = Philox4x32_10(
-      {static_cast<uint32_t>(index), static_cast<uint32_t>(index >> 32), 0, 0}, {seed, param});
+// The second Philox key word of initialisation: one that no dropout site (1 + 4 layer + kind)
+// reaches, so initial values and dropout masks never share a stream.
+constexpr uint32_t kInitStream = 0xFFFFFFFFu;
+
+// 64-bit FNV-1a of a parameter's name. The name, unlike the parameter's row in a table, is the
+// same in every layout (whole model, tensor-parallel shard, pipeline stage), so values drawn
+// under it are too. 64 bits make two names of one model sharing a stream (a collision)
+// negligible: ~n^2 / 2^65 for n parameters.
+uint64_t NameKey(absl::string_view name) {
+  uint64_t hash = 0xcbf29ce484222325ULL;
+  for (const char c : name) {
+    hash ^= static_cast<unsigned char>(c);
+    hash *= 0x100000001b3ULL;
+  }
+  return hash;
+}
+
+// The initial value of global element `index` of the parameter whose name hashes to
+// `name_key`: Philox keyed by (seed, kInitStream), counter = (element index, name key).
+double InitialValue(const ParamSpec& spec, uint32_t seed, uint64_t name_key, int64_t index) {
+  const PhiloxCounter words =
+      Philox4x32_10({static_cast<uint32_t>(index), static_cast<uint32_t>(index >> 32),
+                     static_cast<uint32_t>(name_key), static_cast<uint32_t>(name_key >> 32)},
+                    {seed, kInitStream});
   switch (spec.init) {
     case InitKind::kOnes:
       return 1.0;
@@ -86,8 +106,8 @@ absl::StatusOr<ParamTable> ParamTable::Create(std::vector<ParamSpec> specs, DTyp
 }
 
 absl::Status ParamTable::Initialize(uint32_t seed) {
-  for (size_t p = 0; p < entries_.size(); ++p) {
-    const Entry& e = entries_[p];
+  for (const Entry& e : entries_) {
+    const uint64_t name_key = NameKey(e.spec.name);
     const int64_t rows = Rows(e.local_shape), cols = Cols(e.local_shape);
     const int64_t global_cols = Cols(e.spec.global_shape);
     // Where this rank's slice starts in the global [rows, cols] matrix.
@@ -98,7 +118,7 @@ absl::Status ParamTable::Initialize(uint32_t seed) {
       for (int64_t c = 0; c < cols; ++c) {
         const int64_t global_index = (row0 + r) * global_cols + col0 + c;
         values[r * cols + c] =
-            static_cast<float>(InitialValue(e.spec, seed, static_cast<uint32_t>(p), global_index));
+            static_cast<float>(InitialValue(e.spec, seed, name_key, global_index));
       }
     }
     NF_RETURN_IF_ERROR(CopyFromFloats(e.value, values));

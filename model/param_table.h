@@ -56,8 +56,8 @@ class ParamTable {
   static absl::StatusOr<ParamTable> Create(std::vector<ParamSpec> specs, DType dtype, int tp_rank,
                                            int tp_size);
 
-  // fairseq's initialisation, a pure function of (seed, parameter name's index in the table,
-  // global element index): any tensor-parallel layout draws the same global values.
+  // fairseq's initialisation, a pure function of (seed, parameter name, global element index):
+  // any tensor-parallel or pipeline layout draws the same global values for a parameter.
   absl::Status Initialize(uint32_t seed);
 
   const Entry& Get(absl::string_view name) const;  // aborts on an unknown name (a bug)

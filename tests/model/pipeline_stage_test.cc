@@ -1,0 +1,272 @@
+// Pipeline stages of the NormFormer model against the whole model, in one process: the tiny
+// model is cut into 2 or 3 stages with StageLayers, the stages are chained by hand (stage k's
+// output hidden state is stage k + 1's input; the last stage's input gradient is the previous
+// stage's output gradient), and the loss, every parameter's initial value and every gradient
+// are compared with the one-stage model on the same batch, dropout on.
+//
+// Why exact equality holds: every stage runs the very ops of the whole model, in the same
+// order, on the same values (the hidden states and gradients pass between stages as exact
+// copies, parameters draw their initial values from their names, and layers keep their global
+// dropout sites), and the CPU ops are deterministic. The one exception is the tied embedding:
+// the whole model accumulates the head's gradient and the lookup gradients into one buffer,
+// the stages into two that are summed afterwards, which reassociates fp32 additions.
+#include <algorithm>
+#include <cmath>
+#include <memory>
+#include <random>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "model/normformer_model.h"
+#include "parallel/pipeline_schedule.h"
+#include "test_util.h"
+
+namespace nf::model {
+namespace {
+
+using ::nf::testing::MakeIds;
+
+constexpr int64_t kBatch = 2, kSeq = 6;
+constexpr uint32_t kSeed = 17;
+constexpr uint64_t kFirstSample = 3;
+constexpr float kLossWeight = 0.25f;
+constexpr char kEmbedding[] = "decoder.embed_tokens.weight";
+
+struct Split {
+  std::string name;
+  int num_layers, num_stages;
+  bool tie;
+  ModelConfig::Positions positions;
+  bool scale_resids;
+  bool recompute = false;
+};
+
+ModelConfig TinyConfig(const Split& s) {
+  ModelConfig c;
+  c.set_num_layers(s.num_layers);
+  c.set_d_model(8);
+  c.set_num_heads(2);
+  c.set_ffn_dim(16);
+  c.set_vocab_size(37);
+  c.set_max_seq_len(8);
+  c.set_positions(s.positions);
+  c.set_dropout(0.1f);
+  c.set_attention_dropout(0.1f);
+  c.set_activation_dropout(0.1f);
+  c.set_tie_embeddings(s.tie);
+  NormFormerConfig* nf = c.mutable_normformer();
+  nf->set_scale_attn(true);
+  nf->set_scale_heads(true);
+  nf->set_scale_fc(true);
+  nf->set_scale_resids(s.scale_resids);
+  return c;
+}
+
+ModelOptions Options(bool recompute, PipelineStagePlacement placement = {}) {
+  return {.dtype = DType::kF32,
+          .micro_batch = kBatch,
+          .seq_len = kSeq,
+          .activation_recompute = recompute,
+          .seed = kSeed,
+          .pipeline = placement};
+}
+
+struct Batch {
+  Tensor inputs, targets;
+};
+
+Batch MakeBatch(int vocab) {
+  std::mt19937 rng(5);
+  std::vector<int32_t> inputs, targets;
+  for (int64_t i = 0; i < kBatch * kSeq; ++i) {
+    inputs.push_back(static_cast<int32_t>(rng() % vocab));
+    targets.push_back(static_cast<int32_t>(rng() % vocab));
+  }
+  targets[4] = -1;  // one position without a loss
+  return {MakeIds({kBatch, kSeq}, inputs), MakeIds({kBatch, kSeq}, targets)};
+}
+
+std::vector<std::unique_ptr<NormFormerModel>> MakeStages(const ModelConfig& config,
+                                                         const Split& split) {
+  std::vector<std::unique_ptr<NormFormerModel>> stages;
+  const std::vector<std::pair<int, int>> ranges =
+      parallel::StageLayers(config.num_layers(), split.num_stages);
+  for (int s = 0; s < split.num_stages; ++s) {
+    auto stage =
+        NormFormerModel::Create(config, Options(split.recompute, {.stage = s,
+                                                                  .num_stages = split.num_stages,
+                                                                  .layer_begin = ranges[s].first,
+                                                                  .layer_end = ranges[s].second}));
+    EXPECT_TRUE(stage.ok()) << stage.status();
+    if (!stage.ok()) return {};
+    stages.push_back(*std::move(stage));
+  }
+  return stages;
+}
+
+// Forward through the stages in order, then backward in reverse; returns the last stage's loss.
+NormFormerModel::LossSum RunChained(std::vector<std::unique_ptr<NormFormerModel>>& stages,
+                                    const Batch& batch) {
+  const Tensor* hidden = nullptr;
+  NormFormerModel::LossSum loss;
+  for (size_t s = 0; s < stages.size(); ++s) {
+    auto out = stages[s]->ForwardStage(s == 0 ? &batch.inputs : nullptr, hidden, batch.targets,
+                                       kFirstSample, /*train=*/true);
+    EXPECT_TRUE(out.ok()) << out.status();
+    if (!out.ok()) return {};
+    hidden = out->hidden;
+    loss = out->loss;
+  }
+  const Tensor* grad = nullptr;
+  for (size_t s = stages.size(); s-- > 0;) {
+    const absl::Status status = stages[s]->BackwardStage(grad, kLossWeight);
+    EXPECT_TRUE(status.ok()) << status;
+    grad = &stages[s]->input_grad();
+  }
+  return loss;
+}
+
+class PipelineStageTest : public ::testing::TestWithParam<Split> {};
+
+INSTANTIATE_TEST_SUITE_P(
+    Splits, PipelineStageTest,
+    ::testing::Values(
+        Split{"two_layers_two_stages_tied", 2, 2, true, ModelConfig::SINUSOIDAL, false},
+        Split{"three_layers_three_stages_untied_learned", 3, 3, false, ModelConfig::LEARNED, true},
+        Split{"four_layers_three_stages_tied_learned", 4, 3, true, ModelConfig::LEARNED, true},
+        Split{"four_layers_two_stages_untied_recompute", 4, 2, false, ModelConfig::SINUSOIDAL,
+              false, true}),
+    [](const ::testing::TestParamInfo<Split>& info) { return info.param.name; });
+
+TEST_P(PipelineStageTest, StagesHoldTheWholeModelsParametersWithItsInitialValues) {
+  const ModelConfig config = TinyConfig(GetParam());
+  auto whole = NormFormerModel::Create(config, Options(GetParam().recompute));
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  auto stages = MakeStages(config, GetParam());
+  ASSERT_EQ(stages.size(), static_cast<size_t>(GetParam().num_stages));
+  std::vector<std::string> held;
+  for (const auto& stage : stages) {
+    for (const ParamTable::Entry& e : stage->params().entries()) {
+      SCOPED_TRACE(e.spec.name);
+      ASSERT_TRUE((*whole)->params().Contains(e.spec.name));
+      EXPECT_EQ(*ToFloatVector(e.value), *ToFloatVector((*whole)->params().Get(e.spec.name).value));
+      held.push_back(e.spec.name);
+    }
+  }
+  // Every parameter of the whole model lives on exactly one stage, except the tied embedding,
+  // which the last stage holds again as its head.
+  for (const ParamTable::Entry& e : (*whole)->params().entries()) {
+    const int copies = e.spec.name == kEmbedding && config.tie_embeddings() ? 2 : 1;
+    EXPECT_EQ(std::count(held.begin(), held.end(), e.spec.name), copies) << e.spec.name;
+  }
+  EXPECT_EQ(held.size(), (*whole)->params().entries().size() + (config.tie_embeddings() ? 1 : 0));
+}
+
+TEST_P(PipelineStageTest, ChainedStagesGiveTheWholeModelsLossAndGradients) {
+  const ModelConfig config = TinyConfig(GetParam());
+  const Batch batch = MakeBatch(config.vocab_size());
+  auto whole = NormFormerModel::Create(config, Options(GetParam().recompute));
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  auto whole_loss = (*whole)->Forward(batch.inputs, batch.targets, kFirstSample, true);
+  ASSERT_TRUE(whole_loss.ok()) << whole_loss.status();
+  ASSERT_TRUE((*whole)->Backward(kLossWeight).ok());
+
+  auto stages = MakeStages(config, GetParam());
+  ASSERT_EQ(stages.size(), static_cast<size_t>(GetParam().num_stages));
+  const NormFormerModel::LossSum loss = RunChained(stages, batch);
+  // The same ops in the same order on the same values (see the top of the file): bit-identical.
+  EXPECT_EQ(loss.sum, whole_loss->sum);
+  EXPECT_EQ(loss.tokens, whole_loss->tokens);
+
+  std::vector<float> embedding_sum;
+  for (const auto& stage : stages) {
+    for (const ParamTable::Entry& e : stage->params().entries()) {
+      const std::vector<float> grad = *ToFloatVector(e.grad);
+      if (e.spec.name == kEmbedding && config.tie_embeddings()) {
+        // The first stage's lookup gradient and the last stage's head gradient.
+        if (embedding_sum.empty()) embedding_sum.assign(grad.size(), 0.0f);
+        for (size_t i = 0; i < grad.size(); ++i) embedding_sum[i] += grad[i];
+        continue;
+      }
+      EXPECT_EQ(grad, *ToFloatVector((*whole)->params().Get(e.spec.name).grad)) << e.spec.name;
+    }
+  }
+  if (!config.tie_embeddings()) return;
+  const std::vector<float> expected = *ToFloatVector((*whole)->params().Get(kEmbedding).grad);
+  ASSERT_EQ(embedding_sum.size(), expected.size());
+  // The whole model adds a row's <= kBatch * kSeq = 12 lookup gradients onto its head gradient
+  // one by one; the stages sum the lookups from zero and add the head gradient last. Both are
+  // the same 13 terms summed in fp32 in different orders, each within a few roundings (2^-24
+  // relative) of partial sums no larger than a small multiple of the parameter's largest
+  // gradient: 8 u32 of that bounds the difference (measured: at most 1 ulp of the element).
+  float largest = 0.0f;
+  for (float g : expected) largest = std::max(largest, std::abs(g));
+  for (size_t i = 0; i < expected.size(); ++i) {
+    ASSERT_NEAR(embedding_sum[i], expected[i], 8 * 0x1p-24 * largest) << "element " << i;
+  }
+}
+
+TEST_P(PipelineStageTest, OnlyTheEndStagesOfATiedModelJoinTheEmbeddingGroup) {
+  const ModelConfig config = TinyConfig(GetParam());
+  auto stages = MakeStages(config, GetParam());
+  ASSERT_EQ(stages.size(), static_cast<size_t>(GetParam().num_stages));
+  for (size_t s = 0; s < stages.size(); ++s) {
+    const bool end_stage = s == 0 || s + 1 == stages.size();
+    const std::vector<std::string> expected = config.tie_embeddings() && end_stage
+                                                  ? std::vector<std::string>{kEmbedding}
+                                                  : std::vector<std::string>{};
+    EXPECT_EQ(stages[s]->embedding_group_params(), expected) << "stage " << s;
+  }
+}
+
+TEST(PipelineStageRefusalTest, RefusesLayerRangesThatAreNotAStage) {
+  const ModelConfig config = TinyConfig({"four", 4, 2, true, ModelConfig::SINUSOIDAL, false});
+  const auto refusal = [&](PipelineStagePlacement placement) {
+    auto model = NormFormerModel::Create(config, Options(false, placement));
+    EXPECT_FALSE(model.ok());
+    return model.ok() ? std::string() : std::string(model.status().message());
+  };
+  EXPECT_EQ(refusal({.stage = 0, .num_stages = 2, .layer_begin = 0, .layer_end = 0}),
+            "pipeline stage 0 of 2: layer range [0, 0) must be a non-empty range within the "
+            "model's layers [0, 4)");
+  EXPECT_EQ(refusal({.stage = 1, .num_stages = 2, .layer_begin = 2, .layer_end = 5}),
+            "pipeline stage 1 of 2: layer range [2, 5) must be a non-empty range within the "
+            "model's layers [0, 4)");
+  EXPECT_EQ(refusal({.stage = 1, .num_stages = 2, .layer_begin = -1, .layer_end = 4}),
+            "pipeline stage 1 of 2: layer range [-1, 4) must be a non-empty range within the "
+            "model's layers [0, 4)");
+  EXPECT_EQ(refusal({.stage = 2, .num_stages = 2, .layer_begin = 2, .layer_end = 4}),
+            "pipeline stage 2 of 2: the stage must be in [0, num_stages) and num_stages >= 1");
+  EXPECT_EQ(refusal({.stage = 1, .num_stages = 2, .layer_begin = 0, .layer_end = 4}),
+            "pipeline stage 1 of 2: layer range [0, 4) must start at layer 0 exactly when the "
+            "stage is the first (it holds the embedding)");
+  EXPECT_EQ(refusal({.stage = 0, .num_stages = 2, .layer_begin = 0, .layer_end = 4}),
+            "pipeline stage 0 of 2: layer range [0, 4) must end at layer 4 exactly when the "
+            "stage is the last (it holds the head and the loss)");
+}
+
+TEST(PipelineStageRefusalTest, AStageRefusesTheWholeModelCallsAndMissingInputs) {
+  const Split split{"four", 4, 2, true, ModelConfig::SINUSOIDAL, false};
+  const ModelConfig config = TinyConfig(split);
+  const Batch batch = MakeBatch(config.vocab_size());
+  auto stages = MakeStages(config, split);
+  ASSERT_EQ(stages.size(), 2u);
+  auto whole_call = stages[0]->Forward(batch.inputs, batch.targets, 0, true);
+  ASSERT_FALSE(whole_call.ok());
+  EXPECT_EQ(whole_call.status().message(),
+            "NormFormerModel::Forward runs the whole model, but this is pipeline stage 0 of 2: "
+            "use ForwardStage");
+  auto no_hidden = stages[1]->ForwardStage(nullptr, nullptr, batch.targets, 0, true);
+  ASSERT_FALSE(no_hidden.ok());
+  EXPECT_EQ(no_hidden.status().message(),
+            "NormFormerModel: pipeline stage 1 of 2 needs input_hidden (none) as f32[12, 8] "
+            "(micro_batch * seq_len, d_model)");
+  const absl::Status no_grad = stages[0]->BackwardStage(nullptr, 1.0f);
+  EXPECT_FALSE(no_grad.ok());
+  EXPECT_NE(no_grad.message().find("needs output_grad (none)"), absl::string_view::npos) << no_grad;
+}
+
+}  // namespace
+}  // namespace nf::model
