@@ -373,4 +373,12 @@ ops::CrossEntropyArgs NormFormerModel::LossArgs() const {
           .valid_vocab = config_.vocab_size()};
 }
 
+absl::StatusOr<double> NormFormerModel::OwnedSquaredGradNorm() const {
+  const PipelineStagePlacement& p = options_.pipeline;
+  const bool head_copy = config_.tie_embeddings() && p.last() && !p.first();
+  return table_.OwnedSquaredGradNorm(head_copy
+                                         ? std::vector<std::string>{"decoder.embed_tokens.weight"}
+                                         : std::vector<std::string>{});
+}
+
 }  // namespace nf::model

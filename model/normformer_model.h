@@ -97,6 +97,12 @@ class NormFormerModel {
     return EmbeddingGroupParams(config_, options_.pipeline);
   }
 
+  // This rank's share of the global squared gradient norm (ParamTable::OwnedSquaredGradNorm):
+  // tensor-parallel duplicates count on tp rank 0, and a tied head copy on the last stage not at
+  // all (the first stage counts the embedding). Call it after the embedding-group all-reduce,
+  // which makes both copies' gradients the full one.
+  absl::StatusOr<double> OwnedSquaredGradNorm() const;
+
   ParamTable& params() { return table_; }
   const ModelParams& model_params() const { return params_; }
   const ModelConfig& config() const { return config_; }

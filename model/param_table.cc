@@ -1,5 +1,6 @@
 #include "model/param_table.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -154,10 +155,15 @@ std::vector<optim::ParamRange> ParamTable::DecayRanges() const {
 
 absl::Status ParamTable::ZeroGrads() const { return ops::Fill(grads_, 0.0f); }
 
-absl::StatusOr<double> ParamTable::OwnedSquaredGradNorm() const {
+absl::StatusOr<double> ParamTable::OwnedSquaredGradNorm(
+    const std::vector<std::string>& copies_of_other_stages) const {
   NF_ASSIGN_OR_RETURN(const Tensor sum, Tensor::Zeros(DType::kF32, {1}));
   for (const Entry& e : entries_) {
     if (e.spec.sharding == Sharding::kReplicated && tp_rank_ != 0) continue;
+    if (std::find(copies_of_other_stages.begin(), copies_of_other_stages.end(), e.spec.name) !=
+        copies_of_other_stages.end()) {
+      continue;
+    }
     NF_RETURN_IF_ERROR(ops::SquaredNorm(e.grad, sum));
   }
   return sum.data<float>()[0];

@@ -74,9 +74,12 @@ class ParamTable {
   absl::Status ZeroGrads() const;
   // Sum of squares of the gradients this rank counts in the global gradient norm: every
   // tensor-parallel shard, and replicated parameters on tensor-parallel rank 0 only (their
-  // gradients are identical on every rank, so they count once). Summed over the
-  // tensor-parallel group, it is the unsharded model's squared norm.
-  absl::StatusOr<double> OwnedSquaredGradNorm() const;
+  // gradients are identical on every rank, so they count once). Parameters named in
+  // `copies_of_other_stages` (a pipeline stage's copy of a parameter another stage owns, such as
+  // the last stage's tied embedding) are skipped too. Summed over the tensor- and
+  // pipeline-parallel groups, it is the whole model's squared norm.
+  absl::StatusOr<double> OwnedSquaredGradNorm(
+      const std::vector<std::string>& copies_of_other_stages = {}) const;
 
  private:
   std::vector<Entry> entries_;

@@ -18,6 +18,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/ops/ops.h"
 #include "gtest/gtest.h"
 #include "model/normformer_model.h"
 #include "parallel/pipeline_schedule.h"
@@ -206,6 +207,35 @@ TEST_P(PipelineStageTest, ChainedStagesGiveTheWholeModelsLossAndGradients) {
   for (size_t i = 0; i < expected.size(); ++i) {
     ASSERT_NEAR(embedding_sum[i], expected[i], 8 * 0x1p-24 * largest) << "element " << i;
   }
+}
+
+// The global gradient norm counts every parameter once: after the embedding group's all-reduce
+// (simulated here by giving both tied copies the summed gradient), the stages' owned squared
+// norms add up to the whole model's.
+TEST_P(PipelineStageTest, OwnedGradientNormsSumToTheWholeModelsNorm) {
+  const ModelConfig config = TinyConfig(GetParam());
+  const Batch batch = MakeBatch(config.vocab_size());
+  auto whole = NormFormerModel::Create(config, Options(GetParam().recompute));
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  ASSERT_TRUE((*whole)->Forward(batch.inputs, batch.targets, kFirstSample, true).ok());
+  ASSERT_TRUE((*whole)->Backward(kLossWeight).ok());
+  auto stages = MakeStages(config, GetParam());
+  ASSERT_EQ(stages.size(), static_cast<size_t>(GetParam().num_stages));
+  RunChained(stages, batch);
+  if (config.tie_embeddings()) {
+    const Tensor& first = stages.front()->params().Get(kEmbedding).grad;
+    const Tensor& last = stages.back()->params().Get(kEmbedding).grad;
+    Tensor sum = *Tensor::Zeros(DType::kF32, first.shape());
+    ASSERT_TRUE(ops::Axpy(1.0f, first, sum).ok() && ops::Axpy(1.0f, last, sum).ok());
+    ASSERT_TRUE(ops::Cast(sum, first).ok() && ops::Cast(sum, last).ok());
+  }
+  double total = 0.0;
+  for (const auto& stage : stages) total += *stage->OwnedSquaredGradNorm();
+  const double expected = *(*whole)->OwnedSquaredGradNorm();
+  // The same squares summed per stage instead of at once, and the tied embedding's gradient
+  // summed in another order (within 8 u32 of its largest element, test above): 1e-5 relative.
+  EXPECT_NEAR(total, expected, 1e-5 * expected);
+  EXPECT_GT(expected, 0.0);
 }
 
 TEST_P(PipelineStageTest, OnlyTheEndStagesOfATiedModelJoinTheEmbeddingGroup) {
