@@ -80,29 +80,41 @@ void BM_Gemm(benchmark::State& state) {
   Run(state, 2.0 * m * n * k, 0, [&] { return ops::Gemm(args); });
 }
 
+// LayerNorm inputs: x [rows, cols] of kDType, fp32 weight and bias, outputs zeroed.
+ops::LayerNormArgs LayerNormInputs(DType dtype, int64_t rows, int64_t cols) {
+  return {.x = Random(dtype, {rows, cols}),
+          .weight = Random(DType::kF32, {cols}),
+          .bias = Random(DType::kF32, {cols}),
+          .y = Zeros(dtype, {rows, cols}),
+          .mean = Zeros(DType::kF32, {rows}),
+          .rstd = Zeros(DType::kF32, {rows})};
+}
+
+// Attention inputs [b, h, s, d] with scale 1/8 and dropout 0.1 on the probabilities.
+ops::AttentionArgs AttentionInputs(DType dtype, int64_t b, int64_t h, int64_t s, int64_t d) {
+  const Shape shape{b, h, s, d};
+  return {.q = Random(dtype, shape),
+          .k = Random(dtype, shape),
+          .v = Random(dtype, shape),
+          .out = Zeros(dtype, shape),
+          .lse = Zeros(DType::kF32, {b, h, s}),
+          .scale = 0.125f,
+          .dropout = {.p = 0.1f}};
+}
+
 // ---- LayerNorm: memory-bound, bytes = tensors read and written ---------------------------------
 
 template <DType kDType>
 void BM_LayerNormForward(benchmark::State& state) {
   const int64_t rows = state.range(0), cols = state.range(1);
-  ops::LayerNormArgs args{.x = Random(kDType, {rows, cols}),
-                          .weight = Random(DType::kF32, {cols}),
-                          .bias = Random(DType::kF32, {cols}),
-                          .y = Zeros(kDType, {rows, cols}),
-                          .mean = Zeros(DType::kF32, {rows}),
-                          .rstd = Zeros(DType::kF32, {rows})};
+  const ops::LayerNormArgs args = LayerNormInputs(kDType, rows, cols);
   Run(state, 0, 2.0 * rows * cols * SizeOf(kDType), [&] { return ops::LayerNormForward(args); });
 }
 
 template <DType kDType>
 void BM_LayerNormBackward(benchmark::State& state) {
   const int64_t rows = state.range(0), cols = state.range(1);
-  ops::LayerNormArgs fwd{.x = Random(kDType, {rows, cols}),
-                         .weight = Random(DType::kF32, {cols}),
-                         .bias = Random(DType::kF32, {cols}),
-                         .y = Zeros(kDType, {rows, cols}),
-                         .mean = Zeros(DType::kF32, {rows}),
-                         .rstd = Zeros(DType::kF32, {rows})};
+  const ops::LayerNormArgs fwd = LayerNormInputs(kDType, rows, cols);
   if (!ops::LayerNormForward(fwd).ok()) state.SkipWithError("forward failed");
   ops::LayerNormBackwardArgs args{Random(kDType, {rows, cols}),
                                   fwd.x,
@@ -123,14 +135,7 @@ void BM_LayerNormBackward(benchmark::State& state) {
 template <DType kDType>
 void BM_AttentionForward(benchmark::State& state) {
   const int64_t b = state.range(0), h = state.range(1), s = state.range(2), d = state.range(3);
-  const Shape shape{b, h, s, d};
-  ops::AttentionArgs args{.q = Random(kDType, shape),
-                          .k = Random(kDType, shape),
-                          .v = Random(kDType, shape),
-                          .out = Zeros(kDType, shape),
-                          .lse = Zeros(DType::kF32, {b, h, s}),
-                          .scale = 0.125f,
-                          .dropout = {.p = 0.1f}};
+  const ops::AttentionArgs args = AttentionInputs(kDType, b, h, s, d);
   Run(state, 4.0 * b * h * s * s * d, 0, [&] { return ops::AttentionForward(args); });
 }
 
@@ -138,13 +143,7 @@ template <DType kDType>
 void BM_AttentionBackward(benchmark::State& state) {
   const int64_t b = state.range(0), h = state.range(1), s = state.range(2), d = state.range(3);
   const Shape shape{b, h, s, d};
-  ops::AttentionArgs fwd{.q = Random(kDType, shape),
-                         .k = Random(kDType, shape),
-                         .v = Random(kDType, shape),
-                         .out = Zeros(kDType, shape),
-                         .lse = Zeros(DType::kF32, {b, h, s}),
-                         .scale = 0.125f,
-                         .dropout = {.p = 0.1f}};
+  const ops::AttentionArgs fwd = AttentionInputs(kDType, b, h, s, d);
   if (!ops::AttentionForward(fwd).ok()) state.SkipWithError("forward failed");
   ops::AttentionBackwardArgs args{.q = fwd.q,
                                   .k = fwd.k,
