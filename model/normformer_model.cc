@@ -110,6 +110,10 @@ absl::StatusOr<std::unique_ptr<NormFormerModel>> NormFormerModel::Create(
     model->layers_.emplace_back(l, model->params_.layers[l - placement.layer_begin], model->shape_,
                                 model->layer_options_, model->tp_);
   }
+  for (int l = placement.layer_begin; l < placement.layer_end; ++l) {
+    model->layer_grad_offsets_.push_back(model->table_.LowestOffset(LayerPrefix(l) + "."));
+  }
+  if (placement.last()) model->head_grad_offset_ = model->table_.LowestOffset("decoder.layer_norm.");
   NF_RETURN_IF_ERROR(model->AllocateBuffers());
   return model;
 }
@@ -117,46 +121,73 @@ absl::StatusOr<std::unique_ptr<NormFormerModel>> NormFormerModel::Create(
 absl::Status NormFormerModel::AllocateBuffers() {
   const int64_t t = shape_.tokens(), d = shape_.d_model;
   const DType dt = options_.dtype;
-  hidden_.resize(layers_.size() + 1);
-  for (Tensor& h : hidden_) {
-    NF_ASSIGN_OR_RETURN(h, Tensor::Zeros(dt, {t, d}));
-  }
-  const size_t distinct = options_.activation_recompute ? 1 : layers_.size();
-  for (size_t i = 0; i < distinct; ++i) {
-    NF_ASSIGN_OR_RETURN(LayerActivations acts, LayerActivations::Allocate(shape_, layer_options_));
-    layer_acts_.push_back(std::move(acts));
+  if (options_.activation_recompute) {
+    NF_ASSIGN_OR_RETURN(shared_acts_, LayerActivations::Allocate(shape_, layer_options_));
   }
   NF_ASSIGN_OR_RETURN(scratch_, LayerScratch::Allocate(shape_));
   if (placement().first() && config_.positions() == ModelConfig::SINUSOIDAL) {
     NF_ASSIGN_OR_RETURN(positions_, TensorFromFloats(dt, {config_.max_seq_len(), d},
                                                      SinusoidalTable(config_.max_seq_len(), d)));
   }
-  if (placement().last()) NF_RETURN_IF_ERROR(AllocateHeadBuffers());
+  if (placement().last()) {
+    NF_ASSIGN_OR_RETURN(dloss_, Tensor::Zeros(DType::kF32, {t}));
+  }
   NF_ASSIGN_OR_RETURN(grad_a_, Tensor::Zeros(dt, {t, d}));
   NF_ASSIGN_OR_RETURN(grad_b_, Tensor::Zeros(dt, {t, d}));
   return absl::OkStatus();
 }
 
-absl::Status NormFormerModel::AllocateHeadBuffers() {
+absl::StatusOr<std::unique_ptr<NormFormerModel::InFlight>> NormFormerModel::AllocateInFlight()
+    const {
   const int64_t t = shape_.tokens(), d = shape_.d_model;
   const DType dt = options_.dtype, f32 = DType::kF32;
-  NF_ASSIGN_OR_RETURN(final_norm_, Tensor::Zeros(dt, {t, d}));
-  NF_ASSIGN_OR_RETURN(final_mean_, Tensor::Zeros(f32, {t}));
-  NF_ASSIGN_OR_RETURN(final_rstd_, Tensor::Zeros(f32, {t}));
-  NF_ASSIGN_OR_RETURN(logits_, Tensor::Zeros(dt, {t, padded_vocab_ / tp_->size()}));
-  for (Tensor* v : {&row_max_, &token_loss_, &dloss_}) {
+  auto mb = std::make_unique<InFlight>();
+  mb->hidden.resize(layers_.size() + 1);
+  for (Tensor& h : mb->hidden) {
+    NF_ASSIGN_OR_RETURN(h, Tensor::Zeros(dt, {t, d}));
+  }
+  if (!options_.activation_recompute) {
+    for (size_t l = 0; l < layers_.size(); ++l) {
+      NF_ASSIGN_OR_RETURN(LayerActivations acts,
+                          LayerActivations::Allocate(shape_, layer_options_));
+      mb->layers.push_back(std::move(acts));
+    }
+  }
+  if (placement().first()) {
+    NF_ASSIGN_OR_RETURN(mb->ids, Tensor::Zeros(DType::kI32, {t}));
+  }
+  if (!placement().last()) return mb;
+  NF_ASSIGN_OR_RETURN(mb->targets, Tensor::Zeros(DType::kI32, {t}));
+  NF_ASSIGN_OR_RETURN(mb->final_norm, Tensor::Zeros(dt, {t, d}));
+  NF_ASSIGN_OR_RETURN(mb->logits, Tensor::Zeros(dt, {t, padded_vocab_ / tp_->size()}));
+  for (Tensor* v : {&mb->final_mean, &mb->final_rstd, &mb->row_max, &mb->token_loss}) {
     NF_ASSIGN_OR_RETURN(*v, Tensor::Zeros(f32, {t}));
   }
-  NF_ASSIGN_OR_RETURN(loss_sums_, Tensor::Zeros(f32, {2, t}));
-  NF_ASSIGN_OR_RETURN(sum_exp_, loss_sums_.View(0, {t}));
-  NF_ASSIGN_OR_RETURN(target_logit_, loss_sums_.View(t, {t}));
-  return absl::OkStatus();
+  NF_ASSIGN_OR_RETURN(mb->loss_sums, Tensor::Zeros(f32, {2, t}));
+  NF_ASSIGN_OR_RETURN(mb->sum_exp, mb->loss_sums.View(0, {t}));
+  NF_ASSIGN_OR_RETURN(mb->target_logit, mb->loss_sums.View(t, {t}));
+  return mb;
 }
 
-absl::Status NormFormerModel::EmbedForward(const Tensor& ids, const DecoderLayer::Step& step) {
-  const Tensor& x = hidden_[0];
+absl::StatusOr<NormFormerModel::InFlight*> NormFormerModel::Acquire(int micro_batch) {
+  if (auto it = in_flight_.find(micro_batch); it != in_flight_.end()) return it->second.get();
+  std::unique_ptr<InFlight> mb;
+  if (pool_.empty()) {
+    NF_ASSIGN_OR_RETURN(mb, AllocateInFlight());
+  } else {
+    mb = std::move(pool_.back());
+    pool_.pop_back();
+  }
+  InFlight* acquired = mb.get();
+  in_flight_.emplace(micro_batch, std::move(mb));
+  peak_in_flight_ = std::max(peak_in_flight_, in_flight());
+  return acquired;
+}
+
+absl::Status NormFormerModel::EmbedForward(InFlight& mb) {
+  const Tensor& x = mb.hidden[0];
   const int64_t d = shape_.d_model, seq = shape_.seq;
-  NF_RETURN_IF_ERROR(ops::EmbeddingForward({.ids = ids,
+  NF_RETURN_IF_ERROR(ops::EmbeddingForward({.ids = mb.ids,
                                             .table = params_.embed_tokens.value,
                                             .out = x,
                                             .vocab_offset = vocab_offset_,
@@ -173,7 +204,7 @@ absl::Status NormFormerModel::EmbedForward(const Tensor& ids, const DecoderLayer
     NF_ASSIGN_OR_RETURN(const Tensor sample, x.Slice(b * seq, seq));
     NF_RETURN_IF_ERROR(ops::Axpy(1.0f, positions, sample));
   }
-  return ops::Dropout(x, x, EmbeddingDropout(step));
+  return ops::Dropout(x, x, EmbeddingDropout(mb.step));
 }
 
 ops::DropoutSpec NormFormerModel::EmbeddingDropout(const DecoderLayer::Step& step) const {
@@ -197,13 +228,13 @@ absl::StatusOr<NormFormerModel::LossSum> NormFormerModel::Forward(const Tensor& 
                                                                   bool train) {
   NF_RETURN_IF_ERROR(CheckWholeModel("Forward"));
   NF_ASSIGN_OR_RETURN(const StageOutput out,
-                      ForwardStage(&inputs, nullptr, targets, first_sample, train));
+                      ForwardStage(0, &inputs, nullptr, targets, first_sample, train));
   return out.loss;
 }
 
 absl::Status NormFormerModel::Backward(float loss_weight) {
   NF_RETURN_IF_ERROR(CheckWholeModel("Backward"));
-  return BackwardStage(nullptr, loss_weight);
+  return BackwardStage(0, nullptr, loss_weight);
 }
 
 absl::Status NormFormerModel::CheckStageInputs(const Tensor* input_ids, const Tensor* input_hidden,
@@ -238,84 +269,103 @@ absl::Status NormFormerModel::CheckHiddenShape(absl::string_view what, const Ten
 }
 
 absl::StatusOr<NormFormerModel::StageOutput> NormFormerModel::ForwardStage(
-    const Tensor* input_ids, const Tensor* input_hidden, const Tensor& targets,
+    int micro_batch, const Tensor* input_ids, const Tensor* input_hidden, const Tensor& targets,
     uint64_t first_sample, bool train) {
   NF_RETURN_IF_ERROR(CheckStageInputs(input_ids, input_hidden, targets));
+  NF_ASSIGN_OR_RETURN(InFlight* const mb, Acquire(micro_batch));
   const int64_t t = shape_.tokens();
-  step_ = {.first_sample = first_sample, .seed = options_.seed, .train = train};
+  mb->step = {.first_sample = first_sample, .seed = options_.seed, .train = train};
   if (placement().first()) {
-    NF_ASSIGN_OR_RETURN(ids_, input_ids->Reshape({t}));
-    NF_RETURN_IF_ERROR(EmbedForward(ids_, step_));
+    NF_ASSIGN_OR_RETURN(const Tensor ids, input_ids->Reshape({t}));
+    NF_RETURN_IF_ERROR(ops::Cast(ids, mb->ids));
+    NF_RETURN_IF_ERROR(EmbedForward(*mb));
   } else {
-    // Copied, not viewed: the sender's buffer may be reused (by the next micro-batch) while
-    // this micro-batch's backward still needs its input.
-    NF_RETURN_IF_ERROR(ops::Cast(*input_hidden, hidden_[0]));
+    NF_RETURN_IF_ERROR(ops::Cast(*input_hidden, mb->hidden[0]));
   }
-  NF_RETURN_IF_ERROR(LayersForward());
-  if (!placement().last()) return StageOutput{.hidden = &hidden_.back()};
-  NF_ASSIGN_OR_RETURN(targets_, targets.Reshape({t}));
-  NF_ASSIGN_OR_RETURN(const LossSum loss, HeadForward());
+  NF_RETURN_IF_ERROR(LayersForward(*mb));
+  if (!placement().last()) return StageOutput{.hidden = &mb->hidden.back()};
+  NF_ASSIGN_OR_RETURN(const Tensor target_ids, targets.Reshape({t}));
+  NF_RETURN_IF_ERROR(ops::Cast(target_ids, mb->targets));
+  last_forward_ = mb;
+  NF_ASSIGN_OR_RETURN(const LossSum loss, HeadForward(*mb));
   return StageOutput{.loss = loss};
 }
 
-absl::Status NormFormerModel::BackwardStage(const Tensor* output_grad, float loss_weight) {
+absl::Status NormFormerModel::BackwardStage(int micro_batch, const Tensor* output_grad,
+                                            float loss_weight,
+                                            const GradsDoneFrom& grads_done_from) {
+  const auto it = in_flight_.find(micro_batch);
+  if (it == in_flight_.end()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("NormFormerModel::BackwardStage: micro-batch ", micro_batch,
+                     " is not in flight on pipeline stage ", placement().stage,
+                     " (no ForwardStage, or its backward already ran)"));
+  }
+  InFlight& mb = *it->second;
   if (placement().last()) {
-    NF_RETURN_IF_ERROR(HeadBackward(loss_weight));
+    NF_RETURN_IF_ERROR(HeadBackward(mb, loss_weight));
+    if (grads_done_from) NF_RETURN_IF_ERROR(grads_done_from(head_grad_offset_));
   } else {
     NF_RETURN_IF_ERROR(CheckHiddenShape("output_grad", output_grad));
     NF_RETURN_IF_ERROR(ops::Cast(*output_grad, grad_a_));
   }
-  NF_RETURN_IF_ERROR(LayersBackward());
+  NF_RETURN_IF_ERROR(LayersBackward(mb, grads_done_from));
   // grad_a_ now holds the gradient of the stage's input: input_grad() on later stages.
-  if (placement().first()) return EmbedBackward(step_);
+  if (placement().first()) NF_RETURN_IF_ERROR(EmbedBackward(mb));
+  if (grads_done_from) NF_RETURN_IF_ERROR(grads_done_from(0));
+  pool_.push_back(std::move(it->second));
+  in_flight_.erase(it);
   return absl::OkStatus();
 }
 
-absl::Status NormFormerModel::LayersForward() {
+absl::Status NormFormerModel::LayersForward(InFlight& mb) {
   for (size_t l = 0; l < layers_.size(); ++l) {
-    NF_RETURN_IF_ERROR(
-        layers_[l].Forward(hidden_[l], hidden_[l + 1], step_, ActivationsOf(l), scratch_));
+    NF_RETURN_IF_ERROR(layers_[l].Forward(mb.hidden[l], mb.hidden[l + 1], mb.step,
+                                          ActivationsOf(mb, static_cast<int>(l)), scratch_));
   }
   return absl::OkStatus();
 }
 
 // grad_a_ holds the gradient of the last layer's output on entry and of the first layer's input
 // on return; each layer writes its input's gradient into grad_b_ and the two swap.
-absl::Status NormFormerModel::LayersBackward() {
+absl::Status NormFormerModel::LayersBackward(InFlight& mb, const GradsDoneFrom& grads_done_from) {
   for (int l = static_cast<int>(layers_.size()) - 1; l >= 0; --l) {
-    LayerActivations& acts = ActivationsOf(l);
+    LayerActivations& acts = ActivationsOf(mb, l);
     if (options_.activation_recompute) {
-      // Re-run the forward from the kept input; it rewrites hidden_[l + 1] with equal values.
-      NF_RETURN_IF_ERROR(layers_[l].Forward(hidden_[l], hidden_[l + 1], step_, acts, scratch_));
+      // Re-run the forward from the kept input; it rewrites hidden[l + 1] with equal values.
+      NF_RETURN_IF_ERROR(layers_[l].Forward(mb.hidden[l], mb.hidden[l + 1], mb.step, acts,
+                                            scratch_));
     }
-    NF_RETURN_IF_ERROR(layers_[l].Backward(hidden_[l], grad_a_, grad_b_, step_, acts, scratch_));
+    NF_RETURN_IF_ERROR(
+        layers_[l].Backward(mb.hidden[l], grad_a_, grad_b_, mb.step, acts, scratch_));
     std::swap(grad_a_, grad_b_);
+    if (grads_done_from) NF_RETURN_IF_ERROR(grads_done_from(layer_grad_offsets_[l]));
   }
   return absl::OkStatus();
 }
 
-absl::StatusOr<NormFormerModel::LossSum> NormFormerModel::HeadForward() {
-  NF_RETURN_IF_ERROR(ops::LayerNormForward({.x = hidden_.back(),
+absl::StatusOr<NormFormerModel::LossSum> NormFormerModel::HeadForward(InFlight& mb) {
+  NF_RETURN_IF_ERROR(ops::LayerNormForward({.x = mb.hidden.back(),
                                             .weight = params_.final_norm_weight.value,
                                             .bias = params_.final_norm_bias.value,
-                                            .y = final_norm_,
-                                            .mean = final_mean_,
-                                            .rstd = final_rstd_,
+                                            .y = mb.final_norm,
+                                            .mean = mb.final_mean,
+                                            .rstd = mb.final_rstd,
                                             .eps = config_.layer_norm_eps()}));
   NF_RETURN_IF_ERROR(
-      ops::Gemm({.a = final_norm_, .b = HeadWeight().value, .c = logits_, .trans_b = true}));
+      ops::Gemm({.a = mb.final_norm, .b = HeadWeight().value, .c = mb.logits, .trans_b = true}));
   // Vocab-parallel cross-entropy: the global row max, then the sums of exponentials against it
   // and the target logit (held by one slice, 0 elsewhere), all-reduced together.
-  const ops::CrossEntropyArgs loss_args = LossArgs();
-  NF_RETURN_IF_ERROR(ops::CrossEntropyRowMax(loss_args, row_max_));
-  NF_RETURN_IF_ERROR(tp_->AllReduce(row_max_, parallel::ReduceOp::kMax));
-  NF_RETURN_IF_ERROR(ops::CrossEntropySumExp(loss_args, row_max_, sum_exp_, target_logit_));
-  NF_RETURN_IF_ERROR(tp_->AllReduce(loss_sums_, parallel::ReduceOp::kSum));
-  NF_RETURN_IF_ERROR(
-      ops::CrossEntropyLoss(targets_, row_max_, sum_exp_, target_logit_, token_loss_));
+  const ops::CrossEntropyArgs loss_args = LossArgs(mb);
+  NF_RETURN_IF_ERROR(ops::CrossEntropyRowMax(loss_args, mb.row_max));
+  NF_RETURN_IF_ERROR(tp_->AllReduce(mb.row_max, parallel::ReduceOp::kMax));
+  NF_RETURN_IF_ERROR(ops::CrossEntropySumExp(loss_args, mb.row_max, mb.sum_exp, mb.target_logit));
+  NF_RETURN_IF_ERROR(tp_->AllReduce(mb.loss_sums, parallel::ReduceOp::kSum));
+  NF_RETURN_IF_ERROR(ops::CrossEntropyLoss(mb.targets, mb.row_max, mb.sum_exp, mb.target_logit,
+                                           mb.token_loss));
   LossSum loss;
-  const float* per_token = token_loss_.data<float>();
-  const int32_t* target = targets_.data<int32_t>();
+  const float* per_token = mb.token_loss.data<float>();
+  const int32_t* target = mb.targets.data<int32_t>();
   for (int64_t i = 0; i < shape_.tokens(); ++i) {
     if (target[i] < 0) continue;
     loss.sum += per_token[i];
@@ -325,30 +375,31 @@ absl::StatusOr<NormFormerModel::LossSum> NormFormerModel::HeadForward() {
 }
 
 // Leaves the gradient of the last layer's output in grad_a_.
-absl::Status NormFormerModel::HeadBackward(float loss_weight) {
+absl::Status NormFormerModel::HeadBackward(InFlight& mb, float loss_weight) {
   NF_RETURN_IF_ERROR(ops::Fill(dloss_, loss_weight));
   // dlogits overwrite the logits: [T, V] is the largest activation, kept once.
-  NF_RETURN_IF_ERROR(ops::CrossEntropyBackward(LossArgs(), row_max_, sum_exp_, dloss_, logits_));
-  const Param& head = HeadWeight();
   NF_RETURN_IF_ERROR(
-      ops::Gemm({.a = logits_, .b = final_norm_, .c = head.grad, .trans_a = true, .beta = 1.0f}));
-  NF_RETURN_IF_ERROR(ops::Gemm({.a = logits_, .b = head.value, .c = grad_b_}));
+      ops::CrossEntropyBackward(LossArgs(mb), mb.row_max, mb.sum_exp, dloss_, mb.logits));
+  const Param& head = HeadWeight();
+  NF_RETURN_IF_ERROR(ops::Gemm(
+      {.a = mb.logits, .b = mb.final_norm, .c = head.grad, .trans_a = true, .beta = 1.0f}));
+  NF_RETURN_IF_ERROR(ops::Gemm({.a = mb.logits, .b = head.value, .c = grad_b_}));
   // The head is column-parallel over the vocabulary: sum the slices' input gradients.
   NF_RETURN_IF_ERROR(tp_->AllReduce(grad_b_, parallel::ReduceOp::kSum));
   return ops::LayerNormBackward({.dy = grad_b_,
-                                 .x = hidden_.back(),
+                                 .x = mb.hidden.back(),
                                  .weight = params_.final_norm_weight.value,
-                                 .mean = final_mean_,
-                                 .rstd = final_rstd_,
+                                 .mean = mb.final_mean,
+                                 .rstd = mb.final_rstd,
                                  .dx = grad_a_,
                                  .dweight = params_.final_norm_weight.grad,
                                  .dbias = params_.final_norm_bias.grad});
 }
 
-absl::Status NormFormerModel::EmbedBackward(const DecoderLayer::Step& step) {
+absl::Status NormFormerModel::EmbedBackward(InFlight& mb) {
   const Tensor& dx = grad_a_;  // gradient of the embedding block's output
   const int64_t d = shape_.d_model, seq = shape_.seq;
-  NF_RETURN_IF_ERROR(ops::Dropout(dx, dx, EmbeddingDropout(step)));
+  NF_RETURN_IF_ERROR(ops::Dropout(dx, dx, EmbeddingDropout(mb.step)));
   if (params_.embed_positions.defined()) {
     NF_ASSIGN_OR_RETURN(const Tensor dpositions, params_.embed_positions.grad.Slice(0, seq));
     for (int64_t b = 0; b < shape_.batch; ++b) {
@@ -359,16 +410,16 @@ absl::Status NormFormerModel::EmbedBackward(const DecoderLayer::Step& step) {
   if (config_.scale_embedding()) {
     NF_RETURN_IF_ERROR(ops::Scale(dx, static_cast<float>(std::sqrt(static_cast<double>(d)))));
   }
-  return ops::EmbeddingBackward(ids_, dx, params_.embed_tokens.grad, vocab_offset_);
+  return ops::EmbeddingBackward(mb.ids, dx, params_.embed_tokens.grad, vocab_offset_);
 }
 
 const Param& NormFormerModel::HeadWeight() const {
   return config_.tie_embeddings() ? params_.embed_tokens : params_.output_projection;
 }
 
-ops::CrossEntropyArgs NormFormerModel::LossArgs() const {
-  return {.logits = logits_,
-          .targets = targets_,
+ops::CrossEntropyArgs NormFormerModel::LossArgs(const InFlight& mb) const {
+  return {.logits = mb.logits,
+          .targets = mb.targets,
           .vocab_offset = vocab_offset_,
           .valid_vocab = config_.vocab_size()};
 }

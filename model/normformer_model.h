@@ -16,15 +16,18 @@
 // range of layers under their global names and dropout sites, the embedding on the first
 // stage, the final LayerNorm, head and loss on the last. ForwardStage / BackwardStage pass
 // [T, d] hidden states and their gradients between stages; Forward / Backward are the
-// one-stage case. A stage keeps the activations of one micro-batch: ForwardStage overwrites
-// what the previous one kept, so each forward must be followed by its backward before the next
-// forward (the multi-micro-batch pipeline executor will hold several in flight).
+// one-stage case. A pipeline schedule keeps several micro-batches in flight on a stage (up to
+// p - r on rank r under 1F1B): each ForwardStage keeps its micro-batch's activations under the
+// caller's key until BackwardStage with that key, which returns them to a pool the next
+// forwards reuse, so a stage allocates only for its peak number in flight.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "model/decoder_layer.h"
@@ -68,26 +71,39 @@ class NormFormerModel {
   absl::Status Backward(float loss_weight);
 
   // What a stage's forward produces: the last stage's loss, or the output hidden state of any
-  // other stage ([T, d] in the model dtype, owned by the model, valid until the next
-  // ForwardStage).
+  // other stage ([T, d] in the model dtype, owned by the model, valid until the micro-batch's
+  // BackwardStage).
   struct StageOutput {
     const Tensor* hidden = nullptr;  // non-last stages
     LossSum loss = {};               // the last stage
   };
-  // One micro-batch through this stage. The first stage reads input_ids (i32 [micro_batch,
-  // seq_len]); the others read input_hidden ([T = micro_batch * seq_len, d], model dtype,
-  // copied). The last stage reads targets as Forward does; the others ignore them.
-  absl::StatusOr<StageOutput> ForwardStage(const Tensor* input_ids, const Tensor* input_hidden,
-                                           const Tensor& targets, uint64_t first_sample,
-                                           bool train);
-  // Backward through the micro-batch of the last ForwardStage. The last stage starts from the
-  // loss scaled by loss_weight (as Backward); the others from output_grad, the gradient of their
-  // output hidden state ([T, d], model dtype). Parameter gradients accumulate into
-  // params().grads(); a non-first stage leaves the gradient of its input in input_grad().
-  absl::Status BackwardStage(const Tensor* output_grad, float loss_weight);
+  // One micro-batch through this stage, its activations kept under the key `micro_batch` (any
+  // int unique among the micro-batches in flight, e.g. its index in the step; a key already in
+  // flight has its activations replaced, as evaluation forwards that see no backward need).
+  // The first stage reads input_ids (i32 [micro_batch, seq_len]); the others read input_hidden
+  // ([T = micro_batch * seq_len, d], model dtype). The last stage reads targets as Forward
+  // does; the others ignore them. Inputs and targets are copied: the caller may reuse them.
+  absl::StatusOr<StageOutput> ForwardStage(int micro_batch, const Tensor* input_ids,
+                                           const Tensor* input_hidden, const Tensor& targets,
+                                           uint64_t first_sample, bool train);
+  // Reports, during a backward, that every parameter gradient at flat offsets >= `offset` of
+  // params().grads() has received this micro-batch's contribution (the offsets fall as the
+  // backward moves from the head to the embedding, and reach 0 at its end). On the last
+  // micro-batch of a step those gradients are final: data parallelism starts reducing them.
+  using GradsDoneFrom = std::function<absl::Status(int64_t offset)>;
+  // Backward through micro-batch `micro_batch`, which must be in flight; its activations are
+  // released. The last stage starts from the loss scaled by loss_weight (as Backward); the
+  // others from output_grad, the gradient of their output hidden state ([T, d], model dtype).
+  // Parameter gradients accumulate into params().grads(); a non-first stage leaves the gradient
+  // of its input in input_grad().
+  absl::Status BackwardStage(int micro_batch, const Tensor* output_grad, float loss_weight,
+                             const GradsDoneFrom& grads_done_from = nullptr);
   // [T, d]: the gradient of the last BackwardStage's input hidden state (non-first stages),
   // valid until the next BackwardStage.
   const Tensor& input_grad() const { return grad_a_; }
+  // Micro-batches forwarded and not yet backwarded, now and at most since creation.
+  int in_flight() const { return static_cast<int>(in_flight_.size()); }
+  int peak_in_flight() const { return peak_in_flight_; }
 
   // The resolved placement (layer_end set).
   const PipelineStagePlacement& placement() const { return options_.pipeline; }
@@ -111,31 +127,48 @@ class NormFormerModel {
   // This rank's vocabulary slice [vocab_offset(), vocab_offset() + padded_vocab() / tp).
   int64_t vocab_offset() const { return vocab_offset_; }
   parallel::Communicator& tensor_parallel() { return *tp_; }
-  // [tokens, padded_vocab / tp] logits of this rank's vocabulary slice from the last Forward
-  // (overwritten by Backward).
-  const Tensor& logits() const { return logits_; }
+  // [tokens, padded_vocab / tp] logits of this rank's vocabulary slice from the last forward of
+  // the last stage (overwritten by its backward).
+  const Tensor& logits() const { return last_forward_->logits; }
 
  private:
+  // What one micro-batch keeps from its forward to its backward.
+  struct InFlight {
+    std::vector<Tensor> hidden;            // [T, d] x (stage layers + 1): each layer's input,
+                                           // then the stage's output
+    std::vector<LayerActivations> layers;  // one per layer; empty with activation recompute
+    Tensor ids, targets;                   // i32 [T] copies (first stage, last stage)
+    // The last stage's head and loss.
+    Tensor final_norm, final_mean, final_rstd;  // [T, d], [T], [T]
+    Tensor logits;                              // [T, V_pad / tp]; dlogits after the backward
+    Tensor row_max, token_loss;                 // [T] fp32
+    // [2, T] fp32: the sums of exponentials and target logits, all-reduced together.
+    Tensor loss_sums, sum_exp, target_logit;
+    DecoderLayer::Step step;
+  };
+
   NormFormerModel(ModelConfig config, ModelOptions options,
                   std::unique_ptr<parallel::Communicator> own_tp, ParamTable table);
   absl::Status AllocateBuffers();
-  absl::Status AllocateHeadBuffers();
+  absl::StatusOr<std::unique_ptr<InFlight>> AllocateInFlight() const;
+  // The activations for a new forward of `micro_batch`: its own if in flight, else pooled ones.
+  absl::StatusOr<InFlight*> Acquire(int micro_batch);
   absl::Status CheckWholeModel(absl::string_view method) const;
   absl::Status CheckStageInputs(const Tensor* input_ids, const Tensor* input_hidden,
                                 const Tensor& targets) const;
   absl::Status CheckHiddenShape(absl::string_view what, const Tensor* hidden) const;
-  absl::Status LayersForward();
-  absl::Status LayersBackward();
-  absl::StatusOr<LossSum> HeadForward();
-  absl::Status HeadBackward(float loss_weight);
-  absl::Status EmbedForward(const Tensor& ids, const DecoderLayer::Step& step);
-  absl::Status EmbedBackward(const DecoderLayer::Step& step);
+  absl::Status LayersForward(InFlight& mb);
+  absl::Status LayersBackward(InFlight& mb, const GradsDoneFrom& grads_done_from);
+  absl::StatusOr<LossSum> HeadForward(InFlight& mb);
+  absl::Status HeadBackward(InFlight& mb, float loss_weight);
+  absl::Status EmbedForward(InFlight& mb);
+  absl::Status EmbedBackward(InFlight& mb);
   ops::DropoutSpec EmbeddingDropout(const DecoderLayer::Step& step) const;
   const Param& HeadWeight() const;  // the embedding when tied, else output_projection
-  ops::CrossEntropyArgs LossArgs() const;
+  ops::CrossEntropyArgs LossArgs(const InFlight& mb) const;
   // `layer` counts from the stage's first layer.
-  LayerActivations& ActivationsOf(int layer) {
-    return layer_acts_[options_.activation_recompute ? 0 : layer];
+  LayerActivations& ActivationsOf(InFlight& mb, int layer) {
+    return options_.activation_recompute ? shared_acts_ : mb.layers[layer];
   }
 
   ModelConfig config_;
@@ -149,24 +182,22 @@ class NormFormerModel {
   LayerShape shape_;
   LayerOptions layer_options_;
   std::vector<DecoderLayer> layers_;  // the stage's layers
+  // The lowest flat gradient offset of each stage layer's parameters, and of the head's (the
+  // final LayerNorm and an untied projection): what GradsDoneFrom reports after each.
+  std::vector<int64_t> layer_grad_offsets_;
+  int64_t head_grad_offset_ = 0;
 
-  // Buffers, allocated once. hidden_[l] is the stage's layer l's input (hidden_[0] the stage's
-  // input), hidden_.back() the last output.
-  std::vector<Tensor> hidden_;                // [T, d] x (stage layers + 1)
-  std::vector<LayerActivations> layer_acts_;  // one per layer, or one shared with recompute
+  absl::flat_hash_map<int, std::unique_ptr<InFlight>> in_flight_;  // by micro-batch key
+  std::vector<std::unique_ptr<InFlight>> pool_;  // released, reused by later forwards
+  int peak_in_flight_ = 0;
+  const InFlight* last_forward_ = nullptr;  // of the last stage, for logits()
+
+  // Buffers shared by all micro-batches, allocated once.
+  LayerActivations shared_acts_;  // every layer's, with activation recompute
   LayerScratch scratch_;
-  // The first stage's sinusoidal table and the last stage's head and loss buffers; undefined
-  // on other stages.
-  Tensor positions_;                             // [max_seq_len, d] sinusoidal table (model dtype)
-  Tensor final_norm_, final_mean_, final_rstd_;  // [T, d], [T], [T]
-  Tensor logits_;                                // [T, V_pad]; holds dlogits after Backward
-  Tensor row_max_, token_loss_, dloss_;          // [T] fp32
-  // [2, T] fp32: the sums of exponentials and target logits, all-reduced together.
-  Tensor loss_sums_, sum_exp_, target_logit_;
+  Tensor positions_;        // the first stage's [max_seq_len, d] sinusoidal table (model dtype)
+  Tensor dloss_;            // the last stage's [T] fp32 loss weights
   Tensor grad_a_, grad_b_;  // [T, d] residual-stream gradients
-  // The last Forward's batch (ids on the first stage, targets on the last).
-  Tensor ids_, targets_;  // [T] i32 views
-  DecoderLayer::Step step_;
 };
 
 }  // namespace nf::model

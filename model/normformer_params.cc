@@ -50,7 +50,6 @@ Param Bind(const ParamTable& table, const std::string& name) {
   return {e.value, e.grad};
 }
 
-std::string LayerPrefix(int layer) { return absl::StrCat("decoder.layers.", layer); }
 
 // The end of `placement`'s layer range, -1 (all) resolved.
 int LayerEnd(const PipelineStagePlacement& placement, const ModelConfig& config) {
@@ -135,6 +134,8 @@ void AddHead(std::vector<ParamSpec>& specs, const ModelConfig& config, int64_t p
 }
 
 }  // namespace
+
+std::string LayerPrefix(int layer) { return absl::StrCat("decoder.layers.", layer); }
 
 absl::StatusOr<PipelineStagePlacement> ResolvePlacement(const PipelineStagePlacement& placement,
                                                         int num_layers) {

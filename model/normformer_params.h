@@ -50,6 +50,9 @@ struct PipelineStagePlacement {
 absl::StatusOr<PipelineStagePlacement> ResolvePlacement(const PipelineStagePlacement& placement,
                                                         int num_layers);
 
+// "decoder.layers.<layer>": the name prefix of a layer's parameters.
+std::string LayerPrefix(int layer);
+
 struct ModelParams {
   Param embed_tokens;     // [vocab_padded / tp, d], vocab-parallel (first stage; tied last stage)
   Param embed_positions;  // [max_seq_len, d] when positions are LEARNED (first stage)

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "core/ops/ops.h"
@@ -125,6 +126,20 @@ absl::Status ParamTable::Initialize(uint32_t seed) {
     NF_RETURN_IF_ERROR(CopyFromFloats(e.value, values));
   }
   return absl::OkStatus();
+}
+
+int64_t ParamTable::LowestOffset(absl::string_view name_prefix) const {
+  int64_t lowest = -1;
+  for (const Entry& e : entries_) {
+    if (!absl::StartsWith(e.spec.name, name_prefix)) continue;
+    if (lowest < 0 || e.offset < lowest) lowest = e.offset;
+  }
+  if (lowest < 0) {
+    std::fprintf(stderr, "normformer: internal error: no parameter named %s...\n",
+                 std::string(name_prefix).c_str());
+    std::abort();
+  }
+  return lowest;
 }
 
 const ParamTable::Entry& ParamTable::Get(absl::string_view name) const {

@@ -63,6 +63,9 @@ class ParamTable {
   const Entry& Get(absl::string_view name) const;  // aborts on an unknown name (a bug)
   bool Contains(absl::string_view name) const { return index_.contains(name); }
   const std::vector<Entry>& entries() const { return entries_; }
+  // The lowest flat offset of the parameters whose names start with `name_prefix`; aborts when
+  // there is none (a bug).
+  int64_t LowestOffset(absl::string_view name_prefix) const;
 
   const Tensor& params() const { return params_; }  // [num_elements], model dtype
   const Tensor& grads() const { return grads_; }    // [num_elements], fp32

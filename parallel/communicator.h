@@ -77,8 +77,13 @@ class Communicator {
                                                                      ReduceOp op) = 0;
   // output [n / size] = sum over ranks of input's slice [rank * n / size, (rank + 1) n / size).
   virtual absl::Status ReduceScatter(const Tensor& input, const Tensor& output) = 0;
-  // output [size * n] = the ranks' inputs [n], in rank order.
+  virtual absl::StatusOr<std::unique_ptr<CommHandle>> ReduceScatterAsync(const Tensor& input,
+                                                                         const Tensor& output) = 0;
+  // output [size * n] = the ranks' inputs [n], in rank order. The input may be this rank's
+  // block of the output (ZeRO's parameter gather).
   virtual absl::Status AllGather(const Tensor& input, const Tensor& output) = 0;
+  virtual absl::StatusOr<std::unique_ptr<CommHandle>> AllGatherAsync(const Tensor& input,
+                                                                     const Tensor& output) = 0;
   virtual absl::Status Broadcast(const Tensor& tensor, int root) = 0;
   virtual absl::Status Send(const Tensor& tensor, int peer) = 0;
   virtual absl::Status Recv(const Tensor& tensor, int peer) = 0;

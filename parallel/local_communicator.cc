@@ -37,6 +37,18 @@ absl::Status LocalCommunicator::ReduceScatter(const Tensor& input, const Tensor&
   return absl::OkStatus();
 }
 
+absl::StatusOr<std::unique_ptr<CommHandle>> LocalCommunicator::ReduceScatterAsync(
+    const Tensor& input, const Tensor& output) {
+  NF_RETURN_IF_ERROR(ReduceScatter(input, output));
+  return std::make_unique<DoneHandle>();
+}
+
+absl::StatusOr<std::unique_ptr<CommHandle>> LocalCommunicator::AllGatherAsync(
+    const Tensor& input, const Tensor& output) {
+  NF_RETURN_IF_ERROR(AllGather(input, output));
+  return std::make_unique<DoneHandle>();
+}
+
 absl::Status LocalCommunicator::AllGather(const Tensor& input, const Tensor& output) {
   NF_RETURN_IF_ERROR(internal::CheckAllGather(name_, 1, input, output));
   NF_RETURN_IF_ERROR(Copy(CommOp::kAllGather, input, output));

@@ -28,7 +28,11 @@ class LocalCommunicator final : public Communicator {
   absl::StatusOr<std::unique_ptr<CommHandle>> AllReduceAsync(const Tensor& tensor,
                                                              ReduceOp op) override;
   absl::Status ReduceScatter(const Tensor& input, const Tensor& output) override;
+  absl::StatusOr<std::unique_ptr<CommHandle>> ReduceScatterAsync(const Tensor& input,
+                                                                 const Tensor& output) override;
   absl::Status AllGather(const Tensor& input, const Tensor& output) override;
+  absl::StatusOr<std::unique_ptr<CommHandle>> AllGatherAsync(const Tensor& input,
+                                                             const Tensor& output) override;
   absl::Status Broadcast(const Tensor& tensor, int root) override;
   absl::Status Send(const Tensor& tensor, int peer) override;
   absl::Status Recv(const Tensor& tensor, int peer) override;

@@ -420,6 +420,18 @@ absl::Status MpiCommunicator::AllGather(const Tensor& input, const Tensor& outpu
   return pending->Wait();
 }
 
+absl::StatusOr<std::unique_ptr<CommHandle>> MpiCommunicator::ReduceScatterAsync(
+    const Tensor& input, const Tensor& output) {
+  NF_ASSIGN_OR_RETURN(auto pending, StartReduceScatter(input, output));
+  return std::unique_ptr<CommHandle>(std::move(pending));
+}
+
+absl::StatusOr<std::unique_ptr<CommHandle>> MpiCommunicator::AllGatherAsync(const Tensor& input,
+                                                                           const Tensor& output) {
+  NF_ASSIGN_OR_RETURN(auto pending, StartAllGather(input, output));
+  return std::unique_ptr<CommHandle>(std::move(pending));
+}
+
 absl::Status MpiCommunicator::Broadcast(const Tensor& tensor, int root) {
   NF_ASSIGN_OR_RETURN(auto pending, StartBroadcast(tensor, root));
   return pending->Wait();

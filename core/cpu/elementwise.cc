@@ -1,5 +1,6 @@
 // Elementwise and per-column CPU kernels: bias, activations, dropout, casts, fills, BLAS-1.
 #include <cmath>
+#include <cstring>
 #include <numbers>
 
 #include "core/cpu/cpu_backend.h"
@@ -138,7 +139,10 @@ absl::Status CpuBackend::Dropout(const Tensor& x, const Tensor& y, const ops::Dr
 }
 
 absl::Status CpuBackend::Cast(const Tensor& src, const Tensor& dst) {
-  if (src.raw_data() == dst.raw_data() && src.dtype() == dst.dtype()) return absl::OkStatus();
+  if (src.dtype() == dst.dtype()) {
+    if (src.raw_data() != dst.raw_data()) std::memmove(dst.raw_data(), src.raw_data(), src.nbytes());
+    return absl::OkStatus();
+  }
   DispatchFloat(src.dtype(), [&]<typename S>() {
     DispatchFloat(dst.dtype(), [&]<typename D>() {
       const S* ps = src.data<S>();

@@ -578,8 +578,10 @@ absl::Status SquaredNorm(const Tensor& x, const Tensor& out) {
 absl::Status Cast(const Tensor& src, const Tensor& dst) {
   constexpr absl::string_view op = "Cast";
   NF_RETURN_IF_ERROR(CheckSameDevice(op, {{"src", src}, {"dst", dst}}));
-  NF_RETURN_IF_ERROR(CheckFloating(op, {"src", src}));
-  NF_RETURN_IF_ERROR(CheckFloating(op, {"dst", dst}));
+  if (src.dtype() != dst.dtype()) {
+    NF_RETURN_IF_ERROR(CheckFloating(op, {"src", src}));
+    NF_RETURN_IF_ERROR(CheckFloating(op, {"dst", dst}));
+  }
   NF_RETURN_IF_ERROR(CheckSameNumel(op, {"src", src}, {"dst", dst}));
   NF_BACKEND(src);
   return backend->Cast(src, dst);

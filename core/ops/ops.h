@@ -221,7 +221,8 @@ absl::Status SquaredNorm(const Tensor& x, const Tensor& out);
 
 // ---- Data movement and BLAS-1 ------------------------------------------------------------------
 
-// dst = src converted between floating dtypes (round to nearest even). Same number of elements.
+// dst = src converted between floating dtypes (round to nearest even), or copied when both have
+// the same dtype (any dtype, integers included). Same number of elements.
 absl::Status Cast(const Tensor& src, const Tensor& dst);
 // Every element of x set to value (floating or integer tensors).
 absl::Status Fill(const Tensor& x, float value);

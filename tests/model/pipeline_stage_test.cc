@@ -113,8 +113,8 @@ NormFormerModel::LossSum RunChained(std::vector<std::unique_ptr<NormFormerModel>
   const Tensor* hidden = nullptr;
   NormFormerModel::LossSum loss;
   for (size_t s = 0; s < stages.size(); ++s) {
-    auto out = stages[s]->ForwardStage(s == 0 ? &batch.inputs : nullptr, hidden, batch.targets,
-                                       kFirstSample, /*train=*/true);
+    auto out = stages[s]->ForwardStage(/*micro_batch=*/0, s == 0 ? &batch.inputs : nullptr, hidden,
+                                       batch.targets, kFirstSample, /*train=*/true);
     EXPECT_TRUE(out.ok()) << out.status();
     if (!out.ok()) return {};
     hidden = out->hidden;
@@ -122,7 +122,7 @@ NormFormerModel::LossSum RunChained(std::vector<std::unique_ptr<NormFormerModel>
   }
   const Tensor* grad = nullptr;
   for (size_t s = stages.size(); s-- > 0;) {
-    const absl::Status status = stages[s]->BackwardStage(grad, kLossWeight);
+    const absl::Status status = stages[s]->BackwardStage(/*micro_batch=*/0, grad, kLossWeight);
     EXPECT_TRUE(status.ok()) << status;
     grad = &stages[s]->input_grad();
   }
@@ -288,14 +288,82 @@ TEST(PipelineStageRefusalTest, AStageRefusesTheWholeModelCallsAndMissingInputs) 
   EXPECT_EQ(whole_call.status().message(),
             "NormFormerModel::Forward runs the whole model, but this is pipeline stage 0 of 2: "
             "use ForwardStage");
-  auto no_hidden = stages[1]->ForwardStage(nullptr, nullptr, batch.targets, 0, true);
+  auto no_hidden = stages[1]->ForwardStage(0, nullptr, nullptr, batch.targets, 0, true);
   ASSERT_FALSE(no_hidden.ok());
   EXPECT_EQ(no_hidden.status().message(),
             "NormFormerModel: pipeline stage 1 of 2 needs input_hidden (none) as f32[12, 8] "
             "(micro_batch * seq_len, d_model)");
-  const absl::Status no_grad = stages[0]->BackwardStage(nullptr, 1.0f);
+  const absl::Status not_in_flight = stages[0]->BackwardStage(3, nullptr, 1.0f);
+  EXPECT_EQ(not_in_flight.message(),
+            "NormFormerModel::BackwardStage: micro-batch 3 is not in flight on pipeline stage 0 "
+            "(no ForwardStage, or its backward already ran)");
+  ASSERT_TRUE(stages[0]->ForwardStage(3, &batch.inputs, nullptr, batch.targets, 0, true).ok());
+  const absl::Status no_grad = stages[0]->BackwardStage(3, nullptr, 1.0f);
   EXPECT_FALSE(no_grad.ok());
   EXPECT_NE(no_grad.message().find("needs output_grad (none)"), absl::string_view::npos) << no_grad;
+}
+
+// A stage holds several micro-batches in flight, as pipeline schedules need: forwards of three
+// micro-batches, then their backwards in order, give bit-identical gradients to running each
+// micro-batch's forward and backward in turn (the same ops in the same order per micro-batch,
+// and gradients accumulate in the same micro-batch order), and the activations of released
+// micro-batches are reused (the peak counts the most held at once). The backward reports
+// gradients done from ever lower offsets, ending at 0.
+TEST(PipelineStageInFlightTest, MicroBatchesInFlightGiveTheSameGradientsAsOneAtATime) {
+  const Split split{"four", 4, 2, true, ModelConfig::LEARNED, true};
+  const ModelConfig config = TinyConfig(split);
+  const Batch batch = MakeBatch(config.vocab_size());
+  auto in_turn = MakeStages(config, split);
+  auto in_flight = MakeStages(config, split);
+  ASSERT_EQ(in_turn.size(), 2u);
+  ASSERT_EQ(in_flight.size(), 2u);
+  constexpr int kMicroBatches = 3;
+  for (int mb = 0; mb < kMicroBatches; ++mb) RunChained(in_turn, batch);
+
+  // Stage 0 forwards all three (different first samples would change the dropout masks, so
+  // they share kFirstSample, as RunChained does), stage 1 runs each as it arrives.
+  std::vector<Tensor> grads_to_stage0;
+  for (int mb = 0; mb < kMicroBatches; ++mb) {
+    auto out = in_flight[0]->ForwardStage(mb, &batch.inputs, nullptr, batch.targets, kFirstSample,
+                                          true);
+    ASSERT_TRUE(out.ok()) << out.status();
+    ASSERT_TRUE(in_flight[1]
+                    ->ForwardStage(mb, nullptr, out->hidden, batch.targets, kFirstSample, true)
+                    .ok());
+    ASSERT_TRUE(in_flight[1]->BackwardStage(mb, nullptr, kLossWeight).ok());
+    Tensor grad = *Tensor::Zeros(DType::kF32, in_flight[1]->input_grad().shape());
+    ASSERT_TRUE(ops::Cast(in_flight[1]->input_grad(), grad).ok());
+    grads_to_stage0.push_back(grad);
+  }
+  EXPECT_EQ(in_flight[0]->in_flight(), kMicroBatches);
+  std::vector<int64_t> done_from;
+  for (int mb = 0; mb < kMicroBatches; ++mb) {
+    ASSERT_TRUE(in_flight[0]
+                    ->BackwardStage(mb, &grads_to_stage0[mb], kLossWeight,
+                                    [&](int64_t offset) {
+                                      done_from.push_back(offset);
+                                      return absl::OkStatus();
+                                    })
+                    .ok());
+  }
+  EXPECT_EQ(in_flight[0]->in_flight(), 0);
+  EXPECT_EQ(in_flight[0]->peak_in_flight(), kMicroBatches);
+  EXPECT_EQ(in_flight[1]->peak_in_flight(), 1);
+  for (size_t s = 0; s < 2; ++s) {
+    for (const ParamTable::Entry& e : in_flight[s]->params().entries()) {
+      EXPECT_EQ(*ToFloatVector(e.grad), *ToFloatVector(in_turn[s]->params().Get(e.spec.name).grad))
+          << "stage " << s << " " << e.spec.name;
+    }
+  }
+  // Per micro-batch: one report per layer (2 on stage 0), then 0 after the embedding.
+  ASSERT_EQ(done_from.size(), 3u * kMicroBatches);
+  for (int mb = 0; mb < kMicroBatches; ++mb) {
+    EXPECT_GT(done_from[3 * mb], done_from[3 * mb + 1]);
+    EXPECT_GT(done_from[3 * mb + 1], 0);
+    EXPECT_EQ(done_from[3 * mb + 1],
+              in_flight[0]->params().Get("decoder.layers.0.self_attn_layer_norm.weight").offset);
+    EXPECT_EQ(done_from[3 * mb + 2], 0);
+  }
 }
 
 }  // namespace
