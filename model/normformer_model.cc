@@ -73,7 +73,8 @@ absl::StatusOr<std::unique_ptr<NormFormerModel>> NormFormerModel::Create(
   const int64_t padded_vocab = PaddedVocabSize(config.vocab_size(), tp.size());
   NF_ASSIGN_OR_RETURN(ParamTable table,
                       ParamTable::Create(NormFormerParamSpecs(config, padded_vocab, placement),
-                                         options.dtype, tp.rank(), tp.size()));
+                                         options.dtype, tp.rank(), tp.size(),
+                                         options.param_buffer_multiple));
   NF_RETURN_IF_ERROR(table.Initialize(options.seed));
   ModelOptions resolved = options;
   resolved.pipeline = placement;
@@ -424,12 +425,19 @@ ops::CrossEntropyArgs NormFormerModel::LossArgs(const InFlight& mb) const {
           .valid_vocab = config_.vocab_size()};
 }
 
-absl::StatusOr<double> NormFormerModel::OwnedSquaredGradNorm() const {
+// The last stage's tied head is a copy of the first stage's embedding: the first counts it.
+std::vector<std::string> NormFormerModel::CopiesOfOtherStages() const {
   const PipelineStagePlacement& p = options_.pipeline;
-  const bool head_copy = config_.tie_embeddings() && p.last() && !p.first();
-  return table_.OwnedSquaredGradNorm(head_copy
-                                         ? std::vector<std::string>{"decoder.embed_tokens.weight"}
-                                         : std::vector<std::string>{});
+  if (config_.tie_embeddings() && p.last() && !p.first()) return {"decoder.embed_tokens.weight"};
+  return {};
+}
+
+absl::StatusOr<double> NormFormerModel::OwnedSquaredGradNorm() const {
+  return table_.OwnedSquaredGradNorm(CopiesOfOtherStages());
+}
+
+std::vector<optim::FlatRange> NormFormerModel::OwnedNormRanges() const {
+  return table_.OwnedNormRanges(CopiesOfOtherStages());
 }
 
 }  // namespace nf::model

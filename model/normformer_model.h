@@ -44,6 +44,8 @@ struct ModelOptions {
   int64_t seq_len = 1;
   bool activation_recompute = false;
   uint32_t seed = 1;  // initialisation and dropout
+  // The flat parameter buffers are padded to a multiple of this (the data-parallel size).
+  int64_t param_buffer_multiple = 1;
   // The tensor-parallel group (must outlive the model); null: no tensor parallelism.
   parallel::Communicator* tensor_parallel = nullptr;
   // The pipeline stage this object is; the default is the whole model.
@@ -118,6 +120,8 @@ class NormFormerModel {
   // all (the first stage counts the embedding). Call it after the embedding-group all-reduce,
   // which makes both copies' gradients the full one.
   absl::StatusOr<double> OwnedSquaredGradNorm() const;
+  // The flat gradient ranges that share covers (ParamTable::OwnedNormRanges).
+  std::vector<optim::FlatRange> OwnedNormRanges() const;
 
   ParamTable& params() { return table_; }
   const ModelParams& model_params() const { return params_; }
@@ -165,6 +169,7 @@ class NormFormerModel {
   absl::Status EmbedBackward(InFlight& mb);
   ops::DropoutSpec EmbeddingDropout(const DecoderLayer::Step& step) const;
   const Param& HeadWeight() const;  // the embedding when tied, else output_projection
+  std::vector<std::string> CopiesOfOtherStages() const;
   ops::CrossEntropyArgs LossArgs(const InFlight& mb) const;
   // `layer` counts from the stage's first layer.
   LayerActivations& ActivationsOf(InFlight& mb, int layer) {

@@ -68,7 +68,8 @@ double InitialValue(const ParamSpec& spec, uint32_t seed, uint64_t name_key, int
 }  // namespace
 
 absl::StatusOr<ParamTable> ParamTable::Create(std::vector<ParamSpec> specs, DType dtype,
-                                              int tp_rank, int tp_size) {
+                                              int tp_rank, int tp_size,
+                                              int64_t buffer_multiple) {
   ParamTable table;
   table.tp_rank_ = tp_rank;
   table.tp_size_ = tp_size;
@@ -98,8 +99,13 @@ absl::StatusOr<ParamTable> ParamTable::Create(std::vector<ParamSpec> specs, DTyp
     table.entries_.push_back({std::move(spec), local, offset, Tensor(), Tensor()});
     offset += numel;
   }
-  NF_ASSIGN_OR_RETURN(table.params_, Tensor::Zeros(dtype, {offset}));
-  NF_ASSIGN_OR_RETURN(table.grads_, Tensor::Zeros(DType::kF32, {offset}));
+  if (buffer_multiple < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("parameter buffer multiple must be >= 1, got ", buffer_multiple));
+  }
+  const int64_t padded = (offset + buffer_multiple - 1) / buffer_multiple * buffer_multiple;
+  NF_ASSIGN_OR_RETURN(table.params_, Tensor::Zeros(dtype, {padded}));
+  NF_ASSIGN_OR_RETURN(table.grads_, Tensor::Zeros(DType::kF32, {padded}));
   for (Entry& e : table.entries_) {
     NF_ASSIGN_OR_RETURN(e.value, table.params_.View(e.offset, e.local_shape));
     NF_ASSIGN_OR_RETURN(e.grad, table.grads_.View(e.offset, e.local_shape));
@@ -170,16 +176,26 @@ std::vector<optim::ParamRange> ParamTable::DecayRanges() const {
 
 absl::Status ParamTable::ZeroGrads() const { return ops::Fill(grads_, 0.0f); }
 
-absl::StatusOr<double> ParamTable::OwnedSquaredGradNorm(
+std::vector<optim::FlatRange> ParamTable::OwnedNormRanges(
     const std::vector<std::string>& copies_of_other_stages) const {
-  NF_ASSIGN_OR_RETURN(const Tensor sum, Tensor::Zeros(DType::kF32, {1}));
+  std::vector<optim::FlatRange> ranges;
   for (const Entry& e : entries_) {
     if (e.spec.sharding == Sharding::kReplicated && tp_rank_ != 0) continue;
     if (std::find(copies_of_other_stages.begin(), copies_of_other_stages.end(), e.spec.name) !=
         copies_of_other_stages.end()) {
       continue;
     }
-    NF_RETURN_IF_ERROR(ops::SquaredNorm(e.grad, sum));
+    ranges.push_back({.offset = e.offset, .length = e.grad.numel()});
+  }
+  return ranges;
+}
+
+absl::StatusOr<double> ParamTable::OwnedSquaredGradNorm(
+    const std::vector<std::string>& copies_of_other_stages) const {
+  NF_ASSIGN_OR_RETURN(const Tensor sum, Tensor::Zeros(DType::kF32, {1}));
+  for (const optim::FlatRange& r : OwnedNormRanges(copies_of_other_stages)) {
+    NF_ASSIGN_OR_RETURN(const Tensor part, grads_.Slice(r.offset, r.length));
+    NF_RETURN_IF_ERROR(ops::SquaredNorm(part, sum));
   }
   return sum.data<float>()[0];
 }

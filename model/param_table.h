@@ -51,10 +51,12 @@ class ParamTable {
   };
 
   // Lays out `specs` for rank `tp_rank` of a tensor-parallel group of `tp_size` and allocates
-  // the buffers (gradients zeroed). Fails, naming the parameter, when a split dimension does
-  // not divide by tp_size or two parameters share a name.
+  // the buffers (gradients zeroed), padded with zeros at the end to a multiple of
+  // `buffer_multiple` elements (data parallelism splits them into dp equal parts). Fails,
+  // naming the parameter, when a split dimension does not divide by tp_size or two parameters
+  // share a name.
   static absl::StatusOr<ParamTable> Create(std::vector<ParamSpec> specs, DType dtype, int tp_rank,
-                                           int tp_size);
+                                           int tp_size, int64_t buffer_multiple = 1);
 
   // fairseq's initialisation, a pure function of (seed, parameter name, global element index):
   // any tensor-parallel or pipeline layout draws the same global values for a parameter.
@@ -67,7 +69,8 @@ class ParamTable {
   // there is none (a bug).
   int64_t LowestOffset(absl::string_view name_prefix) const;
 
-  const Tensor& params() const { return params_; }  // [num_elements], model dtype
+  // [num_elements] including the padding, model dtype.
+  const Tensor& params() const { return params_; }
   const Tensor& grads() const { return grads_; }    // [num_elements], fp32
   int64_t num_elements() const { return params_.numel(); }
   // Parameters of the whole (unsharded) model.
@@ -75,11 +78,14 @@ class ParamTable {
   // The weight-decay flag of every parameter as ranges of the flat buffers.
   std::vector<optim::ParamRange> DecayRanges() const;
   absl::Status ZeroGrads() const;
-  // Sum of squares of the gradients this rank counts in the global gradient norm: every
-  // tensor-parallel shard, and replicated parameters on tensor-parallel rank 0 only (their
-  // gradients are identical on every rank, so they count once). Parameters named in
-  // `copies_of_other_stages` (a pipeline stage's copy of a parameter another stage owns, such as
-  // the last stage's tied embedding) are skipped too. Summed over the tensor- and
+  // The parameters this rank counts in the global gradient norm, as ranges of the flat
+  // buffers: every tensor-parallel shard, and replicated parameters on tensor-parallel rank 0
+  // only (their gradients are identical on every rank, so they count once). Parameters named
+  // in `copies_of_other_stages` (a pipeline stage's copy of a parameter another stage owns, such
+  // as the last stage's tied embedding) are skipped too.
+  std::vector<optim::FlatRange> OwnedNormRanges(
+      const std::vector<std::string>& copies_of_other_stages = {}) const;
+  // Sum of squares of the gradients in OwnedNormRanges. Summed over the tensor- and
   // pipeline-parallel groups, it is the whole model's squared norm.
   absl::StatusOr<double> OwnedSquaredGradNorm(
       const std::vector<std::string>& copies_of_other_stages = {}) const;

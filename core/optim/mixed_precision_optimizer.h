@@ -27,6 +27,14 @@
 
 namespace nf::optim {
 
+// Elements [offset, offset + length) of a flat buffer.
+struct FlatRange {
+  int64_t offset;
+  int64_t length;
+
+  bool operator==(const FlatRange&) const = default;
+};
+
 // Elements [offset, offset + length) of the flat buffers: one parameter, or several.
 struct ParamRange {
   int64_t offset;
