@@ -152,7 +152,7 @@ absl::Status TrainStep(Variant& v, bool timed) {
 }
 
 absl::Status ForwardBackward(Variant& v) {
-  model::NormFormerModel& model = v.trainer->model();
+  model::NormFormerModel& model = (*v.trainer->chunks().front());
   const launcher::TrainOptions& train = v.config.train();
   const float loss_weight =
       1.0f / static_cast<float>(int64_t{train.global_batch_size()} * train.seq_len());
@@ -167,7 +167,7 @@ absl::Status ForwardBackward(Variant& v) {
 
 absl::Status OptimizerStep(Variant& v) {
   if (!v.optimizer) {
-    model::ParamTable& table = v.trainer->model().params();
+    model::ParamTable& table = (*v.trainer->chunks().front()).params();
     NF_ASSIGN_OR_RETURN(v.optimizer, optim::MixedPrecisionAdamW::Create(
                                          table.params(), table.grads(), table.DecayRanges(),
                                          launcher::AdamWConfigOf(v.config.train().optimizer())));
@@ -192,7 +192,7 @@ struct Result {
 Result Summarize(const Variant& v) {
   const launcher::TrainOptions& train = v.config.train();
   const int64_t micro_batches = train.global_batch_size() / train.micro_batch_size();
-  return {.params = v.trainer->model().params().num_global_elements(),
+  return {.params = v.trainer->num_global_params(),
           .steps = static_cast<int>(v.step_s.size()),
           .step_s = Median(v.step_s),
           .min_step_s = *std::min_element(v.step_s.begin(), v.step_s.end()),

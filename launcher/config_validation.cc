@@ -5,11 +5,14 @@
 #include <concepts>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "core/status.h"
 #include "launcher/config.h"
+#include "parallel/pipeline_schedule.h"
+#include "parallel/topology.h"
 
 namespace nf::launcher {
 namespace {
@@ -171,6 +174,40 @@ absl::Status ValidateData(const DataConfig& data, const nf::model::ModelConfig& 
   return absl::OkStatus();
 }
 
+absl::Status ValidateParallel(const ParallelConfig& parallel, const nf::model::ModelConfig& model) {
+  NF_RETURN_IF_ERROR(RequirePositive("parallel.tensor_parallel", parallel.tensor_parallel()));
+  NF_RETURN_IF_ERROR(RequirePositive("parallel.pipeline_parallel", parallel.pipeline_parallel()));
+  NF_RETURN_IF_ERROR(RequirePositive("parallel.virtual_stages", parallel.virtual_stages()));
+  NF_RETURN_IF_ERROR(
+      RequirePositive("parallel.grad_bucket_elements", parallel.grad_bucket_elements()));
+  NF_RETURN_IF_ERROR(parallel::CheckModelDivisibility(model.num_heads(), model.ffn_dim(),
+                                                      parallel.tensor_parallel()));
+  const bool interleaved =
+      parallel.pipeline_schedule() == ParallelConfig::INTERLEAVED_ONE_F_ONE_B;
+  if (parallel.virtual_stages() > 1 && !interleaved) {
+    return Invalid(absl::StrCat("parallel.virtual_stages (", parallel.virtual_stages(),
+                                ") needs parallel.pipeline_schedule=INTERLEAVED_ONE_F_ONE_B, or "
+                                "set virtual_stages=1"));
+  }
+  if (interleaved && (parallel.virtual_stages() < 2 || parallel.pipeline_parallel() < 2)) {
+    return Invalid(absl::StrCat(
+        "parallel.pipeline_schedule=INTERLEAVED_ONE_F_ONE_B needs pipeline_parallel >= 2 and "
+        "virtual_stages >= 2 (got ",
+        parallel.pipeline_parallel(), " and ", parallel.virtual_stages(),
+        "); use ONE_F_ONE_B otherwise"));
+  }
+  const std::vector<int> split(parallel.layers_per_stage().begin(),
+                               parallel.layers_per_stage().end());
+  if (split.empty()) {
+    return parallel::CheckLayerSplit(model.num_layers(), parallel.pipeline_parallel(),
+                                     parallel.virtual_stages());
+  }
+  auto stages = parallel::StageLayers(model.num_layers(), parallel.pipeline_parallel(),
+                                      parallel.virtual_stages(), split);
+  if (!stages.ok()) return Invalid(absl::StrCat("parallel.layers_per_stage: ", stages.status().message()));
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status ValidateTrainConfig(const TrainConfig& config) {
@@ -182,6 +219,7 @@ absl::Status ValidateTrainConfig(const TrainConfig& config) {
   // settings nobody looked at.
   NF_RETURN_IF_ERROR(ValidateLossScale(config.train().loss_scale()));
   NF_RETURN_IF_ERROR(ValidateData(config.data(), config.model()));
+  NF_RETURN_IF_ERROR(ValidateParallel(config.parallel(), config.model()));
   return absl::OkStatus();
 }
 

@@ -1,15 +1,22 @@
 // nf-launch: trains a NormFormer language model.
 //
 //   nf-launch --config deploy/configs/tiny.pbtxt [--set field.path=value]... --run-dir DIR
+//   mpirun -np N nf-launch ...   (parallel.* says how the N ranks share the work)
 //
 // Exit codes: 0 finished; 1 a runtime error; 2 bad command line or configuration.
+#include <cstdlib>
 #include <cstring>
 #include <iostream>
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "launcher/config.h"
 #include "launcher/train_loop.h"
+#include "launcher/trainer.h"
+#include "parallel/mpi_runtime.h"
+#include "parallel/process_groups.h"
+#include "parallel/watchdog.h"
 
 namespace {
 
@@ -21,6 +28,10 @@ launcher/train_config.proto) describes, writing into DIR:
   config.pbtxt  the resolved configuration, every field written out
   log.jsonl     one JSON object per step: step, loss, ppl, lr, loss_scale,
                 grad_norm, skipped, skipped_total, tokens, seconds
+
+Under mpirun every rank trains its share (parallel.tensor_parallel,
+parallel.pipeline_parallel; data parallelism takes the remaining ranks) and
+rank 0 writes the files and the progress lines.
 
 options:
   --config FILE      the run configuration (deploy/configs/ has examples)
@@ -35,6 +46,14 @@ The Pre-LN GPT baseline of any config: --set model.normformer.scale_attn=false
 
 exit codes: 0 done, 1 runtime error, 2 bad command line or configuration
 )";
+
+// Whether an MPI launcher (mpirun, srun with PMI/PMIx) started this process.
+bool LaunchedByMpi() {
+  for (const char* variable : {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE"}) {
+    if (std::getenv(variable) != nullptr) return true;
+  }
+  return false;
+}
 
 int UsageError(const std::string& message) {
   std::cerr << "nf-launch: " << message << "\n(run nf-launch --help for usage)\n";
@@ -68,10 +87,34 @@ int main(int argc, char** argv) {
     std::cerr << "nf-launch: " << config.status().message() << "\n";
     return 2;
   }
-  const absl::Status status = nf::launcher::RunTraining(*config, run_dir, std::cout);
+  const nf::parallel::ParallelSizes sizes = nf::launcher::ParallelSizesOf(config->parallel());
+  if (!LaunchedByMpi()) {
+    if (sizes.tp * sizes.pp > 1) {
+      std::cerr << "nf-launch: parallel.tensor_parallel " << sizes.tp
+                << " x parallel.pipeline_parallel " << sizes.pp << " needs " << sizes.tp * sizes.pp
+                << " ranks (or a multiple, for data parallelism): run mpirun -np "
+                << sizes.tp * sizes.pp << " nf-launch ...\n";
+      return 2;
+    }
+    const absl::Status status = nf::launcher::RunTraining(*config, run_dir, std::cout);
+    if (!status.ok()) {
+      std::cerr << "nf-launch: " << status.message() << "\n";
+      return 1;
+    }
+    return 0;
+  }
+  auto groups = nf::parallel::CreateProcessGroups(sizes);
+  if (!groups.ok()) {  // refused alike on every rank, before any communication
+    if (nf::parallel::MpiWorldRank() == 0) {
+      std::cerr << "nf-launch: " << groups.status().message() << "\n";
+    }
+    return 2;
+  }
+  const absl::Status status = nf::launcher::RunTraining(*config, run_dir, std::cout, &*groups);
   if (!status.ok()) {
-    std::cerr << "nf-launch: " << status.message() << "\n";
-    return 1;
+    // Other ranks may be waiting on this one: end the whole job.
+    std::cerr << "nf-launch: " << groups->topology.ToString() << ": " << status.message() << "\n";
+    nf::parallel::AbortJob(1);
   }
   return 0;
 }

@@ -4,6 +4,8 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <memory>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -11,6 +13,7 @@
 #include "launcher/config.h"
 #include "launcher/jsonl_log.h"
 #include "launcher/trainer.h"
+#include "parallel/watchdog.h"
 
 namespace nf::launcher {
 namespace {
@@ -54,30 +57,51 @@ std::string Duration(double seconds) {
 }  // namespace
 
 absl::Status RunTraining(const TrainConfig& config, const std::string& run_dir,
-                         std::ostream& console) {
-  const std::filesystem::path dir(run_dir);
-  std::error_code error;
-  std::filesystem::create_directories(dir, error);
-  if (error) {
-    return absl::UnavailableError(
-        absl::StrCat("cannot create run directory ", run_dir, ": ", error.message()));
+                         std::ostream& console, parallel::ProcessGroups* groups) {
+  std::unique_ptr<Trainer> trainer;
+  if (groups != nullptr) {
+    NF_ASSIGN_OR_RETURN(trainer, Trainer::Create(config, *groups));
+  } else {
+    NF_ASSIGN_OR_RETURN(trainer, Trainer::Create(config));
   }
-  NF_RETURN_IF_ERROR(WriteFileAtomically(dir / "config.pbtxt", ResolvedConfigText(config)));
-  NF_ASSIGN_OR_RETURN(JsonlLog log, JsonlLog::Open((dir / "log.jsonl").string()));
-  NF_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer, Trainer::Create(config));
+  const parallel::Topology& topology = trainer->groups().topology;
+  const bool writes = topology.world_rank() == 0;
+  const std::filesystem::path dir(run_dir);
+  std::optional<JsonlLog> log;
+  if (writes) {
+    std::error_code error;
+    std::filesystem::create_directories(dir, error);
+    if (error) {
+      return absl::UnavailableError(
+          absl::StrCat("cannot create run directory ", run_dir, ": ", error.message()));
+    }
+    NF_RETURN_IF_ERROR(WriteFileAtomically(dir / "config.pbtxt", ResolvedConfigText(config)));
+    NF_ASSIGN_OR_RETURN(log, JsonlLog::Open((dir / "log.jsonl").string()));
+  }
 
   const int64_t total = config.train().train_iters();
   const int64_t log_interval = std::max(1, config.train().log_interval());
-  console << absl::StrFormat("normformer: %d parameters, %s, training %d steps on %s into %s\n",
-                             trainer->model().params().num_global_elements(),
-                             TrainOptions::Precision_Name(config.train().precision()), total,
-                             trainer->batches().Describe(), run_dir);
+  if (writes) {
+    console << absl::StrFormat(
+        "normformer: %d parameters, %s, training %d steps on %s into %s\n",
+        trainer->num_global_params(), TrainOptions::Precision_Name(config.train().precision()),
+        total, trainer->batches().Describe(), run_dir);
+    if (topology.world_size() > 1) {
+      console << absl::StrFormat(
+          "layout: %d ranks = tensor_parallel %d x pipeline_parallel %d x data_parallel %d, %s%s\n",
+          topology.world_size(), topology.tp(), topology.pp(), topology.dp(),
+          ParallelConfig::Schedule_Name(config.parallel().pipeline_schedule()),
+          config.parallel().distributed_optimizer() ? ", distributed optimizer" : "");
+    }
+  }
   double elapsed = 0.0;
   int64_t window_tokens = 0;
   double window_seconds = 0.0;
   while (trainer->step() < total) {
+    parallel::SetCurrentStep(trainer->step() + 1);
     NF_ASSIGN_OR_RETURN(const StepStats stats, trainer->TrainStep());
-    NF_RETURN_IF_ERROR(log.Write(StepRecord(stats)));
+    if (!writes) continue;
+    NF_RETURN_IF_ERROR(log->Write(StepRecord(stats)));
     elapsed += stats.seconds;
     window_tokens += stats.tokens;
     window_seconds += stats.seconds;

@@ -8,12 +8,14 @@
 
 #include "absl/status/status.h"
 #include "launcher/train_config.pb.h"
+#include "parallel/process_groups.h"
 
 namespace nf::launcher {
 
 // Creates `run_dir` if needed and writes RUN/config.pbtxt (the resolved configuration); the
-// log is appended to. Progress lines go to `console`.
+// log is appended to. Progress lines go to `console`. With `groups` (an MPI job; null: one
+// process) every rank trains and world rank 0 alone writes the files and the console.
 absl::Status RunTraining(const TrainConfig& config, const std::string& run_dir,
-                         std::ostream& console);
+                         std::ostream& console, parallel::ProcessGroups* groups = nullptr);
 
 }  // namespace nf::launcher

@@ -1,9 +1,17 @@
 #include "launcher/trainer.h"
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
+#include <limits>
+#include <string>
+#include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "core/ops/ops.h"
 #include "core/status.h"
+#include "model/vocab.h"
+#include "parallel/pipeline_schedule.h"
 
 namespace nf::launcher {
 namespace {
@@ -50,78 +58,219 @@ optim::AdamWConfig AdamWConfigOf(const OptimizerConfig& o) {
           .clip_grad = o.clip_grad()};
 }
 
-absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainConfig& config) {
-  const TrainOptions& train = config.train();
-  NF_ASSIGN_OR_RETURN(std::unique_ptr<model::NormFormerModel> model,
-                      model::NormFormerModel::Create(
-                          config.model(), {.dtype = ModelDType(train.precision()),
-                                           .micro_batch = train.micro_batch_size(),
-                                           .seq_len = train.seq_len(),
-                                           .activation_recompute = train.activation_recompute(),
-                                           .seed = train.seed()}));
-  model::ParamTable& table = model->params();
-  NF_ASSIGN_OR_RETURN(
-      optim::MixedPrecisionAdamW optimizer,
-      optim::MixedPrecisionAdamW::Create(table.params(), table.grads(), table.DecayRanges(),
-                                         AdamWConfigOf(train.optimizer())));
-  NF_RETURN_IF_ERROR(optimizer.InitializeMasterFromModel());
-  const optim::LrSchedule schedule = ScheduleOf(train);
-  NF_RETURN_IF_ERROR(optim::Validate(schedule));
-  std::optional<optim::DynamicLossScaler> scaler;
-  if (train.precision() == TrainOptions::FP16) {
-    NF_ASSIGN_OR_RETURN(scaler,
-                        optim::DynamicLossScaler::Create(ScalerConfigOf(train.loss_scale())));
-  }
-  NF_ASSIGN_OR_RETURN(std::unique_ptr<BatchSource> batches, MakeBatchSource(config));
-  return std::unique_ptr<Trainer>(new Trainer(config, std::move(model), std::move(optimizer),
-                                              schedule, std::move(scaler), std::move(batches)));
+parallel::ParallelSizes ParallelSizesOf(const ParallelConfig& config) {
+  return {.tp = config.tensor_parallel(), .pp = config.pipeline_parallel(), .dp = 0};
 }
 
-Trainer::Trainer(TrainConfig config, std::unique_ptr<model::NormFormerModel> model,
-                 optim::MixedPrecisionAdamW optimizer, optim::LrSchedule schedule,
-                 std::optional<optim::DynamicLossScaler> scaler,
-                 std::unique_ptr<BatchSource> batches)
-    : config_(std::move(config)),
-      model_(std::move(model)),
-      optimizer_(std::make_unique<optim::MixedPrecisionAdamW>(std::move(optimizer))),
-      schedule_(schedule),
-      scaler_(std::move(scaler)),
-      batches_(std::move(batches)) {}
+namespace {
+
+parallel::ScheduleKind ScheduleKindOf(ParallelConfig::Schedule schedule) {
+  switch (schedule) {
+    case ParallelConfig::GPIPE:
+      return parallel::ScheduleKind::kGPipe;
+    case ParallelConfig::INTERLEAVED_ONE_F_ONE_B:
+      return parallel::ScheduleKind::kInterleavedOneFOneB;
+    default:
+      return parallel::ScheduleKind::kOneFOneB;
+  }
+}
+
+// Micro-batches per data-parallel rank: the global batch split over dp ranks of micro-batches.
+absl::StatusOr<int> MicroBatchesPerRank(const TrainOptions& train, int dp) {
+  const int64_t per_step = int64_t{dp} * train.micro_batch_size();
+  if (train.global_batch_size() % per_step != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "train.global_batch_size (", train.global_batch_size(),
+        ") must be a multiple of data_parallel (", dp, ") x train.micro_batch_size (",
+        train.micro_batch_size(), ") = ", per_step, ": e.g. ",
+        std::max<int64_t>(per_step, train.global_batch_size() / per_step * per_step)));
+  }
+  return static_cast<int>(train.global_batch_size() / per_step);
+}
+
+// The flat offset below which a chunk's gradients wait for the embedding group's sum: the end
+// of its embedding-group parameters (0: none).
+int64_t EmbeddingGroupEnd(const model::NormFormerModel& chunk) {
+  int64_t end = 0;
+  for (const std::string& name : chunk.embedding_group_params()) {
+    const model::ParamTable::Entry& e = chunk.params().Get(name);
+    end = std::max(end, e.offset + e.grad.numel());
+  }
+  return end;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainConfig& config,
+                                                         parallel::ProcessGroups& groups) {
+  const TrainOptions& train = config.train();
+  const ParallelConfig& parallel = config.parallel();
+  const parallel::Topology& topology = groups.topology;
+  if (topology.tp() != parallel.tensor_parallel() ||
+      topology.pp() != parallel.pipeline_parallel()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the process groups (", topology.ToString(), ") do not match parallel.tensor_parallel ",
+        parallel.tensor_parallel(), " x parallel.pipeline_parallel ",
+        parallel.pipeline_parallel()));
+  }
+  std::unique_ptr<Trainer> t(new Trainer());
+  t->config_ = config;
+  t->groups_ = &groups;
+  NF_ASSIGN_OR_RETURN(t->micro_batches_, MicroBatchesPerRank(train, topology.dp()));
+
+  const int p = topology.pp(), v = parallel.virtual_stages();
+  const std::vector<int> split(parallel.layers_per_stage().begin(),
+                               parallel.layers_per_stage().end());
+  std::vector<std::pair<int, int>> stages;
+  if (split.empty()) {
+    NF_RETURN_IF_ERROR(parallel::CheckLayerSplit(config.model().num_layers(), p, v));
+    stages = parallel::StageLayers(config.model().num_layers(), p, v);
+  } else {
+    NF_ASSIGN_OR_RETURN(stages, parallel::StageLayers(config.model().num_layers(), p, v, split));
+  }
+  const parallel::DataParallelOptions dp_options = {
+      .bucket_elements = parallel.grad_bucket_elements(),
+      .shard_optimizer = parallel.distributed_optimizer()};
+  std::vector<model::NormFormerModel*> chunk_views;
+  for (int c = 0; c < v; ++c) {
+    const int stage = c * p + topology.pp_rank();
+    NF_ASSIGN_OR_RETURN(
+        std::unique_ptr<model::NormFormerModel> chunk,
+        model::NormFormerModel::Create(
+            config.model(), {.dtype = ModelDType(train.precision()),
+                             .micro_batch = train.micro_batch_size(),
+                             .seq_len = train.seq_len(),
+                             .activation_recompute = train.activation_recompute(),
+                             .seed = train.seed(),
+                             .param_buffer_multiple = topology.dp(),
+                             .tensor_parallel = groups.tp.get(),
+                             .pipeline = {.stage = stage,
+                                          .num_stages = p * v,
+                                          .layer_begin = stages[stage].first,
+                                          .layer_end = stages[stage].second}}));
+    model::ParamTable& table = chunk->params();
+    parallel::DataParallelOptions options = dp_options;
+    options.hold_below = EmbeddingGroupEnd(*chunk);
+    NF_ASSIGN_OR_RETURN(std::unique_ptr<parallel::DataParallelOptimizer> optimizer,
+                        parallel::DataParallelOptimizer::Create(
+                            table.params(), table.grads(), table.DecayRanges(),
+                            AdamWConfigOf(train.optimizer()), *groups.dp, options));
+    NF_RETURN_IF_ERROR(optimizer->InitializeMasterFromModel());
+    chunk_views.push_back(chunk.get());
+    t->chunks_.push_back(std::move(chunk));
+    t->optimizers_.push_back(std::move(optimizer));
+  }
+  NF_ASSIGN_OR_RETURN(PipelineExecutor executor,
+                      PipelineExecutor::Create(chunk_views, *groups.pp,
+                                               ScheduleKindOf(parallel.pipeline_schedule()),
+                                               t->micro_batches_));
+  t->executor_.emplace(std::move(executor));
+  t->schedule_ = ScheduleOf(train);
+  NF_RETURN_IF_ERROR(optim::Validate(t->schedule_));
+  if (train.precision() == TrainOptions::FP16) {
+    NF_ASSIGN_OR_RETURN(t->scaler_,
+                        optim::DynamicLossScaler::Create(ScalerConfigOf(train.loss_scale())));
+  }
+  NF_ASSIGN_OR_RETURN(t->batches_, MakeBatchSource(config));
+  for (const model::ParamSpec& spec : model::NormFormerParamSpecs(
+           config.model(), model::PaddedVocabSize(config.model().vocab_size(), topology.tp()))) {
+    t->num_global_params_ += NumElements(spec.global_shape);
+  }
+  return t;
+}
+
+absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainConfig& config) {
+  auto groups = std::make_unique<parallel::ProcessGroups>(parallel::SingleProcessGroups());
+  NF_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer, Create(config, *groups));
+  trainer->own_groups_ = std::move(groups);
+  return trainer;
+}
+
+absl::Status Trainer::ReduceEmbeddingGradients() {
+  for (const std::unique_ptr<model::NormFormerModel>& chunk : chunks_) {
+    for (const std::string& name : chunk->embedding_group_params()) {
+      NF_RETURN_IF_ERROR(
+          groups_->embedding->AllReduce(chunk->params().Get(name).grad, parallel::ReduceOp::kSum));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<double> Trainer::GlobalSquaredNorm(float loss_scale, bool& skipped) {
+  NF_ASSIGN_OR_RETURN(const Tensor found, Tensor::Zeros(DType::kF32, {1}));
+  for (const auto& optimizer : optimizers_) {
+    NF_ASSIGN_OR_RETURN(const bool nonfinite, optimizer->UnscaleAndCheck(loss_scale));
+    if (nonfinite) found.data<float>()[0] = 1.0f;
+  }
+  NF_RETURN_IF_ERROR(groups_->world->AllReduce(found, parallel::ReduceOp::kMax));
+  skipped = found.data<float>()[0] != 0.0f;
+  if (skipped) return std::numeric_limits<double>::quiet_NaN();
+  NF_ASSIGN_OR_RETURN(const Tensor squared, Tensor::Zeros(DType::kF64, {1}));
+  for (size_t c = 0; c < chunks_.size(); ++c) {
+    NF_ASSIGN_OR_RETURN(const double share,
+                        optimizers_[c]->SquaredGradNorm(chunks_[c]->OwnedNormRanges()));
+    squared.data<double>()[0] += share;
+  }
+  // Replicated optimizers hold the same reduced gradients on every dp rank: count one copy.
+  parallel::Communicator& group =
+      config_.parallel().distributed_optimizer() ? *groups_->world : *groups_->mp;
+  NF_RETURN_IF_ERROR(group.AllReduce(squared, parallel::ReduceOp::kSum));
+  return squared.data<double>()[0];
+}
 
 absl::StatusOr<StepStats> Trainer::TrainStep() {
   const auto start = std::chrono::steady_clock::now();
   const TrainOptions& train = config_.train();
-  const int64_t global = train.global_batch_size(), micro = train.micro_batch_size();
   const float loss_scale = scaler_ ? scaler_->scale() : 1.0f;
   // Each token's loss enters the gradient with weight loss_scale / tokens: the gradient of the
   // global batch's mean loss, times the loss scale.
-  const int64_t batch_tokens = global * train.seq_len();
-  const float loss_weight = loss_scale / static_cast<float>(batch_tokens);
+  const int64_t batch_tokens = int64_t{train.global_batch_size()} * train.seq_len();
+  const PipelineStep step = {
+      .step = step_,
+      .first_micro_batch = int64_t{groups_->topology.dp_rank()} * micro_batches_,
+      .micro_batch_size = train.micro_batch_size(),
+      .global_batch_size = train.global_batch_size(),
+      .loss_weight = loss_scale / static_cast<float>(batch_tokens)};
 
-  NF_RETURN_IF_ERROR(model_->params().ZeroGrads());
-  double loss_sum = 0.0;
-  int64_t tokens = 0;
-  for (int64_t micro_batch = 0; micro_batch < global / micro; ++micro_batch) {
-    NF_ASSIGN_OR_RETURN(const int64_t first_sample, batches_->Load(step_, micro_batch));
-    NF_ASSIGN_OR_RETURN(const model::NormFormerModel::LossSum loss,
-                        model_->Forward(batches_->inputs(), batches_->targets(),
-                                        static_cast<uint64_t>(first_sample), true));
-    NF_RETURN_IF_ERROR(model_->Backward(loss_weight));
-    loss_sum += loss.sum;
-    tokens += loss.tokens;
+  for (const auto& chunk : chunks_) NF_RETURN_IF_ERROR(chunk->params().ZeroGrads());
+  NF_ASSIGN_OR_RETURN(const model::NormFormerModel::LossSum local,
+                      executor_->Run(step, *batches_, [&](int chunk, int64_t offset) {
+                        return optimizers_[chunk]->GradsDoneFrom(offset);
+                      }));
+  NF_RETURN_IF_ERROR(ReduceEmbeddingGradients());
+  for (const auto& optimizer : optimizers_) NF_RETURN_IF_ERROR(optimizer->FinishGradReduction());
+
+  bool skipped = false;
+  NF_ASSIGN_OR_RETURN(const double squared, GlobalSquaredNorm(loss_scale, skipped));
+  const double norm = std::sqrt(squared);
+  // Finite gradients whose squares overflow the fp32 accumulator: as good as an overflow.
+  skipped = skipped || !std::isfinite(norm);
+  const float lr =
+      optim::LearningRate(schedule_, optimizers_.front()->adamw().updates() + 1);
+  if (!skipped) {
+    for (const auto& optimizer : optimizers_) NF_RETURN_IF_ERROR(optimizer->Update(lr, norm));
   }
-  const float lr = optim::LearningRate(schedule_, optimizer_->updates() + 1);
-  NF_ASSIGN_OR_RETURN(const optim::StepResult result, optimizer_->Step(lr, loss_scale));
-  if (scaler_) scaler_->Update(result.skipped);
-  if (result.skipped) ++skipped_total_;
+  if (scaler_) scaler_->Update(skipped);
+  if (skipped) ++skipped_total_;
   ++step_;
+
+  // The loss: the last stage's tensor-parallel rank 0 of every data-parallel rank contributes.
+  const bool reports = chunks_.back()->placement().last() && groups_->topology.tp_rank() == 0;
+  NF_ASSIGN_OR_RETURN(const Tensor loss, Tensor::Zeros(DType::kF64, {2}));
+  if (reports) {
+    loss.data<double>()[0] = local.sum;
+    loss.data<double>()[1] = static_cast<double>(local.tokens);
+  }
+  NF_RETURN_IF_ERROR(groups_->world->AllReduce(loss, parallel::ReduceOp::kSum));
+  const double sum = loss.data<double>()[0];
+  const int64_t tokens = static_cast<int64_t>(loss.data<double>()[1]);
   return StepStats{
       .step = step_,
-      .loss = tokens > 0 ? loss_sum / static_cast<double>(tokens) : 0.0,
+      .loss = tokens > 0 ? sum / static_cast<double>(tokens) : 0.0,
       .lr = lr,
       .loss_scale = loss_scale,
-      .grad_norm = result.grad_norm,
-      .skipped = result.skipped,
+      .grad_norm = norm,
+      .skipped = skipped,
       .skipped_total = skipped_total_,
       .tokens = tokens,
       .seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count()};

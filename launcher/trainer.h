@@ -1,7 +1,17 @@
-// Training on one rank: the model, the mixed-precision AdamW over its flat buffers, the LR
-// schedule, the fp16 loss scaler and the batch source, wired from a TrainConfig. One call of
-// TrainStep is one optimizer step over the global batch (gradient accumulation over its
-// micro-batches).
+// Training on one rank of any (tensor, pipeline, data)-parallel layout, wired from a
+// TrainConfig: this rank's model chunks (one per virtual pipeline stage, each sharded over the
+// tensor-parallel group), the pipeline executor, one data-parallel optimizer per chunk
+// (replicated AdamW or ZeRO-1), the LR schedule, the fp16 loss scaler and the batch source.
+// One call of TrainStep is one optimizer step over the global batch; a job of one process is
+// the layout (1, 1, 1) over groups of one.
+//
+// The reductions of a step, and why each group:
+//   tied embedding gradient   sum over the embedding group (first and last pipeline stage)
+//   gradients                 sum over dp (buckets during the last backward; ZeRO: scattered)
+//   non-finite flag           max over the world (every rank skips or steps together)
+//   squared gradient norm     sum over mp (tp x pp: each parameter counted once; TP duplicates
+//                             and the tied copy excluded), and over dp too when sharded
+//   loss and tokens           sum over the world of the last stage's tp rank 0 shares
 #pragma once
 
 #include <memory>
@@ -13,46 +23,65 @@
 #include "core/optim/lr_schedule.h"
 #include "core/optim/mixed_precision_optimizer.h"
 #include "launcher/batch_source.h"
+#include "launcher/pipeline_executor.h"
 #include "launcher/train_config.pb.h"
 #include "model/normformer_model.h"
+#include "parallel/data_parallel_optimizer.h"
+#include "parallel/process_groups.h"
 
 namespace nf::launcher {
 
 struct StepStats {
   int64_t step = 0;   // 1-based
-  double loss = 0.0;  // mean token loss of the global batch (nats)
+  double loss = 0.0;  // mean token loss of the global batch (nats), the same on every rank
   float lr = 0.0f;
   float loss_scale = 1.0f;  // 1 unless fp16
   double grad_norm = 0.0;   // before clipping; NaN/inf on a skipped step
   bool skipped = false;     // non-finite gradients: no update
   int64_t skipped_total = 0;
-  int64_t tokens = 0;    // tokens with a loss in this step
+  int64_t tokens = 0;    // tokens with a loss in the global batch of this step
   double seconds = 0.0;  // wall time of the step
 };
 
 class Trainer {
  public:
+  // `groups` (SingleProcessGroups() for one process) must outlive the trainer and match
+  // config.parallel; the data-parallel size is what the world leaves.
+  static absl::StatusOr<std::unique_ptr<Trainer>> Create(const TrainConfig& config,
+                                                         parallel::ProcessGroups& groups);
+  // One process: the layout (1, 1, 1) over groups of one, owned by the trainer.
   static absl::StatusOr<std::unique_ptr<Trainer>> Create(const TrainConfig& config);
 
   absl::StatusOr<StepStats> TrainStep();
 
   int64_t step() const { return step_; }
-  model::NormFormerModel& model() { return *model_; }
-  const optim::MixedPrecisionAdamW& optimizer() const { return *optimizer_; }
+  // This rank's model chunks, in virtual-stage order (one without interleaving).
+  const std::vector<std::unique_ptr<model::NormFormerModel>>& chunks() const { return chunks_; }
+  parallel::DataParallelOptimizer& optimizer(int chunk) { return *optimizers_[chunk]; }
   const optim::DynamicLossScaler* loss_scaler() const { return scaler_ ? &*scaler_ : nullptr; }
   const BatchSource& batches() const { return *batches_; }
+  const PipelineExecutor& executor() const { return *executor_; }
+  const parallel::ProcessGroups& groups() const { return *groups_; }
+  // Parameters of the whole model (every layer and the embedding once).
+  int64_t num_global_params() const { return num_global_params_; }
 
  private:
-  Trainer(TrainConfig config, std::unique_ptr<model::NormFormerModel> model,
-          optim::MixedPrecisionAdamW optimizer, optim::LrSchedule schedule,
-          std::optional<optim::DynamicLossScaler> scaler, std::unique_ptr<BatchSource> batches);
+  Trainer() = default;
+  absl::Status ReduceEmbeddingGradients();
+  // The global non-finite flag and squared gradient norm (NaN when skipped).
+  absl::StatusOr<double> GlobalSquaredNorm(float loss_scale, bool& skipped);
 
   TrainConfig config_;
-  std::unique_ptr<model::NormFormerModel> model_;
-  std::unique_ptr<optim::MixedPrecisionAdamW> optimizer_;
+  std::unique_ptr<parallel::ProcessGroups> own_groups_;  // single process only; outlives the rest
+  parallel::ProcessGroups* groups_ = nullptr;
+  std::vector<std::unique_ptr<model::NormFormerModel>> chunks_;
+  std::vector<std::unique_ptr<parallel::DataParallelOptimizer>> optimizers_;  // per chunk
+  std::optional<PipelineExecutor> executor_;
   optim::LrSchedule schedule_;
   std::optional<optim::DynamicLossScaler> scaler_;  // fp16 only
   std::unique_ptr<BatchSource> batches_;
+  int micro_batches_ = 1;  // per data-parallel rank and step
+  int64_t num_global_params_ = 0;
   int64_t step_ = 0;
   int64_t skipped_total_ = 0;
 };
@@ -62,5 +91,8 @@ DType ModelDType(TrainOptions::Precision precision);
 
 // The optimizer settings of a config as core/optim takes them.
 optim::AdamWConfig AdamWConfigOf(const OptimizerConfig& config);
+
+// The parallel sizes of a config (dp resolved from the world by the topology).
+parallel::ParallelSizes ParallelSizesOf(const ParallelConfig& config);
 
 }  // namespace nf::launcher

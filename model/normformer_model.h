@@ -124,6 +124,7 @@ class NormFormerModel {
   std::vector<optim::FlatRange> OwnedNormRanges() const;
 
   ParamTable& params() { return table_; }
+  const ParamTable& params() const { return table_; }
   const ModelParams& model_params() const { return params_; }
   const ModelConfig& config() const { return config_; }
   const ModelOptions& options() const { return options_; }

@@ -3,11 +3,13 @@
 #include <mpi.h>
 
 #include <cstdlib>
+#include <string>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "core/status.h"
+#include "parallel/local_communicator.h"
 #include "parallel/mpi_runtime.h"
 #include "parallel/watchdog.h"
 
@@ -29,6 +31,18 @@ Communicator* ProcessGroups::group(GroupKind kind) const {
       break;
   }
   return nullptr;
+}
+
+ProcessGroups SingleProcessGroups() {
+  ProcessGroups groups;
+  groups.world = std::make_unique<LocalCommunicator>("world");
+  std::unique_ptr<Communicator>* slots[] = {&groups.tp, &groups.dp, &groups.pp, &groups.mp,
+                                            &groups.embedding};
+  for (int k = 0; k < static_cast<int>(GroupKind::kCount); ++k) {
+    *slots[k] = std::make_unique<LocalCommunicator>(
+        std::string(GroupKindName(static_cast<GroupKind>(k))));
+  }
+  return groups;
 }
 
 absl::StatusOr<ProcessGroups> CreateProcessGroups(ParallelSizes sizes,

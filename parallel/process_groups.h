@@ -30,6 +30,9 @@ struct ProcessGroups {
 absl::StatusOr<ProcessGroups> CreateProcessGroups(ParallelSizes sizes,
                                                   MpiCommunicator::Options options = {});
 
+// The groups of a job of one process: every group is a LocalCommunicator (no MPI needed).
+ProcessGroups SingleProcessGroups();
+
 // This process's rank among the job's processes on its node, which picks its GPU:
 // OMPI_COMM_WORLD_LOCAL_RANK (set by Open MPI's mpirun), else SLURM_LOCALID (srun), else the
 // rank in an MPI_Comm_split_type(MPI_COMM_TYPE_SHARED) split of the world, which initialises

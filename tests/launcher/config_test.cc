@@ -212,7 +212,7 @@ TEST(ApplyOverrideTest, UnknownNamesListWhatExistsThere) {
             "tie_embeddings, layer_norm_eps, normformer)");
   ExpectInvalidArgument(ApplyOverride("modle.d_model=256", &config),
                         "--set modle.d_model=256: no field 'modle' in nf.launcher.TrainConfig "
-                        "(fields: model, train, data)");
+                        "(fields: model, train, data, parallel)");
   EXPECT_EQ(ApplyOverride("train.precision=FP8", &config).message(),
             "--set train.precision=FP8: 'FP8' is not a value of "
             "nf.launcher.TrainOptions.Precision (values: FP32, FP16, BF16)");
@@ -399,7 +399,22 @@ INSTANTIATE_TEST_SUITE_P(
                        .mentions = "data.synthetic.branching (0) must be in [1, model.vocab_size)"},
         ValidationCase{.overrides = {"model.vocab_size=16", "data.synthetic.branching=16"},
                        .mentions = "data.synthetic.branching (16) must be in [1, "
-                                   "model.vocab_size) = [1, 16)"}));
+                                   "model.vocab_size) = [1, 16)"},
+        ValidationCase{.overrides = {"parallel.tensor_parallel=0"},
+                       .mentions = "parallel.tensor_parallel must be positive (got 0)"},
+        ValidationCase{.overrides = {"parallel.tensor_parallel=3"},
+                       .mentions = "model.num_heads (4) is not divisible by tensor_parallel (3)"},
+        ValidationCase{.overrides = {"parallel.pipeline_parallel=3"},
+                       .mentions = "model.num_layers (4) does not split into pipeline_parallel 3 "
+                                   "x virtual_stages 1 = 3 equal stages; use 2 or 4 stages"},
+        ValidationCase{.overrides = {"parallel.virtual_stages=2"},
+                       .mentions = "parallel.virtual_stages (2) needs "
+                                   "parallel.pipeline_schedule=INTERLEAVED_ONE_F_ONE_B"},
+        ValidationCase{.overrides = {"parallel.pipeline_schedule=INTERLEAVED_ONE_F_ONE_B"},
+                       .mentions = "needs pipeline_parallel >= 2 and virtual_stages >= 2 (got 1 "
+                                   "and 1); use ONE_F_ONE_B otherwise"},
+        ValidationCase{.overrides = {"parallel.grad_bucket_elements=0"},
+                       .mentions = "parallel.grad_bucket_elements must be positive"}));
 
 TEST(ValidateTrainConfigTest, AcceptsBoundaryValues) {
   TrainConfig config = ValidConfig();

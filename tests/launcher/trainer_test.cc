@@ -224,9 +224,9 @@ TEST(TrainerTest, Fp16LossScalerSkipsOverflowsBacksOffAndGrows) {
   ASSERT_NE(trainer->loss_scaler(), nullptr);
   const optim::DynamicLossScaler& scaler = *trainer->loss_scaler();
 
-  const std::vector<uint8_t> params = Bytes(trainer->model().params().params());
-  const std::vector<uint8_t> master = Bytes(trainer->optimizer().master());
-  const std::vector<uint8_t> exp_avg = Bytes(trainer->optimizer().exp_avg());
+  const std::vector<uint8_t> params = Bytes(trainer->chunks().front()->params().params());
+  const std::vector<uint8_t> master = Bytes(trainer->optimizer(0).adamw().master());
+  const std::vector<uint8_t> exp_avg = Bytes(trainer->optimizer(0).adamw().exp_avg());
 
   // Step 1 overflows: skipped, counted. Hysteresis 2 tolerates one non-finite step (its counter
   // drops from 2 to 1, still > 0), so the scale stays: one overflow may be a fluke.
@@ -240,10 +240,10 @@ TEST(TrainerTest, Fp16LossScalerSkipsOverflowsBacksOffAndGrows) {
   EXPECT_EQ(scaler.scale(), kInitialScale) << "hysteresis: the first overflow keeps the scale";
   // A skipped step changes nothing the model computes with, nor the optimizer state: applying
   // inf/NaN gradients would poison the weights and AdamW's moments for good.
-  EXPECT_TRUE(Bytes(trainer->model().params().params()) == params);
-  EXPECT_TRUE(Bytes(trainer->optimizer().master()) == master);
-  EXPECT_TRUE(Bytes(trainer->optimizer().exp_avg()) == exp_avg);
-  EXPECT_EQ(trainer->optimizer().updates(), 0);
+  EXPECT_TRUE(Bytes(trainer->chunks().front()->params().params()) == params);
+  EXPECT_TRUE(Bytes(trainer->optimizer(0).adamw().master()) == master);
+  EXPECT_TRUE(Bytes(trainer->optimizer(0).adamw().exp_avg()) == exp_avg);
+  EXPECT_EQ(trainer->optimizer(0).adamw().updates(), 0);
 
   // Step 2 overflows at the same scale and uses up the hysteresis (counter 1 -> 0): the scale
   // is multiplied by backoff_factor 0.5. The step itself still ran at the old scale.
@@ -253,8 +253,8 @@ TEST(TrainerTest, Fp16LossScalerSkipsOverflowsBacksOffAndGrows) {
   EXPECT_EQ(second.skipped_total, 2);
   EXPECT_EQ(scaler.skipped_steps(), 2);
   EXPECT_EQ(scaler.scale(), kInitialScale / 2);
-  EXPECT_TRUE(Bytes(trainer->model().params().params()) == params);
-  EXPECT_EQ(trainer->optimizer().updates(), 0);
+  EXPECT_TRUE(Bytes(trainer->chunks().front()->params().params()) == params);
+  EXPECT_EQ(trainer->optimizer(0).adamw().updates(), 0);
 
   // From here every step is checked against the scaler's rules, tracked independently:
   //   non-finite: skipped; the growth run restarts; the hysteresis counter drops and, once
@@ -269,7 +269,7 @@ TEST(TrainerTest, Fp16LossScalerSkipsOverflowsBacksOffAndGrows) {
   int first_update = 0, growths = 0;
   std::vector<StepStats> stats = {first, second};
   for (int step = 3; step <= 80; ++step) {
-    const std::vector<uint8_t> before = Bytes(trainer->model().params().params());
+    const std::vector<uint8_t> before = Bytes(trainer->chunks().front()->params().params());
     const StepStats s = stats.emplace_back(Step(*trainer));
     ASSERT_EQ(s.loss_scale, scale) << "step " << step;
     ASSERT_TRUE(std::isfinite(s.loss)) << "step " << step;
@@ -278,7 +278,7 @@ TEST(TrainerTest, Fp16LossScalerSkipsOverflowsBacksOffAndGrows) {
       good_run = 0;
       if (--hysteresis_left <= 0) scale /= 2;
       EXPECT_FALSE(std::isfinite(s.grad_norm)) << "step " << step;
-      EXPECT_TRUE(Bytes(trainer->model().params().params()) == before) << "step " << step;
+      EXPECT_TRUE(Bytes(trainer->chunks().front()->params().params()) == before) << "step " << step;
     } else {
       ++updates;
       if (first_update == 0) first_update = step;
@@ -291,12 +291,12 @@ TEST(TrainerTest, Fp16LossScalerSkipsOverflowsBacksOffAndGrows) {
       EXPECT_TRUE(std::isfinite(s.grad_norm)) << "step " << step;
       EXPECT_GT(s.grad_norm, 0.0) << "step " << step;
       // An update with lr > 0 (warmup from step 1) and a nonzero gradient moves the weights.
-      EXPECT_FALSE(Bytes(trainer->model().params().params()) == before) << "step " << step;
+      EXPECT_FALSE(Bytes(trainer->chunks().front()->params().params()) == before) << "step " << step;
     }
     ASSERT_EQ(s.skipped_total, skipped_total) << "step " << step;
     ASSERT_EQ(scaler.skipped_steps(), skipped_total) << "step " << step;
     ASSERT_EQ(scaler.scale(), scale) << "step " << step;
-    ASSERT_EQ(trainer->optimizer().updates(), updates) << "step " << step;
+    ASSERT_EQ(trainer->optimizer(0).adamw().updates(), updates) << "step " << step;
   }
   // Halving on every overflow once the hysteresis is spent (the counter is only refilled by a
   // growth), the scale falls one power of two per step from 2^29 at step 3 to the fp16-safe
