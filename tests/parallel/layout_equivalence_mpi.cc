@@ -1,0 +1,227 @@
+// The layout-equivalence test (issue 7): 20 training steps of the tiny NormFormer (fp32,
+// dropout on, tied embedding, every NormFormer switch on, gradient clipping active) on one
+// (tensor, pipeline, data)-parallel layout, with every pipeline schedule and optimizer variant
+// that layout allows, against the single-rank run of the same config on the same global batch.
+// The layout comes from NF_TEST_TP and NF_TEST_PP (data parallelism takes the rest of the
+// world); nf_add_layout_test starts one job per layout.
+//
+// Every rank runs the single-rank reference itself (no communication; the model is tiny) and
+// compares (a) the loss of every step, which every rank reports, and (b) its own final
+// parameters, shard by shard, with the same slice of the reference's: together the ranks
+// compare every parameter of the model, which is what gathering them would compare.
+//
+// Tolerances. Layouts reassociate fp32 sums (data-parallel gradient sums, tensor-parallel
+// partial products and LayerNorm statistics, the tied embedding's two gradient halves), each a
+// relative change near 2^-24 ~ 6e-8; AdamW's normalised update m / sqrt(v) keeps those relative
+// after 20 steps (measured worst: see docs/parallelism.md). Losses: 1e-5 relative (the issue's
+// target). Parameters: 2e-5 of the parameter tensor's largest magnitude (an update moves a
+// parameter by at most lr ~ 3e-3 per step, so 20 steps of relative noise 1e-4 on the update stay
+// below that). One exception: the key projection's bias. Adding a vector to every key adds the
+// same q . b to a whole row of scores, which the softmax ignores, so its gradient is exactly 0
+// in exact arithmetic and what is computed is rounding noise (~1e-9) that AdamW normalises into
+// full-size updates: its values differ by layout (as they would between any two runs that
+// round differently) without any effect on the model, which the matching losses confirm. Its
+// difference is only checked against the bound of AdamW steps, steps x lr.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "gtest/gtest.h"
+#include "launcher/config.h"
+#include "launcher/trainer.h"
+#include "model/param_table.h"
+#include "parallel/process_groups.h"
+
+namespace nf::launcher {
+namespace {
+
+constexpr int kSteps = 20;
+constexpr double kLossTolerance = 1e-5;
+constexpr double kParamTolerance = 2e-5;
+constexpr float kLearningRate = 3e-3f;
+
+int EnvInt(const char* name) {
+  const char* value = std::getenv(name);
+  return value ? std::atoi(value) : 1;
+}
+
+TrainConfig TinyConfig() {
+  TrainConfig config;
+  model::ModelConfig& m = *config.mutable_model();
+  m.set_num_layers(4);
+  m.set_d_model(32);
+  m.set_num_heads(4);
+  m.set_ffn_dim(64);
+  m.set_vocab_size(61);
+  m.set_max_seq_len(16);
+  m.set_positions(model::ModelConfig::LEARNED);
+  m.set_dropout(0.1f);
+  m.set_attention_dropout(0.1f);
+  m.set_activation_dropout(0.1f);
+  m.mutable_normformer()->set_scale_resids(true);
+  TrainOptions& t = *config.mutable_train();
+  t.set_seq_len(16);
+  t.set_micro_batch_size(2);
+  t.set_global_batch_size(8);
+  t.set_train_iters(kSteps);
+  t.set_log_interval(1000);
+  t.mutable_optimizer()->set_lr(kLearningRate);
+  t.mutable_optimizer()->set_clip_grad(0.5f);  // active: the norms are near 1 early on
+  t.mutable_lr_schedule()->set_warmup_iters(5);
+  config.mutable_data()->mutable_synthetic()->set_branching(3);
+  // Small buckets: several per chunk, some started during the backward, some held.
+  config.mutable_parallel()->set_grad_bucket_elements(3000);
+  return config;
+}
+
+struct Variant {
+  std::string name;
+  ParallelConfig::Schedule schedule;
+  int virtual_stages;
+  bool distributed_optimizer;
+};
+
+std::vector<Variant> VariantsOf(int pp, int dp) {
+  std::vector<Variant> variants = {{"1F1B", ParallelConfig::ONE_F_ONE_B, 1, false}};
+  if (dp > 1) variants.push_back({"1F1B ZeRO-1", ParallelConfig::ONE_F_ONE_B, 1, true});
+  if (pp > 1) {
+    variants.push_back({"GPipe", ParallelConfig::GPIPE, 1, false});
+    variants.push_back({"interleaved v=2", ParallelConfig::INTERLEAVED_ONE_F_ONE_B, 2, false});
+    if (dp > 1) {
+      variants.push_back(
+          {"interleaved v=2 ZeRO-1", ParallelConfig::INTERLEAVED_ONE_F_ONE_B, 2, true});
+    }
+  }
+  return variants;
+}
+
+std::vector<double> Train(Trainer& trainer) {
+  std::vector<double> losses;
+  for (int s = 0; s < kSteps; ++s) {
+    absl::StatusOr<StepStats> stats = trainer.TrainStep();
+    EXPECT_TRUE(stats.ok()) << stats.status();
+    if (!stats.ok()) std::abort();  // the other ranks would wait forever
+    EXPECT_FALSE(stats->skipped);
+    losses.push_back(stats->loss);
+  }
+  return losses;
+}
+
+// The elements of this rank's shard of a parameter and the same elements of the reference's,
+// in order. Vocabulary tables are padded per layout (to 128 x tp rows): only the rows both hold
+// compare (the real vocabulary, and padding rows the reference also has).
+struct Compared {
+  std::vector<float> actual, expected;
+};
+Compared Corresponding(const model::ParamTable::Entry& reference,
+                       const model::ParamTable::Entry& shard, int tp_rank) {
+  const std::vector<float> full = *ToFloatVector(reference.value);
+  const std::vector<float> local = *ToFloatVector(shard.value);
+  const int64_t rows = shard.local_shape[0];
+  const int64_t cols = shard.local_shape.size() > 1 ? shard.local_shape[1] : 1;
+  const int64_t full_rows = reference.local_shape[0];
+  const int64_t full_cols = reference.local_shape.size() > 1 ? reference.local_shape[1] : 1;
+  const bool split_rows = shard.spec.sharding == model::Sharding::kSplitRows;
+  const bool split_cols = shard.spec.sharding == model::Sharding::kSplitCols;
+  const int64_t row0 = split_rows ? tp_rank * rows : 0, col0 = split_cols ? tp_rank * cols : 0;
+  Compared c;
+  for (int64_t r = 0; r < rows && row0 + r < full_rows; ++r) {
+    for (int64_t k = 0; k < cols; ++k) {
+      c.actual.push_back(local[r * cols + k]);
+      c.expected.push_back(full[(row0 + r) * full_cols + col0 + k]);
+    }
+  }
+  return c;
+}
+
+// The largest |shard - reference| over a chunk's parameters, relative to each parameter's
+// largest reference magnitude.
+double MaxParamDifference(const model::NormFormerModel& chunk, const model::ParamTable& reference,
+                          int tp_rank) {
+  double worst = 0.0;
+  for (const model::ParamTable::Entry& e : chunk.params().entries()) {
+    const Compared c = Corresponding(reference.Get(e.spec.name), e, tp_rank);
+    double scale = 0.0, difference = 0.0;
+    for (size_t i = 0; i < c.expected.size(); ++i) {
+      scale = std::max(scale, std::abs(double{c.expected[i]}));
+      difference = std::max(difference, std::abs(double{c.actual[i]} - c.expected[i]));
+    }
+    if (e.spec.name.ends_with(".self_attn.k_proj.bias")) {
+      EXPECT_LE(difference, kSteps * kLearningRate) << e.spec.name;
+      continue;
+    }
+    const double relative = difference / std::max(scale, 1e-30);
+    EXPECT_LE(relative, kParamTolerance) << e.spec.name;
+    worst = std::max(worst, relative);
+  }
+  return worst;
+}
+
+TEST(LayoutEquivalenceTest, EveryVariantTrainsLikeTheSingleRankRun) {
+  const int tp = EnvInt("NF_TEST_TP"), pp = EnvInt("NF_TEST_PP");
+  auto groups = parallel::CreateProcessGroups({.tp = tp, .pp = pp, .dp = 0});
+  ASSERT_TRUE(groups.ok()) << groups.status();
+  const parallel::Topology& topology = groups->topology;
+
+  const TrainConfig base = TinyConfig();
+  ASSERT_TRUE(ValidateTrainConfig(base).ok()) << ValidateTrainConfig(base);
+  auto reference = Trainer::Create(base);
+  ASSERT_TRUE(reference.ok()) << reference.status();
+  const std::vector<double> expected = Train(**reference);
+  const model::ParamTable& reference_params = (*reference)->chunks().front()->params();
+
+  for (const Variant& variant : VariantsOf(pp, topology.dp())) {
+    SCOPED_TRACE(variant.name);
+    TrainConfig config = base;
+    ParallelConfig& parallel = *config.mutable_parallel();
+    parallel.set_tensor_parallel(tp);
+    parallel.set_pipeline_parallel(pp);
+    parallel.set_pipeline_schedule(variant.schedule);
+    parallel.set_virtual_stages(variant.virtual_stages);
+    parallel.set_distributed_optimizer(variant.distributed_optimizer);
+    ASSERT_TRUE(ValidateTrainConfig(config).ok()) << ValidateTrainConfig(config);
+    auto trainer = Trainer::Create(config, *groups);
+    ASSERT_TRUE(trainer.ok()) << trainer.status();
+    const std::vector<double> losses = Train(**trainer);
+    // Activations held at once: 1F1B keeps at most p - r micro-batches in flight on pipeline
+    // rank r, GPipe all m of them.
+    const int m = base.train().global_batch_size() /
+                  (topology.dp() * base.train().micro_batch_size());
+    const int peak = (*trainer)->chunks().front()->peak_in_flight();
+    if (variant.schedule == ParallelConfig::ONE_F_ONE_B) {
+      EXPECT_EQ(peak, std::min(pp - topology.pp_rank(), m));
+    } else if (variant.schedule == ParallelConfig::GPIPE) {
+      EXPECT_EQ(peak, m);
+    }
+
+    double loss_difference = 0.0;
+    for (int s = 0; s < kSteps; ++s) {
+      const double relative = std::abs(losses[s] - expected[s]) / expected[s];
+      EXPECT_LE(relative, kLossTolerance) << "step " << s + 1;
+      loss_difference = std::max(loss_difference, relative);
+    }
+    double param_difference = 0.0;
+    for (const auto& chunk : (*trainer)->chunks()) {
+      param_difference = std::max(
+          param_difference, MaxParamDifference(*chunk, reference_params, topology.tp_rank()));
+    }
+    // The worst over all ranks, for the table in docs/parallelism.md.
+    Tensor worst = *Tensor::Zeros(DType::kF64, {1});
+    worst.data<double>()[0] = param_difference;
+    ASSERT_TRUE(groups->world->AllReduce(worst, parallel::ReduceOp::kMax).ok());
+    if (topology.world_rank() == 0) {
+      std::printf("| %d | %d | %d | %s | %.1e | %.1e | %.4f -> %.4f |\n", tp, pp, topology.dp(),
+                  variant.name.c_str(), loss_difference, worst.data<double>()[0], losses.front(),
+                  losses.back());
+    }
+  }
+}
+
+}  // namespace
+}  // namespace nf::launcher
