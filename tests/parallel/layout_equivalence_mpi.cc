@@ -14,11 +14,14 @@
 // partial products and LayerNorm statistics, the tied embedding's two gradient halves), each a
 // relative change near 2^-24 ~ 6e-8; AdamW's normalised update m / sqrt(v) keeps those relative
 // after 20 steps (measured worst: see docs/parallelism.md). Losses: 1e-5 relative (the issue's
-// target). Parameters: 2e-5 of the parameter tensor's largest magnitude (an update moves a
-// parameter by at most lr ~ 3e-3 per step, so 20 steps of relative noise 1e-4 on the update stay
-// below that). One exception: the key projection's bias. Adding a vector to every key adds the
-// same q . b to a whole row of scores, which the softmax ignores, so its gradient is exactly 0
-// in exact arithmetic and what is computed is rounding noise (~1e-9) that AdamW normalises into
+// target). Parameters: 5e-5 of the parameter tensor's largest magnitude. Data and pipeline
+// parallelism measured below 1e-6; tensor parallelism up to 1.8e-5 (tp = 4, the last layer's
+// fc2.weight: its row-parallel partial products sum with cancellation, and the elements whose
+// gradients nearly cancel carry the largest relative noise into AdamW's normalised update).
+//
+// One exception: the key projection's bias. Adding a vector to every key adds the same q . b to
+// a whole row of scores, which the softmax ignores, so its gradient is exactly 0 in exact
+// arithmetic and what is computed is rounding noise (~1e-9) that AdamW normalises into
 // full-size updates: its values differ by layout (as they would between any two runs that
 // round differently) without any effect on the model, which the matching losses confirm. Its
 // difference is only checked against the bound of AdamW steps, steps x lr.
@@ -43,7 +46,7 @@ namespace {
 
 constexpr int kSteps = 20;
 constexpr double kLossTolerance = 1e-5;
-constexpr double kParamTolerance = 2e-5;
+constexpr double kParamTolerance = 5e-5;
 constexpr float kLearningRate = 3e-3f;
 
 int EnvInt(const char* name) {
