@@ -178,8 +178,11 @@ absl::Status ValidateParallel(const ParallelConfig& parallel, const nf::model::M
   NF_RETURN_IF_ERROR(RequirePositive("parallel.tensor_parallel", parallel.tensor_parallel()));
   NF_RETURN_IF_ERROR(RequirePositive("parallel.pipeline_parallel", parallel.pipeline_parallel()));
   NF_RETURN_IF_ERROR(RequirePositive("parallel.virtual_stages", parallel.virtual_stages()));
+  NF_RETURN_IF_ERROR(RequireNonNegative("parallel.data_parallel", parallel.data_parallel()));
   NF_RETURN_IF_ERROR(
       RequirePositive("parallel.grad_bucket_elements", parallel.grad_bucket_elements()));
+  NF_RETURN_IF_ERROR(RequirePositive("parallel.collective_timeout_seconds",
+                                     parallel.collective_timeout_seconds()));
   NF_RETURN_IF_ERROR(parallel::CheckModelDivisibility(model.num_heads(), model.ffn_dim(),
                                                       parallel.tensor_parallel()));
   const bool interleaved =

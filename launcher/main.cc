@@ -4,13 +4,14 @@
 //   mpirun -np N nf-launch ...   (parallel.* says how the N ranks share the work)
 //
 // Exit codes: 0 finished; 1 a runtime error; 2 bad command line or configuration.
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <iostream>
 #include <string>
 #include <vector>
 
-#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
 #include "launcher/config.h"
 #include "launcher/train_loop.h"
 #include "launcher/trainer.h"
@@ -47,16 +48,22 @@ The Pre-LN GPT baseline of any config: --set model.normformer.scale_attn=false
 exit codes: 0 done, 1 runtime error, 2 bad command line or configuration
 )";
 
-// Whether an MPI launcher (mpirun, srun with PMI/PMIx) started this process.
-bool LaunchedByMpi() {
-  for (const char* variable : {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE"}) {
-    if (std::getenv(variable) != nullptr) return true;
+// This process's rank as an MPI launcher (mpirun, srun with PMI/PMIx) announces it before MPI
+// starts; -1 when no launcher started it.
+int LauncherRank() {
+  for (const char* variable : {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK"}) {
+    if (const char* value = std::getenv(variable)) return std::atoi(value);
   }
-  return false;
+  return -1;
 }
 
+// Errors every rank hits alike (command line, configuration) are printed by rank 0 only.
+bool PrintsSharedErrors() { return LauncherRank() <= 0; }
+
 int UsageError(const std::string& message) {
-  std::cerr << "nf-launch: " << message << "\n(run nf-launch --help for usage)\n";
+  if (PrintsSharedErrors()) {
+    std::cerr << "nf-launch: " << message << "\n(run nf-launch --help for usage)\n";
+  }
   return 2;
 }
 
@@ -84,16 +91,17 @@ int main(int argc, char** argv) {
 
   const auto config = nf::launcher::LoadTrainConfig(config_path, overrides);
   if (!config.ok()) {
-    std::cerr << "nf-launch: " << config.status().message() << "\n";
+    if (PrintsSharedErrors()) std::cerr << "nf-launch: " << config.status().message() << "\n";
     return 2;
   }
   const nf::parallel::ParallelSizes sizes = nf::launcher::ParallelSizesOf(config->parallel());
-  if (!LaunchedByMpi()) {
-    if (sizes.tp * sizes.pp > 1) {
+  if (LauncherRank() < 0) {
+    const int needed = sizes.tp * sizes.pp * std::max(sizes.dp, 1);
+    if (needed > 1) {
       std::cerr << "nf-launch: parallel.tensor_parallel " << sizes.tp
-                << " x parallel.pipeline_parallel " << sizes.pp << " needs " << sizes.tp * sizes.pp
-                << " ranks (or a multiple, for data parallelism): run mpirun -np "
-                << sizes.tp * sizes.pp << " nf-launch ...\n";
+                << " x parallel.pipeline_parallel " << sizes.pp << " x parallel.data_parallel "
+                << std::max(sizes.dp, 1) << " needs " << needed << " ranks: run mpirun -np "
+                << needed << " nf-launch ...\n";
       return 2;
     }
     const absl::Status status = nf::launcher::RunTraining(*config, run_dir, std::cout);
@@ -103,11 +111,10 @@ int main(int argc, char** argv) {
     }
     return 0;
   }
-  auto groups = nf::parallel::CreateProcessGroups(sizes);
+  auto groups = nf::parallel::CreateProcessGroups(
+      sizes, {.watchdog = {.timeout = absl::Seconds(config->parallel().collective_timeout_seconds())}});
   if (!groups.ok()) {  // refused alike on every rank, before any communication
-    if (nf::parallel::MpiWorldRank() == 0) {
-      std::cerr << "nf-launch: " << groups.status().message() << "\n";
-    }
+    if (PrintsSharedErrors()) std::cerr << "nf-launch: " << groups.status().message() << "\n";
     return 2;
   }
   const absl::Status status = nf::launcher::RunTraining(*config, run_dir, std::cout, &*groups);

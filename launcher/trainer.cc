@@ -59,7 +59,9 @@ optim::AdamWConfig AdamWConfigOf(const OptimizerConfig& o) {
 }
 
 parallel::ParallelSizes ParallelSizesOf(const ParallelConfig& config) {
-  return {.tp = config.tensor_parallel(), .pp = config.pipeline_parallel(), .dp = 0};
+  return {.tp = config.tensor_parallel(),
+          .pp = config.pipeline_parallel(),
+          .dp = config.data_parallel()};
 }
 
 namespace {
