@@ -1,0 +1,168 @@
+// nf-bench-layout: one (tensor, pipeline, data)-parallel layout of a real training run, under
+// mpirun: the median step time over the timed steps, and the bytes each rank's communicators
+// moved per step, by group, next to what the formulas below predict for that rank (the row
+// fails loudly when they differ). bench/layouts.sh runs every layout and tabulates the step
+// times relative to the single-rank run of the same config.
+//
+//   mpirun -np 4 build/bench/nf-bench-layout --config deploy/configs/tiny.pbtxt
+//       --set parallel.tensor_parallel=2 --set parallel.pipeline_parallel=2 [--steps N]
+//
+// Bytes per step of one rank (T = micro_batch x seq_len tokens, d = d_model, s = bytes of the
+// model dtype, m = micro-batches per data-parallel rank, n_c = chunk c's padded flat buffer,
+// as the Communicator counts payloads: communicator.h):
+//   tp         per micro-batch and chunk: embedding output T d s (first stage); per layer
+//              2 T d s forward and 2 T d s backward (out_proj, fc2; q/k/v and fc1 input
+//              gradients), plus LN_ffn_mid's statistics T 2 8 and sums T 2 4 with scale_fc
+//              and tp > 1;
+//              the loss's row max and sums 3 T 4 and the head's input gradient T d s (last)
+//   pp         T d s per activation sent or received and per gradient sent or received
+//   dp         replicated: all-reduce 4 n_c per chunk; ZeRO-1: reduce-scatter 4 n_c and
+//              all-gather s n_c
+//   embedding  4 x the tied embedding shard (V_pad / tp x d) on the first and last stages
+//   mp, world  the squared norm 8 (mp; world with ZeRO-1), the non-finite flag 4 and the
+//              loss and token count 16 (world)
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/time.h"
+#include "core/status.h"
+#include "launcher/config.h"
+#include "launcher/trainer.h"
+#include "model/vocab.h"
+#include "parallel/mpi_runtime.h"
+#include "parallel/process_groups.h"
+
+namespace nf::bench {
+namespace {
+
+using parallel::Action;
+using parallel::GroupKind;
+
+struct Expected {
+  int64_t bytes[static_cast<int>(GroupKind::kCount) + 1] = {};  // + world
+};
+constexpr int kWorld = static_cast<int>(GroupKind::kCount);
+
+Expected Formulas(const launcher::Trainer& trainer, const launcher::TrainConfig& config) {
+  const model::ModelConfig& model = config.model();
+  const launcher::TrainOptions& train = config.train();
+  const parallel::Topology& topology = trainer.groups().topology;
+  const int64_t t = int64_t{train.micro_batch_size()} * train.seq_len(), d = model.d_model();
+  const int64_t s = static_cast<int64_t>(SizeOf(launcher::ModelDType(train.precision())));
+  // LN_ffn_mid spans the ffn columns every tp rank holds a share of: its statistics are
+  // all-reduced only when there is more than one share.
+  const bool sharded_mid_norm = model.normformer().scale_fc() && topology.tp() > 1;
+  Expected e;
+  auto& tp = e.bytes[static_cast<int>(GroupKind::kTensor)];
+  auto& pp = e.bytes[static_cast<int>(GroupKind::kPipeline)];
+  for (const Action& a : trainer.executor().schedule()) {
+    const model::NormFormerModel& chunk = *trainer.chunks()[a.model_chunk];
+    const int64_t layers = chunk.placement().layer_end - chunk.placement().layer_begin;
+    if (a.kind == Action::kForward) {
+      if (chunk.placement().first()) tp += t * d * s;
+      tp += layers * (2 * t * d * s + (sharded_mid_norm ? t * 2 * 8 : 0));
+      if (chunk.placement().last()) tp += 3 * t * 4;
+    } else if (a.kind == Action::kBackward) {
+      tp += layers * (2 * t * d * s + (sharded_mid_norm ? t * 2 * 4 : 0));
+      if (chunk.placement().last()) tp += t * d * s;
+    } else {
+      pp += t * d * s;  // every send and receive moves one [T, d] tensor
+    }
+  }
+  const bool zero = config.parallel().distributed_optimizer();
+  for (const auto& chunk : trainer.chunks()) {
+    const int64_t n = chunk->params().num_elements();
+    e.bytes[static_cast<int>(GroupKind::kData)] += zero ? 4 * n + s * n : 4 * n;
+    if (!chunk->embedding_group_params().empty()) {
+      e.bytes[static_cast<int>(GroupKind::kEmbedding)] +=
+          4 * model::PaddedVocabSize(model.vocab_size(), topology.tp()) / topology.tp() * d;
+    }
+  }
+  e.bytes[zero ? kWorld : static_cast<int>(GroupKind::kModel)] += 8;
+  e.bytes[kWorld] += 4 + 16;
+  return e;
+}
+
+int64_t Measured(const parallel::Communicator* comm) {
+  return comm == nullptr ? 0 : comm->stats().total_bytes();
+}
+
+absl::Status Run(int argc, char** argv) {
+  std::string config_path = "deploy/configs/tiny.pbtxt";
+  std::vector<std::string> overrides;
+  int steps = 10;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string flag = argv[i];
+    if (flag == "--config") config_path = argv[i + 1];
+    else if (flag == "--set") overrides.push_back(argv[i + 1]);
+    else if (flag == "--steps") steps = std::atoi(argv[i + 1]);
+    else return absl::InvalidArgumentError("unknown flag " + flag);
+  }
+  NF_ASSIGN_OR_RETURN(launcher::TrainConfig config,
+                      launcher::LoadTrainConfig(config_path, overrides));
+  NF_ASSIGN_OR_RETURN(
+      parallel::ProcessGroups groups,
+      parallel::CreateProcessGroups(launcher::ParallelSizesOf(config.parallel()),
+                                    {.watchdog = {.timeout = absl::Seconds(120)}}));
+  NF_ASSIGN_OR_RETURN(std::unique_ptr<launcher::Trainer> trainer,
+                      launcher::Trainer::Create(config, groups));
+  NF_RETURN_IF_ERROR(trainer->TrainStep().status());  // warm-up: allocations, first touches
+
+  parallel::Communicator* comms[] = {groups.tp.get(), groups.dp.get(), groups.pp.get(),
+                                     groups.mp.get(), groups.embedding.get(), groups.world.get()};
+  for (parallel::Communicator* c : comms) {
+    if (c != nullptr) c->ResetStats();
+  }
+  std::vector<double> seconds;
+  for (int i = 0; i < steps; ++i) {
+    NF_ASSIGN_OR_RETURN(const launcher::StepStats stats, trainer->TrainStep());
+    seconds.push_back(stats.seconds);
+  }
+  std::sort(seconds.begin(), seconds.end());
+  const Expected expected = Formulas(*trainer, config);
+  std::vector<std::string> cells;
+  bool all_match = true;
+  for (int k = 0; k <= kWorld; ++k) {
+    const int64_t measured = Measured(comms[k]) / steps;
+    all_match = all_match && measured == expected.bytes[k];
+    cells.push_back(absl::StrFormat("%d%s", measured, measured == expected.bytes[k] ? "" : "(!)"));
+  }
+  const parallel::Topology& topology = groups.topology;
+  const std::string row = absl::StrFormat(
+      "| %d | %d | %d | %s%s | %d | %.4f | %s |", topology.tp(), topology.pp(), topology.dp(),
+      launcher::ParallelConfig::Schedule_Name(config.parallel().pipeline_schedule()),
+      config.parallel().distributed_optimizer() ? " ZeRO-1" : "", topology.world_rank(),
+      seconds[seconds.size() / 2], absl::StrJoin(cells, " | "));
+  // Every rank's row, in rank order.
+  for (int r = 0; r < topology.world_size(); ++r) {
+    NF_RETURN_IF_ERROR(groups.world->Barrier());
+    if (r == topology.world_rank()) {
+      std::printf("%s\n", row.c_str());
+      std::fflush(stdout);
+    }
+  }
+  if (!all_match) {
+    return absl::InternalError(absl::StrCat(topology.ToString(),
+                                            ": measured bytes differ from the formulas (!)"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+}  // namespace nf::bench
+
+int main(int argc, char** argv) {
+  const absl::Status status = nf::bench::Run(argc, argv);
+  if (!status.ok()) {
+    std::fprintf(stderr, "nf-bench-layout: %s\n", std::string(status.message()).c_str());
+    nf::parallel::AbortJob(1);
+  }
+  return 0;
+}
