@@ -100,22 +100,25 @@ absl::Status Run(int argc, char** argv) {
   int steps = 10;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
-    if (flag == "--config") config_path = argv[i + 1];
-    else if (flag == "--set") overrides.push_back(argv[i + 1]);
-    else if (flag == "--steps") steps = std::atoi(argv[i + 1]);
-    else return absl::InvalidArgumentError("unknown flag " + flag);
+    if (flag == "--config")
+      config_path = argv[i + 1];
+    else if (flag == "--set")
+      overrides.push_back(argv[i + 1]);
+    else if (flag == "--steps")
+      steps = std::atoi(argv[i + 1]);
+    else
+      return absl::InvalidArgumentError("unknown flag " + flag);
   }
   NF_ASSIGN_OR_RETURN(launcher::TrainConfig config,
                       launcher::LoadTrainConfig(config_path, overrides));
-  NF_ASSIGN_OR_RETURN(
-      parallel::ProcessGroups groups,
-      parallel::CreateProcessGroups(launcher::ParallelSizesOf(config.parallel()),
-                                    {.watchdog = {.timeout = absl::Seconds(120)}}));
+  NF_ASSIGN_OR_RETURN(parallel::ProcessGroups groups,
+                      parallel::CreateProcessGroups(launcher::ParallelSizesOf(config.parallel()),
+                                                    {.watchdog = {.timeout = absl::Seconds(120)}}));
   NF_ASSIGN_OR_RETURN(std::unique_ptr<launcher::Trainer> trainer,
                       launcher::Trainer::Create(config, groups));
   NF_RETURN_IF_ERROR(trainer->TrainStep().status());  // warm-up: allocations, first touches
 
-  parallel::Communicator* comms[] = {groups.tp.get(), groups.dp.get(), groups.pp.get(),
+  parallel::Communicator* comms[] = {groups.tp.get(), groups.dp.get(),        groups.pp.get(),
                                      groups.mp.get(), groups.embedding.get(), groups.world.get()};
   for (parallel::Communicator* c : comms) {
     if (c != nullptr) c->ResetStats();
@@ -149,8 +152,8 @@ absl::Status Run(int argc, char** argv) {
     }
   }
   if (!all_match) {
-    return absl::InternalError(absl::StrCat(topology.ToString(),
-                                            ": measured bytes differ from the formulas (!)"));
+    return absl::InternalError(
+        absl::StrCat(topology.ToString(), ": measured bytes differ from the formulas (!)"));
   }
   return absl::OkStatus();
 }

@@ -163,7 +163,8 @@ absl::Status ValidateData(const DataConfig& data, const nf::model::ModelConfig& 
   for (int k = 0; k < data.blend_size(); ++k) {
     const WeightedDataset& d = data.blend(k);
     if (d.path().empty()) {
-      return Invalid(absl::StrCat("data.blend[", k, "].path is empty; give the PREFIX of "
+      return Invalid(absl::StrCat("data.blend[", k,
+                                  "].path is empty; give the PREFIX of "
                                   "PREFIX.bin/.idx"));
     }
     if (!(d.weight() >= 0 && std::isfinite(d.weight()))) {
@@ -185,8 +186,7 @@ absl::Status ValidateParallel(const ParallelConfig& parallel, const nf::model::M
                                      parallel.collective_timeout_seconds()));
   NF_RETURN_IF_ERROR(parallel::CheckModelDivisibility(model.num_heads(), model.ffn_dim(),
                                                       parallel.tensor_parallel()));
-  const bool interleaved =
-      parallel.pipeline_schedule() == ParallelConfig::INTERLEAVED_ONE_F_ONE_B;
+  const bool interleaved = parallel.pipeline_schedule() == ParallelConfig::INTERLEAVED_ONE_F_ONE_B;
   if (parallel.virtual_stages() > 1 && !interleaved) {
     return Invalid(absl::StrCat("parallel.virtual_stages (", parallel.virtual_stages(),
                                 ") needs parallel.pipeline_schedule=INTERLEAVED_ONE_F_ONE_B, or "
@@ -207,7 +207,8 @@ absl::Status ValidateParallel(const ParallelConfig& parallel, const nf::model::M
   }
   auto stages = parallel::StageLayers(model.num_layers(), parallel.pipeline_parallel(),
                                       parallel.virtual_stages(), split);
-  if (!stages.ok()) return Invalid(absl::StrCat("parallel.layers_per_stage: ", stages.status().message()));
+  if (!stages.ok())
+    return Invalid(absl::StrCat("parallel.layers_per_stage: ", stages.status().message()));
   return absl::OkStatus();
 }
 

@@ -112,7 +112,8 @@ int main(int argc, char** argv) {
     return 0;
   }
   auto groups = nf::parallel::CreateProcessGroups(
-      sizes, {.watchdog = {.timeout = absl::Seconds(config->parallel().collective_timeout_seconds())}});
+      sizes,
+      {.watchdog = {.timeout = absl::Seconds(config->parallel().collective_timeout_seconds())}});
   if (!groups.ok()) {  // refused alike on every rank, before any communication
     if (PrintsSharedErrors()) std::cerr << "nf-launch: " << groups.status().message() << "\n";
     return 2;

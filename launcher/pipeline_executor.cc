@@ -22,9 +22,7 @@ absl::StatusOr<PipelineExecutor> PipelineExecutor::Create(
   return executor;
 }
 
-bool PipelineExecutor::IsFirstStage(int chunk) const {
-  return chunks_[chunk]->placement().first();
-}
+bool PipelineExecutor::IsFirstStage(int chunk) const { return chunks_[chunk]->placement().first(); }
 
 bool PipelineExecutor::IsLastStage(int chunk) const { return chunks_[chunk]->placement().last(); }
 
@@ -63,16 +61,16 @@ absl::StatusOr<model::NormFormerModel::LossSum> PipelineExecutor::Run(
         if (first || last) {
           NF_ASSIGN_OR_RETURN(const int64_t loaded, batches.Load(step.step, global_micro_batch));
           if (static_cast<uint64_t>(loaded) != first_sample) {
-            return absl::InternalError(absl::StrCat("micro-batch ", global_micro_batch,
-                                                    " of step ", step.step, " starts at sample ",
-                                                    loaded, ", expected ", first_sample));
+            return absl::InternalError(absl::StrCat("micro-batch ", global_micro_batch, " of step ",
+                                                    step.step, " starts at sample ", loaded,
+                                                    ", expected ", first_sample));
           }
         }
         NF_ASSIGN_OR_RETURN(
             const model::NormFormerModel::StageOutput out,
             chunk.ForwardStage(a.micro_batch, first ? &batches.inputs() : nullptr,
-                               first ? nullptr : input,
-                               last ? batches.targets() : Tensor(), first_sample, true));
+                               first ? nullptr : input, last ? batches.targets() : Tensor(),
+                               first_sample, true));
         input = nullptr;
         loss.sum += out.loss.sum;
         loss.tokens += out.loss.tokens;
@@ -98,9 +96,8 @@ absl::StatusOr<model::NormFormerModel::LossSum> PipelineExecutor::Run(
         if (final_backward && grads_done) {
           done = [&, c = a.model_chunk](int64_t offset) { return grads_done(c, offset); };
         }
-        NF_RETURN_IF_ERROR(chunk.BackwardStage(a.micro_batch,
-                                               IsLastStage(a.model_chunk) ? nullptr : input,
-                                               step.loss_weight, done));
+        NF_RETURN_IF_ERROR(chunk.BackwardStage(
+            a.micro_batch, IsLastStage(a.model_chunk) ? nullptr : input, step.loss_weight, done));
         input = nullptr;
         break;
       }

@@ -82,10 +82,10 @@ absl::Status RunTraining(const TrainConfig& config, const std::string& run_dir,
   const int64_t total = config.train().train_iters();
   const int64_t log_interval = std::max(1, config.train().log_interval());
   if (writes) {
-    console << absl::StrFormat(
-        "normformer: %d parameters, %s, training %d steps on %s into %s\n",
-        trainer->num_global_params(), TrainOptions::Precision_Name(config.train().precision()),
-        total, trainer->batches().Describe(), run_dir);
+    console << absl::StrFormat("normformer: %d parameters, %s, training %d steps on %s into %s\n",
+                               trainer->num_global_params(),
+                               TrainOptions::Precision_Name(config.train().precision()), total,
+                               trainer->batches().Describe(), run_dir);
     if (topology.world_size() > 1) {
       console << absl::StrFormat(
           "layout: %d ranks = tensor_parallel %d x pipeline_parallel %d x data_parallel %d, %s%s\n",

@@ -80,12 +80,13 @@ parallel::ScheduleKind ScheduleKindOf(ParallelConfig::Schedule schedule) {
 // Micro-batches per data-parallel rank: the global batch split over dp ranks of micro-batches.
 absl::StatusOr<int> MicroBatchesPerRank(const TrainOptions& train, int dp) {
   const int64_t per_step = int64_t{dp} * train.micro_batch_size();
+  const int64_t down = train.global_batch_size() / per_step * per_step;
   if (train.global_batch_size() % per_step != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "train.global_batch_size (", train.global_batch_size(),
-        ") must be a multiple of data_parallel (", dp, ") x train.micro_batch_size (",
-        train.micro_batch_size(), ") = ", per_step, ": e.g. ",
-        std::max<int64_t>(per_step, train.global_batch_size() / per_step * per_step)));
+    return absl::InvalidArgumentError(
+        absl::StrCat("train.global_batch_size (", train.global_batch_size(),
+                     ") must be a multiple of data_parallel (", dp, ") x train.micro_batch_size (",
+                     train.micro_batch_size(), ") = ", per_step, ": e.g. ",
+                     down > 0 ? absl::StrCat(down, " or ") : "", down + per_step));
   }
   return static_cast<int>(train.global_batch_size() / per_step);
 }
@@ -110,10 +111,10 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainConfig& conf
   const parallel::Topology& topology = groups.topology;
   if (topology.tp() != parallel.tensor_parallel() ||
       topology.pp() != parallel.pipeline_parallel()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "the process groups (", topology.ToString(), ") do not match parallel.tensor_parallel ",
-        parallel.tensor_parallel(), " x parallel.pipeline_parallel ",
-        parallel.pipeline_parallel()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("the process groups (", topology.ToString(),
+                     ") do not match parallel.tensor_parallel ", parallel.tensor_parallel(),
+                     " x parallel.pipeline_parallel ", parallel.pipeline_parallel()));
   }
   std::unique_ptr<Trainer> t(new Trainer());
   t->config_ = config;
@@ -136,20 +137,19 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainConfig& conf
   std::vector<model::NormFormerModel*> chunk_views;
   for (int c = 0; c < v; ++c) {
     const int stage = c * p + topology.pp_rank();
-    NF_ASSIGN_OR_RETURN(
-        std::unique_ptr<model::NormFormerModel> chunk,
-        model::NormFormerModel::Create(
-            config.model(), {.dtype = ModelDType(train.precision()),
-                             .micro_batch = train.micro_batch_size(),
-                             .seq_len = train.seq_len(),
-                             .activation_recompute = train.activation_recompute(),
-                             .seed = train.seed(),
-                             .param_buffer_multiple = topology.dp(),
-                             .tensor_parallel = groups.tp.get(),
-                             .pipeline = {.stage = stage,
-                                          .num_stages = p * v,
-                                          .layer_begin = stages[stage].first,
-                                          .layer_end = stages[stage].second}}));
+    NF_ASSIGN_OR_RETURN(std::unique_ptr<model::NormFormerModel> chunk,
+                        model::NormFormerModel::Create(
+                            config.model(), {.dtype = ModelDType(train.precision()),
+                                             .micro_batch = train.micro_batch_size(),
+                                             .seq_len = train.seq_len(),
+                                             .activation_recompute = train.activation_recompute(),
+                                             .seed = train.seed(),
+                                             .param_buffer_multiple = topology.dp(),
+                                             .tensor_parallel = groups.tp.get(),
+                                             .pipeline = {.stage = stage,
+                                                          .num_stages = p * v,
+                                                          .layer_begin = stages[stage].first,
+                                                          .layer_end = stages[stage].second}}));
     model::ParamTable& table = chunk->params();
     parallel::DataParallelOptions options = dp_options;
     options.hold_below = EmbeddingGroupEnd(*chunk);
@@ -162,10 +162,10 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainConfig& conf
     t->chunks_.push_back(std::move(chunk));
     t->optimizers_.push_back(std::move(optimizer));
   }
-  NF_ASSIGN_OR_RETURN(PipelineExecutor executor,
-                      PipelineExecutor::Create(chunk_views, *groups.pp,
-                                               ScheduleKindOf(parallel.pipeline_schedule()),
-                                               t->micro_batches_));
+  NF_ASSIGN_OR_RETURN(
+      PipelineExecutor executor,
+      PipelineExecutor::Create(chunk_views, *groups.pp,
+                               ScheduleKindOf(parallel.pipeline_schedule()), t->micro_batches_));
   t->executor_.emplace(std::move(executor));
   t->schedule_ = ScheduleOf(train);
   NF_RETURN_IF_ERROR(optim::Validate(t->schedule_));
@@ -247,8 +247,7 @@ absl::StatusOr<StepStats> Trainer::TrainStep() {
   const double norm = std::sqrt(squared);
   // Finite gradients whose squares overflow the fp32 accumulator: as good as an overflow.
   skipped = skipped || !std::isfinite(norm);
-  const float lr =
-      optim::LearningRate(schedule_, optimizers_.front()->adamw().updates() + 1);
+  const float lr = optim::LearningRate(schedule_, optimizers_.front()->adamw().updates() + 1);
   if (!skipped) {
     for (const auto& optimizer : optimizers_) NF_RETURN_IF_ERROR(optimizer->Update(lr, norm));
   }

@@ -71,10 +71,10 @@ absl::StatusOr<std::unique_ptr<NormFormerModel>> NormFormerModel::Create(
   NF_RETURN_IF_ERROR(
       parallel::CheckModelDivisibility(config.num_heads(), config.ffn_dim(), tp.size()));
   const int64_t padded_vocab = PaddedVocabSize(config.vocab_size(), tp.size());
-  NF_ASSIGN_OR_RETURN(ParamTable table,
-                      ParamTable::Create(NormFormerParamSpecs(config, padded_vocab, placement),
-                                         options.dtype, tp.rank(), tp.size(),
-                                         options.param_buffer_multiple));
+  NF_ASSIGN_OR_RETURN(
+      ParamTable table,
+      ParamTable::Create(NormFormerParamSpecs(config, padded_vocab, placement), options.dtype,
+                         tp.rank(), tp.size(), options.param_buffer_multiple));
   NF_RETURN_IF_ERROR(table.Initialize(options.seed));
   ModelOptions resolved = options;
   resolved.pipeline = placement;
@@ -114,7 +114,8 @@ absl::StatusOr<std::unique_ptr<NormFormerModel>> NormFormerModel::Create(
   for (int l = placement.layer_begin; l < placement.layer_end; ++l) {
     model->layer_grad_offsets_.push_back(model->table_.LowestOffset(LayerPrefix(l) + "."));
   }
-  if (placement.last()) model->head_grad_offset_ = model->table_.LowestOffset("decoder.layer_norm.");
+  if (placement.last())
+    model->head_grad_offset_ = model->table_.LowestOffset("decoder.layer_norm.");
   NF_RETURN_IF_ERROR(model->AllocateBuffers());
   return model;
 }
@@ -334,8 +335,8 @@ absl::Status NormFormerModel::LayersBackward(InFlight& mb, const GradsDoneFrom& 
     LayerActivations& acts = ActivationsOf(mb, l);
     if (options_.activation_recompute) {
       // Re-run the forward from the kept input; it rewrites hidden[l + 1] with equal values.
-      NF_RETURN_IF_ERROR(layers_[l].Forward(mb.hidden[l], mb.hidden[l + 1], mb.step, acts,
-                                            scratch_));
+      NF_RETURN_IF_ERROR(
+          layers_[l].Forward(mb.hidden[l], mb.hidden[l + 1], mb.step, acts, scratch_));
     }
     NF_RETURN_IF_ERROR(
         layers_[l].Backward(mb.hidden[l], grad_a_, grad_b_, mb.step, acts, scratch_));
@@ -362,8 +363,8 @@ absl::StatusOr<NormFormerModel::LossSum> NormFormerModel::HeadForward(InFlight& 
   NF_RETURN_IF_ERROR(tp_->AllReduce(mb.row_max, parallel::ReduceOp::kMax));
   NF_RETURN_IF_ERROR(ops::CrossEntropySumExp(loss_args, mb.row_max, mb.sum_exp, mb.target_logit));
   NF_RETURN_IF_ERROR(tp_->AllReduce(mb.loss_sums, parallel::ReduceOp::kSum));
-  NF_RETURN_IF_ERROR(ops::CrossEntropyLoss(mb.targets, mb.row_max, mb.sum_exp, mb.target_logit,
-                                           mb.token_loss));
+  NF_RETURN_IF_ERROR(
+      ops::CrossEntropyLoss(mb.targets, mb.row_max, mb.sum_exp, mb.target_logit, mb.token_loss));
   LossSum loss;
   const float* per_token = mb.token_loss.data<float>();
   const int32_t* target = mb.targets.data<int32_t>();

@@ -68,8 +68,7 @@ double InitialValue(const ParamSpec& spec, uint32_t seed, uint64_t name_key, int
 }  // namespace
 
 absl::StatusOr<ParamTable> ParamTable::Create(std::vector<ParamSpec> specs, DType dtype,
-                                              int tp_rank, int tp_size,
-                                              int64_t buffer_multiple) {
+                                              int tp_rank, int tp_size, int64_t buffer_multiple) {
   ParamTable table;
   table.tp_rank_ = tp_rank;
   table.tp_size_ = tp_size;

@@ -71,7 +71,7 @@ class ParamTable {
 
   // [num_elements] including the padding, model dtype.
   const Tensor& params() const { return params_; }
-  const Tensor& grads() const { return grads_; }    // [num_elements], fp32
+  const Tensor& grads() const { return grads_; }  // [num_elements], fp32
   int64_t num_elements() const { return params_.numel(); }
   // Parameters of the whole (unsharded) model.
   int64_t num_global_elements() const;

@@ -11,9 +11,9 @@ namespace nf::parallel {
 absl::StatusOr<std::vector<GradBucket>> MakeGradBuckets(int64_t numel, int64_t bucket_elements,
                                                         int dp_size, int dp_rank) {
   if (dp_size < 1 || dp_rank < 0 || dp_rank >= dp_size || bucket_elements < 1 || numel < 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "gradient buckets need bucket_elements >= 1 and 0 <= dp rank < dp size (got ",
-        bucket_elements, ", rank ", dp_rank, " of ", dp_size, ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("gradient buckets need bucket_elements >= 1 and 0 <= dp rank < dp size (got ",
+                     bucket_elements, ", rank ", dp_rank, " of ", dp_size, ")"));
   }
   if (numel % dp_size != 0) {
     return absl::InvalidArgumentError(absl::StrCat("gradient buffer of ", numel,
@@ -43,15 +43,16 @@ absl::StatusOr<std::vector<GradBucket>> MakeGradBuckets(int64_t numel, int64_t b
 absl::StatusOr<std::unique_ptr<DataParallelOptimizer>> DataParallelOptimizer::Create(
     Tensor params, Tensor grads, std::vector<optim::ParamRange> ranges,
     const optim::AdamWConfig& config, Communicator& dp, const DataParallelOptions& options) {
-  NF_ASSIGN_OR_RETURN(std::vector<GradBucket> buckets,
-                      MakeGradBuckets(grads.numel(), options.bucket_elements, dp.size(), dp.rank()));
+  NF_ASSIGN_OR_RETURN(
+      std::vector<GradBucket> buckets,
+      MakeGradBuckets(grads.numel(), options.bucket_elements, dp.size(), dp.rank()));
   std::unique_ptr<DataParallelOptimizer> opt(
       new DataParallelOptimizer(params, grads, dp, options, std::move(buckets)));
   opt->started_.assign(opt->buckets_.size(), false);
   if (!options.shard_optimizer) {
-    NF_ASSIGN_OR_RETURN(optim::MixedPrecisionAdamW adamw,
-                        optim::MixedPrecisionAdamW::Create(params, grads, std::move(ranges),
-                                                           config));
+    NF_ASSIGN_OR_RETURN(
+        optim::MixedPrecisionAdamW adamw,
+        optim::MixedPrecisionAdamW::Create(params, grads, std::move(ranges), config));
     opt->adamw_ = std::make_unique<optim::MixedPrecisionAdamW>(std::move(adamw));
     return opt;
   }
@@ -76,8 +77,7 @@ absl::StatusOr<std::unique_ptr<DataParallelOptimizer>> DataParallelOptimizer::Cr
 }
 
 template <typename Fn>
-absl::Status DataParallelOptimizer::ForEachOwnedPiece(int64_t offset, int64_t length,
-                                                      Fn fn) const {
+absl::Status DataParallelOptimizer::ForEachOwnedPiece(int64_t offset, int64_t length, Fn fn) const {
   for (const GradBucket& b : buckets_) {
     const int64_t begin = std::max(offset, b.slice_offset);
     const int64_t end = std::min(offset + length, b.slice_offset + b.slice_length);

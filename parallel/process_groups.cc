@@ -39,8 +39,8 @@ ProcessGroups SingleProcessGroups() {
   std::unique_ptr<Communicator>* slots[] = {&groups.tp, &groups.dp, &groups.pp, &groups.mp,
                                             &groups.embedding};
   for (int k = 0; k < static_cast<int>(GroupKind::kCount); ++k) {
-    *slots[k] = std::make_unique<LocalCommunicator>(
-        std::string(GroupKindName(static_cast<GroupKind>(k))));
+    *slots[k] =
+        std::make_unique<LocalCommunicator>(std::string(GroupKindName(static_cast<GroupKind>(k))));
   }
   return groups;
 }

@@ -324,8 +324,8 @@ TEST(PipelineStageInFlightTest, MicroBatchesInFlightGiveTheSameGradientsAsOneAtA
   // they share kFirstSample, as RunChained does), stage 1 runs each as it arrives.
   std::vector<Tensor> grads_to_stage0;
   for (int mb = 0; mb < kMicroBatches; ++mb) {
-    auto out = in_flight[0]->ForwardStage(mb, &batch.inputs, nullptr, batch.targets, kFirstSample,
-                                          true);
+    auto out =
+        in_flight[0]->ForwardStage(mb, &batch.inputs, nullptr, batch.targets, kFirstSample, true);
     ASSERT_TRUE(out.ok()) << out.status();
     ASSERT_TRUE(in_flight[1]
                     ->ForwardStage(mb, nullptr, out->hidden, batch.targets, kFirstSample, true)

@@ -70,10 +70,9 @@ TEST_P(DataParallelOptimizerTest, MatchesOneAdamWOverTheSummedGradients) {
   MpiCommunicator& dp = World();
   Tensor params = *TensorFromFloats(c.dtype, {kNumel}, InitialParams());
   Tensor grads = *Tensor::Zeros(DType::kF32, {kNumel});
-  auto opt = DataParallelOptimizer::Create(params, grads, kRanges, kAdamW, dp,
-                                           {.bucket_elements = c.bucket_elements,
-                                            .shard_optimizer = c.sharded,
-                                            .hold_below = 8});
+  auto opt = DataParallelOptimizer::Create(
+      params, grads, kRanges, kAdamW, dp,
+      {.bucket_elements = c.bucket_elements, .shard_optimizer = c.sharded, .hold_below = 8});
   ASSERT_TRUE(opt.ok()) << opt.status();
   ASSERT_TRUE((*opt)->InitializeMasterFromModel().ok());
   // Sharding divides the optimizer state by dp.
@@ -120,9 +119,9 @@ TEST_P(DataParallelOptimizerTest, SquaredNormSharesAddUpToTheWholeNorm) {
   MpiCommunicator& dp = World();
   Tensor params = *TensorFromFloats(c.dtype, {kNumel}, InitialParams());
   Tensor grads = *Tensor::Zeros(DType::kF32, {kNumel});
-  auto opt = DataParallelOptimizer::Create(params, grads, kRanges, kAdamW, dp,
-                                           {.bucket_elements = c.bucket_elements,
-                                            .shard_optimizer = c.sharded});
+  auto opt = DataParallelOptimizer::Create(
+      params, grads, kRanges, kAdamW, dp,
+      {.bucket_elements = c.bucket_elements, .shard_optimizer = c.sharded});
   ASSERT_TRUE(opt.ok()) << opt.status();
   FillGrads(grads, dp.rank(), 1, dp.size());
   ASSERT_TRUE((*opt)->FinishGradReduction().ok());

@@ -194,8 +194,8 @@ TEST(LayoutEquivalenceTest, EveryVariantTrainsLikeTheSingleRankRun) {
     const std::vector<double> losses = Train(**trainer);
     // Activations held at once: 1F1B keeps at most p - r micro-batches in flight on pipeline
     // rank r, GPipe all m of them.
-    const int m = base.train().global_batch_size() /
-                  (topology.dp() * base.train().micro_batch_size());
+    const int m =
+        base.train().global_batch_size() / (topology.dp() * base.train().micro_batch_size());
     const int peak = (*trainer)->chunks().front()->peak_in_flight();
     if (variant.schedule == ParallelConfig::ONE_F_ONE_B) {
       EXPECT_EQ(peak, std::min(pp - topology.pp_rank(), m));
@@ -211,8 +211,8 @@ TEST(LayoutEquivalenceTest, EveryVariantTrainsLikeTheSingleRankRun) {
     }
     double param_difference = 0.0;
     for (const auto& chunk : (*trainer)->chunks()) {
-      param_difference = std::max(
-          param_difference, MaxParamDifference(*chunk, reference_params, topology.tp_rank()));
+      param_difference = std::max(param_difference,
+                                  MaxParamDifference(*chunk, reference_params, topology.tp_rank()));
     }
     // The worst over all ranks, for the table in docs/parallelism.md.
     Tensor worst = *Tensor::Zeros(DType::kF64, {1});
@@ -224,6 +224,30 @@ TEST(LayoutEquivalenceTest, EveryVariantTrainsLikeTheSingleRankRun) {
                   losses.back());
     }
   }
+}
+
+// A global batch of 3 micro-batches: one data-parallel rank takes them all; two cannot share
+// them, and every rank refuses with the sizes that would work (the multiples of dp x micro
+// around 6: 4 and 8 for dp = 2).
+TEST(LayoutRefusalTest, TheGlobalBatchMustSplitOverTheDataParallelRanks) {
+  const int tp = EnvInt("NF_TEST_TP"), pp = EnvInt("NF_TEST_PP");
+  auto groups = parallel::CreateProcessGroups({.tp = tp, .pp = pp, .dp = 0});
+  ASSERT_TRUE(groups.ok()) << groups.status();
+  TrainConfig config = TinyConfig();
+  config.mutable_train()->set_global_batch_size(6);
+  config.mutable_parallel()->set_tensor_parallel(tp);
+  config.mutable_parallel()->set_pipeline_parallel(pp);
+  auto trainer = Trainer::Create(config, *groups);
+  if (groups->topology.dp() == 1) {
+    EXPECT_TRUE(trainer.ok()) << trainer.status();
+    return;
+  }
+  ASSERT_FALSE(trainer.ok());
+  EXPECT_EQ(trainer.status().message(),
+            absl::StrCat("train.global_batch_size (6) must be a multiple of data_parallel (",
+                         groups->topology.dp(),
+                         ") x train.micro_batch_size (2) = ", 2 * groups->topology.dp(), ": e.g. ",
+                         2 * groups->topology.dp(), " or ", 4 * groups->topology.dp()));
 }
 
 }  // namespace
