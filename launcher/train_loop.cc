@@ -12,6 +12,8 @@
 #include "core/status.h"
 #include "launcher/config.h"
 #include "launcher/jsonl_log.h"
+#include "checkpoint/load.h"
+#include "checkpoint/save.h"
 #include "launcher/trainer.h"
 #include "parallel/watchdog.h"
 
@@ -31,6 +33,32 @@ absl::Status WriteFileAtomically(const std::filesystem::path& path, const std::s
   if (error) {
     return absl::UnavailableError(absl::StrCat("cannot rename ", temporary.string(), " to ",
                                                path.string(), ": ", error.message()));
+  }
+  return absl::OkStatus();
+}
+
+// Continues from RUN/checkpoints/latest when the run has one (and checkpoint.resume), else from
+// checkpoint.load when set; a fresh start otherwise.
+absl::Status Resume(const TrainConfig& config, const std::filesystem::path& checkpoints,
+                    Trainer& trainer, std::ostream* console) {
+  std::filesystem::path source;
+  absl::StatusOr<std::filesystem::path> latest = checkpoint::LatestCheckpoint(checkpoints);
+  if (config.checkpoint().resume() && latest.ok()) {
+    source = *latest;
+  } else if (!latest.ok() && !absl::IsNotFound(latest.status())) {
+    return latest.status();
+  } else if (!config.checkpoint().load().empty()) {
+    source = config.checkpoint().load();
+  } else {
+    return absl::OkStatus();
+  }
+  NF_ASSIGN_OR_RETURN(const checkpoint::Manifest manifest, checkpoint::ReadManifest(source));
+  NF_RETURN_IF_ERROR(checkpoint::CheckSameModel(source, manifest, config.model()));
+  NF_ASSIGN_OR_RETURN(const checkpoint::RunProgress progress,
+                      checkpoint::LoadCheckpoint(source, manifest, trainer.CheckpointState()));
+  NF_RETURN_IF_ERROR(trainer.Restore(progress));
+  if (console != nullptr) {
+    *console << "resumed from " << source.string() << " at step " << progress.step << "\n";
   }
   return absl::OkStatus();
 }
@@ -79,6 +107,22 @@ absl::Status RunTraining(const TrainConfig& config, const std::string& run_dir,
     NF_ASSIGN_OR_RETURN(log, JsonlLog::Open((dir / "log.jsonl").string()));
   }
 
+  const std::filesystem::path checkpoints = dir / "checkpoints";
+  NF_RETURN_IF_ERROR(Resume(config, checkpoints, *trainer, writes ? &console : nullptr));
+  const checkpoint::CheckpointConfig& saving = config.checkpoint();
+  const checkpoint::RetentionPolicy retention{.keep_last = saving.keep_last(),
+                                              .keep_every = saving.keep_every()};
+  const auto save = [&]() -> absl::Status {
+    NF_RETURN_IF_ERROR(checkpoint::SaveCheckpoint(checkpoints, trainer->CheckpointState(),
+                                                  trainer->Progress(), *trainer->world(),
+                                                  retention));
+    if (writes) {
+      console << "saved checkpoint " << (checkpoints / checkpoint::IterationDirName(trainer->step())).string()
+              << "\n";
+    }
+    return absl::OkStatus();
+  };
+
   const int64_t total = config.train().train_iters();
   const int64_t log_interval = std::max(1, config.train().log_interval());
   if (writes) {
@@ -100,6 +144,11 @@ absl::Status RunTraining(const TrainConfig& config, const std::string& run_dir,
   while (trainer->step() < total) {
     parallel::SetCurrentStep(trainer->step() + 1);
     NF_ASSIGN_OR_RETURN(const StepStats stats, trainer->TrainStep());
+    const bool on_interval =
+        saving.save_interval() > 0 && stats.step % saving.save_interval() == 0;
+    if (on_interval || (stats.step == total && saving.save_at_end())) {
+      NF_RETURN_IF_ERROR(save());
+    }
     if (!writes) continue;
     NF_RETURN_IF_ERROR(log->Write(StepRecord(stats)));
     elapsed += stats.seconds;

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/ops/ops.h"
 #include "core/status.h"
+#include "launcher/config.h"
 #include "model/vocab.h"
 #include "parallel/pipeline_schedule.h"
 
@@ -186,6 +187,49 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainConfig& conf
   NF_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer, Create(config, *groups));
   trainer->own_groups_ = std::move(groups);
   return trainer;
+}
+
+checkpoint::RankState Trainer::CheckpointState() {
+  checkpoint::RankState state;
+  state.topology = groups_->topology;
+  const ParallelConfig& parallel = config_.parallel();
+  state.layout.set_tensor_parallel(state.topology.tp());
+  state.layout.set_pipeline_parallel(state.topology.pp());
+  state.layout.set_data_parallel(state.topology.dp());
+  state.layout.set_virtual_stages(parallel.virtual_stages());
+  state.layout.set_distributed_optimizer(parallel.distributed_optimizer());
+  state.model = config_.model();
+  state.train_config = ResolvedConfigText(config_);
+  for (size_t c = 0; c < chunks_.size(); ++c) {
+    state.chunks.push_back({.params = &chunks_[c]->params(),
+                            .optimizer = optimizers_[c].get(),
+                            .copies_of_other_stages = chunks_[c]->CopiesOfOtherStages()});
+  }
+  return state;
+}
+
+checkpoint::RunProgress Trainer::Progress() const {
+  checkpoint::RunProgress progress{
+      .step = step_,
+      .consumed_samples = step_ * config_.train().global_batch_size(),
+      .optimizer_updates = optimizers_.front()->adamw().updates(),
+      .skipped_total = skipped_total_,
+      .loss_scaler = std::nullopt};
+  if (scaler_) progress.loss_scaler = scaler_->state();
+  return progress;
+}
+
+absl::Status Trainer::Restore(const checkpoint::RunProgress& progress) {
+  if (progress.step < 0 || progress.optimizer_updates < 0 || progress.skipped_total < 0) {
+    return absl::InvalidArgumentError("a checkpoint's progress counters must be >= 0");
+  }
+  for (const auto& optimizer : optimizers_) {
+    NF_RETURN_IF_ERROR(optimizer->adamw().SetUpdates(progress.optimizer_updates));
+  }
+  if (scaler_ && progress.loss_scaler) NF_RETURN_IF_ERROR(scaler_->SetState(*progress.loss_scaler));
+  step_ = progress.step;
+  skipped_total_ = progress.skipped_total;
+  return absl::OkStatus();
 }
 
 absl::Status Trainer::ReduceEmbeddingGradients() {

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "checkpoint/training_state.h"
 #include "core/optim/loss_scaler.h"
 #include "core/optim/lr_schedule.h"
 #include "core/optim/mixed_precision_optimizer.h"
@@ -62,6 +63,13 @@ class Trainer {
   const BatchSource& batches() const { return *batches_; }
   const PipelineExecutor& executor() const { return *executor_; }
   const parallel::ProcessGroups& groups() const { return *groups_; }
+  parallel::Communicator* world() { return groups_->world.get(); }
+  // What a checkpoint saves of this rank (views into the trainer) and the run's progress.
+  checkpoint::RankState CheckpointState();
+  checkpoint::RunProgress Progress() const;
+  // Continues from a loaded checkpoint's progress: the next TrainStep is step progress.step + 1.
+  absl::Status Restore(const checkpoint::RunProgress& progress);
+
   // Parameters of the whole model (every layer and the embedding once).
   int64_t num_global_params() const { return num_global_params_; }
 

@@ -120,6 +120,8 @@ class NormFormerModel {
   // all (the first stage counts the embedding). Call it after the embedding-group all-reduce,
   // which makes both copies' gradients the full one.
   absl::StatusOr<double> OwnedSquaredGradNorm() const;
+  // Parameters this stage holds as a copy of another stage's: the last stage's tied head.
+  std::vector<std::string> CopiesOfOtherStages() const;
   // The flat gradient ranges that share covers (ParamTable::OwnedNormRanges).
   std::vector<optim::FlatRange> OwnedNormRanges() const;
 
@@ -170,7 +172,6 @@ class NormFormerModel {
   absl::Status EmbedBackward(InFlight& mb);
   ops::DropoutSpec EmbeddingDropout(const DecoderLayer::Step& step) const;
   const Param& HeadWeight() const;  // the embedding when tied, else output_projection
-  std::vector<std::string> CopiesOfOtherStages() const;
   ops::CrossEntropyArgs LossArgs(const InFlight& mb) const;
   // `layer` counts from the stage's first layer.
   LayerActivations& ActivationsOf(InFlight& mb, int layer) {

@@ -87,6 +87,13 @@ absl::Status DataParallelOptimizer::ForEachOwnedPiece(int64_t offset, int64_t le
   return absl::OkStatus();
 }
 
+absl::Status DataParallelOptimizer::ForEachHeldPiece(
+    int64_t offset, int64_t length,
+    absl::FunctionRef<absl::Status(int64_t, int64_t, int64_t)> fn) const {
+  if (!sharded()) return length > 0 ? fn(offset, offset, length) : absl::OkStatus();
+  return ForEachOwnedPiece(offset, length, fn);
+}
+
 absl::Status DataParallelOptimizer::InitializeMasterFromModel() {
   if (sharded()) {
     for (const GradBucket& b : buckets_) {

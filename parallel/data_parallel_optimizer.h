@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "core/optim/mixed_precision_optimizer.h"
@@ -84,6 +85,13 @@ class DataParallelOptimizer {
   absl::Status Update(float lr, double grad_norm);
 
   bool sharded() const { return options_.shard_optimizer; }
+  // Where this rank keeps optimizer state for the full-buffer elements [offset, offset +
+  // length): calls fn(full_offset, state_offset, count) for each piece it holds, state_offset
+  // indexing adamw()'s master and moment buffers (all of the range when replicated, the parts
+  // in this rank's slices when sharded).
+  absl::Status ForEachHeldPiece(
+      int64_t offset, int64_t length,
+      absl::FunctionRef<absl::Status(int64_t, int64_t, int64_t)> fn) const;
   const std::vector<GradBucket>& buckets() const { return buckets_; }
   // The AdamW over this rank's part (the whole buffers, or the shard): checkpoints read it.
   optim::MixedPrecisionAdamW& adamw() { return *adamw_; }

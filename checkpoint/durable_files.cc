@@ -1,0 +1,114 @@
+#include "checkpoint/durable_files.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "core/status.h"
+
+namespace nf::checkpoint {
+namespace {
+
+absl::Status Errno(absl::string_view what, const std::filesystem::path& path) {
+  return absl::UnavailableError(absl::StrCat(what, " ", path.string(), ": ", std::strerror(errno)));
+}
+
+}  // namespace
+
+absl::StatusOr<DurableWriter> DurableWriter::Create(const std::filesystem::path& path) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return Errno("cannot create", path);
+  return DurableWriter(path, fd);
+}
+
+DurableWriter::DurableWriter(DurableWriter&& other) noexcept
+    : path_(std::move(other.path_)), fd_(other.fd_), size_(other.size_) {
+  other.fd_ = -1;
+}
+
+DurableWriter::~DurableWriter() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+absl::Status DurableWriter::Append(const void* data, int64_t size) {
+  const char* p = static_cast<const char*>(data);
+  while (size > 0) {
+    const ssize_t n = ::write(fd_, p, static_cast<size_t>(size));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return Errno("cannot write", path_);
+    }
+    p += n;
+    size -= n;
+    size_ += n;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status DurableWriter::Close() {
+  if (::fsync(fd_) != 0) return Errno("cannot fsync", path_);
+  const int fd = fd_;
+  fd_ = -1;
+  if (::close(fd) != 0) return Errno("cannot close", path_);
+  return absl::OkStatus();
+}
+
+absl::Status SyncDirectory(const std::filesystem::path& dir) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return Errno("cannot open directory", dir);
+  const int rc = ::fsync(fd);
+  ::close(fd);
+  if (rc != 0) return Errno("cannot fsync directory", dir);
+  return absl::OkStatus();
+}
+
+absl::Status ReplaceFileAtomically(const std::filesystem::path& path,
+                                   const std::string& contents) {
+  const std::filesystem::path temporary = path.string() + ".tmp";
+  NF_ASSIGN_OR_RETURN(DurableWriter writer, DurableWriter::Create(temporary));
+  NF_RETURN_IF_ERROR(writer.Append(contents.data(), static_cast<int64_t>(contents.size())));
+  NF_RETURN_IF_ERROR(writer.Close());
+  if (std::rename(temporary.c_str(), path.c_str()) != 0) return Errno("cannot rename onto", path);
+  return SyncDirectory(path.parent_path());
+}
+
+absl::Status ReadRange(const std::filesystem::path& path, int64_t offset, int64_t length,
+                       void* out) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return Errno("cannot open", path);
+  char* p = static_cast<char*>(out);
+  int64_t done = 0;
+  while (done < length) {
+    const ssize_t n = ::pread(fd, p + done, static_cast<size_t>(length - done), offset + done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const absl::Status status =
+          n < 0 ? Errno("cannot read", path)
+                : absl::OutOfRangeError(absl::StrCat(path.string(), " is truncated: bytes [",
+                                                     offset, ", ", offset + length,
+                                                     ") were expected, the file ends at ",
+                                                     offset + done));
+      ::close(fd);
+      return status;
+    }
+    done += n;
+  }
+  ::close(fd);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> ReadWholeFile(const std::filesystem::path& path) {
+  std::error_code error;
+  const auto size = std::filesystem::file_size(path, error);
+  if (error) {
+    return absl::NotFoundError(absl::StrCat("cannot read ", path.string(), ": ", error.message()));
+  }
+  std::string contents(size, '\0');
+  NF_RETURN_IF_ERROR(ReadRange(path, 0, static_cast<int64_t>(size), contents.data()));
+  return contents;
+}
+
+}  // namespace nf::checkpoint

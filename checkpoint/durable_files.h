@@ -1,0 +1,48 @@
+// Durable file operations for checkpoints: data reaches the disk (fsync) before a rename makes
+// it visible, and the rename itself is made durable by syncing the directory. Errors name the
+// path and the system's reason.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace nf::checkpoint {
+
+// A file being written sequentially; Close() fsyncs it.
+class DurableWriter {
+ public:
+  static absl::StatusOr<DurableWriter> Create(const std::filesystem::path& path);
+  DurableWriter(DurableWriter&& other) noexcept;
+  DurableWriter& operator=(DurableWriter&&) = delete;
+  ~DurableWriter();
+
+  absl::Status Append(const void* data, int64_t size);
+  int64_t size() const { return size_; }
+  absl::Status Close();
+
+ private:
+  DurableWriter(std::filesystem::path path, int fd) : path_(std::move(path)), fd_(fd) {}
+  std::filesystem::path path_;
+  int fd_ = -1;
+  int64_t size_ = 0;
+};
+
+// fsync of a directory: makes renames and creations inside it durable.
+absl::Status SyncDirectory(const std::filesystem::path& dir);
+
+// Writes `contents` to path.tmp, fsyncs it, renames it over `path` and syncs the directory:
+// readers see the old file or the new one, never a mix.
+absl::Status ReplaceFileAtomically(const std::filesystem::path& path, const std::string& contents);
+
+// `length` bytes of `path` from `offset`; OutOfRange naming the file when it is shorter.
+absl::Status ReadRange(const std::filesystem::path& path, int64_t offset, int64_t length,
+                       void* out);
+
+absl::StatusOr<std::string> ReadWholeFile(const std::filesystem::path& path);
+
+}  // namespace nf::checkpoint

@@ -1,0 +1,293 @@
+#include "checkpoint/load.h"
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "checkpoint/crc32c.h"
+#include "checkpoint/durable_files.h"
+#include "checkpoint/save.h"
+#include "checkpoint/shard_mapping.h"
+#include "core/ops/ops.h"
+#include "core/status.h"
+#include "google/protobuf/descriptor.h"
+#include "google/protobuf/message.h"
+#include "google/protobuf/text_format.h"
+
+namespace nf::checkpoint {
+namespace {
+
+namespace fs = std::filesystem;
+namespace pb = google::protobuf;
+
+absl::Status Corrupt(const fs::path& dir, absl::string_view what) {
+  return absl::DataLossError(absl::StrCat("checkpoint ", dir.string(), ": ", what));
+}
+
+model::Sharding ModelSharding(Sharding s) {
+  switch (s) {
+    case SPLIT_ROWS:
+      return model::Sharding::kSplitRows;
+    case SPLIT_COLS:
+      return model::Sharding::kSplitCols;
+    default:
+      return model::Sharding::kReplicated;
+  }
+}
+
+std::string ShapeText(const Shape& shape) { return ShapeToString(shape); }
+
+// Every field of two messages of the same type that differs, as "prefix.field: a vs b".
+void DiffFields(const pb::Message& a, const pb::Message& b, const std::string& prefix,
+                std::vector<std::string>& out) {
+  const pb::Descriptor* d = a.GetDescriptor();
+  const pb::Reflection* ra = a.GetReflection();
+  const pb::Reflection* rb = b.GetReflection();
+  for (int i = 0; i < d->field_count(); ++i) {
+    const pb::FieldDescriptor* f = d->field(i);
+    const std::string name = prefix + f->name();
+    if (f->is_repeated()) continue;  // ModelConfig has none
+    if (f->cpp_type() == pb::FieldDescriptor::CPPTYPE_MESSAGE) {
+      DiffFields(ra->GetMessage(a, f), rb->GetMessage(b, f), name + ".", out);
+      continue;
+    }
+    std::string va, vb;
+    pb::TextFormat::PrintFieldValueToString(a, f, -1, &va);
+    pb::TextFormat::PrintFieldValueToString(b, f, -1, &vb);
+    if (va != vb) out.push_back(absl::StrCat(name, " (checkpoint ", va, ", run ", vb, ")"));
+  }
+}
+
+struct Assembled {
+  Tensor global;  // [numel] in the record's dtype
+  Shape shape;
+};
+
+// The whole tensor of `record` from all its pieces, every checksum verified and every element
+// covered exactly once.
+absl::StatusOr<Assembled> Assemble(const fs::path& dir, const Manifest& manifest,
+                                   const TensorRecord& record) {
+  const std::string what = absl::StrCat(record.name(), " (", TensorRecord::Kind_Name(record.kind()), ")");
+  absl::StatusOr<DType> dtype = ParseDType(record.dtype());
+  if (!dtype.ok()) return Corrupt(dir, absl::StrCat(what, " has unknown dtype '", record.dtype(), "'"));
+  Assembled a;
+  a.shape.assign(record.global_shape().begin(), record.global_shape().end());
+  if (a.shape.empty() || a.shape.size() > 2 ||
+      std::any_of(a.shape.begin(), a.shape.end(), [](int64_t d) { return d < 1; })) {
+    return Corrupt(dir, absl::StrCat(what, " has an invalid global shape ", ShapeText(a.shape)));
+  }
+  const int64_t numel = NumElements(a.shape);
+  const int64_t element = static_cast<int64_t>(SizeOf(*dtype));
+  NF_ASSIGN_OR_RETURN(a.global, Tensor::Zeros(*dtype, {numel}));
+  std::vector<bool> covered(static_cast<size_t>(numel), false);
+  std::map<std::string, int64_t> file_sizes;
+  for (const ShardFile& f : manifest.files()) file_sizes[f.name()] = f.size();
+  std::vector<char> bytes;
+  for (const Piece& p : record.pieces()) {
+    const ShardPlace place{.sharding = ModelSharding(p.sharding()),
+                           .tp_rank = p.tp_rank(),
+                           .tp_size = p.tp_size()};
+    const auto size = file_sizes.find(p.file());
+    const bool split = place.sharding != model::Sharding::kReplicated;
+    const int64_t split_dim = place.sharding == model::Sharding::kSplitCols ? 1 : 0;
+    if (size == file_sizes.end() || p.tp_size() < 1 || p.tp_rank() < 0 ||
+        p.tp_rank() >= p.tp_size() || (split && (static_cast<int64_t>(a.shape.size()) <= split_dim ||
+                                                 a.shape[split_dim] % p.tp_size() != 0))) {
+      return Corrupt(dir, absl::StrCat(what, ": a piece names an unknown file '", p.file(),
+                                       "' or an impossible shard"));
+    }
+    const int64_t local_numel = NumElements(LocalShape(a.shape, place));
+    if (p.begin() < 0 || p.begin() > p.end() || p.end() > local_numel ||
+        p.length() != (p.end() - p.begin()) * element || p.offset() < 0 ||
+        p.offset() + p.length() > size->second) {
+      return Corrupt(dir, absl::StrCat(what, ": a piece in ", p.file(),
+                                       " lies outside its shard or its file"));
+    }
+    bytes.resize(static_cast<size_t>(p.length()));
+    NF_RETURN_IF_ERROR(ReadRange(dir / p.file(), p.offset(), p.length(), bytes.data()));
+    if (Crc32c(bytes.data(), bytes.size()) != p.crc32c()) {
+      return Corrupt(dir, absl::StrCat(what, ": the piece at byte ", p.offset(), " of ", p.file(),
+                                       " fails its checksum (the file is corrupt)"));
+    }
+    bool overlap = false;
+    char* global = static_cast<char*>(a.global.raw_data());
+    ForEachGlobalRun(a.shape, place, p.begin(), p.end(),
+                     [&](int64_t local, int64_t global_index, int64_t count) {
+                       std::memcpy(global + global_index * element,
+                                   bytes.data() + (local - p.begin()) * element, count * element);
+                       for (int64_t i = global_index; i < global_index + count; ++i) {
+                         overlap = overlap || covered[i];
+                         covered[i] = true;
+                       }
+                     });
+    if (overlap) return Corrupt(dir, absl::StrCat(what, ": pieces overlap"));
+  }
+  const int64_t missing = std::count(covered.begin(), covered.end(), false);
+  if (missing > 0) {
+    return Corrupt(dir, absl::StrCat(what, " is incomplete: ", missing, " of ", numel,
+                                     " elements are in no piece"));
+  }
+  return a;
+}
+
+// Vocabulary tables are padded per layout (to a multiple of 128 x tp rows): their rows may
+// differ; every other tensor must have the model's global shape.
+bool IsVocabularyTable(const std::string& name) {
+  return name == "decoder.embed_tokens.weight" || name == "decoder.output_projection.weight";
+}
+
+// `entry`'s shard of the assembled tensor, in the assembled dtype ([local numel]). Rows the
+// checkpoint lacks (a larger vocabulary padding) are zero.
+absl::StatusOr<Tensor> CutShard(const fs::path& dir, const Assembled& a,
+                                const model::ParamTable::Entry& entry, int tp_rank, int tp_size) {
+  const Shape& want = entry.spec.global_shape;
+  const bool rows_only = want.size() == a.shape.size() && want.size() == 2 && want[1] == a.shape[1];
+  if (want != a.shape && !(IsVocabularyTable(entry.spec.name) && rows_only)) {
+    return Corrupt(dir, absl::StrCat(entry.spec.name, " has global shape ", ShapeText(a.shape),
+                                     "; the model needs ", ShapeText(want)));
+  }
+  const int64_t element = static_cast<int64_t>(SizeOf(a.global.dtype()));
+  const ShardPlace place{.sharding = entry.spec.sharding,
+                         .tp_rank = entry.spec.sharding == model::Sharding::kReplicated ? 0 : tp_rank,
+                         .tp_size = entry.spec.sharding == model::Sharding::kReplicated ? 1 : tp_size};
+  const int64_t available = NumElements(a.shape);
+  NF_ASSIGN_OR_RETURN(Tensor local, Tensor::Zeros(a.global.dtype(), {entry.value.numel()}));
+  const char* from = static_cast<const char*>(a.global.raw_data());
+  char* to = static_cast<char*>(local.raw_data());
+  ForEachGlobalRun(want, place, 0, entry.value.numel(),
+                   [&](int64_t local_index, int64_t global_index, int64_t count) {
+                     // Global indices of `want` and of the checkpoint agree while rows exist in
+                     // both (equal column counts); the rest stays zero.
+                     const int64_t n = std::clamp<int64_t>(available - global_index, 0, count);
+                     std::memcpy(to + local_index * element, from + global_index * element,
+                                 n * element);
+                   });
+  return local;
+}
+
+}  // namespace
+
+absl::StatusOr<fs::path> LatestCheckpoint(const fs::path& checkpoints_dir) {
+  const fs::path latest = checkpoints_dir / kLatestName;
+  std::error_code error;
+  if (!fs::exists(latest, error)) {
+    return absl::NotFoundError(absl::StrCat("no checkpoint in ", checkpoints_dir.string()));
+  }
+  NF_ASSIGN_OR_RETURN(std::string name, ReadWholeFile(latest));
+  name = std::string(absl::StripAsciiWhitespace(name));
+  if (name.size() != 12 || name.rfind("iter_", 0) != 0 ||
+      name.find_first_not_of("0123456789", 5) != std::string::npos) {
+    return absl::DataLossError(absl::StrCat(latest.string(), " does not name a checkpoint ('",
+                                            name.substr(0, 40), "')"));
+  }
+  return checkpoints_dir / name;
+}
+
+absl::StatusOr<Manifest> ReadManifest(const fs::path& dir) {
+  const fs::path path = dir / kManifestName;
+  std::error_code error;
+  if (!fs::exists(path, error)) {
+    return absl::NotFoundError(absl::StrCat("checkpoint ", dir.string(), " has no ", kManifestName,
+                                            ": it is incomplete or not a checkpoint"));
+  }
+  NF_ASSIGN_OR_RETURN(const std::string bytes, ReadWholeFile(path));
+  Manifest manifest;
+  if (!manifest.ParseFromString(bytes)) {
+    return Corrupt(dir, absl::StrCat(kManifestName, " does not parse (the file is corrupt)"));
+  }
+  if (manifest.format_version() != kFormatVersion) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "checkpoint ", dir.string(), " has format version ", manifest.format_version(),
+        "; this build reads version ", kFormatVersion));
+  }
+  for (const ShardFile& f : manifest.files()) {
+    if (f.name().empty() || f.name().find('/') != std::string::npos || f.name()[0] == '.') {
+      return Corrupt(dir, absl::StrCat("the manifest lists an invalid file name '", f.name(), "'"));
+    }
+    const auto size = fs::file_size(dir / f.name(), error);
+    if (error) return Corrupt(dir, absl::StrCat("shard file ", f.name(), " is missing"));
+    if (static_cast<int64_t>(size) != f.size()) {
+      return Corrupt(dir, absl::StrCat("shard file ", f.name(), " has ", size, " bytes, ",
+                                       f.size(), " were written (truncated or replaced)"));
+    }
+  }
+  return manifest;
+}
+
+absl::Status CheckSameModel(const fs::path& dir, const Manifest& manifest,
+                            const model::ModelConfig& model) {
+  std::vector<std::string> differences;
+  DiffFields(manifest.model(), model, "model.", differences);
+  if (differences.empty()) return absl::OkStatus();
+  return absl::FailedPreconditionError(
+      absl::StrCat("checkpoint ", dir.string(), " was written for another model: ",
+                   absl::StrJoin(differences, ", ")));
+}
+
+absl::StatusOr<RunProgress> LoadCheckpoint(const fs::path& dir, const Manifest& manifest,
+                                           const RankState& state) {
+  std::map<std::pair<std::string, int>, const TensorRecord*> records;
+  for (const TensorRecord& r : manifest.tensors()) {
+    records[{r.name(), static_cast<int>(r.kind())}] = &r;
+  }
+  const auto find = [&](const std::string& name,
+                        TensorRecord::Kind kind) -> absl::StatusOr<const TensorRecord*> {
+    const auto it = records.find({name, static_cast<int>(kind)});
+    if (it == records.end()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "checkpoint ", dir.string(), " has no ", name, " (", TensorRecord::Kind_Name(kind), ")"));
+    }
+    return it->second;
+  };
+  const parallel::Topology& t = state.topology;
+  for (const ChunkState& chunk : state.chunks) {
+    optim::MixedPrecisionAdamW& adamw = chunk.optimizer->adamw();
+    const std::pair<TensorRecord::Kind, const Tensor*> states[] = {
+        {TensorRecord::MASTER, &adamw.master()},
+        {TensorRecord::EXP_AVG, &adamw.exp_avg()},
+        {TensorRecord::EXP_AVG_SQ, &adamw.exp_avg_sq()}};
+    for (const model::ParamTable::Entry& e : chunk.params->entries()) {
+      NF_ASSIGN_OR_RETURN(const TensorRecord* param, find(e.spec.name, TensorRecord::PARAM));
+      NF_ASSIGN_OR_RETURN(const Assembled value, Assemble(dir, manifest, *param));
+      NF_ASSIGN_OR_RETURN(const Tensor shard, CutShard(dir, value, e, t.tp_rank(), t.tp()));
+      NF_ASSIGN_OR_RETURN(const Tensor target, e.value.Reshape({e.value.numel()}));
+      NF_RETURN_IF_ERROR(ops::Cast(shard, target));
+      for (const auto& [kind, tensor] : states) {
+        NF_ASSIGN_OR_RETURN(const TensorRecord* record, find(e.spec.name, kind));
+        NF_ASSIGN_OR_RETURN(const Assembled moment, Assemble(dir, manifest, *record));
+        NF_ASSIGN_OR_RETURN(const Tensor local, CutShard(dir, moment, e, t.tp_rank(), t.tp()));
+        NF_ASSIGN_OR_RETURN(const Tensor local32, Tensor::Zeros(DType::kF32, {local.numel()}));
+        NF_RETURN_IF_ERROR(ops::Cast(local, local32));
+        NF_RETURN_IF_ERROR(chunk.optimizer->ForEachHeldPiece(
+            e.offset, e.value.numel(),
+            [&](int64_t full_offset, int64_t state_offset, int64_t count) -> absl::Status {
+              std::memcpy(static_cast<float*>(tensor->raw_data()) + state_offset,
+                          local32.data<float>() + (full_offset - e.offset),
+                          static_cast<size_t>(count) * sizeof(float));
+              return absl::OkStatus();
+            }));
+      }
+    }
+  }
+  RunProgress progress{.step = manifest.step(),
+                       .consumed_samples = manifest.consumed_samples(),
+                       .optimizer_updates = manifest.optimizer_updates(),
+                       .skipped_total = manifest.skipped_total(),
+                       .loss_scaler = std::nullopt};
+  if (manifest.has_loss_scaler()) {
+    const LossScalerState& s = manifest.loss_scaler();
+    progress.loss_scaler = optim::LossScalerState{.scale = s.scale(),
+                                                  .growth_tracker = s.growth_tracker(),
+                                                  .hysteresis_tracker = s.hysteresis_tracker(),
+                                                  .skipped_steps = s.skipped_steps()};
+  }
+  return progress;
+}
+
+}  // namespace nf::checkpoint

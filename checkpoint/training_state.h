@@ -1,0 +1,45 @@
+// What a checkpoint saves and restores of one rank's training, as views into the trainer's
+// objects (the checkpoint module knows models and optimizers, not the launcher).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "checkpoint/checkpoint.pb.h"
+#include "core/optim/loss_scaler.h"
+#include "model/model_config.pb.h"
+#include "model/param_table.h"
+#include "parallel/data_parallel_optimizer.h"
+#include "parallel/topology.h"
+
+namespace nf::checkpoint {
+
+// One model chunk of this rank: its parameters and their optimizer.
+struct ChunkState {
+  model::ParamTable* params = nullptr;
+  parallel::DataParallelOptimizer* optimizer = nullptr;
+  // Parameters this chunk holds as a copy of another stage's (the last stage's tied head):
+  // written once, by the owner; loaded into both.
+  std::vector<std::string> copies_of_other_stages;
+};
+
+// The scalars of a run's progress.
+struct RunProgress {
+  int64_t step = 0;  // completed optimizer steps
+  int64_t consumed_samples = 0;
+  int64_t optimizer_updates = 0;
+  int64_t skipped_total = 0;
+  std::optional<optim::LossScalerState> loss_scaler;  // fp16 only
+};
+
+struct RankState {
+  parallel::Topology topology;
+  Layout layout;
+  model::ModelConfig model;
+  std::string train_config;  // resolved, text format
+  std::vector<ChunkState> chunks;
+};
+
+}  // namespace nf::checkpoint

@@ -1,0 +1,283 @@
+// Checkpoints on one process: the CRC-32C and shard mapping they rest on, the files a save
+// writes, bit-exact resume, and every kind of bad checkpoint refused with a one-line error
+// that names the problem, without changing anything on disk.
+#include <unistd.h>
+
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "checkpoint/crc32c.h"
+#include "checkpoint/durable_files.h"
+#include "checkpoint/load.h"
+#include "checkpoint/save.h"
+#include "checkpoint/shard_mapping.h"
+#include "gtest/gtest.h"
+#include "launcher/config.h"
+#include "launcher/trainer.h"
+#include "parallel/local_communicator.h"
+
+namespace nf::checkpoint {
+namespace {
+
+namespace fs = std::filesystem;
+using launcher::TrainConfig;
+using launcher::Trainer;
+
+TEST(Crc32cTest, MatchesTheKnownAnswerAndContinues) {
+  // The CRC-32C check value (RFC 3720, iSCSI): "123456789" -> 0xE3069283.
+  EXPECT_EQ(Crc32c("123456789", 9), 0xE3069283u);
+  EXPECT_EQ(Crc32c("", 0), 0u);
+  const std::string text = "the quick brown fox jumps over the lazy dog, twice over";
+  for (size_t split = 0; split <= text.size(); ++split) {
+    EXPECT_EQ(Crc32c(text.data() + split, text.size() - split, Crc32c(text.data(), split)),
+              Crc32c(text.data(), text.size()));
+  }
+}
+
+TEST(ShardMappingTest, ColumnShardsMapToOneRunPerRow) {
+  // Global [3, 4] split over 2 ranks by columns: rank 1 holds columns 2 and 3 of each row.
+  std::vector<std::vector<int64_t>> runs;
+  ForEachGlobalRun({3, 4}, {.sharding = model::Sharding::kSplitCols, .tp_rank = 1, .tp_size = 2},
+                   1, 6, [&](int64_t local, int64_t global, int64_t count) {
+                     runs.push_back({local, global, count});
+                   });
+  // Local elements 1..5: (0,1) | (1,0) (1,1) | (2,0) (2,1).
+  EXPECT_EQ(runs, (std::vector<std::vector<int64_t>>{{1, 3, 1}, {2, 6, 2}, {4, 10, 2}}));
+  runs.clear();
+  ForEachGlobalRun({6, 2}, {.sharding = model::Sharding::kSplitRows, .tp_rank = 2, .tp_size = 3},
+                   0, 4, [&](int64_t local, int64_t global, int64_t count) {
+                     runs.push_back({local, global, count});
+                   });
+  EXPECT_EQ(runs, (std::vector<std::vector<int64_t>>{{0, 8, 4}}));
+}
+
+TrainConfig TinyConfig(launcher::TrainOptions::Precision precision) {
+  TrainConfig config;
+  model::ModelConfig& m = *config.mutable_model();
+  m.set_num_layers(2);
+  m.set_d_model(16);
+  m.set_num_heads(2);
+  m.set_ffn_dim(32);
+  m.set_vocab_size(40);
+  m.set_max_seq_len(8);
+  m.set_dropout(0.1f);
+  launcher::TrainOptions& t = *config.mutable_train();
+  t.set_seq_len(8);
+  t.set_micro_batch_size(2);
+  t.set_global_batch_size(4);
+  t.set_train_iters(8);
+  t.set_precision(precision);
+  t.mutable_lr_schedule()->set_warmup_iters(2);
+  t.mutable_optimizer()->set_clip_grad(1.0f);
+  t.mutable_loss_scale()->set_growth_interval(2);  // fp16: the scaler's state moves
+  return config;
+}
+
+class TempDir {
+ public:
+  TempDir() : path_(fs::temp_directory_path() / absl::StrCat("nf_ckpt_test_", getpid(), "_", ++count_)) {
+    fs::remove_all(path_);
+    fs::create_directories(path_);
+  }
+  ~TempDir() { fs::remove_all(path_); }
+  const fs::path& path() const { return path_; }
+
+ private:
+  static inline int count_ = 0;
+  fs::path path_;
+};
+
+std::unique_ptr<Trainer> MakeTrainer(const TrainConfig& config) {
+  auto trainer = Trainer::Create(config);
+  EXPECT_TRUE(trainer.ok()) << trainer.status();
+  if (!trainer.ok()) std::abort();
+  return *std::move(trainer);
+}
+
+std::vector<double> Train(Trainer& trainer, int steps) {
+  std::vector<double> losses;
+  for (int i = 0; i < steps; ++i) {
+    auto stats = trainer.TrainStep();
+    EXPECT_TRUE(stats.ok()) << stats.status();
+    if (!stats.ok()) std::abort();
+    losses.push_back(stats->loss);
+  }
+  return losses;
+}
+
+std::vector<uint8_t> Bytes(const Tensor& t) {
+  const auto* p = static_cast<const uint8_t*>(t.raw_data());
+  return {p, p + t.nbytes()};
+}
+
+absl::Status Save(Trainer& trainer, const fs::path& dir, RetentionPolicy retention = {}) {
+  parallel::LocalCommunicator world;
+  return SaveCheckpoint(dir, trainer.CheckpointState(), trainer.Progress(), world, retention);
+}
+
+absl::Status Load(Trainer& trainer, const fs::path& dir) {
+  absl::StatusOr<Manifest> manifest = ReadManifest(dir);
+  if (!manifest.ok()) return manifest.status();
+  absl::Status same = CheckSameModel(dir, *manifest, trainer.chunks().front()->config());
+  if (!same.ok()) return same;
+  absl::StatusOr<RunProgress> progress = LoadCheckpoint(dir, *manifest, trainer.CheckpointState());
+  if (!progress.ok()) return progress.status();
+  return trainer.Restore(*progress);
+}
+
+class ResumeTest : public ::testing::TestWithParam<launcher::TrainOptions::Precision> {};
+INSTANTIATE_TEST_SUITE_P(Precisions, ResumeTest,
+                         ::testing::Values(launcher::TrainOptions::FP32,
+                                           launcher::TrainOptions::FP16,
+                                           launcher::TrainOptions::BF16));
+
+// A run stopped after 3 steps and resumed from its checkpoint equals the uninterrupted run bit
+// for bit: every loss and every byte of parameters, master weights and moments.
+TEST_P(ResumeTest, ResumedRunEqualsTheUninterruptedOneBitForBit) {
+  const TrainConfig config = TinyConfig(GetParam());
+  TempDir dir;
+  auto whole = MakeTrainer(config);
+  const std::vector<double> expected = Train(*whole, 6);
+
+  auto first = MakeTrainer(config);
+  Train(*first, 3);
+  ASSERT_TRUE(Save(*first, dir.path()).ok());
+  const fs::path saved = dir.path() / "iter_0000003";
+  EXPECT_TRUE(fs::exists(saved / kManifestName));
+  EXPECT_TRUE(fs::exists(saved / "rank_00000.shard"));
+  EXPECT_EQ(*LatestCheckpoint(dir.path()), saved);
+
+  auto resumed = MakeTrainer(config);
+  ASSERT_TRUE(Load(*resumed, saved).ok()) << Load(*resumed, saved);
+  EXPECT_EQ(resumed->step(), 3);
+  const std::vector<double> continued = Train(*resumed, 3);
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(continued[i], expected[3 + i]) << "step " << 4 + i;
+  optim::MixedPrecisionAdamW& a = whole->optimizer(0).adamw();
+  optim::MixedPrecisionAdamW& b = resumed->optimizer(0).adamw();
+  EXPECT_EQ(Bytes(whole->chunks().front()->params().params()),
+            Bytes(resumed->chunks().front()->params().params()));
+  EXPECT_EQ(Bytes(a.master()), Bytes(b.master()));
+  EXPECT_EQ(Bytes(a.exp_avg()), Bytes(b.exp_avg()));
+  EXPECT_EQ(Bytes(a.exp_avg_sq()), Bytes(b.exp_avg_sq()));
+  EXPECT_EQ(a.updates(), b.updates());
+  if (whole->loss_scaler() != nullptr) {
+    EXPECT_EQ(whole->loss_scaler()->state(), resumed->loss_scaler()->state());
+  }
+}
+
+TEST(RetentionTest, KeepsTheNewestAndEveryMthForever) {
+  const TrainConfig config = TinyConfig(launcher::TrainOptions::FP32);
+  TempDir dir;
+  auto trainer = MakeTrainer(config);
+  for (int step = 1; step <= 7; ++step) {
+    Train(*trainer, 1);
+    ASSERT_TRUE(Save(*trainer, dir.path(), {.keep_last = 2, .keep_every = 3}).ok());
+  }
+  std::vector<std::string> names;
+  for (const auto& entry : fs::directory_iterator(dir.path())) {
+    names.push_back(entry.path().filename().string());
+  }
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(names, (std::vector<std::string>{"iter_0000003", "iter_0000006", "iter_0000007",
+                                             "latest"}));
+}
+
+// ---- Bad checkpoints -------------------------------------------------------------------------
+
+// Every file under `dir` with its bytes: a failed load must leave all of it as it was.
+std::map<std::string, std::string> Snapshot(const fs::path& dir) {
+  std::map<std::string, std::string> files;
+  for (const auto& entry : fs::recursive_directory_iterator(dir)) {
+    if (entry.is_regular_file()) files[entry.path().string()] = *ReadWholeFile(entry.path());
+  }
+  return files;
+}
+
+class BadCheckpointTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    config_ = TinyConfig(launcher::TrainOptions::FP32);
+    auto trainer = MakeTrainer(config_);
+    Train(*trainer, 1);
+    ASSERT_TRUE(Save(*trainer, dir_.path()).ok());
+    saved_ = dir_.path() / "iter_0000001";
+    shard_ = saved_ / "rank_00000.shard";
+  }
+
+  // Loads into a fresh trainer; expects a failure whose message is one line containing
+  // `expected`, and no file changed by the attempt.
+  void ExpectRefused(const TrainConfig& config, const std::string& expected) {
+    const auto before = Snapshot(dir_.path());
+    auto trainer = MakeTrainer(config);
+    const absl::Status status = Load(*trainer, saved_);
+    EXPECT_FALSE(status.ok());
+    EXPECT_NE(status.message().find(expected), absl::string_view::npos) << status;
+    EXPECT_EQ(status.message().find('\n'), absl::string_view::npos) << status;
+    EXPECT_TRUE(Snapshot(dir_.path()) == before);
+  }
+
+  TrainConfig config_;
+  TempDir dir_;
+  fs::path saved_, shard_;
+};
+
+TEST_F(BadCheckpointTest, TruncatedShard) {
+  fs::resize_file(shard_, fs::file_size(shard_) - 7);
+  ExpectRefused(config_, "shard file rank_00000.shard has ");
+  ExpectRefused(config_, "(truncated or replaced)");
+}
+
+TEST_F(BadCheckpointTest, FlippedByte) {
+  std::fstream f(shard_, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekg(100);
+  char c = 0;
+  f.read(&c, 1);
+  c = static_cast<char>(c ^ 0x10);
+  f.seekp(100);
+  f.write(&c, 1);
+  f.close();
+  ExpectRefused(config_, "fails its checksum (the file is corrupt)");
+}
+
+TEST_F(BadCheckpointTest, MissingManifest) {
+  fs::remove(saved_ / kManifestName);
+  ExpectRefused(config_, "has no manifest.pb: it is incomplete or not a checkpoint");
+}
+
+TEST_F(BadCheckpointTest, AnotherModelsCheckpoint) {
+  TrainConfig other = config_;
+  other.mutable_model()->set_d_model(32);
+  other.mutable_model()->mutable_normformer()->set_scale_fc(false);
+  ExpectRefused(other, "was written for another model: model.d_model (checkpoint 16, run 32), "
+                       "model.normformer.scale_fc (checkpoint true, run false)");
+}
+
+TEST_F(BadCheckpointTest, WrongFormatVersion) {
+  Manifest manifest = *ReadManifest(saved_);
+  manifest.set_format_version(kFormatVersion + 1);
+  ASSERT_TRUE(ReplaceFileAtomically(saved_ / kManifestName, manifest.SerializeAsString()).ok());
+  ExpectRefused(config_, absl::StrCat("has format version ", kFormatVersion + 1,
+                                      "; this build reads version ", kFormatVersion));
+}
+
+TEST_F(BadCheckpointTest, GarbageManifest) {
+  ASSERT_TRUE(ReplaceFileAtomically(saved_ / kManifestName, "\xff\xff\xff not a manifest").ok());
+  ExpectRefused(config_, "manifest.pb does not parse (the file is corrupt)");
+}
+
+TEST_F(BadCheckpointTest, LatestNamingSomethingElse) {
+  ASSERT_TRUE(ReplaceFileAtomically(dir_.path() / kLatestName, "../../etc\n").ok());
+  const absl::StatusOr<fs::path> latest = LatestCheckpoint(dir_.path());
+  ASSERT_FALSE(latest.ok());
+  EXPECT_NE(latest.status().message().find("does not name a checkpoint ('../../etc')"),
+            absl::string_view::npos)
+      << latest.status();
+}
+
+}  // namespace
+}  // namespace nf::checkpoint
