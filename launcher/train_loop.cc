@@ -108,7 +108,6 @@ absl::Status RunTraining(const TrainConfig& config, const std::string& run_dir,
   }
 
   const std::filesystem::path checkpoints = dir / "checkpoints";
-  NF_RETURN_IF_ERROR(Resume(config, checkpoints, *trainer, writes ? &console : nullptr));
   const checkpoint::CheckpointConfig& saving = config.checkpoint();
   const checkpoint::RetentionPolicy retention{.keep_last = saving.keep_last(),
                                               .keep_every = saving.keep_every()};
@@ -138,6 +137,8 @@ absl::Status RunTraining(const TrainConfig& config, const std::string& run_dir,
           config.parallel().distributed_optimizer() ? ", distributed optimizer" : "");
     }
   }
+  NF_RETURN_IF_ERROR(Resume(config, checkpoints, *trainer, writes ? &console : nullptr));
+  const int64_t first_step = trainer->step();
   double elapsed = 0.0;
   int64_t window_tokens = 0;
   double window_seconds = 0.0;
@@ -155,7 +156,8 @@ absl::Status RunTraining(const TrainConfig& config, const std::string& run_dir,
     window_tokens += stats.tokens;
     window_seconds += stats.seconds;
     if (stats.step % log_interval == 0 || stats.step == total) {
-      const double eta = elapsed / stats.step * (total - stats.step);
+      const double eta = elapsed / static_cast<double>(stats.step - first_step) *
+                         static_cast<double>(total - stats.step);
       console << absl::StrFormat(
           "step %d/%d | loss %.4f | ppl %.2f | lr %.3e | scale %g | grad_norm %.3f%s | "
           "%.0f tok/s | ETA %s\n",

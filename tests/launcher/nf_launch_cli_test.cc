@@ -200,4 +200,38 @@ TEST_F(NfLaunchCliTest, RunDirThatCannotBeCreatedIsRuntimeError) {
 }
 
 }  // namespace
+// A run interrupted after its step-3 checkpoint and started again with the same command
+// continues from RUN/checkpoints/latest: its log records of steps 4-6 equal the uninterrupted
+// run's (dropout on, so masks and data order must continue exactly too).
+TEST_F(NfLaunchCliTest, RerunningResumesFromTheLatestCheckpointBitForBit) {
+  const std::string config = TinyConfig();
+  const std::vector<std::string> common = {
+      "--config", config, "--set", "train.train_iters=6", "--set", "model.dropout=0.1",
+      "--set", "checkpoint.save_interval=3"};
+  auto with = [&](std::vector<std::string> extra, const std::string& run) {
+    std::vector<std::string> args = common;
+    args.insert(args.end(), extra.begin(), extra.end());
+    args.insert(args.end(), {"--run-dir", (dir_ / run).string()});
+    return args;
+  };
+  ASSERT_EQ(Launch(with({}, "whole")).exit_code, 0);
+  // The interruption: the same run stopped at step 3 (the schedule still decays over 6 steps).
+  const Outcome first = Launch(with({"--set", "train.train_iters=3", "--set",
+                                     "train.lr_schedule.decay_iters=6"},
+                                    "resumed"));
+  ASSERT_EQ(first.exit_code, 0) << first.err;
+  const Outcome second = Launch(with({}, "resumed"));
+  ASSERT_EQ(second.exit_code, 0) << second.err;
+  EXPECT_THAT(second.out, HasSubstr("resumed from "));
+  EXPECT_THAT(second.out, HasSubstr("iter_0000003 at step 3"));
+  const std::vector<std::string> whole = Lines(ReadFile(dir_ / "whole" / "log.jsonl"));
+  const std::vector<std::string> resumed = Lines(ReadFile(dir_ / "resumed" / "log.jsonl"));
+  ASSERT_EQ(whole.size(), 6u);
+  ASSERT_EQ(resumed.size(), 6u);
+  // Every field but the wall time.
+  auto strip_seconds = [](const std::string& line) { return line.substr(0, line.find("\"seconds\"")); };
+  for (size_t i = 0; i < 6; ++i) EXPECT_EQ(strip_seconds(resumed[i]), strip_seconds(whole[i]));
+  EXPECT_TRUE(std::filesystem::exists(dir_ / "resumed" / "checkpoints" / "iter_0000006"));
+}
+
 }  // namespace nf::launcher
