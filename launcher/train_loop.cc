@@ -145,28 +145,29 @@ absl::Status RunTraining(const TrainConfig& config, const std::string& run_dir,
   while (trainer->step() < total) {
     parallel::SetCurrentStep(trainer->step() + 1);
     NF_ASSIGN_OR_RETURN(const StepStats stats, trainer->TrainStep());
+    if (writes) {
+      NF_RETURN_IF_ERROR(log->Write(StepRecord(stats)));
+      elapsed += stats.seconds;
+      window_tokens += stats.tokens;
+      window_seconds += stats.seconds;
+      if (stats.step % log_interval == 0 || stats.step == total) {
+        const double eta = elapsed / static_cast<double>(stats.step - first_step) *
+                           static_cast<double>(total - stats.step);
+        console << absl::StrFormat(
+            "step %d/%d | loss %.4f | ppl %.2f | lr %.3e | scale %g | grad_norm %.3f%s | "
+            "%.0f tok/s | ETA %s\n",
+            stats.step, total, stats.loss, std::exp(stats.loss), stats.lr, stats.loss_scale,
+            stats.grad_norm, stats.skipped ? " (skipped)" : "", window_tokens / window_seconds,
+            Duration(eta));
+        console.flush();
+        window_tokens = 0;
+        window_seconds = 0.0;
+      }
+    }
     const bool on_interval =
         saving.save_interval() > 0 && stats.step % saving.save_interval() == 0;
     if (on_interval || (stats.step == total && saving.save_at_end())) {
       NF_RETURN_IF_ERROR(save());
-    }
-    if (!writes) continue;
-    NF_RETURN_IF_ERROR(log->Write(StepRecord(stats)));
-    elapsed += stats.seconds;
-    window_tokens += stats.tokens;
-    window_seconds += stats.seconds;
-    if (stats.step % log_interval == 0 || stats.step == total) {
-      const double eta = elapsed / static_cast<double>(stats.step - first_step) *
-                         static_cast<double>(total - stats.step);
-      console << absl::StrFormat(
-          "step %d/%d | loss %.4f | ppl %.2f | lr %.3e | scale %g | grad_norm %.3f%s | "
-          "%.0f tok/s | ETA %s\n",
-          stats.step, total, stats.loss, std::exp(stats.loss), stats.lr, stats.loss_scale,
-          stats.grad_norm, stats.skipped ? " (skipped)" : "", window_tokens / window_seconds,
-          Duration(eta));
-      console.flush();
-      window_tokens = 0;
-      window_seconds = 0.0;
     }
   }
   return absl::OkStatus();

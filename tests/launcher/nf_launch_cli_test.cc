@@ -167,11 +167,13 @@ TEST_F(NfLaunchCliTest, ShortRunWritesConfigAndOneLogLinePerStep) {
       Launch({"--config", TinyConfig(), "--set", "train.seed=7", "--run-dir", run_dir.string()});
   ASSERT_EQ(outcome.exit_code, 0) << outcome.err;
   EXPECT_EQ(outcome.err, "");
-  // A header line and, with log_interval 1, one progress line per step.
+  // A header line, with log_interval 1 one progress line per step, and the final checkpoint.
   const std::vector<std::string> console = Lines(outcome.out);
-  ASSERT_EQ(console.size(), 4u) << outcome.out;
+  ASSERT_EQ(console.size(), 5u) << outcome.out;
   EXPECT_THAT(console[0], StartsWith("normformer: "));
   EXPECT_THAT(console[3], StartsWith("step 3/3 | loss "));
+  EXPECT_EQ(console[4], absl::StrCat("saved checkpoint ", (run_dir / "checkpoints").string(),
+                                     "/iter_0000003"));
 
   // The resolved configuration, with the override applied and defaults written out.
   const std::string config = ReadFile(run_dir / "config.pbtxt");
