@@ -6,11 +6,12 @@
 #   2. nf-preprocess: a 512-piece SentencePiece tokenizer trained on it, and the tokens as a
 #      Megatron-compatible .bin/.idx pair (both cached for later runs);
 #   3. nf-launch: the tiny NormFormer (deploy/configs/tiny.pbtxt) trained on the CPU for 300
-#      steps (about a minute on 2 cores) into runs/demo.
+#      steps (about a minute on 2 cores) into runs/demo, ending with a checkpoint in
+#      runs/demo/checkpoints/.
 # Extra arguments go to nf-launch, e.g.
 #   scripts/demo.sh --set train.train_iters=50 --set train.precision=BF16
-# (Multi-rank training, checkpoints, resume and validation perplexity join as the parallel,
-# checkpoint and launcher issues land.)
+# (The multi-rank demo and validation perplexity join with the launcher issue; multi-rank
+# training itself: docs/parallelism.md.)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -31,5 +32,5 @@ run_dir=runs/demo
 rm -rf "$run_dir"
 build/launcher/nf-launch --config deploy/configs/tiny.pbtxt --set data.path="$prefix" \
   --run-dir "$run_dir" "$@"
-echo "demo: the run is in $run_dir (config.pbtxt, log.jsonl); a uniform guess over the 512"
+echo "demo: the run is in $run_dir (config.pbtxt, log.jsonl, checkpoints/); a uniform guess over the 512"
 echo "      tokens would score a loss of ln 512 = 6.24"
