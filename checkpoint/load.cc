@@ -10,7 +10,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "checkpoint/crc32c.h"
+#include "checkpoint/assemble.h"
 #include "checkpoint/durable_files.h"
 #include "checkpoint/save.h"
 #include "checkpoint/shard_mapping.h"
@@ -28,17 +28,6 @@ namespace pb = google::protobuf;
 
 absl::Status Corrupt(const fs::path& dir, absl::string_view what) {
   return absl::DataLossError(absl::StrCat("checkpoint ", dir.string(), ": ", what));
-}
-
-model::Sharding ModelSharding(Sharding s) {
-  switch (s) {
-    case SPLIT_ROWS:
-      return model::Sharding::kSplitRows;
-    case SPLIT_COLS:
-      return model::Sharding::kSplitCols;
-    default:
-      return model::Sharding::kReplicated;
-  }
 }
 
 std::string ShapeText(const Shape& shape) { return ShapeToString(shape); }
@@ -64,78 +53,6 @@ void DiffFields(const pb::Message& a, const pb::Message& b, const std::string& p
   }
 }
 
-struct Assembled {
-  Tensor global;  // [numel] in the record's dtype
-  Shape shape;
-};
-
-// The whole tensor of `record` from all its pieces, every checksum verified and every element
-// covered exactly once.
-absl::StatusOr<Assembled> Assemble(const fs::path& dir, const Manifest& manifest,
-                                   const TensorRecord& record) {
-  const std::string what = absl::StrCat(record.name(), " (", TensorRecord::Kind_Name(record.kind()), ")");
-  absl::StatusOr<DType> dtype = ParseDType(record.dtype());
-  if (!dtype.ok()) return Corrupt(dir, absl::StrCat(what, " has unknown dtype '", record.dtype(), "'"));
-  Assembled a;
-  a.shape.assign(record.global_shape().begin(), record.global_shape().end());
-  if (a.shape.empty() || a.shape.size() > 2 ||
-      std::any_of(a.shape.begin(), a.shape.end(), [](int64_t d) { return d < 1; })) {
-    return Corrupt(dir, absl::StrCat(what, " has an invalid global shape ", ShapeText(a.shape)));
-  }
-  const int64_t numel = NumElements(a.shape);
-  const int64_t element = static_cast<int64_t>(SizeOf(*dtype));
-  NF_ASSIGN_OR_RETURN(a.global, Tensor::Zeros(*dtype, {numel}));
-  std::vector<bool> covered(static_cast<size_t>(numel), false);
-  std::map<std::string, int64_t> file_sizes;
-  for (const ShardFile& f : manifest.files()) file_sizes[f.name()] = f.size();
-  std::vector<char> bytes;
-  for (const Piece& p : record.pieces()) {
-    const ShardPlace place{.sharding = ModelSharding(p.sharding()),
-                           .tp_rank = p.tp_rank(),
-                           .tp_size = p.tp_size()};
-    const auto size = file_sizes.find(p.file());
-    const bool split = place.sharding != model::Sharding::kReplicated;
-    const int64_t split_dim = place.sharding == model::Sharding::kSplitCols ? 1 : 0;
-    if (size == file_sizes.end() || p.tp_size() < 1 || p.tp_rank() < 0 ||
-        p.tp_rank() >= p.tp_size() || (split && (static_cast<int64_t>(a.shape.size()) <= split_dim ||
-                                                 a.shape[split_dim] % p.tp_size() != 0))) {
-      return Corrupt(dir, absl::StrCat(what, ": a piece names an unknown file '", p.file(),
-                                       "' or an impossible shard"));
-    }
-    const int64_t local_numel = NumElements(LocalShape(a.shape, place));
-    if (p.begin() < 0 || p.begin() > p.end() || p.end() > local_numel ||
-        p.length() != (p.end() - p.begin()) * element || p.offset() < 0 ||
-        p.offset() + p.length() > size->second) {
-      return Corrupt(dir, absl::StrCat(what, ": a piece in ", p.file(),
-                                       " lies outside its shard or its file"));
-    }
-    bytes.resize(static_cast<size_t>(p.length()));
-    NF_RETURN_IF_ERROR(ReadRange(dir / p.file(), p.offset(), p.length(), bytes.data()));
-    if (Crc32c(bytes.data(), bytes.size()) != p.crc32c()) {
-      return Corrupt(dir, absl::StrCat(what, ": the piece at byte ", p.offset(), " of ", p.file(),
-                                       " fails its checksum (the file is corrupt)"));
-    }
-    bool overlap = false;
-    char* global = static_cast<char*>(a.global.raw_data());
-    ForEachGlobalRun(a.shape, place, p.begin(), p.end(),
-                     [&](int64_t local, int64_t global_index, int64_t count) {
-                       std::memcpy(global + global_index * element,
-                                   bytes.data() + (local - p.begin()) * element, count * element);
-                       for (int64_t i = global_index; i < global_index + count; ++i) {
-                         overlap = overlap || covered[i];
-                         covered[i] = true;
-                       }
-                     });
-    if (overlap) return Corrupt(dir, absl::StrCat(what, ": pieces overlap"));
-  }
-  const int64_t missing = std::count(covered.begin(), covered.end(), false);
-  if (missing > 0) {
-    return Corrupt(dir, absl::StrCat(what, " is incomplete: ", missing, " of ", numel,
-                                     " elements are in no piece"));
-  }
-  return a;
-}
-
 // Vocabulary tables are padded per layout (to a multiple of 128 x tp rows): their rows may
 // differ; every other tensor must have the model's global shape.
 bool IsVocabularyTable(const std::string& name) {
@@ -144,7 +61,7 @@ bool IsVocabularyTable(const std::string& name) {
 
 // `entry`'s shard of the assembled tensor, in the assembled dtype ([local numel]). Rows the
 // checkpoint lacks (a larger vocabulary padding) are zero.
-absl::StatusOr<Tensor> CutShard(const fs::path& dir, const Assembled& a,
+absl::StatusOr<Tensor> CutShard(const fs::path& dir, const AssembledTensor& a,
                                 const model::ParamTable::Entry& entry, int tp_rank, int tp_size) {
   const Shape& want = entry.spec.global_shape;
   const bool rows_only = want.size() == a.shape.size() && want.size() == 2 && want[1] == a.shape[1];
@@ -254,13 +171,13 @@ absl::StatusOr<RunProgress> LoadCheckpoint(const fs::path& dir, const Manifest& 
         {TensorRecord::EXP_AVG_SQ, &adamw.exp_avg_sq()}};
     for (const model::ParamTable::Entry& e : chunk.params->entries()) {
       NF_ASSIGN_OR_RETURN(const TensorRecord* param, find(e.spec.name, TensorRecord::PARAM));
-      NF_ASSIGN_OR_RETURN(const Assembled value, Assemble(dir, manifest, *param));
+      NF_ASSIGN_OR_RETURN(const AssembledTensor value, AssembleTensor(dir, manifest, *param));
       NF_ASSIGN_OR_RETURN(const Tensor shard, CutShard(dir, value, e, t.tp_rank(), t.tp()));
       NF_ASSIGN_OR_RETURN(const Tensor target, e.value.Reshape({e.value.numel()}));
       NF_RETURN_IF_ERROR(ops::Cast(shard, target));
       for (const auto& [kind, tensor] : states) {
         NF_ASSIGN_OR_RETURN(const TensorRecord* record, find(e.spec.name, kind));
-        NF_ASSIGN_OR_RETURN(const Assembled moment, Assemble(dir, manifest, *record));
+        NF_ASSIGN_OR_RETURN(const AssembledTensor moment, AssembleTensor(dir, manifest, *record));
         NF_ASSIGN_OR_RETURN(const Tensor local, CutShard(dir, moment, e, t.tp_rank(), t.tp()));
         NF_ASSIGN_OR_RETURN(const Tensor local32, Tensor::Zeros(DType::kF32, {local.numel()}));
         NF_RETURN_IF_ERROR(ops::Cast(local, local32));

@@ -12,7 +12,7 @@ packages=(
   libopenblas-dev
   libsentencepiece-dev
   libgtest-dev libgmock-dev libbenchmark-dev
-  python3
+  python3 python3-venv python3-numpy  # + the safetensors wheel in .venv, below
   fortunes  # English text for the demo corpus (scripts/make-demo-corpus.py)
   clang libclang-rt-14-dev  # libFuzzer, for the fuzz pass of scripts/test.sh
 )
@@ -23,17 +23,25 @@ for pkg in "${packages[@]}"; do
   [[ "$status" == "install ok installed" ]] || missing+=("$pkg")
 done
 
-if ((${#missing[@]} == 0)); then
-  exit 0
+if ((${#missing[@]} > 0)); then
+  echo "setup: installing ${missing[*]}"
+  sudo_cmd=()
+  if [[ $(id -u) -ne 0 ]]; then
+    command -v sudo >/dev/null || { echo "setup: need root or sudo to install: ${missing[*]}" >&2; exit 1; }
+    sudo_cmd=(sudo)
+  fi
+  export DEBIAN_FRONTEND=noninteractive
+  "${sudo_cmd[@]}" apt-get update -qq
+  "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  echo "setup: done"
 fi
 
-echo "setup: installing ${missing[*]}"
-sudo_cmd=()
-if [[ $(id -u) -ne 0 ]]; then
-  command -v sudo >/dev/null || { echo "setup: need root or sudo to install: ${missing[*]}" >&2; exit 1; }
-  sudo_cmd=(sudo)
+# Hugging Face's safetensors reader (no Debian package), for the test that reads nf-ckpt's
+# export with it: a virtual environment in .venv (git-ignored) over Debian's numpy.
+venv="$(cd "$(dirname "$0")/.." && pwd)/.venv"
+if ! "$venv/bin/python" -c "import numpy, safetensors" 2>/dev/null; then
+  echo "setup: installing safetensors into $venv"
+  rm -rf "$venv"
+  /usr/bin/python3 -m venv --system-site-packages "$venv"  # Debian's, which sees its numpy
+  "$venv/bin/pip" install -q --disable-pip-version-check "safetensors==0.4.5"
 fi
-export DEBIAN_FRONTEND=noninteractive
-"${sudo_cmd[@]}" apt-get update -qq
-"${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-echo "setup: done"

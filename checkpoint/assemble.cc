@@ -1,0 +1,104 @@
+#include "checkpoint/assemble.h"
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "checkpoint/crc32c.h"
+#include "checkpoint/durable_files.h"
+#include "checkpoint/shard_mapping.h"
+#include "core/status.h"
+
+namespace nf::checkpoint {
+namespace {
+
+namespace fs = std::filesystem;
+
+absl::Status Corrupt(const fs::path& dir, absl::string_view what) {
+  return absl::DataLossError(absl::StrCat("checkpoint ", dir.string(), ": ", what));
+}
+
+model::Sharding ModelSharding(Sharding s) {
+  switch (s) {
+    case SPLIT_ROWS:
+      return model::Sharding::kSplitRows;
+    case SPLIT_COLS:
+      return model::Sharding::kSplitCols;
+    default:
+      return model::Sharding::kReplicated;
+  }
+}
+
+std::string ShapeText(const Shape& shape) { return ShapeToString(shape); }
+
+}  // namespace
+
+absl::StatusOr<AssembledTensor> AssembleTensor(const fs::path& dir, const Manifest& manifest,
+                                               const TensorRecord& record) {
+  const std::string what = absl::StrCat(record.name(), " (", TensorRecord::Kind_Name(record.kind()), ")");
+  absl::StatusOr<DType> dtype = ParseDType(record.dtype());
+  if (!dtype.ok()) return Corrupt(dir, absl::StrCat(what, " has unknown dtype '", record.dtype(), "'"));
+  AssembledTensor a;
+  a.shape.assign(record.global_shape().begin(), record.global_shape().end());
+  if (a.shape.empty() || a.shape.size() > 2 ||
+      std::any_of(a.shape.begin(), a.shape.end(), [](int64_t d) { return d < 1; })) {
+    return Corrupt(dir, absl::StrCat(what, " has an invalid global shape ", ShapeText(a.shape)));
+  }
+  const int64_t numel = NumElements(a.shape);
+  const int64_t element = static_cast<int64_t>(SizeOf(*dtype));
+  NF_ASSIGN_OR_RETURN(a.global, Tensor::Zeros(*dtype, {numel}));
+  std::vector<bool> covered(static_cast<size_t>(numel), false);
+  std::map<std::string, int64_t> file_sizes;
+  for (const ShardFile& f : manifest.files()) file_sizes[f.name()] = f.size();
+  std::vector<char> bytes;
+  for (const Piece& p : record.pieces()) {
+    const ShardPlace place{.sharding = ModelSharding(p.sharding()),
+                           .tp_rank = p.tp_rank(),
+                           .tp_size = p.tp_size()};
+    const auto size = file_sizes.find(p.file());
+    const bool split = place.sharding != model::Sharding::kReplicated;
+    const int64_t split_dim = place.sharding == model::Sharding::kSplitCols ? 1 : 0;
+    if (size == file_sizes.end() || p.tp_size() < 1 || p.tp_rank() < 0 ||
+        p.tp_rank() >= p.tp_size() || (split && (static_cast<int64_t>(a.shape.size()) <= split_dim ||
+                                                 a.shape[split_dim] % p.tp_size() != 0))) {
+      return Corrupt(dir, absl::StrCat(what, ": a piece names an unknown file '", p.file(),
+                                       "' or an impossible shard"));
+    }
+    const int64_t local_numel = NumElements(LocalShape(a.shape, place));
+    if (p.begin() < 0 || p.begin() > p.end() || p.end() > local_numel ||
+        p.length() != (p.end() - p.begin()) * element || p.offset() < 0 ||
+        p.offset() + p.length() > size->second) {
+      return Corrupt(dir, absl::StrCat(what, ": a piece in ", p.file(),
+                                       " lies outside its shard or its file"));
+    }
+    bytes.resize(static_cast<size_t>(p.length()));
+    NF_RETURN_IF_ERROR(ReadRange(dir / p.file(), p.offset(), p.length(), bytes.data()));
+    if (Crc32c(bytes.data(), bytes.size()) != p.crc32c()) {
+      return Corrupt(dir, absl::StrCat(what, ": the piece at byte ", p.offset(), " of ", p.file(),
+                                       " fails its checksum (the file is corrupt)"));
+    }
+    bool overlap = false;
+    char* global = static_cast<char*>(a.global.raw_data());
+    ForEachGlobalRun(a.shape, place, p.begin(), p.end(),
+                     [&](int64_t local, int64_t global_index, int64_t count) {
+                       std::memcpy(global + global_index * element,
+                                   bytes.data() + (local - p.begin()) * element, count * element);
+                       for (int64_t i = global_index; i < global_index + count; ++i) {
+                         overlap = overlap || covered[i];
+                         covered[i] = true;
+                       }
+                     });
+    if (overlap) return Corrupt(dir, absl::StrCat(what, ": pieces overlap"));
+  }
+  const int64_t missing = std::count(covered.begin(), covered.end(), false);
+  if (missing > 0) {
+    return Corrupt(dir, absl::StrCat(what, " is incomplete: ", missing, " of ", numel,
+                                     " elements are in no piece"));
+  }
+  return a;
+}
+
+}  // namespace nf::checkpoint

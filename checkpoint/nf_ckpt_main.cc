@@ -1,0 +1,161 @@
+// nf-ckpt: looks into, verifies and exports normformer checkpoints without training.
+//
+//   nf-ckpt inspect DIR [--tensors]
+//   nf-ckpt verify DIR
+//   nf-ckpt export DIR --format safetensors --out FILE [--dtype f32|f16|bf16]
+//
+// DIR is a checkpoint (RUN/checkpoints/iter_NNNNNNN) or a run's checkpoints directory, which
+// means the checkpoint its `latest` names. Exit codes: 0 done, 1 a bad or unreadable
+// checkpoint, 2 bad command line.
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <iostream>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "checkpoint/assemble.h"
+#include "checkpoint/load.h"
+#include "checkpoint/safetensors_export.h"
+#include "checkpoint/save.h"
+#include "core/status.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using nf::checkpoint::Manifest;
+using nf::checkpoint::TensorRecord;
+
+constexpr char kUsage[] = R"(usage: nf-ckpt COMMAND DIR [options]
+
+Looks into normformer checkpoints. DIR is a checkpoint directory (RUN/checkpoints/iter_NNNNNNN)
+or a checkpoints directory, meaning the checkpoint its `latest` file names.
+
+commands:
+  inspect DIR [--tensors]   step, layout, files and sizes; with --tensors one line per
+                            parameter: name, global shape, dtype, sum and sum of squares
+  verify DIR                reads every piece of every tensor: checksums, bounds, coverage
+  export DIR --format safetensors --out FILE [--dtype f32|f16|bf16]
+                            the parameters as one safetensors file (fairseq names, the
+                            vocabulary tables cut to the real vocabulary)
+
+exit codes: 0 done, 1 bad or unreadable checkpoint, 2 bad command line
+)";
+
+int UsageError(const std::string& message) {
+  std::cerr << "nf-ckpt: " << message << "\n(run nf-ckpt --help for usage)\n";
+  return 2;
+}
+
+int Fail(const absl::Status& status) {
+  std::cerr << "nf-ckpt: " << status.message() << "\n";
+  return 1;
+}
+
+// A checkpoint directory, or the one a checkpoints directory's `latest` names.
+absl::StatusOr<fs::path> Resolve(const fs::path& dir) {
+  if (fs::exists(dir / nf::checkpoint::kLatestName)) return nf::checkpoint::LatestCheckpoint(dir);
+  return dir;
+}
+
+absl::Status Inspect(const fs::path& dir, const Manifest& m, bool tensors) {
+  const nf::checkpoint::Layout& layout = m.layout();
+  int64_t bytes = 0;
+  for (const auto& f : m.files()) bytes += f.size();
+  std::cout << absl::StrFormat(
+      "checkpoint %s\n  format %d, step %d, %d samples consumed, %d optimizer updates\n"
+      "  written by tensor_parallel %d x pipeline_parallel %d x data_parallel %d "
+      "(virtual stages %d%s)\n  model: %d layers, d_model %d, %d heads, ffn %d, vocab %d\n"
+      "  %d shard files, %d bytes; %d tensor records\n",
+      dir.string(), m.format_version(), m.step(), m.consumed_samples(), m.optimizer_updates(),
+      layout.tensor_parallel(), layout.pipeline_parallel(), layout.data_parallel(),
+      layout.virtual_stages(), layout.distributed_optimizer() ? ", ZeRO-1" : "",
+      m.model().num_layers(), m.model().d_model(), m.model().num_heads(), m.model().ffn_dim(),
+      m.model().vocab_size(), m.files_size(), bytes, m.tensors_size());
+  if (m.has_loss_scaler()) std::cout << "  loss scale " << m.loss_scaler().scale() << "\n";
+  if (!tensors) return absl::OkStatus();
+  for (const TensorRecord& r : m.tensors()) {
+    if (r.kind() != TensorRecord::PARAM) continue;
+    NF_ASSIGN_OR_RETURN(const nf::checkpoint::AssembledTensor a,
+                        nf::checkpoint::AssembleTensor(dir, m, r));
+    NF_ASSIGN_OR_RETURN(const std::vector<float> values, nf::ToFloatVector(a.global));
+    double sum = 0.0, squares = 0.0;
+    for (float v : values) {
+      sum += v;
+      squares += static_cast<double>(v) * v;
+    }
+    std::cout << absl::StrFormat("%s [%s] %s sum %.17g sumsq %.17g\n", r.name(),
+                                 absl::StrJoin(a.shape, ", "), r.dtype(), sum, squares);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Verify(const fs::path& dir, const Manifest& m) {
+  int64_t elements = 0;
+  for (const TensorRecord& r : m.tensors()) {
+    NF_ASSIGN_OR_RETURN(const nf::checkpoint::AssembledTensor a,
+                        nf::checkpoint::AssembleTensor(dir, m, r));
+    elements += a.global.numel();
+  }
+  std::cout << absl::StrFormat("%s: OK, %d tensor records (%d elements) verified\n", dir.string(),
+                               m.tensors_size(), elements);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<std::string> args(argv + 1, argv + argc);
+  for (const std::string& a : args) {
+    if (a == "--help" || a == "-h") {
+      std::cout << kUsage;
+      return 0;
+    }
+  }
+  if (args.size() < 2) return UsageError("a command and a checkpoint directory are required");
+  const std::string command = args[0];
+  std::map<std::string, std::string> options;
+  bool tensors = false;
+  for (size_t i = 2; i < args.size(); ++i) {
+    if (args[i] == "--tensors") {
+      tensors = true;
+    } else if ((args[i] == "--format" || args[i] == "--out" || args[i] == "--dtype") &&
+               i + 1 < args.size()) {
+      options[args[i]] = args[i + 1];
+      ++i;
+    } else {
+      return UsageError("unknown or incomplete argument '" + args[i] + "'");
+    }
+  }
+  if (command != "inspect" && command != "verify" && command != "export") {
+    return UsageError("unknown command '" + command + "' (inspect, verify, export)");
+  }
+  std::optional<nf::DType> dtype;
+  if (command == "export") {
+    if (options["--format"] != "safetensors") {
+      return UsageError("export needs --format safetensors (the one format it writes)");
+    }
+    if (options["--out"].empty()) return UsageError("export needs --out FILE");
+    if (!options["--dtype"].empty()) {
+      const auto parsed = nf::ParseDType(options["--dtype"]);
+      if (!parsed.ok()) return UsageError(std::string(parsed.status().message()));
+      dtype = *parsed;
+    }
+  }
+  const auto dir = Resolve(args[1]);
+  if (!dir.ok()) return Fail(dir.status());
+  const auto manifest = nf::checkpoint::ReadManifest(*dir);
+  if (!manifest.ok()) return Fail(manifest.status());
+  absl::Status status;
+  if (command == "inspect") status = Inspect(*dir, *manifest, tensors);
+  if (command == "verify") status = Verify(*dir, *manifest);
+  if (command == "export") {
+    status = nf::checkpoint::ExportSafetensors(*dir, *manifest, options["--out"], dtype);
+    if (status.ok()) std::cout << "wrote " << options["--out"] << "\n";
+  }
+  return status.ok() ? 0 : Fail(status);
+}
