@@ -38,9 +38,11 @@ std::string ShapeText(const Shape& shape) { return ShapeToString(shape); }
 
 absl::StatusOr<AssembledTensor> AssembleTensor(const fs::path& dir, const Manifest& manifest,
                                                const TensorRecord& record) {
-  const std::string what = absl::StrCat(record.name(), " (", TensorRecord::Kind_Name(record.kind()), ")");
+  const std::string what =
+      absl::StrCat(record.name(), " (", TensorRecord::Kind_Name(record.kind()), ")");
   absl::StatusOr<DType> dtype = ParseDType(record.dtype());
-  if (!dtype.ok()) return Corrupt(dir, absl::StrCat(what, " has unknown dtype '", record.dtype(), "'"));
+  if (!dtype.ok())
+    return Corrupt(dir, absl::StrCat(what, " has unknown dtype '", record.dtype(), "'"));
   AssembledTensor a;
   a.shape.assign(record.global_shape().begin(), record.global_shape().end());
   if (a.shape.empty() || a.shape.size() > 2 ||
@@ -55,15 +57,15 @@ absl::StatusOr<AssembledTensor> AssembleTensor(const fs::path& dir, const Manife
   for (const ShardFile& f : manifest.files()) file_sizes[f.name()] = f.size();
   std::vector<char> bytes;
   for (const Piece& p : record.pieces()) {
-    const ShardPlace place{.sharding = ModelSharding(p.sharding()),
-                           .tp_rank = p.tp_rank(),
-                           .tp_size = p.tp_size()};
+    const ShardPlace place{
+        .sharding = ModelSharding(p.sharding()), .tp_rank = p.tp_rank(), .tp_size = p.tp_size()};
     const auto size = file_sizes.find(p.file());
     const bool split = place.sharding != model::Sharding::kReplicated;
     const int64_t split_dim = place.sharding == model::Sharding::kSplitCols ? 1 : 0;
     if (size == file_sizes.end() || p.tp_size() < 1 || p.tp_rank() < 0 ||
-        p.tp_rank() >= p.tp_size() || (split && (static_cast<int64_t>(a.shape.size()) <= split_dim ||
-                                                 a.shape[split_dim] % p.tp_size() != 0))) {
+        p.tp_rank() >= p.tp_size() ||
+        (split && (static_cast<int64_t>(a.shape.size()) <= split_dim ||
+                   a.shape[split_dim] % p.tp_size() != 0))) {
       return Corrupt(dir, absl::StrCat(what, ": a piece names an unknown file '", p.file(),
                                        "' or an impossible shard"));
     }

@@ -65,8 +65,7 @@ absl::Status SyncDirectory(const std::filesystem::path& dir) {
   return absl::OkStatus();
 }
 
-absl::Status ReplaceFileAtomically(const std::filesystem::path& path,
-                                   const std::string& contents) {
+absl::Status ReplaceFileAtomically(const std::filesystem::path& path, const std::string& contents) {
   const std::filesystem::path temporary = path.string() + ".tmp";
   NF_ASSIGN_OR_RETURN(DurableWriter writer, DurableWriter::Create(temporary));
   NF_RETURN_IF_ERROR(writer.Append(contents.data(), static_cast<int64_t>(contents.size())));
@@ -87,10 +86,9 @@ absl::Status ReadRange(const std::filesystem::path& path, int64_t offset, int64_
     if (n <= 0) {
       const absl::Status status =
           n < 0 ? Errno("cannot read", path)
-                : absl::OutOfRangeError(absl::StrCat(path.string(), " is truncated: bytes [",
-                                                     offset, ", ", offset + length,
-                                                     ") were expected, the file ends at ",
-                                                     offset + done));
+                : absl::OutOfRangeError(absl::StrCat(
+                      path.string(), " is truncated: bytes [", offset, ", ", offset + length,
+                      ") were expected, the file ends at ", offset + done));
       ::close(fd);
       return status;
     }

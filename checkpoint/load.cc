@@ -70,9 +70,10 @@ absl::StatusOr<Tensor> CutShard(const fs::path& dir, const AssembledTensor& a,
                                      "; the model needs ", ShapeText(want)));
   }
   const int64_t element = static_cast<int64_t>(SizeOf(a.global.dtype()));
-  const ShardPlace place{.sharding = entry.spec.sharding,
-                         .tp_rank = entry.spec.sharding == model::Sharding::kReplicated ? 0 : tp_rank,
-                         .tp_size = entry.spec.sharding == model::Sharding::kReplicated ? 1 : tp_size};
+  const ShardPlace place{
+      .sharding = entry.spec.sharding,
+      .tp_rank = entry.spec.sharding == model::Sharding::kReplicated ? 0 : tp_rank,
+      .tp_size = entry.spec.sharding == model::Sharding::kReplicated ? 1 : tp_size};
   const int64_t available = NumElements(a.shape);
   NF_ASSIGN_OR_RETURN(Tensor local, Tensor::Zeros(a.global.dtype(), {entry.value.numel()}));
   const char* from = static_cast<const char*>(a.global.raw_data());
@@ -100,8 +101,8 @@ absl::StatusOr<fs::path> LatestCheckpoint(const fs::path& checkpoints_dir) {
   name = std::string(absl::StripAsciiWhitespace(name));
   if (name.size() != 12 || name.rfind("iter_", 0) != 0 ||
       name.find_first_not_of("0123456789", 5) != std::string::npos) {
-    return absl::DataLossError(absl::StrCat(latest.string(), " does not name a checkpoint ('",
-                                            name.substr(0, 40), "')"));
+    return absl::DataLossError(
+        absl::StrCat(latest.string(), " does not name a checkpoint ('", name.substr(0, 40), "')"));
   }
   return checkpoints_dir / name;
 }
@@ -119,9 +120,9 @@ absl::StatusOr<Manifest> ReadManifest(const fs::path& dir) {
     return Corrupt(dir, absl::StrCat(kManifestName, " does not parse (the file is corrupt)"));
   }
   if (manifest.format_version() != kFormatVersion) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "checkpoint ", dir.string(), " has format version ", manifest.format_version(),
-        "; this build reads version ", kFormatVersion));
+    return absl::FailedPreconditionError(
+        absl::StrCat("checkpoint ", dir.string(), " has format version ", manifest.format_version(),
+                     "; this build reads version ", kFormatVersion));
   }
   for (const ShardFile& f : manifest.files()) {
     if (f.name().empty() || f.name().find('/') != std::string::npos || f.name()[0] == '.') {
@@ -130,8 +131,8 @@ absl::StatusOr<Manifest> ReadManifest(const fs::path& dir) {
     const auto size = fs::file_size(dir / f.name(), error);
     if (error) return Corrupt(dir, absl::StrCat("shard file ", f.name(), " is missing"));
     if (static_cast<int64_t>(size) != f.size()) {
-      return Corrupt(dir, absl::StrCat("shard file ", f.name(), " has ", size, " bytes, ",
-                                       f.size(), " were written (truncated or replaced)"));
+      return Corrupt(dir, absl::StrCat("shard file ", f.name(), " has ", size, " bytes, ", f.size(),
+                                       " were written (truncated or replaced)"));
     }
   }
   return manifest;
@@ -143,8 +144,8 @@ absl::Status CheckSameModel(const fs::path& dir, const Manifest& manifest,
   DiffFields(manifest.model(), model, "model.", differences);
   if (differences.empty()) return absl::OkStatus();
   return absl::FailedPreconditionError(
-      absl::StrCat("checkpoint ", dir.string(), " was written for another model: ",
-                   absl::StrJoin(differences, ", ")));
+      absl::StrCat("checkpoint ", dir.string(),
+                   " was written for another model: ", absl::StrJoin(differences, ", ")));
 }
 
 absl::StatusOr<RunProgress> LoadCheckpoint(const fs::path& dir, const Manifest& manifest,

@@ -19,7 +19,8 @@ namespace nf::checkpoint {
 
 // The checkpoint directory `latest` names in `checkpoints_dir`; NotFound when there is no
 // `latest` (a fresh run).
-absl::StatusOr<std::filesystem::path> LatestCheckpoint(const std::filesystem::path& checkpoints_dir);
+absl::StatusOr<std::filesystem::path> LatestCheckpoint(
+    const std::filesystem::path& checkpoints_dir);
 
 // Reads `dir`/manifest.pb and checks it: it parses, has this format version, and every shard
 // file it lists exists with the recorded size.

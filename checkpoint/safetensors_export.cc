@@ -77,9 +77,9 @@ absl::Status ExportSafetensors(const fs::path& dir, const Manifest& manifest, co
     }
     tensors.push_back(std::move(e));
   }
-  std::vector<std::string> entries = {absl::StrCat(
-      "\"__metadata__\":{\"format\":\"pt\",\"producer\":\"normformer\",\"step\":\"",
-      manifest.step(), "\"}")};
+  std::vector<std::string> entries = {
+      absl::StrCat("\"__metadata__\":{\"format\":\"pt\",\"producer\":\"normformer\",\"step\":\"",
+                   manifest.step(), "\"}")};
   int64_t offset = 0;
   for (const Exported& e : tensors) {
     NF_ASSIGN_OR_RETURN(const std::string type, SafetensorsDType(e.data.dtype()));

@@ -1,8 +1,11 @@
 #include "checkpoint/save.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
+#include <future>
 #include <map>
+#include <memory>
 #include <utility>
 #include <vector>
 
@@ -33,57 +36,43 @@ bool Contains(const std::vector<std::string>& names, const std::string& name) {
   return std::find(names.begin(), names.end(), name) != names.end();
 }
 
-// Writes this rank's pieces into its shard file; returns the manifest fragment describing them.
-class ShardWriter {
- public:
-  ShardWriter(std::string file, DurableWriter writer)
-      : file_(std::move(file)), writer_(std::move(writer)) {}
-
-  absl::Status Add(const model::ParamTable::Entry& e, TensorRecord::Kind kind, DType dtype,
-                   const void* data, int64_t begin, int64_t end, int tp_rank, int tp_size) {
-    TensorRecord* record = fragment_.add_tensors();
-    record->set_name(e.spec.name);
-    record->set_kind(kind);
-    for (int64_t dim : e.spec.global_shape) record->add_global_shape(dim);
-    record->set_dtype(std::string(DTypeName(dtype)));
-    Piece* piece = record->add_pieces();
-    const int64_t length = (end - begin) * static_cast<int64_t>(SizeOf(dtype));
-    const bool replicated = e.spec.sharding == model::Sharding::kReplicated;
-    piece->set_file(file_);
-    piece->set_offset(writer_.size());
-    piece->set_length(length);
-    piece->set_crc32c(Crc32c(data, static_cast<size_t>(length)));
-    piece->set_sharding(ShardingOf(e.spec.sharding));
-    piece->set_tp_rank(replicated ? 0 : tp_rank);
-    piece->set_tp_size(replicated ? 1 : tp_size);
-    piece->set_begin(begin);
-    piece->set_end(end);
-    return writer_.Append(data, length);
-  }
-
-  absl::StatusOr<Manifest> Finish(int world_rank) {
-    NF_RETURN_IF_ERROR(writer_.Close());
-    ShardFile* file = fragment_.add_files();
-    file->set_name(file_);
-    file->set_size(writer_.size());
-    file->set_world_rank(world_rank);
-    return std::move(fragment_);
-  }
-
- private:
-  std::string file_;
-  DurableWriter writer_;
-  Manifest fragment_;
+// This rank's pieces, copied into host memory with their descriptions: what a save writes,
+// taken at a step boundary so that training may go on while it is written.
+struct ShardSnapshot {
+  std::string file;   // "rank_00003.shard"
+  std::string bytes;  // the file's contents
+  Manifest fragment;  // this rank's records and pieces (the files entry is added once written)
 };
+
+void AddPiece(ShardSnapshot& shard, const model::ParamTable::Entry& e, TensorRecord::Kind kind,
+              DType dtype, const void* data, int64_t begin, int64_t end, int tp_rank, int tp_size) {
+  TensorRecord* record = shard.fragment.add_tensors();
+  record->set_name(e.spec.name);
+  record->set_kind(kind);
+  for (int64_t dim : e.spec.global_shape) record->add_global_shape(dim);
+  record->set_dtype(std::string(DTypeName(dtype)));
+  Piece* piece = record->add_pieces();
+  const int64_t length = (end - begin) * static_cast<int64_t>(SizeOf(dtype));
+  const bool replicated = e.spec.sharding == model::Sharding::kReplicated;
+  piece->set_file(shard.file);
+  piece->set_offset(static_cast<int64_t>(shard.bytes.size()));
+  piece->set_length(length);
+  piece->set_crc32c(Crc32c(data, static_cast<size_t>(length)));
+  piece->set_sharding(ShardingOf(e.spec.sharding));
+  piece->set_tp_rank(replicated ? 0 : tp_rank);
+  piece->set_tp_size(replicated ? 1 : tp_size);
+  piece->set_begin(begin);
+  piece->set_end(end);
+  shard.bytes.append(static_cast<const char*>(data), static_cast<size_t>(length));
+}
 
 // Parameters: dp rank 0 of every (tp, pp) cell. Optimizer state: every dp rank for its slices
 // when sharded, else dp rank 0. Tensor-parallel duplicates: tp rank 0. Copies of another
 // stage's parameters: never (the owner writes them).
-absl::StatusOr<Manifest> WriteShard(const fs::path& dir, const RankState& state) {
+absl::StatusOr<ShardSnapshot> Snapshot(const RankState& state) {
   const parallel::Topology& t = state.topology;
-  const std::string file = absl::StrFormat("rank_%05d.shard", t.world_rank());
-  NF_ASSIGN_OR_RETURN(DurableWriter writer, DurableWriter::Create(dir / file));
-  ShardWriter shard(file, std::move(writer));
+  ShardSnapshot shard{
+      .file = absl::StrFormat("rank_%05d.shard", t.world_rank()), .bytes = {}, .fragment = {}};
   for (const ChunkState& chunk : state.chunks) {
     const parallel::DataParallelOptimizer& optimizer = *chunk.optimizer;
     optim::MixedPrecisionAdamW& adamw = chunk.optimizer->adamw();
@@ -96,8 +85,8 @@ absl::StatusOr<Manifest> WriteShard(const fs::path& dir, const RankState& state)
       if (e.spec.sharding == model::Sharding::kReplicated && t.tp_rank() != 0) continue;
       const int64_t numel = e.value.numel();
       if (t.dp_rank() == 0) {
-        NF_RETURN_IF_ERROR(shard.Add(e, TensorRecord::PARAM, e.value.dtype(), e.value.raw_data(),
-                                     0, numel, t.tp_rank(), t.tp()));
+        AddPiece(shard, e, TensorRecord::PARAM, e.value.dtype(), e.value.raw_data(), 0, numel,
+                 t.tp_rank(), t.tp());
       }
       if (!optimizer.sharded() && t.dp_rank() != 0) continue;
       NF_RETURN_IF_ERROR(optimizer.ForEachHeldPiece(
@@ -107,14 +96,27 @@ absl::StatusOr<Manifest> WriteShard(const fs::path& dir, const RankState& state)
             for (const auto& [kind, tensor] : states) {
               const char* data =
                   static_cast<const char*>(tensor->raw_data()) + state_offset * sizeof(float);
-              NF_RETURN_IF_ERROR(shard.Add(e, kind, DType::kF32, data, begin, begin + count,
-                                           t.tp_rank(), t.tp()));
+              AddPiece(shard, e, kind, DType::kF32, data, begin, begin + count, t.tp_rank(),
+                       t.tp());
             }
             return absl::OkStatus();
           }));
     }
   }
-  return shard.Finish(t.world_rank());
+  return shard;
+}
+
+// Writes a snapshot into `staging` and fsyncs it; returns its fragment with the file listed.
+absl::StatusOr<Manifest> WriteSnapshot(const fs::path& staging, ShardSnapshot shard,
+                                       int world_rank) {
+  NF_ASSIGN_OR_RETURN(DurableWriter writer, DurableWriter::Create(staging / shard.file));
+  NF_RETURN_IF_ERROR(writer.Append(shard.bytes.data(), static_cast<int64_t>(shard.bytes.size())));
+  NF_RETURN_IF_ERROR(writer.Close());
+  ShardFile* file = shard.fragment.add_files();
+  file->set_name(shard.file);
+  file->set_size(static_cast<int64_t>(shard.bytes.size()));
+  file->set_world_rank(world_rank);
+  return std::move(shard.fragment);
 }
 
 // Every rank's bytes, in rank order (all-gathers the lengths, then the padded bytes).
@@ -206,15 +208,9 @@ absl::Status ApplyRetention(const fs::path& checkpoints_dir, const RetentionPoli
   return absl::OkStatus();
 }
 
-}  // namespace
-
-std::string IterationDirName(int64_t step) { return absl::StrFormat("iter_%07d", step); }
-
-absl::Status SaveCheckpoint(const fs::path& checkpoints_dir, const RankState& state,
-                            const RunProgress& progress, parallel::Communicator& world,
-                            const RetentionPolicy& retention) {
-  const std::string name = IterationDirName(progress.step);
-  const fs::path staging = checkpoints_dir / (name + ".tmp");
+absl::StatusOr<fs::path> PrepareStaging(const fs::path& checkpoints_dir, int64_t step,
+                                        parallel::Communicator& world) {
+  const fs::path staging = checkpoints_dir / (IterationDirName(step) + ".tmp");
   absl::Status prepared;
   if (world.rank() == 0) {
     std::error_code error;
@@ -226,29 +222,34 @@ absl::Status SaveCheckpoint(const fs::path& checkpoints_dir, const RankState& st
           absl::StrCat("cannot prepare ", staging.string(), ": ", error.message()));
     }
   }
-  NF_ASSIGN_OR_RETURN(const bool not_prepared, AnyFailed(world, prepared.ok()));
-  if (not_prepared) {
-    return prepared.ok() ? absl::UnavailableError(absl::StrCat(
-                               "checkpoint ", name, " not saved: rank 0 could not create ",
-                               staging.string()))
-                         : prepared;
-  }
+  NF_ASSIGN_OR_RETURN(const bool failed, AnyFailed(world, prepared.ok()));
+  if (!failed) return staging;
+  if (!prepared.ok()) return prepared;
+  return absl::UnavailableError(absl::StrCat("checkpoint ", IterationDirName(step),
+                                             " not saved: rank 0 could not create ",
+                                             staging.string()));
+}
 
-  absl::StatusOr<Manifest> fragment = WriteShard(staging, state);
+absl::Status CommitCheckpoint(const fs::path& checkpoints_dir, const CommitInfo& info,
+                              const absl::StatusOr<Manifest>& fragment,
+                              parallel::Communicator& world) {
+  const std::string name = IterationDirName(info.progress.step);
+  const fs::path staging = checkpoints_dir / (name + ".tmp");
   NF_ASSIGN_OR_RETURN(const bool write_failed, AnyFailed(world, fragment.ok()));
   if (write_failed) {
-    return fragment.ok() ? absl::UnavailableError(absl::StrCat(
-                               "checkpoint ", name, " not saved: another rank could not write "
-                               "its shard (its own error says why); latest is unchanged"))
-                         : fragment.status();
+    if (!fragment.ok()) return fragment.status();
+    return absl::UnavailableError(absl::StrCat(
+        "checkpoint ", name,
+        " not saved: another rank could not write its shard (its own error says why); latest is "
+        "unchanged"));
   }
   NF_ASSIGN_OR_RETURN(const std::vector<std::string> fragments,
                       AllGatherBytes(world, fragment->SerializeAsString()));
-
   absl::Status committed;
   if (world.rank() == 0) {
     committed = [&]() -> absl::Status {
       NF_ASSIGN_OR_RETURN(Manifest manifest, Merge(fragments));
+      const RunProgress& progress = info.progress;
       manifest.set_format_version(kFormatVersion);
       manifest.set_step(progress.step);
       manifest.set_consumed_samples(progress.consumed_samples);
@@ -261,9 +262,9 @@ absl::Status SaveCheckpoint(const fs::path& checkpoints_dir, const RankState& st
         s->set_hysteresis_tracker(progress.loss_scaler->hysteresis_tracker);
         s->set_skipped_steps(progress.loss_scaler->skipped_steps);
       }
-      *manifest.mutable_model() = state.model;
-      manifest.set_train_config(state.train_config);
-      *manifest.mutable_layout() = state.layout;
+      *manifest.mutable_model() = info.model;
+      manifest.set_train_config(info.train_config);
+      *manifest.mutable_layout() = info.layout;
       NF_ASSIGN_OR_RETURN(DurableWriter writer, DurableWriter::Create(staging / kManifestName));
       const std::string bytes = manifest.SerializeAsString();
       NF_RETURN_IF_ERROR(writer.Append(bytes.data(), static_cast<int64_t>(bytes.size())));
@@ -279,7 +280,7 @@ absl::Status SaveCheckpoint(const fs::path& checkpoints_dir, const RankState& st
       }
       NF_RETURN_IF_ERROR(SyncDirectory(checkpoints_dir));
       NF_RETURN_IF_ERROR(ReplaceFileAtomically(checkpoints_dir / kLatestName, name + "\n"));
-      return ApplyRetention(checkpoints_dir, retention, progress.step);
+      return ApplyRetention(checkpoints_dir, info.retention, progress.step);
     }();
   }
   NF_ASSIGN_OR_RETURN(const bool commit_failed, AnyFailed(world, committed.ok()));
@@ -288,6 +289,78 @@ absl::Status SaveCheckpoint(const fs::path& checkpoints_dir, const RankState& st
         absl::StrCat("checkpoint ", name, " not committed: rank 0 failed (its error says why)"));
   }
   return committed;
+}
+
+CommitInfo CommitInfoOf(const RankState& state, const RunProgress& progress,
+                        const RetentionPolicy& retention) {
+  return {.progress = progress,
+          .model = state.model,
+          .train_config = state.train_config,
+          .layout = state.layout,
+          .retention = retention};
+}
+
+}  // namespace
+
+std::string IterationDirName(int64_t step) { return absl::StrFormat("iter_%07d", step); }
+
+absl::Status SaveCheckpoint(const fs::path& checkpoints_dir, const RankState& state,
+                            const RunProgress& progress, parallel::Communicator& world,
+                            const RetentionPolicy& retention) {
+  NF_ASSIGN_OR_RETURN(const fs::path staging,
+                      PrepareStaging(checkpoints_dir, progress.step, world));
+  absl::StatusOr<Manifest> fragment = [&]() -> absl::StatusOr<Manifest> {
+    NF_ASSIGN_OR_RETURN(ShardSnapshot shard, Snapshot(state));
+    return WriteSnapshot(staging, std::move(shard), state.topology.world_rank());
+  }();
+  return CommitCheckpoint(checkpoints_dir, CommitInfoOf(state, progress, retention), fragment,
+                          world);
+}
+
+AsyncCheckpointer::~AsyncCheckpointer() {
+  if (pending_) pending_->write.wait();  // the thread must not outlive its buffers
+}
+
+absl::Status AsyncCheckpointer::Start(const RankState& state, const RunProgress& progress,
+                                      parallel::Communicator& world) {
+  NF_RETURN_IF_ERROR(Finish(world));
+  NF_ASSIGN_OR_RETURN(const fs::path staging, PrepareStaging(dir_, progress.step, world));
+  absl::StatusOr<ShardSnapshot> shard = Snapshot(state);
+  auto pending = std::make_unique<Pending>();
+  pending->info = CommitInfoOf(state, progress, retention_);
+  const int world_rank = state.topology.world_rank();
+  pending->write = std::async(
+      std::launch::async,
+      [staging, world_rank, shard = std::move(shard)]() mutable -> absl::StatusOr<Manifest> {
+        if (!shard.ok()) return shard.status();
+        return WriteSnapshot(staging, *std::move(shard), world_rank);
+      });
+  pending_ = std::move(pending);
+  return absl::OkStatus();
+}
+
+absl::Status AsyncCheckpointer::Poll(parallel::Communicator& world) {
+  if (!pending_) return absl::OkStatus();
+  const bool written =
+      pending_->write.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
+  // Committing is collective: only once every rank's write has finished.
+  NF_ASSIGN_OR_RETURN(const bool some_writing, AnyFailed(world, written));
+  if (some_writing) return absl::OkStatus();
+  return Commit(world);
+}
+
+absl::Status AsyncCheckpointer::Finish(parallel::Communicator& world) {
+  if (!pending_) return absl::OkStatus();
+  pending_->write.wait();
+  return Commit(world);
+}
+
+absl::Status AsyncCheckpointer::Commit(parallel::Communicator& world) {
+  std::unique_ptr<Pending> pending = std::move(pending_);
+  const absl::StatusOr<Manifest> fragment = pending->write.get();
+  NF_RETURN_IF_ERROR(CommitCheckpoint(dir_, pending->info, fragment, world));
+  if (on_commit_) on_commit_(dir_ / IterationDirName(pending->info.progress.step));
+  return absl::OkStatus();
 }
 
 }  // namespace nf::checkpoint

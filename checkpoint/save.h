@@ -12,9 +12,14 @@
 #pragma once
 
 #include <filesystem>
+#include <functional>
+#include <future>
+#include <memory>
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "checkpoint/checkpoint.pb.h"
 #include "checkpoint/training_state.h"
 #include "parallel/communicator.h"
 
@@ -39,5 +44,52 @@ std::string IterationDirName(int64_t step);
 absl::Status SaveCheckpoint(const std::filesystem::path& checkpoints_dir, const RankState& state,
                             const RunProgress& progress, parallel::Communicator& world,
                             const RetentionPolicy& retention = {});
+
+// What the manifest records besides the pieces.
+struct CommitInfo {
+  RunProgress progress;
+  model::ModelConfig model;
+  std::string train_config;
+  Layout layout;
+  RetentionPolicy retention;
+};
+
+// Saving in the background: Start takes a snapshot of this rank's state in host memory (the
+// only part that stops training) and writes it on a thread while training continues; the
+// commit, which is collective, happens in Poll once every rank's write has finished, or in
+// Finish. At most one save is in flight: Start finishes the previous one first. Errors of a
+// background write surface from the Poll or Finish that commits it, on every rank.
+class AsyncCheckpointer {
+ public:
+  // on_commit (optional) is called with each checkpoint directory once it is committed.
+  AsyncCheckpointer(std::filesystem::path checkpoints_dir, RetentionPolicy retention,
+                    std::function<void(const std::filesystem::path&)> on_commit = nullptr)
+      : dir_(std::move(checkpoints_dir)), retention_(retention), on_commit_(std::move(on_commit)) {}
+  AsyncCheckpointer(const AsyncCheckpointer&) = delete;
+  AsyncCheckpointer& operator=(const AsyncCheckpointer&) = delete;
+  // Waits for a write in flight (without committing it: call Finish first to keep it).
+  ~AsyncCheckpointer();
+
+  // Collective (every rank, the same step).
+  absl::Status Start(const RankState& state, const RunProgress& progress,
+                     parallel::Communicator& world);
+  // Collective, one tiny all-reduce while a save is pending: call once per step.
+  absl::Status Poll(parallel::Communicator& world);
+  // Collective: waits for this rank's write and commits; a no-op without a pending save.
+  absl::Status Finish(parallel::Communicator& world);
+  bool pending() const { return pending_ != nullptr; }
+
+ private:
+  struct Pending {
+    CommitInfo info;
+    std::future<absl::StatusOr<Manifest>> write;  // this rank's fragment, once written
+  };
+  absl::Status Commit(parallel::Communicator& world);
+
+  std::filesystem::path dir_;
+  RetentionPolicy retention_;
+  std::function<void(const std::filesystem::path&)> on_commit_;
+  std::unique_ptr<Pending> pending_;
+};
 
 }  // namespace nf::checkpoint

@@ -9,11 +9,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "checkpoint/load.h"
+#include "checkpoint/save.h"
 #include "core/status.h"
 #include "launcher/config.h"
 #include "launcher/jsonl_log.h"
-#include "checkpoint/load.h"
-#include "checkpoint/save.h"
 #include "launcher/trainer.h"
 #include "parallel/watchdog.h"
 
@@ -111,14 +111,18 @@ absl::Status RunTraining(const TrainConfig& config, const std::string& run_dir,
   const checkpoint::CheckpointConfig& saving = config.checkpoint();
   const checkpoint::RetentionPolicy retention{.keep_last = saving.keep_last(),
                                               .keep_every = saving.keep_every()};
+  const auto announce = [&](const std::filesystem::path& saved) {
+    if (writes) console << "saved checkpoint " << saved.string() << "\n";
+  };
+  checkpoint::AsyncCheckpointer checkpointer(checkpoints, retention, announce);
   const auto save = [&]() -> absl::Status {
+    if (saving.async_save()) {
+      return checkpointer.Start(trainer->CheckpointState(), trainer->Progress(), *trainer->world());
+    }
     NF_RETURN_IF_ERROR(checkpoint::SaveCheckpoint(checkpoints, trainer->CheckpointState(),
                                                   trainer->Progress(), *trainer->world(),
                                                   retention));
-    if (writes) {
-      console << "saved checkpoint " << (checkpoints / checkpoint::IterationDirName(trainer->step())).string()
-              << "\n";
-    }
+    announce(checkpoints / checkpoint::IterationDirName(trainer->step()));
     return absl::OkStatus();
   };
 
@@ -145,6 +149,7 @@ absl::Status RunTraining(const TrainConfig& config, const std::string& run_dir,
   while (trainer->step() < total) {
     parallel::SetCurrentStep(trainer->step() + 1);
     NF_ASSIGN_OR_RETURN(const StepStats stats, trainer->TrainStep());
+    NF_RETURN_IF_ERROR(checkpointer.Poll(*trainer->world()));
     if (writes) {
       NF_RETURN_IF_ERROR(log->Write(StepRecord(stats)));
       elapsed += stats.seconds;
@@ -164,13 +169,13 @@ absl::Status RunTraining(const TrainConfig& config, const std::string& run_dir,
         window_seconds = 0.0;
       }
     }
-    const bool on_interval =
-        saving.save_interval() > 0 && stats.step % saving.save_interval() == 0;
+    const bool on_interval = saving.save_interval() > 0 && stats.step % saving.save_interval() == 0;
     if (on_interval || (stats.step == total && saving.save_at_end())) {
       NF_RETURN_IF_ERROR(save());
     }
   }
-  return absl::OkStatus();
+  // The last save, if still being written, completes before the run ends.
+  return checkpointer.Finish(*trainer->world());
 }
 
 }  // namespace nf::launcher

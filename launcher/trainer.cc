@@ -209,12 +209,11 @@ checkpoint::RankState Trainer::CheckpointState() {
 }
 
 checkpoint::RunProgress Trainer::Progress() const {
-  checkpoint::RunProgress progress{
-      .step = step_,
-      .consumed_samples = step_ * config_.train().global_batch_size(),
-      .optimizer_updates = optimizers_.front()->adamw().updates(),
-      .skipped_total = skipped_total_,
-      .loss_scaler = std::nullopt};
+  checkpoint::RunProgress progress{.step = step_,
+                                   .consumed_samples = step_ * config_.train().global_batch_size(),
+                                   .optimizer_updates = optimizers_.front()->adamw().updates(),
+                                   .skipped_total = skipped_total_,
+                                   .loss_scaler = std::nullopt};
   if (scaler_) progress.loss_scaler = scaler_->state();
   return progress;
 }

@@ -62,7 +62,8 @@ TrainConfig Config(int tp, int pp, int virtual_stages, bool zero) {
   p.set_tensor_parallel(tp);
   p.set_pipeline_parallel(pp);
   p.set_virtual_stages(virtual_stages);
-  if (virtual_stages > 1) p.set_pipeline_schedule(launcher::ParallelConfig::INTERLEAVED_ONE_F_ONE_B);
+  if (virtual_stages > 1)
+    p.set_pipeline_schedule(launcher::ParallelConfig::INTERLEAVED_ONE_F_ONE_B);
   p.set_distributed_optimizer(zero);
   p.set_grad_bucket_elements(5000);
   return config;
@@ -167,7 +168,8 @@ TEST(CheckpointReshardTest, ResumesBitExactlyAndLoadsIntoEveryLayout) {
     }
   }
   for (const Layout& target : targets) {
-    SCOPED_TRACE(absl::StrCat("into tp ", target.tp, " pp ", target.pp, target.zero ? " ZeRO-1" : ""));
+    SCOPED_TRACE(
+        absl::StrCat("into tp ", target.tp, " pp ", target.pp, target.zero ? " ZeRO-1" : ""));
     auto target_groups = parallel::CreateProcessGroups({.tp = target.tp, .pp = target.pp, .dp = 0});
     ASSERT_TRUE(target_groups.ok()) << target_groups.status();
     auto trainer = MakeTrainer(Config(target.tp, target.pp, 1, target.zero), &*target_groups);

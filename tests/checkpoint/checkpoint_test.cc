@@ -42,15 +42,15 @@ TEST(Crc32cTest, MatchesTheKnownAnswerAndContinues) {
 TEST(ShardMappingTest, ColumnShardsMapToOneRunPerRow) {
   // Global [3, 4] split over 2 ranks by columns: rank 1 holds columns 2 and 3 of each row.
   std::vector<std::vector<int64_t>> runs;
-  ForEachGlobalRun({3, 4}, {.sharding = model::Sharding::kSplitCols, .tp_rank = 1, .tp_size = 2},
-                   1, 6, [&](int64_t local, int64_t global, int64_t count) {
+  ForEachGlobalRun({3, 4}, {.sharding = model::Sharding::kSplitCols, .tp_rank = 1, .tp_size = 2}, 1,
+                   6, [&](int64_t local, int64_t global, int64_t count) {
                      runs.push_back({local, global, count});
                    });
   // Local elements 1..5: (0,1) | (1,0) (1,1) | (2,0) (2,1).
   EXPECT_EQ(runs, (std::vector<std::vector<int64_t>>{{1, 3, 1}, {2, 6, 2}, {4, 10, 2}}));
   runs.clear();
-  ForEachGlobalRun({6, 2}, {.sharding = model::Sharding::kSplitRows, .tp_rank = 2, .tp_size = 3},
-                   0, 4, [&](int64_t local, int64_t global, int64_t count) {
+  ForEachGlobalRun({6, 2}, {.sharding = model::Sharding::kSplitRows, .tp_rank = 2, .tp_size = 3}, 0,
+                   4, [&](int64_t local, int64_t global, int64_t count) {
                      runs.push_back({local, global, count});
                    });
   EXPECT_EQ(runs, (std::vector<std::vector<int64_t>>{{0, 8, 4}}));
@@ -80,7 +80,8 @@ TrainConfig TinyConfig(launcher::TrainOptions::Precision precision) {
 
 class TempDir {
  public:
-  TempDir() : path_(fs::temp_directory_path() / absl::StrCat("nf_ckpt_test_", getpid(), "_", ++count_)) {
+  TempDir()
+      : path_(fs::temp_directory_path() / absl::StrCat("nf_ckpt_test_", getpid(), "_", ++count_)) {
     fs::remove_all(path_);
     fs::create_directories(path_);
   }
@@ -170,6 +171,43 @@ TEST_P(ResumeTest, ResumedRunEqualsTheUninterruptedOneBitForBit) {
   }
 }
 
+// An async save holds the state of the step it was started at, even though training moves the
+// parameters while it is written, and commits at Poll or Finish; a second Start finishes the
+// first save.
+TEST(AsyncCheckpointerTest, SavesTheSnapshotWhileTrainingGoesOn) {
+  const TrainConfig config = TinyConfig(launcher::TrainOptions::FP16);
+  TempDir dir;
+  auto whole = MakeTrainer(config);
+  const std::vector<double> expected = Train(*whole, 6);
+
+  parallel::LocalCommunicator world;
+  std::vector<std::string> committed;
+  {
+    AsyncCheckpointer saver(dir.path(), {.keep_last = 5, .keep_every = 0},
+                            [&](const fs::path& p) { committed.push_back(p.filename().string()); });
+    auto trainer = MakeTrainer(config);
+    Train(*trainer, 2);
+    ASSERT_TRUE(saver.Start(trainer->CheckpointState(), trainer->Progress(), world).ok());
+    Train(*trainer, 1);  // moves every parameter while step 2's snapshot is written
+    ASSERT_TRUE(saver.Start(trainer->CheckpointState(), trainer->Progress(), world).ok());
+    EXPECT_EQ(committed, std::vector<std::string>{"iter_0000002"});  // finished by Start
+    Train(*trainer, 2);
+    while (saver.pending()) ASSERT_TRUE(saver.Poll(world).ok());
+    ASSERT_TRUE(saver.Finish(world).ok());
+  }
+  EXPECT_EQ(committed, (std::vector<std::string>{"iter_0000002", "iter_0000003"}));
+  EXPECT_EQ(*LatestCheckpoint(dir.path()), dir.path() / "iter_0000003");
+  for (const char* name : {"iter_0000002", "iter_0000003"}) {
+    auto resumed = MakeTrainer(config);
+    ASSERT_TRUE(Load(*resumed, dir.path() / name).ok());
+    const int64_t from = resumed->step();
+    const std::vector<double> continued = Train(*resumed, static_cast<int>(6 - from));
+    for (size_t i = 0; i < continued.size(); ++i) {
+      EXPECT_EQ(continued[i], expected[from + i]) << name << " step " << from + i + 1;
+    }
+  }
+}
+
 TEST(RetentionTest, KeepsTheNewestAndEveryMthForever) {
   const TrainConfig config = TinyConfig(launcher::TrainOptions::FP32);
   TempDir dir;
@@ -183,8 +221,8 @@ TEST(RetentionTest, KeepsTheNewestAndEveryMthForever) {
     names.push_back(entry.path().filename().string());
   }
   std::sort(names.begin(), names.end());
-  EXPECT_EQ(names, (std::vector<std::string>{"iter_0000003", "iter_0000006", "iter_0000007",
-                                             "latest"}));
+  EXPECT_EQ(names,
+            (std::vector<std::string>{"iter_0000003", "iter_0000006", "iter_0000007", "latest"}));
 }
 
 // ---- Bad checkpoints -------------------------------------------------------------------------
@@ -253,8 +291,9 @@ TEST_F(BadCheckpointTest, AnotherModelsCheckpoint) {
   TrainConfig other = config_;
   other.mutable_model()->set_d_model(32);
   other.mutable_model()->mutable_normformer()->set_scale_fc(false);
-  ExpectRefused(other, "was written for another model: model.d_model (checkpoint 16, run 32), "
-                       "model.normformer.scale_fc (checkpoint true, run false)");
+  ExpectRefused(other,
+                "was written for another model: model.d_model (checkpoint 16, run 32), "
+                "model.normformer.scale_fc (checkpoint true, run false)");
 }
 
 TEST_F(BadCheckpointTest, WrongFormatVersion) {

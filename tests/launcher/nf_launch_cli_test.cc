@@ -172,8 +172,8 @@ TEST_F(NfLaunchCliTest, ShortRunWritesConfigAndOneLogLinePerStep) {
   ASSERT_EQ(console.size(), 5u) << outcome.out;
   EXPECT_THAT(console[0], StartsWith("normformer: "));
   EXPECT_THAT(console[3], StartsWith("step 3/3 | loss "));
-  EXPECT_EQ(console[4], absl::StrCat("saved checkpoint ", (run_dir / "checkpoints").string(),
-                                     "/iter_0000003"));
+  EXPECT_EQ(console[4],
+            absl::StrCat("saved checkpoint ", (run_dir / "checkpoints").string(), "/iter_0000003"));
 
   // The resolved configuration, with the override applied and defaults written out.
   const std::string config = ReadFile(run_dir / "config.pbtxt");
@@ -207,9 +207,10 @@ TEST_F(NfLaunchCliTest, RunDirThatCannotBeCreatedIsRuntimeError) {
 // run's (dropout on, so masks and data order must continue exactly too).
 TEST_F(NfLaunchCliTest, RerunningResumesFromTheLatestCheckpointBitForBit) {
   const std::string config = TinyConfig();
-  const std::vector<std::string> common = {
-      "--config", config, "--set", "train.train_iters=6", "--set", "model.dropout=0.1",
-      "--set", "checkpoint.save_interval=3"};
+  const std::vector<std::string> common = {"--config", config,
+                                           "--set",    "train.train_iters=6",
+                                           "--set",    "model.dropout=0.1",
+                                           "--set",    "checkpoint.save_interval=3"};
   auto with = [&](std::vector<std::string> extra, const std::string& run) {
     std::vector<std::string> args = common;
     args.insert(args.end(), extra.begin(), extra.end());
@@ -218,9 +219,8 @@ TEST_F(NfLaunchCliTest, RerunningResumesFromTheLatestCheckpointBitForBit) {
   };
   ASSERT_EQ(Launch(with({}, "whole")).exit_code, 0);
   // The interruption: the same run stopped at step 3 (the schedule still decays over 6 steps).
-  const Outcome first = Launch(with({"--set", "train.train_iters=3", "--set",
-                                     "train.lr_schedule.decay_iters=6"},
-                                    "resumed"));
+  const Outcome first = Launch(with(
+      {"--set", "train.train_iters=3", "--set", "train.lr_schedule.decay_iters=6"}, "resumed"));
   ASSERT_EQ(first.exit_code, 0) << first.err;
   const Outcome second = Launch(with({}, "resumed"));
   ASSERT_EQ(second.exit_code, 0) << second.err;
@@ -231,7 +231,9 @@ TEST_F(NfLaunchCliTest, RerunningResumesFromTheLatestCheckpointBitForBit) {
   ASSERT_EQ(whole.size(), 6u);
   ASSERT_EQ(resumed.size(), 6u);
   // Every field but the wall time.
-  auto strip_seconds = [](const std::string& line) { return line.substr(0, line.find("\"seconds\"")); };
+  auto strip_seconds = [](const std::string& line) {
+    return line.substr(0, line.find("\"seconds\""));
+  };
   for (size_t i = 0; i < 6; ++i) EXPECT_EQ(strip_seconds(resumed[i]), strip_seconds(whole[i]));
   EXPECT_TRUE(std::filesystem::exists(dir_ / "resumed" / "checkpoints" / "iter_0000006"));
 }
