@@ -3,6 +3,10 @@
 #include <array>
 #include <cstring>
 
+#if defined(__x86_64__)
+#include <nmmintrin.h>
+#endif
+
 namespace nf::checkpoint {
 namespace {
 
@@ -24,9 +28,38 @@ struct Tables {
 };
 constexpr Tables kTables;
 
+#if defined(__x86_64__)
+// SSE4.2's CRC32 instruction computes CRC-32C, 8 bytes per instruction; chosen at run time so
+// the build keeps the portable x86-64 baseline.
+__attribute__((target("sse4.2"))) uint32_t HardwareCrc32c(const unsigned char* p, size_t size,
+                                                          uint32_t crc) {
+  uint64_t c = ~crc;
+  while (size >= 8) {
+    uint64_t word;
+    std::memcpy(&word, p, 8);
+    c = _mm_crc32_u64(c, word);
+    p += 8;
+    size -= 8;
+  }
+  uint32_t c32 = static_cast<uint32_t>(c);
+  while (size-- > 0) c32 = _mm_crc32_u8(c32, *p++);
+  return ~c32;
+}
+
+const bool kHasSse42 = __builtin_cpu_supports("sse4.2");
+#endif
+
 }  // namespace
 
 uint32_t Crc32c(const void* data, size_t size, uint32_t crc) {
+  const auto* p = static_cast<const unsigned char*>(data);
+#if defined(__x86_64__)
+  if (kHasSse42) return HardwareCrc32c(p, size, crc);
+#endif
+  return Crc32cPortable(p, size, crc);
+}
+
+uint32_t Crc32cPortable(const void* data, size_t size, uint32_t crc) {
   const auto* p = static_cast<const unsigned char*>(data);
   const auto& t = kTables.t;
   crc = ~crc;

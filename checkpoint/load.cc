@@ -74,6 +74,7 @@ absl::StatusOr<Tensor> CutShard(const fs::path& dir, const AssembledTensor& a,
       .sharding = entry.spec.sharding,
       .tp_rank = entry.spec.sharding == model::Sharding::kReplicated ? 0 : tp_rank,
       .tp_size = entry.spec.sharding == model::Sharding::kReplicated ? 1 : tp_size};
+  if (want == a.shape && (place.tp_size == 1)) return a.global;  // the shard is the whole tensor
   const int64_t available = NumElements(a.shape);
   NF_ASSIGN_OR_RETURN(Tensor local, Tensor::Zeros(a.global.dtype(), {entry.value.numel()}));
   const char* from = static_cast<const char*>(a.global.raw_data());
@@ -180,8 +181,11 @@ absl::StatusOr<RunProgress> LoadCheckpoint(const fs::path& dir, const Manifest& 
         NF_ASSIGN_OR_RETURN(const TensorRecord* record, find(e.spec.name, kind));
         NF_ASSIGN_OR_RETURN(const AssembledTensor moment, AssembleTensor(dir, manifest, *record));
         NF_ASSIGN_OR_RETURN(const Tensor local, CutShard(dir, moment, e, t.tp_rank(), t.tp()));
-        NF_ASSIGN_OR_RETURN(const Tensor local32, Tensor::Zeros(DType::kF32, {local.numel()}));
-        NF_RETURN_IF_ERROR(ops::Cast(local, local32));
+        Tensor local32 = local;
+        if (local.dtype() != DType::kF32) {
+          NF_ASSIGN_OR_RETURN(local32, Tensor::Empty(DType::kF32, {local.numel()}));
+          NF_RETURN_IF_ERROR(ops::Cast(local, local32));
+        }
         NF_RETURN_IF_ERROR(chunk.optimizer->ForEachHeldPiece(
             e.offset, e.value.numel(),
             [&](int64_t full_offset, int64_t state_offset, int64_t count) -> absl::Status {

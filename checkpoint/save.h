@@ -45,6 +45,9 @@ absl::Status SaveCheckpoint(const std::filesystem::path& checkpoints_dir, const 
                             const RunProgress& progress, parallel::Communicator& world,
                             const RetentionPolicy& retention = {});
 
+// This rank's pieces in host memory (save.cc).
+struct ShardSnapshot;
+
 // What the manifest records besides the pieces.
 struct CommitInfo {
   RunProgress progress;
@@ -63,8 +66,7 @@ class AsyncCheckpointer {
  public:
   // on_commit (optional) is called with each checkpoint directory once it is committed.
   AsyncCheckpointer(std::filesystem::path checkpoints_dir, RetentionPolicy retention,
-                    std::function<void(const std::filesystem::path&)> on_commit = nullptr)
-      : dir_(std::move(checkpoints_dir)), retention_(retention), on_commit_(std::move(on_commit)) {}
+                    std::function<void(const std::filesystem::path&)> on_commit = nullptr);
   AsyncCheckpointer(const AsyncCheckpointer&) = delete;
   AsyncCheckpointer& operator=(const AsyncCheckpointer&) = delete;
   // Waits for a write in flight (without committing it: call Finish first to keep it).
@@ -82,7 +84,8 @@ class AsyncCheckpointer {
  private:
   struct Pending {
     CommitInfo info;
-    std::future<absl::StatusOr<Manifest>> write;  // this rank's fragment, once written
+    std::shared_ptr<absl::StatusOr<ShardSnapshot>> snapshot;  // shared with the writer
+    std::future<absl::StatusOr<Manifest>> write;              // this rank's fragment, once written
   };
   absl::Status Commit(parallel::Communicator& world);
 
@@ -90,6 +93,8 @@ class AsyncCheckpointer {
   RetentionPolicy retention_;
   std::function<void(const std::filesystem::path&)> on_commit_;
   std::unique_ptr<Pending> pending_;
+  // The last committed snapshot, whose buffer the next one reuses.
+  std::unique_ptr<ShardSnapshot> spare_;
 };
 
 }  // namespace nf::checkpoint

@@ -32,6 +32,16 @@ TEST(Crc32cTest, MatchesTheKnownAnswerAndContinues) {
   // The CRC-32C check value (RFC 3720, iSCSI): "123456789" -> 0xE3069283.
   EXPECT_EQ(Crc32c("123456789", 9), 0xE3069283u);
   EXPECT_EQ(Crc32c("", 0), 0u);
+  EXPECT_EQ(Crc32cPortable("123456789", 9), 0xE3069283u);
+  // The hardware and table paths agree on every length and alignment.
+  std::string noise(300, '\0');
+  for (size_t i = 0; i < noise.size(); ++i) noise[i] = static_cast<char>((i * 2654435761u) >> 13);
+  for (size_t start = 0; start < 9; ++start) {
+    for (size_t length = 0; start + length <= noise.size(); length += 7) {
+      EXPECT_EQ(Crc32c(noise.data() + start, length), Crc32cPortable(noise.data() + start, length))
+          << start << " " << length;
+    }
+  }
   const std::string text = "the quick brown fox jumps over the lazy dog, twice over";
   for (size_t split = 0; split <= text.size(); ++split) {
     EXPECT_EQ(Crc32c(text.data() + split, text.size() - split, Crc32c(text.data(), split)),
