@@ -106,4 +106,36 @@ absl::StatusOr<AssembledTensor> AssembleTensor(const fs::path& dir, const Manife
   return a;
 }
 
+bool IsVocabularyTable(const std::string& name) {
+  return name == "decoder.embed_tokens.weight" || name == "decoder.output_projection.weight";
+}
+
+absl::StatusOr<Tensor> CutShard(const fs::path& dir, const AssembledTensor& a,
+                                const model::ParamSpec& spec, int64_t local_numel, int tp_rank,
+                                int tp_size) {
+  const Shape& want = spec.global_shape;
+  const bool rows_only = want.size() == a.shape.size() && want.size() == 2 && want[1] == a.shape[1];
+  if (want != a.shape && !(IsVocabularyTable(spec.name) && rows_only)) {
+    return Corrupt(dir, absl::StrCat(spec.name, " has global shape ", ShapeText(a.shape),
+                                     "; the model needs ", ShapeText(want)));
+  }
+  const int64_t element = static_cast<int64_t>(SizeOf(a.global.dtype()));
+  const ShardPlace place{.sharding = spec.sharding,
+                         .tp_rank = spec.sharding == model::Sharding::kReplicated ? 0 : tp_rank,
+                         .tp_size = spec.sharding == model::Sharding::kReplicated ? 1 : tp_size};
+  if (want == a.shape && (place.tp_size == 1)) return a.global;  // the shard is the whole tensor
+  const int64_t available = NumElements(a.shape);
+  NF_ASSIGN_OR_RETURN(Tensor local, Tensor::Zeros(a.global.dtype(), {local_numel}));
+  const char* from = static_cast<const char*>(a.global.raw_data());
+  char* to = static_cast<char*>(local.raw_data());
+  ForEachGlobalRun(
+      want, place, 0, local_numel, [&](int64_t local_index, int64_t global_index, int64_t count) {
+        // Global indices of `want` and of the checkpoint agree while rows exist in
+        // both (equal column counts); the rest stays zero.
+        const int64_t n = std::clamp<int64_t>(available - global_index, 0, count);
+        std::memcpy(to + local_index * element, from + global_index * element, n * element);
+      });
+  return local;
+}
+
 }  // namespace nf::checkpoint

@@ -3,10 +3,12 @@
 #pragma once
 
 #include <filesystem>
+#include <string>
 
 #include "absl/status/statusor.h"
 #include "checkpoint/checkpoint.pb.h"
 #include "core/tensor.h"
+#include "model/param_table.h"
 
 namespace nf::checkpoint {
 
@@ -21,5 +23,18 @@ struct AssembledTensor {
 absl::StatusOr<AssembledTensor> AssembleTensor(const std::filesystem::path& dir,
                                                const Manifest& manifest,
                                                const TensorRecord& record);
+
+// The token embedding and the untied output projection: [padded vocabulary, d_model] tables
+// whose padding rows depend on the layout.
+bool IsVocabularyTable(const std::string& name);
+
+// The shard of an assembled tensor that tensor-parallel rank tp_rank of tp_size holds of the
+// parameter `spec` ([local_numel] in the assembled dtype). Vocabulary tables are padded per
+// layout (to a multiple of 128 x tp rows), so their row counts may differ from the
+// checkpoint's: rows it lacks are zero, rows beyond the model's are dropped. Any other shape
+// difference is a DataLoss error naming both shapes.
+absl::StatusOr<Tensor> CutShard(const std::filesystem::path& dir, const AssembledTensor& a,
+                                const model::ParamSpec& spec, int64_t local_numel, int tp_rank,
+                                int tp_size);
 
 }  // namespace nf::checkpoint

@@ -30,8 +30,6 @@ absl::Status Corrupt(const fs::path& dir, absl::string_view what) {
   return absl::DataLossError(absl::StrCat("checkpoint ", dir.string(), ": ", what));
 }
 
-std::string ShapeText(const Shape& shape) { return ShapeToString(shape); }
-
 // Every field of two messages of the same type that differs, as "prefix.field: a vs b".
 void DiffFields(const pb::Message& a, const pb::Message& b, const std::string& prefix,
                 std::vector<std::string>& out) {
@@ -51,43 +49,6 @@ void DiffFields(const pb::Message& a, const pb::Message& b, const std::string& p
     pb::TextFormat::PrintFieldValueToString(b, f, -1, &vb);
     if (va != vb) out.push_back(absl::StrCat(name, " (checkpoint ", va, ", run ", vb, ")"));
   }
-}
-
-// Vocabulary tables are padded per layout (to a multiple of 128 x tp rows): their rows may
-// differ; every other tensor must have the model's global shape.
-bool IsVocabularyTable(const std::string& name) {
-  return name == "decoder.embed_tokens.weight" || name == "decoder.output_projection.weight";
-}
-
-// `entry`'s shard of the assembled tensor, in the assembled dtype ([local numel]). Rows the
-// checkpoint lacks (a larger vocabulary padding) are zero.
-absl::StatusOr<Tensor> CutShard(const fs::path& dir, const AssembledTensor& a,
-                                const model::ParamTable::Entry& entry, int tp_rank, int tp_size) {
-  const Shape& want = entry.spec.global_shape;
-  const bool rows_only = want.size() == a.shape.size() && want.size() == 2 && want[1] == a.shape[1];
-  if (want != a.shape && !(IsVocabularyTable(entry.spec.name) && rows_only)) {
-    return Corrupt(dir, absl::StrCat(entry.spec.name, " has global shape ", ShapeText(a.shape),
-                                     "; the model needs ", ShapeText(want)));
-  }
-  const int64_t element = static_cast<int64_t>(SizeOf(a.global.dtype()));
-  const ShardPlace place{
-      .sharding = entry.spec.sharding,
-      .tp_rank = entry.spec.sharding == model::Sharding::kReplicated ? 0 : tp_rank,
-      .tp_size = entry.spec.sharding == model::Sharding::kReplicated ? 1 : tp_size};
-  if (want == a.shape && (place.tp_size == 1)) return a.global;  // the shard is the whole tensor
-  const int64_t available = NumElements(a.shape);
-  NF_ASSIGN_OR_RETURN(Tensor local, Tensor::Zeros(a.global.dtype(), {entry.value.numel()}));
-  const char* from = static_cast<const char*>(a.global.raw_data());
-  char* to = static_cast<char*>(local.raw_data());
-  ForEachGlobalRun(want, place, 0, entry.value.numel(),
-                   [&](int64_t local_index, int64_t global_index, int64_t count) {
-                     // Global indices of `want` and of the checkpoint agree while rows exist in
-                     // both (equal column counts); the rest stays zero.
-                     const int64_t n = std::clamp<int64_t>(available - global_index, 0, count);
-                     std::memcpy(to + local_index * element, from + global_index * element,
-                                 n * element);
-                   });
-  return local;
 }
 
 }  // namespace
@@ -174,13 +135,15 @@ absl::StatusOr<RunProgress> LoadCheckpoint(const fs::path& dir, const Manifest& 
     for (const model::ParamTable::Entry& e : chunk.params->entries()) {
       NF_ASSIGN_OR_RETURN(const TensorRecord* param, find(e.spec.name, TensorRecord::PARAM));
       NF_ASSIGN_OR_RETURN(const AssembledTensor value, AssembleTensor(dir, manifest, *param));
-      NF_ASSIGN_OR_RETURN(const Tensor shard, CutShard(dir, value, e, t.tp_rank(), t.tp()));
+      NF_ASSIGN_OR_RETURN(const Tensor shard,
+                          CutShard(dir, value, e.spec, e.value.numel(), t.tp_rank(), t.tp()));
       NF_ASSIGN_OR_RETURN(const Tensor target, e.value.Reshape({e.value.numel()}));
       NF_RETURN_IF_ERROR(ops::Cast(shard, target));
       for (const auto& [kind, tensor] : states) {
         NF_ASSIGN_OR_RETURN(const TensorRecord* record, find(e.spec.name, kind));
         NF_ASSIGN_OR_RETURN(const AssembledTensor moment, AssembleTensor(dir, manifest, *record));
-        NF_ASSIGN_OR_RETURN(const Tensor local, CutShard(dir, moment, e, t.tp_rank(), t.tp()));
+        NF_ASSIGN_OR_RETURN(const Tensor local,
+                            CutShard(dir, moment, e.spec, e.value.numel(), t.tp_rank(), t.tp()));
         Tensor local32 = local;
         if (local.dtype() != DType::kF32) {
           NF_ASSIGN_OR_RETURN(local32, Tensor::Empty(DType::kF32, {local.numel()}));

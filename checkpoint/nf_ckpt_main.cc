@@ -3,6 +3,8 @@
 //   nf-ckpt inspect DIR [--tensors]
 //   nf-ckpt verify DIR
 //   nf-ckpt export DIR --format safetensors --out FILE [--dtype f32|f16|bf16]
+//   nf-ckpt convert DIR --tp N --pp N --dp N [--virtual N] [--zero1] [--bucket-elements N]
+//           --out OUT
 //
 // DIR is a checkpoint (RUN/checkpoints/iter_NNNNNNN) or a run's checkpoints directory, which
 // means the checkpoint its `latest` names. Exit codes: 0 done, 1 a bad or unreadable
@@ -16,9 +18,11 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "checkpoint/assemble.h"
+#include "checkpoint/convert.h"
 #include "checkpoint/load.h"
 #include "checkpoint/safetensors_export.h"
 #include "checkpoint/save.h"
@@ -42,6 +46,10 @@ commands:
   export DIR --format safetensors --out FILE [--dtype f32|f16|bf16]
                             the parameters as one safetensors file (fairseq names, the
                             vocabulary tables cut to the real vocabulary)
+  convert DIR --tp N --pp N --dp N [--virtual N] [--zero1] [--bucket-elements N] --out OUT
+                            the checkpoint rewritten for another layout: one shard file per
+                            rank of it, as a run on that layout would write (any layout loads
+                            any checkpoint anyway; converted, each rank reads only its file)
 
 exit codes: 0 done, 1 bad or unreadable checkpoint, 2 bad command line
 )";
@@ -119,20 +127,49 @@ int main(int argc, char** argv) {
   if (args.size() < 2) return UsageError("a command and a checkpoint directory are required");
   const std::string command = args[0];
   std::map<std::string, std::string> options;
-  bool tensors = false;
+  bool tensors = false, zero1 = false;
   for (size_t i = 2; i < args.size(); ++i) {
+    const bool valued = args[i] == "--format" || args[i] == "--out" || args[i] == "--dtype" ||
+                        args[i] == "--tp" || args[i] == "--pp" || args[i] == "--dp" ||
+                        args[i] == "--virtual" || args[i] == "--bucket-elements";
     if (args[i] == "--tensors") {
       tensors = true;
-    } else if ((args[i] == "--format" || args[i] == "--out" || args[i] == "--dtype") &&
-               i + 1 < args.size()) {
+    } else if (args[i] == "--zero1") {
+      zero1 = true;
+    } else if (valued && i + 1 < args.size()) {
       options[args[i]] = args[i + 1];
       ++i;
     } else {
       return UsageError("unknown or incomplete argument '" + args[i] + "'");
     }
   }
-  if (command != "inspect" && command != "verify" && command != "export") {
-    return UsageError("unknown command '" + command + "' (inspect, verify, export)");
+  if (command != "inspect" && command != "verify" && command != "export" && command != "convert") {
+    return UsageError("unknown command '" + command + "' (inspect, verify, export, convert)");
+  }
+  nf::checkpoint::TargetLayout target;
+  if (command == "convert") {
+    const auto number = [&](const std::string& flag, int64_t fallback) -> std::optional<int64_t> {
+      if (options[flag].empty()) return fallback;
+      int64_t value = 0;
+      if (!absl::SimpleAtoi(options[flag], &value) || value < 1) return std::nullopt;
+      return value;
+    };
+    for (const char* flag : {"--tp", "--pp", "--dp"}) {
+      if (options[flag].empty()) return UsageError(std::string("convert needs ") + flag);
+    }
+    const auto tp = number("--tp", 1), pp = number("--pp", 1), dp = number("--dp", 1);
+    const auto v = number("--virtual", 1);
+    const auto bucket = number("--bucket-elements", target.grad_bucket_elements);
+    if (!tp || !pp || !dp || !v || !bucket) {
+      return UsageError("--tp, --pp, --dp, --virtual and --bucket-elements take integers >= 1");
+    }
+    if (options["--out"].empty()) return UsageError("convert needs --out DIR");
+    target = {.tensor_parallel = static_cast<int>(*tp),
+              .pipeline_parallel = static_cast<int>(*pp),
+              .data_parallel = static_cast<int>(*dp),
+              .virtual_stages = static_cast<int>(*v),
+              .distributed_optimizer = zero1,
+              .grad_bucket_elements = *bucket};
   }
   std::optional<nf::DType> dtype;
   if (command == "export") {
@@ -155,6 +192,10 @@ int main(int argc, char** argv) {
   if (command == "verify") status = Verify(*dir, *manifest);
   if (command == "export") {
     status = nf::checkpoint::ExportSafetensors(*dir, *manifest, options["--out"], dtype);
+    if (status.ok()) std::cout << "wrote " << options["--out"] << "\n";
+  }
+  if (command == "convert") {
+    status = nf::checkpoint::ConvertCheckpoint(*dir, *manifest, target, options["--out"]);
     if (status.ok()) std::cout << "wrote " << options["--out"] << "\n";
   }
   return status.ok() ? 0 : Fail(status);

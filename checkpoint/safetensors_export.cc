@@ -46,10 +46,6 @@ std::string JsonEscape(const std::string& s) {
   return out;
 }
 
-bool IsVocabularyTable(const std::string& name) {
-  return name == "decoder.embed_tokens.weight" || name == "decoder.output_projection.weight";
-}
-
 struct Exported {
   std::string name;
   Shape shape;

@@ -1,0 +1,29 @@
+// Offline resharding: rewrites a checkpoint with one shard file per rank of another layout,
+// each holding exactly what that rank saves (so the result is what a run on the target layout
+// would have written). Loading already reshards any checkpoint on the fly; converting first
+// makes every rank's load read only its own file.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+
+#include "absl/status/status.h"
+#include "checkpoint/checkpoint.pb.h"
+
+namespace nf::checkpoint {
+
+struct TargetLayout {
+  int tensor_parallel = 1;
+  int pipeline_parallel = 1;
+  int data_parallel = 1;
+  int virtual_stages = 1;
+  bool distributed_optimizer = false;
+  int64_t grad_bucket_elements = int64_t{1} << 22;  // the target run's parallel setting
+};
+
+// Writes the converted checkpoint to `out` (staged as out.tmp, renamed when complete); refuses
+// an existing `out` and layouts the model cannot split into, saying what would work.
+absl::Status ConvertCheckpoint(const std::filesystem::path& dir, const Manifest& manifest,
+                               const TargetLayout& target, const std::filesystem::path& out);
+
+}  // namespace nf::checkpoint
