@@ -1,0 +1,100 @@
+// nf-ckpt as a user runs it: help, inspect and verify of a good checkpoint (found through a run's
+// `latest`), and a damaged one refused with exit code 1 and one line naming the problem.
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "checkpoint/save.h"
+#include "cli_util.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "launcher/trainer.h"
+#include "parallel/local_communicator.h"
+
+namespace nf::checkpoint {
+namespace {
+
+namespace fs = std::filesystem;
+using ::nf::testing::Lines;
+using ::nf::testing::Outcome;
+using ::testing::HasSubstr;
+using ::testing::StartsWith;
+
+class NfCkptCliTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::path(::testing::TempDir()) / absl::StrCat("nf_ckpt_cli_test_", getpid());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+    launcher::TrainConfig config;
+    model::ModelConfig& m = *config.mutable_model();
+    m.set_num_layers(1);
+    m.set_d_model(16);
+    m.set_num_heads(2);
+    m.set_ffn_dim(32);
+    m.set_vocab_size(30);
+    m.set_max_seq_len(8);
+    config.mutable_train()->set_seq_len(8);
+    config.mutable_train()->set_micro_batch_size(1);
+    config.mutable_train()->set_global_batch_size(1);
+    config.mutable_train()->mutable_lr_schedule()->set_warmup_iters(1);
+    auto trainer = launcher::Trainer::Create(config);
+    ASSERT_TRUE(trainer.ok()) << trainer.status();
+    ASSERT_TRUE((*trainer)->TrainStep().ok());
+    parallel::LocalCommunicator world;
+    ASSERT_TRUE(SaveCheckpoint(dir_ / "checkpoints", (*trainer)->CheckpointState(),
+                               (*trainer)->Progress(), world)
+                    .ok());
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  Outcome Run(const std::vector<std::string>& args) {
+    return ::nf::testing::RunProgram(NF_CKPT_BINARY, args, dir_);
+  }
+
+  fs::path dir_;
+};
+
+TEST_F(NfCkptCliTest, HelpNamesEveryCommand) {
+  const Outcome outcome = Run({"--help"});
+  EXPECT_EQ(outcome.exit_code, 0);
+  for (const char* command : {"inspect DIR", "verify DIR", "export DIR", "convert DIR"}) {
+    EXPECT_THAT(outcome.out, HasSubstr(command));
+  }
+}
+
+TEST_F(NfCkptCliTest, InspectsAndVerifiesTheLatestCheckpoint) {
+  const std::string checkpoints = (dir_ / "checkpoints").string();
+  const Outcome inspect = Run({"inspect", checkpoints});
+  EXPECT_EQ(inspect.exit_code, 0) << inspect.err;
+  EXPECT_THAT(inspect.out, StartsWith(absl::StrCat("checkpoint ", checkpoints, "/iter_0000001\n")));
+  EXPECT_THAT(inspect.out, HasSubstr("step 1, 1 samples consumed, 1 optimizer updates"));
+  const Outcome verify = Run({"verify", checkpoints});
+  EXPECT_EQ(verify.exit_code, 0) << verify.err;
+  EXPECT_THAT(verify.out, HasSubstr(": OK, "));
+}
+
+TEST_F(NfCkptCliTest, ADamagedCheckpointFailsWithOneLine) {
+  const fs::path shard = dir_ / "checkpoints" / "iter_0000001" / "rank_00000.shard";
+  {
+    std::fstream f(shard, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(17);
+    f.put('\x7f');
+  }
+  const Outcome verify = Run({"verify", (dir_ / "checkpoints").string()});
+  EXPECT_EQ(verify.exit_code, 1);
+  const std::vector<std::string> lines = Lines(verify.err);
+  ASSERT_EQ(lines.size(), 1u) << verify.err;
+  EXPECT_THAT(lines[0], StartsWith("nf-ckpt: checkpoint "));
+  EXPECT_THAT(lines[0], HasSubstr("fails its checksum (the file is corrupt)"));
+  const Outcome usage = Run({"convert", (dir_ / "checkpoints").string(), "--tp", "2"});
+  EXPECT_EQ(usage.exit_code, 2);
+  EXPECT_THAT(usage.err, HasSubstr("convert needs --pp"));
+}
+
+}  // namespace
+}  // namespace nf::checkpoint
