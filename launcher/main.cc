@@ -3,16 +3,22 @@
 //   nf-launch --config deploy/configs/tiny.pbtxt [--set field.path=value]... --run-dir DIR
 //   mpirun -np N nf-launch ...   (parallel.* says how the N ranks share the work)
 //
-// Exit codes: 0 finished; 1 a runtime error; 2 bad command line or configuration.
+// Exit codes: 0 finished; 1 a runtime error; 2 bad command line, configuration or run
+// directory; 3 stopped early with a checkpoint saved (resume by running the same command).
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <iostream>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/time/time.h"
 #include "launcher/config.h"
+#include "launcher/dry_run.h"
+#include "launcher/run_dir_lock.h"
+#include "launcher/stop_requests.h"
 #include "launcher/train_loop.h"
 #include "launcher/trainer.h"
 #include "parallel/mpi_runtime.h"
@@ -39,13 +45,27 @@ options:
   --set PATH=VALUE   override one field, e.g. --set train.optimizer.lr=6e-4
                      --set model.normformer.scale_attn=false; repeatable, applied in order
   --run-dir DIR      where the run writes its files (created if missing)
+  --dry-run          print the resolved configuration, the layout, FLOPs per step and
+                     per pipeline rank the parameters and memory (parameters, gradients,
+                     optimizer state, activations), then exit; refuses a layout that
+                     cannot run with the reason (--run-dir not needed)
+  --world-size N     the number of ranks --dry-run plans for (default: mpirun's, else
+                     tensor_parallel x pipeline_parallel x data_parallel)
   --help             this text
 
 The Pre-LN GPT baseline of any config: --set model.normformer.scale_attn=false
   --set model.normformer.scale_heads=false --set model.normformer.scale_fc=false
   --set model.normformer.scale_resids=false
 
-exit codes: 0 done, 1 runtime error, 2 bad command line or configuration
+Stopping early: SIGTERM or SIGUSR1 (e.g. Slurm's --signal), train.exit_duration_mins or
+train.exit_interval make every rank stop at the next step boundary, save a checkpoint and
+exit with code 3; running the same command again resumes from RUN/checkpoints/latest.
+Non-finite gradients stop the run (fp16: after train.max_consecutive_skipped in a row)
+without saving, so the last checkpoint stays the last good state.
+
+exit codes: 0 done, 1 runtime error, 2 bad command line, configuration or run directory
+(unwritable, or in use by another nf-launch), 3 stopped early with a checkpoint: run the
+same command to resume
 )";
 
 // This process's rank as an MPI launcher (mpirun, srun with PMI/PMIx) announces it before MPI
@@ -57,8 +77,20 @@ int LauncherRank() {
   return -1;
 }
 
+// The number of processes an MPI launcher started; 0 when none did.
+int LauncherSize() {
+  for (const char* variable : {"OMPI_COMM_WORLD_SIZE", "PMIX_SIZE", "PMI_SIZE"}) {
+    if (const char* value = std::getenv(variable)) return std::atoi(value);
+  }
+  return 0;
+}
+
 // Errors every rank hits alike (command line, configuration) are printed by rank 0 only.
 bool PrintsSharedErrors() { return LauncherRank() <= 0; }
+
+int ExitCode(nf::launcher::RunEnd end) {
+  return end == nf::launcher::RunEnd::kFinished ? 0 : nf::launcher::kExitResume;
+}
 
 int UsageError(const std::string& message) {
   if (PrintsSharedErrors()) {
@@ -71,6 +103,8 @@ int UsageError(const std::string& message) {
 
 int main(int argc, char** argv) {
   std::string config_path, run_dir;
+  bool dry_run = false;
+  int world_size = 0;  // --dry-run only; 0: the launcher's, else tp x pp x max(dp, 1)
   std::vector<std::string> overrides;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
@@ -78,22 +112,53 @@ int main(int argc, char** argv) {
       std::cout << kUsage;
       return 0;
     }
-    const bool takes_value = arg == "--config" || arg == "--set" || arg == "--run-dir";
+    if (arg == "--dry-run") {
+      dry_run = true;
+      continue;
+    }
+    const bool takes_value =
+        arg == "--config" || arg == "--set" || arg == "--run-dir" || arg == "--world-size";
     if (!takes_value) return UsageError("unknown argument '" + arg + "'");
     if (i + 1 >= argc) return UsageError(arg + " needs a value");
     const std::string value = argv[++i];
     if (arg == "--config") config_path = value;
     if (arg == "--set") overrides.push_back(value);
     if (arg == "--run-dir") run_dir = value;
+    if (arg == "--world-size" && (!absl::SimpleAtoi(value, &world_size) || world_size < 1)) {
+      return UsageError("--world-size takes a positive integer, not '" + value + "'");
+    }
   }
   if (config_path.empty()) return UsageError("--config is required");
-  if (run_dir.empty()) return UsageError("--run-dir is required");
+  if (run_dir.empty() && !dry_run) return UsageError("--run-dir is required");
 
   const auto config = nf::launcher::LoadTrainConfig(config_path, overrides);
   if (!config.ok()) {
     if (PrintsSharedErrors()) std::cerr << "nf-launch: " << config.status().message() << "\n";
     return 2;
   }
+  if (dry_run) {
+    const nf::parallel::ParallelSizes sizes = nf::launcher::ParallelSizesOf(config->parallel());
+    if (world_size == 0) world_size = LauncherSize();
+    if (world_size == 0) world_size = sizes.tp * sizes.pp * std::max(sizes.dp, 1);
+    if (!PrintsSharedErrors()) return 0;  // under mpirun, rank 0 alone reports
+    const absl::Status status = nf::launcher::DryRun(*config, world_size, std::cout);
+    if (!status.ok()) {
+      std::cerr << "nf-launch: " << status.message() << "\n";
+      return 2;
+    }
+    return 0;
+  }
+  // Rank 0 alone holds the run directory (the others never write in it).
+  std::optional<nf::launcher::RunDirLock> lock;
+  if (LauncherRank() <= 0) {
+    auto acquired = nf::launcher::RunDirLock::Acquire(run_dir);
+    if (!acquired.ok()) {
+      std::cerr << "nf-launch: " << acquired.status().message() << "\n";
+      return 2;
+    }
+    lock.emplace(*std::move(acquired));
+  }
+  nf::launcher::InstallStopSignalHandlers();
   const nf::parallel::ParallelSizes sizes = nf::launcher::ParallelSizesOf(config->parallel());
   if (LauncherRank() < 0) {
     const int needed = sizes.tp * sizes.pp * std::max(sizes.dp, 1);
@@ -104,12 +169,12 @@ int main(int argc, char** argv) {
                 << needed << " nf-launch ...\n";
       return 2;
     }
-    const absl::Status status = nf::launcher::RunTraining(*config, run_dir, std::cout);
-    if (!status.ok()) {
-      std::cerr << "nf-launch: " << status.message() << "\n";
+    const auto end = nf::launcher::RunTraining(*config, run_dir, std::cout);
+    if (!end.ok()) {
+      std::cerr << "nf-launch: " << end.status().message() << "\n";
       return 1;
     }
-    return 0;
+    return ExitCode(*end);
   }
   auto groups = nf::parallel::CreateProcessGroups(
       sizes,
@@ -118,11 +183,12 @@ int main(int argc, char** argv) {
     if (PrintsSharedErrors()) std::cerr << "nf-launch: " << groups.status().message() << "\n";
     return 2;
   }
-  const absl::Status status = nf::launcher::RunTraining(*config, run_dir, std::cout, &*groups);
-  if (!status.ok()) {
+  const auto end = nf::launcher::RunTraining(*config, run_dir, std::cout, &*groups);
+  if (!end.ok()) {
     // Other ranks may be waiting on this one: end the whole job.
-    std::cerr << "nf-launch: " << groups->topology.ToString() << ": " << status.message() << "\n";
+    std::cerr << "nf-launch: " << groups->topology.ToString() << ": " << end.status().message()
+              << "\n";
     nf::parallel::AbortJob(1);
   }
-  return 0;
+  return ExitCode(*end);
 }

@@ -1,5 +1,6 @@
 #include "launcher/train_loop.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -14,6 +15,7 @@
 #include "core/status.h"
 #include "launcher/config.h"
 #include "launcher/jsonl_log.h"
+#include "launcher/stop_requests.h"
 #include "launcher/trainer.h"
 #include "parallel/watchdog.h"
 
@@ -82,100 +84,177 @@ std::string Duration(double seconds) {
   return absl::StrFormat("%d:%02d:%02d", s / 3600, (s / 60) % 60, s % 60);
 }
 
+// One run of the loop on one rank: rank 0 writes the run directory, log and console.
+class TrainingRun {
+ public:
+  TrainingRun(const TrainConfig& config, const std::string& run_dir, std::ostream& console,
+              std::unique_ptr<Trainer> trainer)
+      : config_(config),
+        dir_(run_dir),
+        checkpoints_(dir_ / "checkpoints"),
+        console_(console),
+        trainer_(std::move(trainer)),
+        writes_(trainer_->groups().topology.world_rank() == 0),
+        checkpointer_(checkpoints_,
+                      {.keep_last = config.checkpoint().keep_last(),
+                       .keep_every = config.checkpoint().keep_every()},
+                      [this](const std::filesystem::path& saved) { Announce(saved); }),
+        stops_(config.train()) {}
+
+  absl::StatusOr<RunEnd> Run() {
+    NF_RETURN_IF_ERROR(PrepareRunDirectory());
+    PrintHeader();
+    NF_RETURN_IF_ERROR(Resume(config_, checkpoints_, *trainer_, writes_ ? &console_ : nullptr));
+    first_step_ = trainer_->step();
+    const int64_t total = config_.train().train_iters();
+    parallel::Communicator& world = *trainer_->world();
+    while (trainer_->step() < total) {
+      parallel::SetCurrentStep(trainer_->step() + 1);
+      NF_ASSIGN_OR_RETURN(const StepStats stats, trainer_->TrainStep());
+      NF_RETURN_IF_ERROR(checkpointer_.Poll(world));
+      NF_RETURN_IF_ERROR(Report(stats));
+      NF_RETURN_IF_ERROR(CheckHealth(stats));
+      const checkpoint::CheckpointConfig& saving = config_.checkpoint();
+      const bool on_interval =
+          saving.save_interval() > 0 && stats.step % saving.save_interval() == 0;
+      const bool last = stats.step == total;
+      if (on_interval || (last && saving.save_at_end())) NF_RETURN_IF_ERROR(Save());
+      if (last) break;
+      NF_ASSIGN_OR_RETURN(const std::string reason, stops_.Check(stats.step, world));
+      if (reason.empty()) continue;
+      if (!on_interval) NF_RETURN_IF_ERROR(Save());
+      NF_RETURN_IF_ERROR(checkpointer_.Finish(world));
+      if (writes_) {
+        console_ << absl::StrFormat(
+            "stopping after step %d: %s; rerun the same command to resume (exit code %d)\n",
+            stats.step, reason, kExitResume);
+      }
+      return RunEnd::kStoppedToResume;
+    }
+    // The last save, if still being written, completes before the run ends.
+    NF_RETURN_IF_ERROR(checkpointer_.Finish(world));
+    return RunEnd::kFinished;
+  }
+
+ private:
+  absl::Status PrepareRunDirectory() {
+    if (!writes_) return absl::OkStatus();
+    std::error_code error;
+    std::filesystem::create_directories(dir_, error);
+    if (error) {
+      return absl::UnavailableError(
+          absl::StrCat("cannot create run directory ", dir_.string(), ": ", error.message()));
+    }
+    NF_RETURN_IF_ERROR(WriteFileAtomically(dir_ / "config.pbtxt", ResolvedConfigText(config_)));
+    NF_ASSIGN_OR_RETURN(log_, JsonlLog::Open((dir_ / "log.jsonl").string()));
+    return absl::OkStatus();
+  }
+
+  void PrintHeader() {
+    if (!writes_) return;
+    const parallel::Topology& topology = trainer_->groups().topology;
+    console_ << absl::StrFormat(
+        "normformer: %d parameters, %s, training %d steps on %s into %s\n",
+        trainer_->num_global_params(), TrainOptions::Precision_Name(config_.train().precision()),
+        config_.train().train_iters(), trainer_->batches().Describe(), dir_.string());
+    if (topology.world_size() > 1) {
+      console_ << absl::StrFormat(
+          "layout: %d ranks = tensor_parallel %d x pipeline_parallel %d x data_parallel %d, %s%s\n",
+          topology.world_size(), topology.tp(), topology.pp(), topology.dp(),
+          ParallelConfig::Schedule_Name(config_.parallel().pipeline_schedule()),
+          config_.parallel().distributed_optimizer() ? ", distributed optimizer" : "");
+    }
+  }
+
+  void Announce(const std::filesystem::path& saved) {
+    if (writes_) console_ << "saved checkpoint " << saved.string() << "\n";
+  }
+
+  absl::Status Save() {
+    parallel::Communicator& world = *trainer_->world();
+    if (config_.checkpoint().async_save()) {
+      return checkpointer_.Start(trainer_->CheckpointState(), trainer_->Progress(), world);
+    }
+    NF_RETURN_IF_ERROR(checkpoint::SaveCheckpoint(
+        checkpoints_, trainer_->CheckpointState(), trainer_->Progress(), world,
+        {.keep_last = config_.checkpoint().keep_last(),
+         .keep_every = config_.checkpoint().keep_every()}));
+    Announce(checkpoints_ / checkpoint::IterationDirName(trainer_->step()));
+    return absl::OkStatus();
+  }
+
+  // The log record of every step and, every log_interval steps, a progress line.
+  absl::Status Report(const StepStats& stats) {
+    if (!writes_) return absl::OkStatus();
+    NF_RETURN_IF_ERROR(log_->Write(StepRecord(stats)));
+    elapsed_ += stats.seconds;
+    window_tokens_ += stats.tokens;
+    window_seconds_ += stats.seconds;
+    const int64_t total = config_.train().train_iters();
+    if (stats.step % std::max(1, config_.train().log_interval()) != 0 && stats.step != total) {
+      return absl::OkStatus();
+    }
+    const double eta = elapsed_ / static_cast<double>(stats.step - first_step_) *
+                       static_cast<double>(total - stats.step);
+    console_ << absl::StrFormat(
+        "step %d/%d | loss %.4f | ppl %.2f | lr %.3e | scale %g | grad_norm %.3f%s | "
+        "%.0f tok/s | ETA %s\n",
+        stats.step, total, stats.loss, std::exp(stats.loss), stats.lr, stats.loss_scale,
+        stats.grad_norm, stats.skipped ? " (skipped)" : "", window_tokens_ / window_seconds_,
+        Duration(eta));
+    console_.flush();
+    window_tokens_ = 0;
+    window_seconds_ = 0.0;
+    return absl::OkStatus();
+  }
+
+  // Non-finite gradients skip the step everywhere (the parameters stay good); the run stops at
+  // the first with bf16 or fp32, where no loss scale can make them finite again, and after
+  // max_consecutive_skipped with fp16, without saving, so the last checkpoint stays the last
+  // good state.
+  absl::Status CheckHealth(const StepStats& stats) {
+    consecutive_skipped_ = stats.skipped ? consecutive_skipped_ + 1 : 0;
+    const TrainOptions& train = config_.train();
+    const bool fp16 = train.precision() == TrainOptions::FP16;
+    const int64_t limit = fp16 ? std::max(1, train.max_consecutive_skipped()) : 1;
+    if (consecutive_skipped_ < limit) return absl::OkStatus();
+    absl::StatusOr<std::filesystem::path> latest = checkpoint::LatestCheckpoint(checkpoints_);
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "non-finite gradients at step %d (%s%s): stopping; the last good checkpoint is %s",
+        stats.step, TrainOptions::Precision_Name(train.precision()),
+        fp16 ? absl::StrFormat(", %d consecutive skipped steps, loss scale %g",
+                               consecutive_skipped_, stats.loss_scale)
+             : "",
+        latest.ok() ? latest->string() : std::string("(none: the run has not saved one)")));
+  }
+
+  TrainConfig config_;
+  std::filesystem::path dir_, checkpoints_;
+  std::ostream& console_;
+  std::unique_ptr<Trainer> trainer_;
+  bool writes_;
+  std::optional<JsonlLog> log_;
+  checkpoint::AsyncCheckpointer checkpointer_;
+  StopRequests stops_;
+  int64_t first_step_ = 0;
+  int64_t consecutive_skipped_ = 0;
+  double elapsed_ = 0.0;
+  int64_t window_tokens_ = 0;
+  double window_seconds_ = 0.0;
+};
+
 }  // namespace
 
-absl::Status RunTraining(const TrainConfig& config, const std::string& run_dir,
-                         std::ostream& console, parallel::ProcessGroups* groups) {
+absl::StatusOr<RunEnd> RunTraining(const TrainConfig& config, const std::string& run_dir,
+                                   std::ostream& console, parallel::ProcessGroups* groups) {
   std::unique_ptr<Trainer> trainer;
   if (groups != nullptr) {
     NF_ASSIGN_OR_RETURN(trainer, Trainer::Create(config, *groups));
   } else {
     NF_ASSIGN_OR_RETURN(trainer, Trainer::Create(config));
   }
-  const parallel::Topology& topology = trainer->groups().topology;
-  const bool writes = topology.world_rank() == 0;
-  const std::filesystem::path dir(run_dir);
-  std::optional<JsonlLog> log;
-  if (writes) {
-    std::error_code error;
-    std::filesystem::create_directories(dir, error);
-    if (error) {
-      return absl::UnavailableError(
-          absl::StrCat("cannot create run directory ", run_dir, ": ", error.message()));
-    }
-    NF_RETURN_IF_ERROR(WriteFileAtomically(dir / "config.pbtxt", ResolvedConfigText(config)));
-    NF_ASSIGN_OR_RETURN(log, JsonlLog::Open((dir / "log.jsonl").string()));
-  }
-
-  const std::filesystem::path checkpoints = dir / "checkpoints";
-  const checkpoint::CheckpointConfig& saving = config.checkpoint();
-  const checkpoint::RetentionPolicy retention{.keep_last = saving.keep_last(),
-                                              .keep_every = saving.keep_every()};
-  const auto announce = [&](const std::filesystem::path& saved) {
-    if (writes) console << "saved checkpoint " << saved.string() << "\n";
-  };
-  checkpoint::AsyncCheckpointer checkpointer(checkpoints, retention, announce);
-  const auto save = [&]() -> absl::Status {
-    if (saving.async_save()) {
-      return checkpointer.Start(trainer->CheckpointState(), trainer->Progress(), *trainer->world());
-    }
-    NF_RETURN_IF_ERROR(checkpoint::SaveCheckpoint(checkpoints, trainer->CheckpointState(),
-                                                  trainer->Progress(), *trainer->world(),
-                                                  retention));
-    announce(checkpoints / checkpoint::IterationDirName(trainer->step()));
-    return absl::OkStatus();
-  };
-
-  const int64_t total = config.train().train_iters();
-  const int64_t log_interval = std::max(1, config.train().log_interval());
-  if (writes) {
-    console << absl::StrFormat("normformer: %d parameters, %s, training %d steps on %s into %s\n",
-                               trainer->num_global_params(),
-                               TrainOptions::Precision_Name(config.train().precision()), total,
-                               trainer->batches().Describe(), run_dir);
-    if (topology.world_size() > 1) {
-      console << absl::StrFormat(
-          "layout: %d ranks = tensor_parallel %d x pipeline_parallel %d x data_parallel %d, %s%s\n",
-          topology.world_size(), topology.tp(), topology.pp(), topology.dp(),
-          ParallelConfig::Schedule_Name(config.parallel().pipeline_schedule()),
-          config.parallel().distributed_optimizer() ? ", distributed optimizer" : "");
-    }
-  }
-  NF_RETURN_IF_ERROR(Resume(config, checkpoints, *trainer, writes ? &console : nullptr));
-  const int64_t first_step = trainer->step();
-  double elapsed = 0.0;
-  int64_t window_tokens = 0;
-  double window_seconds = 0.0;
-  while (trainer->step() < total) {
-    parallel::SetCurrentStep(trainer->step() + 1);
-    NF_ASSIGN_OR_RETURN(const StepStats stats, trainer->TrainStep());
-    NF_RETURN_IF_ERROR(checkpointer.Poll(*trainer->world()));
-    if (writes) {
-      NF_RETURN_IF_ERROR(log->Write(StepRecord(stats)));
-      elapsed += stats.seconds;
-      window_tokens += stats.tokens;
-      window_seconds += stats.seconds;
-      if (stats.step % log_interval == 0 || stats.step == total) {
-        const double eta = elapsed / static_cast<double>(stats.step - first_step) *
-                           static_cast<double>(total - stats.step);
-        console << absl::StrFormat(
-            "step %d/%d | loss %.4f | ppl %.2f | lr %.3e | scale %g | grad_norm %.3f%s | "
-            "%.0f tok/s | ETA %s\n",
-            stats.step, total, stats.loss, std::exp(stats.loss), stats.lr, stats.loss_scale,
-            stats.grad_norm, stats.skipped ? " (skipped)" : "", window_tokens / window_seconds,
-            Duration(eta));
-        console.flush();
-        window_tokens = 0;
-        window_seconds = 0.0;
-      }
-    }
-    const bool on_interval = saving.save_interval() > 0 && stats.step % saving.save_interval() == 0;
-    if (on_interval || (stats.step == total && saving.save_at_end())) {
-      NF_RETURN_IF_ERROR(save());
-    }
-  }
-  // The last save, if still being written, completes before the run ends.
-  return checkpointer.Finish(*trainer->world());
+  TrainingRun run(config, run_dir, console, std::move(trainer));
+  return run.Run();
 }
 
 }  // namespace nf::launcher

@@ -6,16 +6,25 @@
 #include <ostream>
 #include <string>
 
-#include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "launcher/train_config.pb.h"
 #include "parallel/process_groups.h"
 
 namespace nf::launcher {
 
+enum class RunEnd {
+  kFinished,         // train_iters reached
+  kStoppedToResume,  // a signal, exit_duration_mins or exit_interval: checkpoint saved
+};
+
 // Creates `run_dir` if needed and writes RUN/config.pbtxt (the resolved configuration); the
 // log is appended to. Progress lines go to `console`. With `groups` (an MPI job; null: one
 // process) every rank trains and world rank 0 alone writes the files and the console.
-absl::Status RunTraining(const TrainConfig& config, const std::string& run_dir,
-                         std::ostream& console, parallel::ProcessGroups* groups = nullptr);
+// Continues from RUN/checkpoints/latest when there is one (checkpoint.resume), saves as
+// checkpoint.* says, and stops early, with a checkpoint, when StopRequests says so. Install
+// the signal handlers (InstallStopSignalHandlers) for signals to stop it.
+absl::StatusOr<RunEnd> RunTraining(const TrainConfig& config, const std::string& run_dir,
+                                   std::ostream& console,
+                                   parallel::ProcessGroups* groups = nullptr);
 
 }  // namespace nf::launcher

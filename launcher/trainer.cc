@@ -78,7 +78,8 @@ parallel::ScheduleKind ScheduleKindOf(ParallelConfig::Schedule schedule) {
   }
 }
 
-// Micro-batches per data-parallel rank: the global batch split over dp ranks of micro-batches.
+}  // namespace
+
 absl::StatusOr<int> MicroBatchesPerRank(const TrainOptions& train, int dp) {
   const int64_t per_step = int64_t{dp} * train.micro_batch_size();
   const int64_t down = train.global_batch_size() / per_step * per_step;
@@ -91,6 +92,8 @@ absl::StatusOr<int> MicroBatchesPerRank(const TrainOptions& train, int dp) {
   }
   return static_cast<int>(train.global_batch_size() / per_step);
 }
+
+namespace {
 
 // The flat offset below which a chunk's gradients wait for the embedding group's sum: the end
 // of its embedding-group parameters (0: none).

@@ -100,6 +100,10 @@ DType ModelDType(TrainOptions::Precision precision);
 // The optimizer settings of a config as core/optim takes them.
 optim::AdamWConfig AdamWConfigOf(const OptimizerConfig& config);
 
+// Micro-batches per data-parallel rank and step: the global batch split over dp ranks in
+// micro-batches; InvalidArgument with the nearest working global batches otherwise.
+absl::StatusOr<int> MicroBatchesPerRank(const TrainOptions& train, int dp);
+
 // The parallel sizes of a config (dp resolved from the world by the topology).
 parallel::ParallelSizes ParallelSizesOf(const ParallelConfig& config);
 

@@ -40,8 +40,13 @@ uint32_t DropoutSite(int layer, DropoutKind kind) {
   return 1 + 4 * static_cast<uint32_t>(layer) + static_cast<uint32_t>(kind);
 }
 
-absl::StatusOr<LayerActivations> LayerActivations::Allocate(const LayerShape& s,
-                                                            const LayerOptions& options) {
+namespace {
+
+// The activations of one layer, each tensor made by new_tensor(dtype, shape): Allocate makes
+// them, Bytes counts them (aliases are views, counted once).
+template <typename NewTensor>
+absl::StatusOr<LayerActivations> MakeActivations(const LayerShape& s, const LayerOptions& options,
+                                                 NewTensor&& New) {
   const int64_t t = s.tokens();
   const DType dt = s.dtype, f32 = DType::kF32;
   const Shape heads{s.batch, s.heads, s.seq, s.head_dim};
@@ -80,6 +85,24 @@ absl::StatusOr<LayerActivations> LayerActivations::Allocate(const LayerShape& s,
     a.fc2_in = a.act_out;
   }
   return a;
+}
+
+}  // namespace
+
+absl::StatusOr<LayerActivations> LayerActivations::Allocate(const LayerShape& shape,
+                                                            const LayerOptions& options) {
+  return MakeActivations(shape, options, [](DType dtype, Shape dims) { return New(dtype, dims); });
+}
+
+int64_t LayerActivations::Bytes(const LayerShape& shape, const LayerOptions& options) {
+  int64_t bytes = 0;
+  static const Tensor kCounted;  // what counting "makes"
+  const auto count = [&bytes](DType dtype, const Shape& dims) -> absl::StatusOr<Tensor> {
+    bytes += NumElements(dims) * static_cast<int64_t>(SizeOf(dtype));
+    return kCounted;
+  };
+  (void)MakeActivations(shape, options, count);  // counting cannot fail
+  return bytes;
 }
 
 absl::StatusOr<LayerScratch> LayerScratch::Allocate(const LayerShape& s) {

@@ -65,6 +65,8 @@ struct LayerActivations {
 
   static absl::StatusOr<LayerActivations> Allocate(const LayerShape& shape,
                                                    const LayerOptions& options);
+  // What Allocate takes, in bytes (for memory plans).
+  static int64_t Bytes(const LayerShape& shape, const LayerOptions& options);
 };
 
 // Temporaries shared by all layers; nothing in them survives a Forward or Backward call.

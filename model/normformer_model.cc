@@ -42,6 +42,35 @@ std::vector<float> SinusoidalTable(int64_t positions, int64_t d) {
 
 }  // namespace
 
+LayerShape LayerShapeOf(const ModelConfig& config, const ModelOptions& options, int tp_rank,
+                        int tp_size) {
+  const int64_t heads = config.num_heads() / tp_size, ffn = config.ffn_dim() / tp_size;
+  return {.batch = options.micro_batch,
+          .seq = options.seq_len,
+          .d_model = config.d_model(),
+          .heads = heads,
+          .head_dim = config.d_model() / config.num_heads(),
+          .ffn = ffn,
+          .ffn_total = config.ffn_dim(),
+          .head_offset = tp_rank * heads,
+          .ffn_offset = tp_rank * ffn,
+          .dtype = options.dtype};
+}
+
+LayerOptions LayerOptionsOf(const ModelConfig& config) {
+  const NormFormerConfig& nf = config.normformer();
+  return {.activation = ActivationOf(config.activation()),
+          .dropout = config.dropout(),
+          .attention_dropout = config.attention_dropout(),
+          .activation_dropout = config.activation_dropout(),
+          .eps = config.layer_norm_eps(),
+          .scale_attn = nf.scale_attn(),
+          .scale_heads = nf.scale_heads(),
+          .heads_before_out_proj = nf.head_scale_placement() == NormFormerConfig::BEFORE_OUT_PROJ,
+          .scale_fc = nf.scale_fc(),
+          .scale_resids = nf.scale_resids()};
+}
+
 NormFormerModel::NormFormerModel(ModelConfig config, ModelOptions options,
                                  std::unique_ptr<parallel::Communicator> own_tp, ParamTable table)
     : config_(std::move(config)),
@@ -83,29 +112,8 @@ absl::StatusOr<std::unique_ptr<NormFormerModel>> NormFormerModel::Create(
   model->padded_vocab_ = padded_vocab;
   model->vocab_offset_ = tp.rank() * (padded_vocab / tp.size());
   model->params_ = BindModelParams(model->table_, config, placement);
-  const NormFormerConfig& nf = config.normformer();
-  const int64_t heads = config.num_heads() / tp.size(), ffn = config.ffn_dim() / tp.size();
-  model->shape_ = {.batch = options.micro_batch,
-                   .seq = options.seq_len,
-                   .d_model = config.d_model(),
-                   .heads = heads,
-                   .head_dim = config.d_model() / config.num_heads(),
-                   .ffn = ffn,
-                   .ffn_total = config.ffn_dim(),
-                   .head_offset = tp.rank() * heads,
-                   .ffn_offset = tp.rank() * ffn,
-                   .dtype = options.dtype};
-  model->layer_options_ = {
-      .activation = ActivationOf(config.activation()),
-      .dropout = config.dropout(),
-      .attention_dropout = config.attention_dropout(),
-      .activation_dropout = config.activation_dropout(),
-      .eps = config.layer_norm_eps(),
-      .scale_attn = nf.scale_attn(),
-      .scale_heads = nf.scale_heads(),
-      .heads_before_out_proj = nf.head_scale_placement() == NormFormerConfig::BEFORE_OUT_PROJ,
-      .scale_fc = nf.scale_fc(),
-      .scale_resids = nf.scale_resids()};
+  model->shape_ = LayerShapeOf(config, options, tp.rank(), tp.size());
+  model->layer_options_ = LayerOptionsOf(config);
   // Layers keep their global index: it keys their dropout sites.
   for (int l = placement.layer_begin; l < placement.layer_end; ++l) {
     model->layers_.emplace_back(l, model->params_.layers[l - placement.layer_begin], model->shape_,

@@ -52,6 +52,12 @@ struct ModelOptions {
   PipelineStagePlacement pipeline = {};
 };
 
+// The layer shape of one micro-batch on tensor-parallel rank tp_rank of tp_size, and the
+// layers' switches, as the model resolves them from its config.
+LayerShape LayerShapeOf(const ModelConfig& config, const ModelOptions& options, int tp_rank,
+                        int tp_size);
+LayerOptions LayerOptionsOf(const ModelConfig& config);
+
 class NormFormerModel {
  public:
   static absl::StatusOr<std::unique_ptr<NormFormerModel>> Create(const ModelConfig& config,

@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "cli_util.h"
+#include "launcher/run_dir_lock.h"
 #include "test_util.h"
 
 #ifndef NF_LAUNCH_BINARY
@@ -189,19 +190,19 @@ TEST_F(NfLaunchCliTest, ShortRunWritesConfigAndOneLogLinePerStep) {
   }
 }
 
-TEST_F(NfLaunchCliTest, RunDirThatCannotBeCreatedIsRuntimeError) {
-  // A regular file where the run directory's parent should be: the configuration is fine, the
-  // run fails, exit code 1 with the reason on one line.
+TEST_F(NfLaunchCliTest, RunDirThatCannotBeCreatedIsRefusedBeforeAnyWork) {
+  // A regular file where the run directory's parent should be: refused with exit code 2 and the
+  // reason on one line, before anything is built or trained.
   const std::string blocker = WriteConfig("blocker", "not a directory");
   const Outcome outcome = Launch(
       {"--config", TinyConfig(), "--run-dir", (std::filesystem::path(blocker) / "run").string()});
-  EXPECT_EQ(outcome.exit_code, 1) << outcome.err;
+  EXPECT_EQ(outcome.exit_code, 2) << outcome.err;
   const std::vector<std::string> lines = Lines(outcome.err);
   ASSERT_EQ(lines.size(), 1u) << outcome.err;
   EXPECT_THAT(lines[0], StartsWith("nf-launch: cannot create run directory"));
+  EXPECT_EQ(outcome.out, "");
 }
 
-}  // namespace
 // A run interrupted after its step-3 checkpoint and started again with the same command
 // continues from RUN/checkpoints/latest: its log records of steps 4-6 equal the uninterrupted
 // run's (dropout on, so masks and data order must continue exactly too).
@@ -238,4 +239,81 @@ TEST_F(NfLaunchCliTest, RerunningResumesFromTheLatestCheckpointBitForBit) {
   EXPECT_TRUE(std::filesystem::exists(dir_ / "resumed" / "checkpoints" / "iter_0000006"));
 }
 
+// train.exit_interval stops the run after step 3 with a checkpoint and exit code 3 ("resume
+// me"); the same command again resumes and finishes, and the log equals an uninterrupted run's.
+TEST_F(NfLaunchCliTest, ExitIntervalStopsWithACheckpointAndTheSameCommandResumes) {
+  const std::vector<std::string> common = {
+      "--config", TinyConfig(), "--set", "train.train_iters=6", "--set", "model.dropout=0.1"};
+  auto with = [&](std::vector<std::string> extra, const std::string& run) {
+    std::vector<std::string> args = common;
+    args.insert(args.end(), extra.begin(), extra.end());
+    args.insert(args.end(), {"--run-dir", (dir_ / run).string()});
+    return args;
+  };
+  ASSERT_EQ(Launch(with({}, "whole")).exit_code, 0);
+  const std::vector<std::string> stopping = with({"--set", "train.exit_interval=3"}, "stopped");
+  const Outcome first = Launch(stopping);
+  EXPECT_EQ(first.exit_code, 3) << first.err;
+  EXPECT_THAT(first.out, HasSubstr("stopping after step 3: train.exit_interval (3) reached; rerun "
+                                   "the same command to resume (exit code 3)"));
+  EXPECT_TRUE(std::filesystem::exists(dir_ / "stopped" / "checkpoints" / "iter_0000003"));
+  const Outcome second = Launch(stopping);
+  EXPECT_EQ(second.exit_code, 0) << second.err;  // step 6 is the last: the run ends normally
+  auto strip_seconds = [](const std::string& line) {
+    return line.substr(0, line.find("\"seconds\""));
+  };
+  const std::vector<std::string> whole = Lines(ReadFile(dir_ / "whole" / "log.jsonl"));
+  const std::vector<std::string> stopped = Lines(ReadFile(dir_ / "stopped" / "log.jsonl"));
+  ASSERT_EQ(stopped.size(), 6u);
+  for (size_t i = 0; i < 6; ++i) EXPECT_EQ(strip_seconds(stopped[i]), strip_seconds(whole[i]));
+}
+
+// A run directory another live nf-launch holds is refused at once, naming the holder.
+TEST_F(NfLaunchCliTest, ASecondRunInALiveRunDirectoryIsRefused) {
+  auto held = RunDirLock::Acquire(dir_ / "busy");
+  ASSERT_TRUE(held.ok()) << held.status();
+  ExpectConfigurationError(
+      Launch({"--config", TinyConfig(), "--run-dir", (dir_ / "busy").string()}),
+      {absl::StrCat("run directory ", (dir_ / "busy").string(),
+                    " is in use by another nf-launch (pid ", getpid(),
+                    "): wait for it to end or choose another --run-dir")},
+      /*usage_hint=*/false);
+  EXPECT_FALSE(std::filesystem::exists(dir_ / "busy" / "log.jsonl"));
+}
+
+// fp32 gradients that are not finite cannot recover: the run stops at once with exit code 1,
+// saying why and which checkpoint is the last good one, and saves nothing more.
+TEST_F(NfLaunchCliTest, NonFiniteGradientsStopTheRunKeepingTheLastCheckpoint) {
+  const Outcome outcome = Launch({"--config", TinyConfig(), "--set", "train.train_iters=6", "--set",
+                                  "checkpoint.save_interval=1", "--set", "train.optimizer.lr=1e38",
+                                  "--run-dir", (dir_ / "run").string()});
+  EXPECT_EQ(outcome.exit_code, 1);
+  const std::vector<std::string> err = Lines(outcome.err);
+  ASSERT_EQ(err.size(), 1u) << outcome.err;
+  EXPECT_THAT(err[0], HasSubstr("non-finite gradients at step "));
+  EXPECT_THAT(err[0], HasSubstr("(FP32): stopping; the last good checkpoint is "));
+  const std::string latest = ReadFile(dir_ / "run" / "checkpoints" / "latest");
+  EXPECT_THAT(err[0], HasSubstr(latest.substr(0, latest.size() - 1)));
+}
+
+// --dry-run plans without training: the resolved configuration, the layout, FLOPs and one
+// memory row per pipeline rank; a layout that cannot run is refused with the reason.
+TEST_F(NfLaunchCliTest, DryRunPlansALayoutOrRefusesIt) {
+  const std::string config = TinyConfig();
+  const Outcome plan = Launch({"--config", config, "--set", "model.num_layers=4", "--set",
+                               "parallel.pipeline_parallel=2", "--world-size", "4", "--dry-run"});
+  EXPECT_EQ(plan.exit_code, 0) << plan.err;
+  EXPECT_THAT(plan.out, HasSubstr("train_iters: 3"));  // the resolved configuration
+  EXPECT_THAT(plan.out, HasSubstr("dry run: 4 ranks = tensor_parallel 1 x pipeline_parallel 2 x "
+                                  "data_parallel 2, ONE_F_ONE_B"));
+  EXPECT_THAT(plan.out, HasSubstr("| 0 | [0, 2) | "));
+  EXPECT_THAT(plan.out, HasSubstr("| 1 | [2, 4) | "));
+  EXPECT_FALSE(std::filesystem::exists(dir_ / "run"));
+
+  ExpectConfigurationError(
+      Launch({"--config", config, "--set", "parallel.pipeline_parallel=2", "--dry-run"}),
+      {"model.num_layers (1) does not split into pipeline_parallel 2"}, /*usage_hint=*/false);
+}
+
+}  // namespace
 }  // namespace nf::launcher

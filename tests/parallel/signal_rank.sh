@@ -3,7 +3,8 @@
 # sends `signal` to the process of world rank `rank`, as a hung (STOP) or crashed (KILL) node
 # would behave; then waits for the job and exits with its status. The rank's process is found by
 # the OMPI_COMM_WORLD_RANK in its environment. A stopped process is killed when the job is
-# over, so that nothing outlives the test. LOG is deleted first (it belongs to the run).
+# over, so that nothing outlives the test. LOG's directory (the run directory) is deleted
+# first, so that every run starts fresh.
 #
 #   signal_rank.sh SIGNAL RANK LOG LINES -- COMMAND [ARG]...
 set -uo pipefail
@@ -11,7 +12,7 @@ set -uo pipefail
 signal=$1 rank=$2 log=$3 lines=$4
 shift 4
 [[ "${1:-}" == "--" ]] && shift
-rm -f "$log"
+rm -rf "$(dirname "$log")"
 
 "$@" &
 job=$!
