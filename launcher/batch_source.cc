@@ -15,10 +15,12 @@ namespace {
 
 class SyntheticBatches final : public BatchSource {
  public:
-  SyntheticBatches(data::SyntheticCorpus corpus, int64_t global_batch, Tensor inputs,
-                   Tensor targets)
+  // Sample i of the stream is the corpus's walk first_walk + i.
+  SyntheticBatches(data::SyntheticCorpus corpus, int64_t global_batch, uint64_t first_walk,
+                   Tensor inputs, Tensor targets)
       : corpus_(std::move(corpus)),
         global_batch_(global_batch),
+        first_walk_(first_walk),
         inputs_(std::move(inputs)),
         targets_(std::move(targets)),
         sample_(inputs_.dim(1) + 1) {}
@@ -30,7 +32,7 @@ class SyntheticBatches final : public BatchSource {
     int32_t* targets = targets_.data<int32_t>();
     for (int64_t b = 0; b < batch; ++b) {
       // A sample of seq + 1 tokens: inputs are its first seq, targets its last seq.
-      corpus_.Sample(static_cast<uint64_t>(first + b), seq + 1, sample_.data());
+      corpus_.Sample(first_walk_ + static_cast<uint64_t>(first + b), seq + 1, sample_.data());
       std::copy(sample_.begin(), sample_.end() - 1, inputs + b * seq);
       std::copy(sample_.begin() + 1, sample_.end(), targets + b * seq);
     }
@@ -43,6 +45,7 @@ class SyntheticBatches final : public BatchSource {
  private:
   data::SyntheticCorpus corpus_;
   int64_t global_batch_;
+  uint64_t first_walk_;
   Tensor inputs_, targets_;
   std::vector<int32_t> sample_;
 };
@@ -65,7 +68,8 @@ class DatasetBatches final : public BatchSource {
   std::string names_;
 };
 
-absl::StatusOr<std::unique_ptr<BatchSource>> MakeDatasetBatches(const TrainConfig& config) {
+absl::StatusOr<std::unique_ptr<BatchSource>> MakeDatasetBatches(const TrainConfig& config,
+                                                                 DataSplit split) {
   const TrainOptions& train = config.train();
   const DataConfig& data_config = config.data();
   std::vector<std::string> paths;
@@ -78,7 +82,9 @@ absl::StatusOr<std::unique_ptr<BatchSource>> MakeDatasetBatches(const TrainConfi
     paths.push_back(d.path());
     weights.push_back(d.weight());
   }
-  const int64_t total_samples = train.train_iters() * train.global_batch_size();
+  const bool validation = split == DataSplit::kValidation;
+  const int64_t total_samples =
+      (validation ? train.eval_iters() : train.train_iters()) * train.global_batch_size();
   NF_ASSIGN_OR_RETURN(data::Blending blending, data::Blending::Build(weights, total_samples));
   std::vector<data::GptSamples> samples;
   for (size_t k = 0; k < paths.size(); ++k) {
@@ -86,10 +92,16 @@ absl::StatusOr<std::unique_ptr<BatchSource>> MakeDatasetBatches(const TrainConfi
                         data::IndexedDocumentSource::Open(paths[k]));
     NF_ASSIGN_OR_RETURN(const std::vector<data::DocumentRange> splits,
                         data::ParseSplit(data_config.split(), source->dataset().num_documents()));
-    NF_ASSIGN_OR_RETURN(const data::DocumentRange train_sequences,
-                        source->SequencesOf(splits.front()));
+    const data::DocumentRange& documents = splits[validation ? 1 : 0];
+    if (documents.begin >= documents.end) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "data.split '", data_config.split(), "' leaves no ",
+          validation ? "validation" : "training", " documents in ", paths[k],
+          validation ? ": give the second share some weight, or set train.eval_interval=0" : ""));
+    }
+    NF_ASSIGN_OR_RETURN(const data::DocumentRange sequences, source->SequencesOf(documents));
     NF_ASSIGN_OR_RETURN(data::GptSamples built,
-                        data::GptSamples::Build(source, {.documents = train_sequences,
+                        data::GptSamples::Build(source, {.documents = sequences,
                                                          .seq_len = train.seq_len(),
                                                          .num_samples = blending.counts()[k],
                                                          .seed = train.seed()}));
@@ -107,9 +119,10 @@ absl::StatusOr<std::unique_ptr<BatchSource>> MakeDatasetBatches(const TrainConfi
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<BatchSource>> MakeBatchSource(const TrainConfig& config) {
+absl::StatusOr<std::unique_ptr<BatchSource>> MakeBatchSource(const TrainConfig& config,
+                                                             DataSplit split) {
   if (!config.data().path().empty() || config.data().blend_size() > 0) {
-    return MakeDatasetBatches(config);
+    return MakeDatasetBatches(config, split);
   }
   const TrainOptions& train = config.train();
   const SyntheticDataConfig& synthetic = config.data().synthetic();
@@ -119,8 +132,10 @@ absl::StatusOr<std::unique_ptr<BatchSource>> MakeBatchSource(const TrainConfig& 
   const Shape batch{train.micro_batch_size(), train.seq_len()};
   NF_ASSIGN_OR_RETURN(Tensor inputs, Tensor::Zeros(DType::kI32, batch));
   NF_ASSIGN_OR_RETURN(Tensor targets, Tensor::Zeros(DType::kI32, batch));
+  // Validation walks start past 2^48 samples, far beyond any run's training samples.
+  const uint64_t first_walk = split == DataSplit::kValidation ? uint64_t{1} << 48 : 0;
   return std::make_unique<SyntheticBatches>(std::move(corpus), train.global_batch_size(),
-                                            std::move(inputs), std::move(targets));
+                                            first_walk, std::move(inputs), std::move(targets));
 }
 
 }  // namespace nf::launcher

@@ -25,7 +25,14 @@ class BatchSource {
   virtual std::string Describe() const = 0;
 };
 
-// The source `config.data` describes, sized for train.train_iters steps.
-absl::StatusOr<std::unique_ptr<BatchSource>> MakeBatchSource(const TrainConfig& config);
+enum class DataSplit {
+  kTrain,       // the first share of data.split, train.train_iters global batches
+  kValidation,  // the second share, train.eval_iters global batches, the same every evaluation
+};
+
+// The source `config.data` describes for `split`. The synthetic corpus has no documents to
+// split: its validation samples are walks of the same chain far from any training sample.
+absl::StatusOr<std::unique_ptr<BatchSource>> MakeBatchSource(const TrainConfig& config,
+                                                             DataSplit split = DataSplit::kTrain);
 
 }  // namespace nf::launcher

@@ -91,6 +91,10 @@ absl::Status ValidateBatch(const TrainOptions& train, const nf::model::ModelConf
   }
   NF_RETURN_IF_ERROR(RequirePositive("train.train_iters", train.train_iters()));
   NF_RETURN_IF_ERROR(RequirePositive("train.log_interval", train.log_interval()));
+  NF_RETURN_IF_ERROR(RequireNonNegative("train.eval_interval", train.eval_interval()));
+  NF_RETURN_IF_ERROR(RequirePositive("train.eval_iters", train.eval_iters()));
+  NF_RETURN_IF_ERROR(RequireNonNegative("train.exit_interval", train.exit_interval()));
+  NF_RETURN_IF_ERROR(RequireNonNegative("train.exit_duration_mins", train.exit_duration_mins()));
   return absl::OkStatus();
 }
 

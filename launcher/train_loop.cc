@@ -107,6 +107,8 @@ class TrainingRun {
     NF_RETURN_IF_ERROR(Resume(config_, checkpoints_, *trainer_, writes_ ? &console_ : nullptr));
     first_step_ = trainer_->step();
     const int64_t total = config_.train().train_iters();
+    const int64_t eval_interval = config_.train().eval_interval();
+    if (eval_interval > 0 && first_step_ == 0) NF_RETURN_IF_ERROR(Validate(0));
     parallel::Communicator& world = *trainer_->world();
     while (trainer_->step() < total) {
       parallel::SetCurrentStep(trainer_->step() + 1);
@@ -114,6 +116,9 @@ class TrainingRun {
       NF_RETURN_IF_ERROR(checkpointer_.Poll(world));
       NF_RETURN_IF_ERROR(Report(stats));
       NF_RETURN_IF_ERROR(CheckHealth(stats));
+      if (eval_interval > 0 && (stats.step % eval_interval == 0 || stats.step == total)) {
+        NF_RETURN_IF_ERROR(Validate(stats.step));
+      }
       const checkpoint::CheckpointConfig& saving = config_.checkpoint();
       const bool on_interval =
           saving.save_interval() > 0 && stats.step % saving.save_interval() == 0;
@@ -147,6 +152,23 @@ class TrainingRun {
     }
     NF_RETURN_IF_ERROR(WriteFileAtomically(dir_ / "config.pbtxt", ResolvedConfigText(config_)));
     NF_ASSIGN_OR_RETURN(log_, JsonlLog::Open((dir_ / "log.jsonl").string()));
+    if (config_.train().eval_interval() > 0) {
+      NF_ASSIGN_OR_RETURN(validation_log_, JsonlLog::Open((dir_ / "validation.jsonl").string()));
+    }
+    return absl::OkStatus();
+  }
+
+  // Validation perplexity after `step` (0: the untrained model), into RUN/validation.jsonl and
+  // the console.
+  absl::Status Validate(int64_t step) {
+    NF_ASSIGN_OR_RETURN(const double loss, trainer_->Evaluate());
+    if (!writes_) return absl::OkStatus();
+    NF_RETURN_IF_ERROR(validation_log_->Write(JsonObject()
+                                                  .AddInt("step", step)
+                                                  .AddDouble("loss", loss)
+                                                  .AddDouble("ppl", std::exp(loss))));
+    console_ << absl::StrFormat("validation after step %d | loss %.4f | ppl %.2f\n", step, loss,
+                                std::exp(loss));
     return absl::OkStatus();
   }
 
@@ -233,7 +255,7 @@ class TrainingRun {
   std::ostream& console_;
   std::unique_ptr<Trainer> trainer_;
   bool writes_;
-  std::optional<JsonlLog> log_;
+  std::optional<JsonlLog> log_, validation_log_;
   checkpoint::AsyncCheckpointer checkpointer_;
   StopRequests stops_;
   int64_t first_step_ = 0;

@@ -234,6 +234,68 @@ absl::Status Trainer::Restore(const checkpoint::RunProgress& progress) {
   return absl::OkStatus();
 }
 
+absl::StatusOr<model::NormFormerModel::LossSum> Trainer::GlobalLoss(
+    const model::NormFormerModel::LossSum& local) {
+  const bool reports = chunks_.back()->placement().last() && groups_->topology.tp_rank() == 0;
+  NF_ASSIGN_OR_RETURN(const Tensor loss, Tensor::Zeros(DType::kF64, {2}));
+  if (reports) {
+    loss.data<double>()[0] = local.sum;
+    loss.data<double>()[1] = static_cast<double>(local.tokens);
+  }
+  NF_RETURN_IF_ERROR(groups_->world->AllReduce(loss, parallel::ReduceOp::kSum));
+  return model::NormFormerModel::LossSum{.sum = loss.data<double>()[0],
+                                         .tokens = static_cast<int64_t>(loss.data<double>()[1])};
+}
+
+// Forward-only, one micro-batch at a time through the model stages in order: the rank of
+// stage s receives its input from stage s - 1's rank, runs it and sends the output on
+// (blocking sends: a stage only waits for the stage after it, which is never waiting for it).
+absl::StatusOr<double> Trainer::Evaluate() {
+  const TrainOptions& train = config_.train();
+  if (validation_ == nullptr) {
+    NF_ASSIGN_OR_RETURN(validation_, MakeBatchSource(config_, DataSplit::kValidation));
+    const model::NormFormerModel& any = *chunks_.front();
+    NF_ASSIGN_OR_RETURN(received_, Tensor::Zeros(any.options().dtype,
+                                                 {int64_t{train.micro_batch_size()} * train.seq_len(),
+                                                  config_.model().d_model()}));
+  }
+  constexpr int kEvalKey = -1;
+  const parallel::Topology& topology = groups_->topology;
+  const int p = topology.pp(), stages = p * static_cast<int>(chunks_.size());
+  parallel::Communicator& pp = *groups_->pp;
+  model::NormFormerModel::LossSum local;
+  for (int64_t iter = 0; iter < train.eval_iters(); ++iter) {
+    for (int mb = 0; mb < micro_batches_; ++mb) {
+      const int64_t global_micro_batch = int64_t{topology.dp_rank()} * micro_batches_ + mb;
+      for (int stage = 0; stage < stages; ++stage) {
+        if (stage % p != topology.pp_rank()) continue;
+        model::NormFormerModel& chunk = *chunks_[stage / p];
+        const bool first = stage == 0, last = stage == stages - 1;
+        uint64_t first_sample = 0;
+        if (first || last) {
+          NF_ASSIGN_OR_RETURN(const int64_t loaded, validation_->Load(iter, global_micro_batch));
+          first_sample = static_cast<uint64_t>(loaded);
+        }
+        if (!first) NF_RETURN_IF_ERROR(pp.Recv(received_, (stage - 1) % p));
+        NF_ASSIGN_OR_RETURN(
+            const model::NormFormerModel::StageOutput out,
+            chunk.ForwardStage(kEvalKey, first ? &validation_->inputs() : nullptr,
+                               first ? nullptr : &received_,
+                               last ? validation_->targets() : Tensor(), first_sample, false));
+        if (last) {
+          local.sum += out.loss.sum;
+          local.tokens += out.loss.tokens;
+        } else {
+          NF_RETURN_IF_ERROR(pp.Send(*out.hidden, (stage + 1) % p));
+        }
+        chunk.DiscardForward(kEvalKey);
+      }
+    }
+  }
+  NF_ASSIGN_OR_RETURN(const model::NormFormerModel::LossSum global, GlobalLoss(local));
+  return global.tokens > 0 ? global.sum / static_cast<double>(global.tokens) : 0.0;
+}
+
 absl::Status Trainer::ReduceEmbeddingGradients() {
   for (const std::unique_ptr<model::NormFormerModel>& chunk : chunks_) {
     for (const std::string& name : chunk->embedding_group_params()) {
@@ -301,16 +363,9 @@ absl::StatusOr<StepStats> Trainer::TrainStep() {
   if (skipped) ++skipped_total_;
   ++step_;
 
-  // The loss: the last stage's tensor-parallel rank 0 of every data-parallel rank contributes.
-  const bool reports = chunks_.back()->placement().last() && groups_->topology.tp_rank() == 0;
-  NF_ASSIGN_OR_RETURN(const Tensor loss, Tensor::Zeros(DType::kF64, {2}));
-  if (reports) {
-    loss.data<double>()[0] = local.sum;
-    loss.data<double>()[1] = static_cast<double>(local.tokens);
-  }
-  NF_RETURN_IF_ERROR(groups_->world->AllReduce(loss, parallel::ReduceOp::kSum));
-  const double sum = loss.data<double>()[0];
-  const int64_t tokens = static_cast<int64_t>(loss.data<double>()[1]);
+  NF_ASSIGN_OR_RETURN(const model::NormFormerModel::LossSum global, GlobalLoss(local));
+  const double sum = global.sum;
+  const int64_t tokens = global.tokens;
   return StepStats{
       .step = step_,
       .loss = tokens > 0 ? sum / static_cast<double>(tokens) : 0.0,

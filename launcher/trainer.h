@@ -55,6 +55,10 @@ class Trainer {
 
   absl::StatusOr<StepStats> TrainStep();
 
+  // The mean token loss over train.eval_iters global batches of the validation split, forward
+  // only (no dropout), the same on every rank. Collective over the world.
+  absl::StatusOr<double> Evaluate();
+
   int64_t step() const { return step_; }
   // This rank's model chunks, in virtual-stage order (one without interleaving).
   const std::vector<std::unique_ptr<model::NormFormerModel>>& chunks() const { return chunks_; }
@@ -76,6 +80,10 @@ class Trainer {
  private:
   Trainer() = default;
   absl::Status ReduceEmbeddingGradients();
+  // Sums the last stage's (loss sum, tokens) over the world (tp rank 0 of the last stage of
+  // every data-parallel rank contributes): every rank gets the global pair.
+  absl::StatusOr<model::NormFormerModel::LossSum> GlobalLoss(
+      const model::NormFormerModel::LossSum& local);
   // The global non-finite flag and squared gradient norm (NaN when skipped).
   absl::StatusOr<double> GlobalSquaredNorm(float loss_scale, bool& skipped);
 
@@ -88,6 +96,8 @@ class Trainer {
   optim::LrSchedule schedule_;
   std::optional<optim::DynamicLossScaler> scaler_;  // fp16 only
   std::unique_ptr<BatchSource> batches_;
+  std::unique_ptr<BatchSource> validation_;  // made by the first Evaluate
+  Tensor received_;                          // [T, d]: Evaluate's received activations
   int micro_batches_ = 1;  // per data-parallel rank and step
   int64_t num_global_params_ = 0;
   int64_t step_ = 0;

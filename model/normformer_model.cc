@@ -328,6 +328,13 @@ absl::Status NormFormerModel::BackwardStage(int micro_batch, const Tensor* outpu
   return absl::OkStatus();
 }
 
+void NormFormerModel::DiscardForward(int micro_batch) {
+  const auto it = in_flight_.find(micro_batch);
+  if (it == in_flight_.end()) return;
+  pool_.push_back(std::move(it->second));
+  in_flight_.erase(it);
+}
+
 absl::Status NormFormerModel::LayersForward(InFlight& mb) {
   for (size_t l = 0; l < layers_.size(); ++l) {
     NF_RETURN_IF_ERROR(layers_[l].Forward(mb.hidden[l], mb.hidden[l + 1], mb.step,

@@ -106,6 +106,9 @@ class NormFormerModel {
   // of its input in input_grad().
   absl::Status BackwardStage(int micro_batch, const Tensor* output_grad, float loss_weight,
                              const GradsDoneFrom& grads_done_from = nullptr);
+  // Drops the activations of a micro-batch that will see no backward (evaluation), returning
+  // them to the pool; a no-op when it is not in flight.
+  void DiscardForward(int micro_batch);
   // [T, d]: the gradient of the last BackwardStage's input hidden state (non-first stages),
   // valid until the next BackwardStage.
   const Tensor& input_grad() const { return grad_a_; }
