@@ -51,7 +51,7 @@ cat <<EOF
 demo: done. Look at
   $run_dir/log.jsonl          one record per step (loss, lr, grad norm, tokens/s, ...)
   $run_dir/validation.jsonl   validation loss and perplexity (step 0: the untrained model;
-                              a uniform guess over the 512 tokens scores ln 512 = 6.24)
+                               a uniform guess over the 512 tokens scores ln 512 = 6.24)
   $run_dir/checkpoints/       build/checkpoint/nf-ckpt inspect $run_dir/checkpoints
   docs/parallelism.md, docs/checkpoints.md
 EOF
