@@ -1,5 +1,8 @@
 #include "launcher/batch_source.h"
 
+#include <filesystem>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -69,7 +72,7 @@ class DatasetBatches final : public BatchSource {
 };
 
 absl::StatusOr<std::unique_ptr<BatchSource>> MakeDatasetBatches(const TrainConfig& config,
-                                                                 DataSplit split) {
+                                                                DataSplit split) {
   const TrainOptions& train = config.train();
   const DataConfig& data_config = config.data();
   std::vector<std::string> paths;
@@ -118,6 +121,24 @@ absl::StatusOr<std::unique_ptr<BatchSource>> MakeDatasetBatches(const TrainConfi
 }
 
 }  // namespace
+
+absl::Status CheckDataFilesExist(const TrainConfig& config) {
+  std::vector<std::pair<std::string, std::string>> datasets;  // (field, prefix)
+  if (!config.data().path().empty()) datasets.emplace_back("data.path", config.data().path());
+  for (int k = 0; k < config.data().blend_size(); ++k) {
+    datasets.emplace_back(absl::StrCat("data.blend[", k, "].path"), config.data().blend(k).path());
+  }
+  for (const auto& [field, prefix] : datasets) {
+    for (const char* suffix : {".idx", ".bin"}) {
+      std::error_code error;
+      if (std::filesystem::exists(prefix + suffix, error)) continue;
+      return absl::NotFoundError(absl::StrCat(field, " '", prefix, "': ", prefix, suffix,
+                                              " does not exist (nf-preprocess --output-prefix ",
+                                              prefix, " writes it)"));
+    }
+  }
+  return absl::OkStatus();
+}
 
 absl::StatusOr<std::unique_ptr<BatchSource>> MakeBatchSource(const TrainConfig& config,
                                                              DataSplit split) {

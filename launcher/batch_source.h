@@ -25,6 +25,11 @@ class BatchSource {
   virtual std::string Describe() const = 0;
 };
 
+// OK when every dataset the config names has its PREFIX.bin and PREFIX.idx; otherwise
+// NotFound naming the field (data.path or data.blend[k].path) and the missing file. Checked
+// before a run starts, so that a typo fails at once rather than after start-up.
+absl::Status CheckDataFilesExist(const TrainConfig& config);
+
 enum class DataSplit {
   kTrain,       // the first share of data.split, train.train_iters global batches
   kValidation,  // the second share, train.eval_iters global batches, the same every evaluation

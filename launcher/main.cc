@@ -15,6 +15,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/time/time.h"
+#include "launcher/batch_source.h"
 #include "launcher/config.h"
 #include "launcher/dry_run.h"
 #include "launcher/run_dir_lock.h"
@@ -134,6 +135,10 @@ int main(int argc, char** argv) {
   const auto config = nf::launcher::LoadTrainConfig(config_path, overrides);
   if (!config.ok()) {
     if (PrintsSharedErrors()) std::cerr << "nf-launch: " << config.status().message() << "\n";
+    return 2;
+  }
+  if (const absl::Status data = nf::launcher::CheckDataFilesExist(*config); !data.ok()) {
+    if (PrintsSharedErrors()) std::cerr << "nf-launch: " << data.message() << "\n";
     return 2;
   }
   if (dry_run) {

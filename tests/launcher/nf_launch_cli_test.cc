@@ -315,5 +315,17 @@ TEST_F(NfLaunchCliTest, DryRunPlansALayoutOrRefusesIt) {
       {"model.num_layers (1) does not split into pipeline_parallel 2"}, /*usage_hint=*/false);
 }
 
+// A dataset that does not exist is refused before anything starts, naming the field.
+TEST_F(NfLaunchCliTest, MissingDatasetIsRefusedNamingTheField) {
+  const std::string prefix = (dir_ / "no_such_corpus").string();
+  ExpectConfigurationError(
+      Launch({"--config", TinyConfig(), "--set", "data.path=" + prefix, "--run-dir",
+              (dir_ / "run").string()}),
+      {absl::StrCat("data.path '", prefix, "': ", prefix,
+                    ".idx does not exist (nf-preprocess --output-prefix ", prefix, " writes it)")},
+      /*usage_hint=*/false);
+  EXPECT_FALSE(std::filesystem::exists(dir_ / "run"));
+}
+
 }  // namespace
 }  // namespace nf::launcher
