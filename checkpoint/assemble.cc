@@ -21,17 +21,6 @@ absl::Status Corrupt(const fs::path& dir, absl::string_view what) {
   return absl::DataLossError(absl::StrCat("checkpoint ", dir.string(), ": ", what));
 }
 
-model::Sharding ModelSharding(Sharding s) {
-  switch (s) {
-    case SPLIT_ROWS:
-      return model::Sharding::kSplitRows;
-    case SPLIT_COLS:
-      return model::Sharding::kSplitCols;
-    default:
-      return model::Sharding::kReplicated;
-  }
-}
-
 std::string ShapeText(const Shape& shape) { return ShapeToString(shape); }
 
 }  // namespace
@@ -58,8 +47,9 @@ absl::StatusOr<AssembledTensor> AssembleTensor(const fs::path& dir, const Manife
   for (const ShardFile& f : manifest.files()) file_sizes[f.name()] = f.size();
   std::vector<char> bytes;
   for (const Piece& p : record.pieces()) {
-    const ShardPlace place{
-        .sharding = ModelSharding(p.sharding()), .tp_rank = p.tp_rank(), .tp_size = p.tp_size()};
+    const ShardPlace place{.sharding = ShardingFromProto(p.sharding()),
+                           .tp_rank = p.tp_rank(),
+                           .tp_size = p.tp_size()};
     const auto size = file_sizes.find(p.file());
     const bool split = place.sharding != model::Sharding::kReplicated;
     const int64_t split_dim = place.sharding == model::Sharding::kSplitCols ? 1 : 0;

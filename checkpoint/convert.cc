@@ -26,17 +26,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-Sharding ShardingOf(model::Sharding s) {
-  switch (s) {
-    case model::Sharding::kSplitRows:
-      return SPLIT_ROWS;
-    case model::Sharding::kSplitCols:
-      return SPLIT_COLS;
-    default:
-      return REPLICATED;
-  }
-}
-
 // What one target rank writes of one parameter: the whole local shard of the parameter values
 // (dp rank 0), and these element ranges of the local shard of each optimizer state.
 struct Assignment {
@@ -185,7 +174,7 @@ absl::Status ConvertCheckpoint(const fs::path& dir, const Manifest& manifest,
         piece->set_offset(writers[a.rank]->size());
         piece->set_length(length);
         piece->set_crc32c(Crc32c(data, static_cast<size_t>(length)));
-        piece->set_sharding(ShardingOf(a.spec.sharding));
+        piece->set_sharding(ShardingToProto(a.spec.sharding));
         piece->set_tp_rank(a.tp_rank);
         piece->set_tp_size(a.tp_size);
         piece->set_begin(begin);

@@ -128,10 +128,7 @@ absl::StatusOr<RunProgress> LoadCheckpoint(const fs::path& dir, const Manifest& 
   const parallel::Topology& t = state.topology;
   for (const ChunkState& chunk : state.chunks) {
     optim::MixedPrecisionAdamW& adamw = chunk.optimizer->adamw();
-    const std::pair<TensorRecord::Kind, const Tensor*> states[] = {
-        {TensorRecord::MASTER, &adamw.master()},
-        {TensorRecord::EXP_AVG, &adamw.exp_avg()},
-        {TensorRecord::EXP_AVG_SQ, &adamw.exp_avg_sq()}};
+    const auto states = OptimizerStateBuffers(adamw);
     for (const model::ParamTable::Entry& e : chunk.params->entries()) {
       NF_ASSIGN_OR_RETURN(const TensorRecord* param, find(e.spec.name, TensorRecord::PARAM));
       NF_ASSIGN_OR_RETURN(const AssembledTensor value, AssembleTensor(dir, manifest, *param));

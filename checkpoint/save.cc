@@ -14,6 +14,7 @@
 #include "absl/strings/str_format.h"
 #include "checkpoint/crc32c.h"
 #include "checkpoint/durable_files.h"
+#include "checkpoint/shard_mapping.h"
 #include "core/status.h"
 
 namespace nf::checkpoint {
@@ -32,17 +33,6 @@ struct ShardSnapshot {
 namespace {
 
 namespace fs = std::filesystem;
-
-Sharding ShardingOf(model::Sharding s) {
-  switch (s) {
-    case model::Sharding::kSplitRows:
-      return SPLIT_ROWS;
-    case model::Sharding::kSplitCols:
-      return SPLIT_COLS;
-    default:
-      return REPLICATED;
-  }
-}
 
 bool Contains(const std::vector<std::string>& names, const std::string& name) {
   return std::find(names.begin(), names.end(), name) != names.end();
@@ -66,10 +56,7 @@ absl::StatusOr<std::vector<PieceSource>> PiecesOf(const RankState& state) {
   for (const ChunkState& chunk : state.chunks) {
     const parallel::DataParallelOptimizer& optimizer = *chunk.optimizer;
     optim::MixedPrecisionAdamW& adamw = chunk.optimizer->adamw();
-    const std::pair<TensorRecord::Kind, const Tensor*> states[] = {
-        {TensorRecord::MASTER, &adamw.master()},
-        {TensorRecord::EXP_AVG, &adamw.exp_avg()},
-        {TensorRecord::EXP_AVG_SQ, &adamw.exp_avg_sq()}};
+    const auto states = OptimizerStateBuffers(adamw);
     for (const model::ParamTable::Entry& e : chunk.params->entries()) {
       if (Contains(chunk.copies_of_other_stages, e.spec.name)) continue;
       if (e.spec.sharding == model::Sharding::kReplicated && t.tp_rank() != 0) continue;
@@ -126,7 +113,7 @@ absl::StatusOr<ShardSnapshot> Snapshot(const RankState& state, ShardSnapshot spa
     piece->set_file(shard.file);
     piece->set_offset(offset);
     piece->set_length(length);
-    piece->set_sharding(ShardingOf(e.spec.sharding));
+    piece->set_sharding(ShardingToProto(e.spec.sharding));
     piece->set_tp_rank(replicated ? 0 : t.tp_rank());
     piece->set_tp_size(replicated ? 1 : t.tp());
     piece->set_begin(p.begin);

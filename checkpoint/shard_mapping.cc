@@ -9,6 +9,28 @@ int64_t Cols(const Shape& shape) { return shape.size() > 1 ? shape[1] : 1; }
 
 }  // namespace
 
+Sharding ShardingToProto(model::Sharding sharding) {
+  switch (sharding) {
+    case model::Sharding::kSplitRows:
+      return SPLIT_ROWS;
+    case model::Sharding::kSplitCols:
+      return SPLIT_COLS;
+    default:
+      return REPLICATED;
+  }
+}
+
+model::Sharding ShardingFromProto(Sharding sharding) {
+  switch (sharding) {
+    case SPLIT_ROWS:
+      return model::Sharding::kSplitRows;
+    case SPLIT_COLS:
+      return model::Sharding::kSplitCols;
+    default:
+      return model::Sharding::kReplicated;
+  }
+}
+
 Shape LocalShape(const Shape& global_shape, const ShardPlace& place) {
   Shape local = global_shape;
   if (place.sharding == model::Sharding::kSplitRows) local[0] /= place.tp_size;

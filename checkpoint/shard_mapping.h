@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "absl/functional/function_ref.h"
+#include "checkpoint/checkpoint.pb.h"
 #include "core/tensor.h"
 #include "model/param_table.h"
 
@@ -20,6 +21,10 @@ struct ShardPlace {
   int tp_rank = 0;
   int tp_size = 1;
 };
+
+// The manifest's spelling of a sharding, and back.
+Sharding ShardingToProto(model::Sharding sharding);
+model::Sharding ShardingFromProto(Sharding sharding);
 
 // The local shape of `place`'s shard of a tensor of `global_shape`.
 Shape LocalShape(const Shape& global_shape, const ShardPlace& place);

@@ -2,6 +2,7 @@
 // objects (the checkpoint module knows models and optimizers, not the launcher).
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -24,6 +25,19 @@ struct ChunkState {
   // written once, by the owner; loaded into both.
   std::vector<std::string> copies_of_other_stages;
 };
+
+// The optimizer state a checkpoint records per parameter, with the buffers that hold it
+// (flat, indexed like DataParallelOptimizer::ForEachHeldPiece's state offsets).
+struct OptimizerStateBuffer {
+  TensorRecord::Kind kind;
+  const Tensor* buffer;
+};
+inline std::array<OptimizerStateBuffer, 3> OptimizerStateBuffers(
+    optim::MixedPrecisionAdamW& adamw) {
+  return {{{TensorRecord::MASTER, &adamw.master()},
+           {TensorRecord::EXP_AVG, &adamw.exp_avg()},
+           {TensorRecord::EXP_AVG_SQ, &adamw.exp_avg_sq()}}};
+}
 
 // The scalars of a run's progress.
 struct RunProgress {
