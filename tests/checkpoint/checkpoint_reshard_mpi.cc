@@ -25,6 +25,7 @@
 #include "launcher/config.h"
 #include "launcher/trainer.h"
 #include "parallel/process_groups.h"
+#include "training_test_util.h"
 
 namespace nf::checkpoint {
 namespace {
@@ -32,13 +33,12 @@ namespace {
 namespace fs = std::filesystem;
 using launcher::TrainConfig;
 using launcher::Trainer;
+using ::nf::testing::Bytes;
+using ::nf::testing::EnvInt;
+using ::nf::testing::MakeTrainer;
+using ::nf::testing::TrainSteps;
 
 constexpr int kSaveStep = 3, kSteps = 6;
-
-int EnvInt(const char* name, int fallback) {
-  const char* value = std::getenv(name);
-  return value ? std::atoi(value) : fallback;
-}
 
 TrainConfig Config(int tp, int pp, int virtual_stages, bool zero) {
   TrainConfig config;
@@ -69,36 +69,12 @@ TrainConfig Config(int tp, int pp, int virtual_stages, bool zero) {
   return config;
 }
 
-std::unique_ptr<Trainer> MakeTrainer(const TrainConfig& config, parallel::ProcessGroups* groups) {
-  EXPECT_TRUE(launcher::ValidateTrainConfig(config).ok()) << launcher::ValidateTrainConfig(config);
-  auto trainer = groups ? Trainer::Create(config, *groups) : Trainer::Create(config);
-  EXPECT_TRUE(trainer.ok()) << trainer.status();
-  if (!trainer.ok()) std::abort();  // the other ranks would wait forever
-  return *std::move(trainer);
-}
-
-std::vector<double> Train(Trainer& trainer, int steps) {
-  std::vector<double> losses;
-  for (int i = 0; i < steps; ++i) {
-    auto stats = trainer.TrainStep();
-    EXPECT_TRUE(stats.ok()) << stats.status();
-    if (!stats.ok()) std::abort();
-    losses.push_back(stats->loss);
-  }
-  return losses;
-}
-
 void Load(Trainer& trainer, const fs::path& dir) {
   auto manifest = ReadManifest(dir);
   ASSERT_TRUE(manifest.ok()) << manifest.status();
   auto progress = LoadCheckpoint(dir, *manifest, trainer.CheckpointState());
   ASSERT_TRUE(progress.ok()) << progress.status();
   ASSERT_TRUE(trainer.Restore(*progress).ok());
-}
-
-std::vector<uint8_t> Bytes(const Tensor& t) {
-  const auto* p = static_cast<const uint8_t*>(t.raw_data());
-  return {p, p + t.nbytes()};
 }
 
 // A directory all ranks share: rank 0 makes it and broadcasts its name.
@@ -111,6 +87,12 @@ fs::path SharedTempDir(parallel::Communicator& world) {
   }
   EXPECT_TRUE(world.Broadcast(name, 0).ok());
   return fs::path(static_cast<const char*>(name.raw_data()));
+}
+
+std::unique_ptr<Trainer> MakeValidTrainer(const TrainConfig& config,
+                                          parallel::ProcessGroups* groups) {
+  EXPECT_TRUE(launcher::ValidateTrainConfig(config).ok()) << launcher::ValidateTrainConfig(config);
+  return MakeTrainer(config, groups);
 }
 
 struct Layout {
@@ -128,20 +110,20 @@ TEST(CheckpointReshardTest, ResumesBitExactlyAndLoadsIntoEveryLayout) {
   const fs::path dir = SharedTempDir(world);
   const TrainConfig config = Config(tp, pp, virtual_stages, zero);
 
-  auto whole = MakeTrainer(config, &*groups);
-  const std::vector<double> expected = Train(*whole, kSteps);
+  auto whole = MakeValidTrainer(config, &*groups);
+  const std::vector<double> expected = TrainSteps(*whole, kSteps);
 
   {
-    auto first = MakeTrainer(config, &*groups);
-    Train(*first, kSaveStep);
+    auto first = MakeValidTrainer(config, &*groups);
+    TrainSteps(*first, kSaveStep);
     ASSERT_TRUE(SaveCheckpoint(dir, first->CheckpointState(), first->Progress(), world).ok());
   }
   const fs::path saved = dir / IterationDirName(kSaveStep);
 
   // Same layout: bit for bit.
-  auto resumed = MakeTrainer(config, &*groups);
+  auto resumed = MakeValidTrainer(config, &*groups);
   Load(*resumed, saved);
-  const std::vector<double> continued = Train(*resumed, kSteps - kSaveStep);
+  const std::vector<double> continued = TrainSteps(*resumed, kSteps - kSaveStep);
   for (int i = 0; i < kSteps - kSaveStep; ++i) {
     EXPECT_EQ(continued[i], expected[kSaveStep + i]) << "step " << kSaveStep + i + 1;
   }
@@ -172,9 +154,9 @@ TEST(CheckpointReshardTest, ResumesBitExactlyAndLoadsIntoEveryLayout) {
         absl::StrCat("into tp ", target.tp, " pp ", target.pp, target.zero ? " ZeRO-1" : ""));
     auto target_groups = parallel::CreateProcessGroups({.tp = target.tp, .pp = target.pp, .dp = 0});
     ASSERT_TRUE(target_groups.ok()) << target_groups.status();
-    auto trainer = MakeTrainer(Config(target.tp, target.pp, 1, target.zero), &*target_groups);
+    auto trainer = MakeValidTrainer(Config(target.tp, target.pp, 1, target.zero), &*target_groups);
     Load(*trainer, saved);
-    const std::vector<double> losses = Train(*trainer, kSteps - kSaveStep);
+    const std::vector<double> losses = TrainSteps(*trainer, kSteps - kSaveStep);
     for (int i = 0; i < kSteps - kSaveStep; ++i) {
       EXPECT_NEAR(losses[i], expected[kSaveStep + i], 1e-5 * expected[kSaveStep + i])
           << "step " << kSaveStep + i + 1;
@@ -182,9 +164,9 @@ TEST(CheckpointReshardTest, ResumesBitExactlyAndLoadsIntoEveryLayout) {
   }
   {
     SCOPED_TRACE("into one process");
-    auto single = MakeTrainer(Config(1, 1, 1, false), nullptr);
+    auto single = MakeValidTrainer(Config(1, 1, 1, false), nullptr);
     Load(*single, saved);
-    const std::vector<double> losses = Train(*single, kSteps - kSaveStep);
+    const std::vector<double> losses = TrainSteps(*single, kSteps - kSaveStep);
     for (int i = 0; i < kSteps - kSaveStep; ++i) {
       EXPECT_NEAR(losses[i], expected[kSaveStep + i], 1e-5 * expected[kSaveStep + i])
           << "step " << kSaveStep + i + 1;

@@ -21,6 +21,7 @@
 #include "launcher/config.h"
 #include "launcher/trainer.h"
 #include "parallel/local_communicator.h"
+#include "training_test_util.h"
 
 namespace nf::checkpoint {
 namespace {
@@ -28,6 +29,9 @@ namespace {
 namespace fs = std::filesystem;
 using launcher::TrainConfig;
 using launcher::Trainer;
+using ::nf::testing::Bytes;
+using ::nf::testing::MakeTrainer;
+using ::nf::testing::TrainSteps;
 
 TEST(Crc32cTest, MatchesTheKnownAnswerAndContinues) {
   // The CRC-32C check value (RFC 3720, iSCSI): "123456789" -> 0xE3069283.
@@ -104,29 +108,6 @@ class TempDir {
   fs::path path_;
 };
 
-std::unique_ptr<Trainer> MakeTrainer(const TrainConfig& config) {
-  auto trainer = Trainer::Create(config);
-  EXPECT_TRUE(trainer.ok()) << trainer.status();
-  if (!trainer.ok()) std::abort();
-  return *std::move(trainer);
-}
-
-std::vector<double> Train(Trainer& trainer, int steps) {
-  std::vector<double> losses;
-  for (int i = 0; i < steps; ++i) {
-    auto stats = trainer.TrainStep();
-    EXPECT_TRUE(stats.ok()) << stats.status();
-    if (!stats.ok()) std::abort();
-    losses.push_back(stats->loss);
-  }
-  return losses;
-}
-
-std::vector<uint8_t> Bytes(const Tensor& t) {
-  const auto* p = static_cast<const uint8_t*>(t.raw_data());
-  return {p, p + t.nbytes()};
-}
-
 absl::Status Save(Trainer& trainer, const fs::path& dir, RetentionPolicy retention = {}) {
   parallel::LocalCommunicator world;
   return SaveCheckpoint(dir, trainer.CheckpointState(), trainer.Progress(), world, retention);
@@ -154,10 +135,10 @@ TEST_P(ResumeTest, ResumedRunEqualsTheUninterruptedOneBitForBit) {
   const TrainConfig config = TinyConfig(GetParam());
   TempDir dir;
   auto whole = MakeTrainer(config);
-  const std::vector<double> expected = Train(*whole, 6);
+  const std::vector<double> expected = TrainSteps(*whole, 6);
 
   auto first = MakeTrainer(config);
-  Train(*first, 3);
+  TrainSteps(*first, 3);
   ASSERT_TRUE(Save(*first, dir.path()).ok());
   const fs::path saved = dir.path() / "iter_0000003";
   EXPECT_TRUE(fs::exists(saved / kManifestName));
@@ -167,7 +148,7 @@ TEST_P(ResumeTest, ResumedRunEqualsTheUninterruptedOneBitForBit) {
   auto resumed = MakeTrainer(config);
   ASSERT_TRUE(Load(*resumed, saved).ok()) << Load(*resumed, saved);
   EXPECT_EQ(resumed->step(), 3);
-  const std::vector<double> continued = Train(*resumed, 3);
+  const std::vector<double> continued = TrainSteps(*resumed, 3);
   for (int i = 0; i < 3; ++i) EXPECT_EQ(continued[i], expected[3 + i]) << "step " << 4 + i;
   optim::MixedPrecisionAdamW& a = whole->optimizer(0).adamw();
   optim::MixedPrecisionAdamW& b = resumed->optimizer(0).adamw();
@@ -189,7 +170,7 @@ TEST(AsyncCheckpointerTest, SavesTheSnapshotWhileTrainingGoesOn) {
   const TrainConfig config = TinyConfig(launcher::TrainOptions::FP16);
   TempDir dir;
   auto whole = MakeTrainer(config);
-  const std::vector<double> expected = Train(*whole, 6);
+  const std::vector<double> expected = TrainSteps(*whole, 6);
 
   parallel::LocalCommunicator world;
   std::vector<std::string> committed;
@@ -197,12 +178,12 @@ TEST(AsyncCheckpointerTest, SavesTheSnapshotWhileTrainingGoesOn) {
     AsyncCheckpointer saver(dir.path(), {.keep_last = 5, .keep_every = 0},
                             [&](const fs::path& p) { committed.push_back(p.filename().string()); });
     auto trainer = MakeTrainer(config);
-    Train(*trainer, 2);
+    TrainSteps(*trainer, 2);
     ASSERT_TRUE(saver.Start(trainer->CheckpointState(), trainer->Progress(), world).ok());
-    Train(*trainer, 1);  // moves every parameter while step 2's snapshot is written
+    TrainSteps(*trainer, 1);  // moves every parameter while step 2's snapshot is written
     ASSERT_TRUE(saver.Start(trainer->CheckpointState(), trainer->Progress(), world).ok());
     EXPECT_EQ(committed, std::vector<std::string>{"iter_0000002"});  // finished by Start
-    Train(*trainer, 2);
+    TrainSteps(*trainer, 2);
     while (saver.pending()) ASSERT_TRUE(saver.Poll(world).ok());
     ASSERT_TRUE(saver.Finish(world).ok());
   }
@@ -212,7 +193,7 @@ TEST(AsyncCheckpointerTest, SavesTheSnapshotWhileTrainingGoesOn) {
     auto resumed = MakeTrainer(config);
     ASSERT_TRUE(Load(*resumed, dir.path() / name).ok());
     const int64_t from = resumed->step();
-    const std::vector<double> continued = Train(*resumed, static_cast<int>(6 - from));
+    const std::vector<double> continued = TrainSteps(*resumed, static_cast<int>(6 - from));
     for (size_t i = 0; i < continued.size(); ++i) {
       EXPECT_EQ(continued[i], expected[from + i]) << name << " step " << from + i + 1;
     }
@@ -225,7 +206,7 @@ TEST(ConvertTest, RoundTripsThroughAnotherLayoutAndLoads) {
   const TrainConfig config = TinyConfig(launcher::TrainOptions::BF16);
   TempDir dir;
   auto trainer = MakeTrainer(config);
-  Train(*trainer, 2);
+  TrainSteps(*trainer, 2);
   ASSERT_TRUE(Save(*trainer, dir.path()).ok());
   const fs::path saved = dir.path() / "iter_0000002";
   const Manifest manifest = *ReadManifest(saved);
@@ -270,7 +251,7 @@ TEST(RetentionTest, KeepsTheNewestAndEveryMthForever) {
   TempDir dir;
   auto trainer = MakeTrainer(config);
   for (int step = 1; step <= 7; ++step) {
-    Train(*trainer, 1);
+    TrainSteps(*trainer, 1);
     ASSERT_TRUE(Save(*trainer, dir.path(), {.keep_last = 2, .keep_every = 3}).ok());
   }
   std::vector<std::string> names;
@@ -298,7 +279,7 @@ class BadCheckpointTest : public ::testing::Test {
   void SetUp() override {
     config_ = TinyConfig(launcher::TrainOptions::FP32);
     auto trainer = MakeTrainer(config_);
-    Train(*trainer, 1);
+    TrainSteps(*trainer, 1);
     ASSERT_TRUE(Save(*trainer, dir_.path()).ok());
     saved_ = dir_.path() / "iter_0000001";
     shard_ = saved_ / "rank_00000.shard";

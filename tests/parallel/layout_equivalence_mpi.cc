@@ -40,19 +40,17 @@
 #include "launcher/trainer.h"
 #include "model/param_table.h"
 #include "parallel/process_groups.h"
+#include "training_test_util.h"
 
 namespace nf::launcher {
 namespace {
+
+using ::nf::testing::EnvInt;
 
 constexpr int kSteps = 20;
 constexpr double kLossTolerance = 1e-5;
 constexpr double kParamTolerance = 5e-5;
 constexpr float kLearningRate = 3e-3f;
-
-int EnvInt(const char* name) {
-  const char* value = std::getenv(name);
-  return value ? std::atoi(value) : 1;
-}
 
 TrainConfig TinyConfig() {
   TrainConfig config;
@@ -167,7 +165,7 @@ double MaxParamDifference(const model::NormFormerModel& chunk, const model::Para
 }
 
 TEST(LayoutEquivalenceTest, EveryVariantTrainsLikeTheSingleRankRun) {
-  const int tp = EnvInt("NF_TEST_TP"), pp = EnvInt("NF_TEST_PP");
+  const int tp = EnvInt("NF_TEST_TP", 1), pp = EnvInt("NF_TEST_PP", 1);
   auto groups = parallel::CreateProcessGroups({.tp = tp, .pp = pp, .dp = 0});
   ASSERT_TRUE(groups.ok()) << groups.status();
   const parallel::Topology& topology = groups->topology;
@@ -230,7 +228,7 @@ TEST(LayoutEquivalenceTest, EveryVariantTrainsLikeTheSingleRankRun) {
 // them, and every rank refuses with the sizes that would work (the multiples of dp x micro
 // around 6: 4 and 8 for dp = 2).
 TEST(LayoutRefusalTest, TheGlobalBatchMustSplitOverTheDataParallelRanks) {
-  const int tp = EnvInt("NF_TEST_TP"), pp = EnvInt("NF_TEST_PP");
+  const int tp = EnvInt("NF_TEST_TP", 1), pp = EnvInt("NF_TEST_PP", 1);
   auto groups = parallel::CreateProcessGroups({.tp = tp, .pp = pp, .dp = 0});
   ASSERT_TRUE(groups.ok()) << groups.status();
   TrainConfig config = TinyConfig();

@@ -1,0 +1,49 @@
+// Shared by the tests that train small models through launcher::Trainer: make a trainer, run
+// steps, compare buffers byte for byte. Failures abort: under MPI a rank that returned early
+// would leave the others waiting in a collective.
+#pragma once
+
+#include <cstdint>
+#include <cstdlib>
+#include <memory>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "launcher/trainer.h"
+
+namespace nf::testing {
+
+// One process without `groups`, else a rank of the layout they describe.
+inline std::unique_ptr<launcher::Trainer> MakeTrainer(const launcher::TrainConfig& config,
+                                                      parallel::ProcessGroups* groups = nullptr) {
+  auto trainer = groups != nullptr ? launcher::Trainer::Create(config, *groups)
+                                   : launcher::Trainer::Create(config);
+  EXPECT_TRUE(trainer.ok()) << trainer.status();
+  if (!trainer.ok()) std::abort();
+  return *std::move(trainer);
+}
+
+// Runs `steps` optimizer steps and returns their losses.
+inline std::vector<double> TrainSteps(launcher::Trainer& trainer, int steps) {
+  std::vector<double> losses;
+  for (int i = 0; i < steps; ++i) {
+    auto stats = trainer.TrainStep();
+    EXPECT_TRUE(stats.ok()) << stats.status();
+    if (!stats.ok()) std::abort();
+    losses.push_back(stats->loss);
+  }
+  return losses;
+}
+
+inline std::vector<uint8_t> Bytes(const Tensor& t) {
+  const auto* p = static_cast<const uint8_t*>(t.raw_data());
+  return {p, p + t.nbytes()};
+}
+
+// An integer from the environment (how CTest passes a job its layout), or `fallback`.
+inline int EnvInt(const char* name, int fallback) {
+  const char* value = std::getenv(name);
+  return value ? std::atoi(value) : fallback;
+}
+
+}  // namespace nf::testing
