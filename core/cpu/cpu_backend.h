@@ -67,6 +67,7 @@ class CpuBackend final : public ops::Backend {
   absl::Status Fill(const Tensor& x, float value) override;
   absl::Status Scale(const Tensor& x, float alpha) override;
   absl::Status Axpy(float alpha, const Tensor& x, const Tensor& y) override;
+  absl::Status Copy(const Tensor& src, const Tensor& dst) override;
 };
 
 }  // namespace nf::cpu

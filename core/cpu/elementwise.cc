@@ -153,6 +153,8 @@ absl::Status CpuBackend::Cast(const Tensor& src, const Tensor& dst) {
   return absl::OkStatus();
 }
 
+absl::Status CpuBackend::Copy(const Tensor& src, const Tensor& dst) { return Cast(src, dst); }
+
 absl::Status CpuBackend::Fill(const Tensor& x, float value) {
   auto fill = [&]<typename T>(T v) {
     T* p = x.data<T>();

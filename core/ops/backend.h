@@ -66,9 +66,18 @@ class Backend {
   virtual absl::Status Fill(const Tensor& x, float value) = 0;
   virtual absl::Status Scale(const Tensor& x, float alpha) = 0;
   virtual absl::Status Axpy(float alpha, const Tensor& x, const Tensor& y) = 0;
+  // Same dtype and size; one side may be on the host when this is a device's backend.
+  virtual absl::Status Copy(const Tensor& src, const Tensor& dst) = 0;
 };
 
 // The backend for tensors on `device`, or an error naming the device when none is built in.
 absl::StatusOr<Backend*> BackendFor(Device device);
+
+// The allocator for tensors on `device` (the CUDA backend's caching allocator for GPUs).
+absl::StatusOr<Allocator*> AllocatorFor(Device device);
+
+// Waits until every op enqueued for `device` has finished, and reports a bad input that a
+// device kernel recorded on the way (CPU ops run synchronously: always OK there).
+absl::Status Synchronize(Device device);
 
 }  // namespace nf::ops

@@ -1,18 +1,54 @@
-// Maps a device to the backend that runs ops on it.
+// Maps a device to the backend that runs ops on it and the allocator its tensors come from.
 #include "absl/strings/str_cat.h"
 #include "core/cpu/cpu_backend.h"
 #include "core/ops/backend.h"
+#include "core/status.h"
+#if NF_WITH_CUDA
+#include "core/cuda/cuda_backend.h"
+#endif
 
 namespace nf::ops {
+namespace {
+
+absl::Status NoCudaInThisBuild(Device device) {
+  return absl::UnimplementedError(absl::StrCat(
+      "no backend for ", device.ToString(),
+      " in this build; the CUDA backend is built with -DNF_CUDA=ON on a machine with nvcc"));
+}
+
+}  // namespace
 
 absl::StatusOr<Backend*> BackendFor(Device device) {
   if (device.type == DeviceType::kCpu) {
     static cpu::CpuBackend* cpu_backend = new cpu::CpuBackend();
     return cpu_backend;
   }
-  return absl::UnimplementedError(absl::StrCat(
-      "no backend for ", device.ToString(),
-      " in this build; the CUDA backend is built with -DNF_CUDA=ON on a machine with nvcc"));
+#if NF_WITH_CUDA
+  NF_ASSIGN_OR_RETURN(cuda::CudaBackend * backend, cuda::BackendForDevice(device.index));
+  return backend;
+#else
+  return NoCudaInThisBuild(device);
+#endif
+}
+
+absl::StatusOr<Allocator*> AllocatorFor(Device device) {
+  if (device.type == DeviceType::kCpu) return &CpuAllocator();
+#if NF_WITH_CUDA
+  NF_ASSIGN_OR_RETURN(cuda::CudaContext * context, cuda::CudaContext::ForDevice(device.index));
+  return &context->allocator();
+#else
+  return NoCudaInThisBuild(device);
+#endif
+}
+
+absl::Status Synchronize(Device device) {
+  if (device.type == DeviceType::kCpu) return absl::OkStatus();
+#if NF_WITH_CUDA
+  NF_ASSIGN_OR_RETURN(cuda::CudaContext * context, cuda::CudaContext::ForDevice(device.index));
+  return context->Synchronize();
+#else
+  return NoCudaInThisBuild(device);
+#endif
 }
 
 }  // namespace nf::ops

@@ -587,6 +587,24 @@ absl::Status Cast(const Tensor& src, const Tensor& dst) {
   return backend->Cast(src, dst);
 }
 
+absl::Status Copy(const Tensor& src, const Tensor& dst) {
+  constexpr absl::string_view op = "Copy";
+  NF_RETURN_IF_ERROR(CheckDefined(op, {"src", src}));
+  NF_RETURN_IF_ERROR(CheckDefined(op, {"dst", dst}));
+  NF_RETURN_IF_ERROR(CheckDType(op, {"dst", dst}, src.dtype()));
+  NF_RETURN_IF_ERROR(CheckSameNumel(op, {"src", src}, {"dst", dst}));
+  const Device src_device = src.device(), dst_device = dst.device();
+  if (src_device.type == DeviceType::kCuda && dst_device.type == DeviceType::kCuda &&
+      src_device.index != dst_device.index) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        op, ": src is on ", src_device.ToString(), " and dst on ", dst_device.ToString(),
+        "; copies between GPUs go through the communicators"));
+  }
+  // The GPU side's backend moves the data (the CPU backend when both are on the host).
+  NF_BACKEND(src_device.type == DeviceType::kCuda ? src : dst);
+  return backend->Copy(src, dst);
+}
+
 absl::Status Fill(const Tensor& x, float value) {
   NF_RETURN_IF_ERROR(CheckDefined("Fill", {"x", x}));
   NF_BACKEND(x);

@@ -230,5 +230,9 @@ absl::Status Fill(const Tensor& x, float value);
 absl::Status Scale(const Tensor& x, float alpha);
 // y += alpha * x. Same number of elements.
 absl::Status Axpy(float alpha, const Tensor& x, const Tensor& y);
+// dst = src between devices (host <-> GPU) or within one: same dtype and number of elements.
+// Asynchronous on GPUs like every op, except that a copy into host memory returns once the
+// data has arrived.
+absl::Status Copy(const Tensor& src, const Tensor& dst);
 
 }  // namespace nf::ops

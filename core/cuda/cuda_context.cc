@@ -1,0 +1,92 @@
+#include "core/cuda/cuda_context.h"
+
+#include <array>
+#include <mutex>
+
+#include "absl/strings/str_cat.h"
+#include "core/cuda/cuda_check.h"
+
+namespace nf::cuda {
+namespace {
+
+absl::Status FaultStatus(const DeviceFault& fault) {
+  switch (fault.code) {
+    case kNoFault:
+      return absl::OkStatus();
+    case kEmbeddingIdOutOfRange:
+      return absl::InvalidArgumentError(
+          absl::StrCat("EmbeddingForward: token id ", fault.value, " at position ", fault.position,
+                       " is outside the vocabulary [0, ", fault.limit, ")"));
+    case kCrossEntropyTargetOutOfRange:
+      return absl::InvalidArgumentError(absl::StrCat(
+          "CrossEntropySumExp: target ", fault.value, " of row ", fault.position,
+          " is outside the vocabulary [0, ", fault.limit, ") and is not -1 (ignored)"));
+  }
+  return absl::InternalError(absl::StrCat("unknown device fault code ", fault.code));
+}
+
+}  // namespace
+
+int DeviceCount() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    cudaGetLastError();  // no driver or no device: not an error for the caller
+    return 0;
+  }
+  return count;
+}
+
+absl::StatusOr<CudaContext*> CudaContext::ForDevice(int device) {
+  static std::mutex mutex;
+  static std::array<CudaContext*, kMaxDevices> contexts{};
+  const int count = DeviceCount();
+  if (device < 0 || device >= count || device >= kMaxDevices) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("cuda:", device, " does not exist: this process sees ", count,
+                     " GPU(s) (check CUDA_VISIBLE_DEVICES and the driver with nvidia-smi)"));
+  }
+  std::lock_guard<std::mutex> lock(mutex);
+  if (contexts[device] == nullptr) {
+    // Lives for the process: kernels may still be queued when static destructors run.
+    auto* context = new CudaContext(device);
+    absl::Status status = context->Init();
+    if (!status.ok()) {
+      delete context;
+      return status;
+    }
+    contexts[device] = context;
+  }
+  return contexts[device];
+}
+
+absl::Status CudaContext::Init() {
+  NF_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+  NF_CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&properties_, device_));
+  NF_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  NF_CUBLAS_RETURN_IF_ERROR(cublasLtCreate(&cublaslt_));
+  NF_CUDA_RETURN_IF_ERROR(cudaMalloc(&gemm_workspace_, kGemmWorkspaceBytes));
+  NF_CUDA_RETURN_IF_ERROR(cudaMalloc(&fault_, sizeof(DeviceFault)));
+  NF_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(fault_, 0, sizeof(DeviceFault), stream_));
+  return absl::OkStatus();
+}
+
+CudaContext::~CudaContext() {
+  cudaSetDevice(device_);
+  if (fault_ != nullptr) cudaFree(fault_);
+  if (gemm_workspace_ != nullptr) cudaFree(gemm_workspace_);
+  if (cublaslt_ != nullptr) cublasLtDestroy(cublaslt_);
+  if (stream_ != nullptr) cudaStreamDestroy(stream_);
+}
+
+absl::Status CudaContext::Synchronize() {
+  DeviceFault fault{};
+  NF_CUDA_RETURN_IF_ERROR(
+      cudaMemcpyAsync(&fault, fault_, sizeof(fault), cudaMemcpyDeviceToHost, stream_));
+  NF_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+  if (fault.code != kNoFault) {
+    NF_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(fault_, 0, sizeof(DeviceFault), stream_));
+  }
+  return FaultStatus(fault);
+}
+
+}  // namespace nf::cuda

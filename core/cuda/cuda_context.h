@@ -1,0 +1,79 @@
+// The per-GPU state of the CUDA backend: one compute stream on which every kernel, GEMM and
+// copy of the device runs in issue order, the cuBLASLt handle and its workspace, the caching
+// allocator, and a small device-side error record.
+//
+// Kernels never stop the host to report bad data (a token id outside the vocabulary, a target
+// outside it): they write the first such fault into the error record and carry on, and
+// Synchronize() turns it into an InvalidArgument status. The training loop synchronises once
+// per step (to read the loss), so a bad batch is reported at the end of the step it was in,
+// and the per-micro-batch path has no host-device sync.
+#pragma once
+
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "core/cuda/caching_allocator.h"
+
+namespace nf::cuda {
+
+// What a kernel records about the first bad input it met (device memory, zero when none).
+struct DeviceFault {
+  int32_t code;      // DeviceFaultCode
+  int32_t position;  // element index in the op's input
+  int32_t value;     // the offending value
+  int32_t limit;     // the bound it broke
+};
+enum DeviceFaultCode : int32_t {
+  kNoFault = 0,
+  kEmbeddingIdOutOfRange = 1,
+  kCrossEntropyTargetOutOfRange = 2,
+};
+
+// The most GPUs one process drives (contexts are kept in a fixed table).
+inline constexpr int kMaxDevices = 64;
+
+// The number of GPUs this process can see (0 without a driver or a device; never an error).
+int DeviceCount();
+
+class CudaContext {
+ public:
+  // The context of GPU `device`, created on first use (one per device for the process).
+  static absl::StatusOr<CudaContext*> ForDevice(int device);
+
+  ~CudaContext();
+  CudaContext(const CudaContext&) = delete;
+  CudaContext& operator=(const CudaContext&) = delete;
+
+  int device() const { return device_; }
+  cudaStream_t stream() const { return stream_; }
+  cublasLtHandle_t cublaslt() const { return cublaslt_; }
+  void* gemm_workspace() const { return gemm_workspace_; }
+  size_t gemm_workspace_bytes() const { return kGemmWorkspaceBytes; }
+  CachingAllocator& allocator() { return allocator_; }
+  DeviceFault* fault_record() const { return fault_; }
+  const cudaDeviceProp& properties() const { return properties_; }
+
+  // Waits for all work on the stream, then reports (and clears) a recorded data fault.
+  absl::Status Synchronize();
+
+ private:
+  // cuBLASLt's recommended workspace for Hopper (32 MiB) also covers Ampere's.
+  static constexpr size_t kGemmWorkspaceBytes = size_t{32} << 20;
+
+  explicit CudaContext(int device) : device_(device), allocator_(device) {}
+  absl::Status Init();
+
+  const int device_;
+  CachingAllocator allocator_;
+  cudaStream_t stream_ = nullptr;
+  cublasLtHandle_t cublaslt_ = nullptr;
+  void* gemm_workspace_ = nullptr;
+  DeviceFault* fault_ = nullptr;
+  cudaDeviceProp properties_{};
+};
+
+}  // namespace nf::cuda

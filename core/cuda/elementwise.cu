@@ -1,0 +1,255 @@
+// Elementwise and per-column CUDA kernels: bias, activations, dropout, casts, fills, BLAS-1.
+// Grid-stride loops, one element per thread per iteration, fp32 arithmetic.
+#include "core/cuda/column_sums.cuh"
+#include "core/cuda/cuda_backend.h"
+#include "core/cuda/kernel_util.cuh"
+#include "core/ops/checks.h"
+#include "core/philox.h"
+
+namespace nf::cuda {
+namespace {
+
+constexpr float kSqrtHalf = 0.70710678118654752f;     // 1 / sqrt(2)
+constexpr float kInvSqrt2Pi = 0.39894228040143268f;   // 1 / sqrt(2 pi)
+constexpr float kSqrt2OverPi = 0.79788456080286536f;  // sqrt(2 / pi)
+constexpr float kGeluTanhCubic = 0.044715f;
+
+__device__ float Activate(ops::Activation act, float x) {
+  switch (act) {
+    case ops::Activation::kGelu:
+      return 0.5f * x * (1.0f + erff(x * kSqrtHalf));
+    case ops::Activation::kGeluTanh:
+      return 0.5f * x * (1.0f + tanhf(kSqrt2OverPi * (x + kGeluTanhCubic * x * x * x)));
+    case ops::Activation::kReluSquared:
+      return x > 0.0f ? x * x : 0.0f;
+  }
+  return 0.0f;
+}
+
+__device__ float ActivationDerivative(ops::Activation act, float x) {
+  switch (act) {
+    case ops::Activation::kGelu: {
+      const float cdf = 0.5f * (1.0f + erff(x * kSqrtHalf));
+      const float pdf = kInvSqrt2Pi * expf(-0.5f * x * x);
+      return cdf + x * pdf;
+    }
+    case ops::Activation::kGeluTanh: {
+      const float inner = kSqrt2OverPi * (x + kGeluTanhCubic * x * x * x);
+      const float t = tanhf(inner);
+      const float dinner = kSqrt2OverPi * (1.0f + 3.0f * kGeluTanhCubic * x * x);
+      return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * dinner;
+    }
+    case ops::Activation::kReluSquared:
+      return x > 0.0f ? 2.0f * x : 0.0f;
+  }
+  return 0.0f;
+}
+
+template <typename T, typename B>
+__global__ void AddBiasKernel(T* x, const B* bias, int64_t n, int64_t cols) {
+  NF_GRID_STRIDE_LOOP(i, n) { x[i] = FromFloat<T>(ToFloat(x[i]) + ToFloat(bias[i % cols])); }
+}
+
+template <typename T>
+struct GradValue {
+  const T* dy;
+  int64_t cols;
+  __device__ Values<1> operator()(int64_t r, int64_t c) const {
+    return {{ToFloat(dy[r * cols + c])}};
+  }
+};
+
+template <typename T>
+__global__ void ActivationForwardKernel(ops::Activation act, const T* x, T* y, int64_t n) {
+  NF_GRID_STRIDE_LOOP(i, n) { y[i] = FromFloat<T>(Activate(act, ToFloat(x[i]))); }
+}
+
+template <typename T>
+__global__ void ActivationBackwardKernel(ops::Activation act, const T* x, const T* dy, T* dx,
+                                         int64_t n) {
+  NF_GRID_STRIDE_LOOP(i, n) {
+    dx[i] = FromFloat<T>(ToFloat(dy[i]) * ActivationDerivative(act, ToFloat(x[i])));
+  }
+}
+
+// One thread per group of 4 columns (one Philox call), as the CPU draws them: the words of
+// global columns [4q, 4q + 4) serve the local columns that fall in that group.
+template <typename T>
+__global__ void DropoutKernel(const T* x, T* y, int64_t rows, int64_t cols, ops::DropoutSpec spec,
+                              uint32_t threshold, float keep_scale) {
+  const int64_t first_group = spec.col_offset >> 2;
+  const int64_t last_group = (spec.col_offset + cols - 1) >> 2;
+  const int64_t groups_per_row = last_group - first_group + 1;
+  NF_GRID_STRIDE_LOOP(g, rows * groups_per_row) {
+    const int64_t r = g / groups_per_row;
+    const int64_t group = first_group + g % groups_per_row;
+    const uint64_t sample = spec.first_sample + r / spec.seq_len;
+    const uint64_t position = r % spec.seq_len;
+    const PhiloxCounter words =
+        DropoutWords(spec.seed, spec.site, sample, 0, position, static_cast<uint64_t>(group) * 4);
+    for (int lane = 0; lane < 4; ++lane) {
+      const int64_t c = group * 4 + lane - spec.col_offset;
+      if (c < 0 || c >= cols) continue;
+      const int64_t i = r * cols + c;
+      y[i] = FromFloat<T>(words[lane] >= threshold ? ToFloat(x[i]) * keep_scale : 0.0f);
+    }
+  }
+}
+
+template <typename S, typename D>
+__global__ void CastKernel(const S* src, D* dst, int64_t n) {
+  NF_GRID_STRIDE_LOOP(i, n) { dst[i] = FromFloat<D>(ToFloat(src[i])); }
+}
+
+template <typename T>
+__global__ void FillKernel(T* x, T value, int64_t n) {
+  NF_GRID_STRIDE_LOOP(i, n) { x[i] = value; }
+}
+
+template <typename T>
+__global__ void ScaleKernel(T* x, float alpha, int64_t n) {
+  NF_GRID_STRIDE_LOOP(i, n) { x[i] = FromFloat<T>(alpha * ToFloat(x[i])); }
+}
+
+template <typename X, typename Y>
+__global__ void AxpyKernel(float alpha, const X* x, Y* y, int64_t n) {
+  NF_GRID_STRIDE_LOOP(i, n) { y[i] = FromFloat<Y>(ToFloat(y[i]) + alpha * ToFloat(x[i])); }
+}
+
+}  // namespace
+
+absl::Status CudaBackend::AddBias(const Tensor& x, const Tensor& bias) {
+  const int64_t n = x.numel();
+  if (n == 0) return absl::OkStatus();
+  DispatchFloat(x.dtype(), [&]<typename T>() {
+    DispatchFloat(bias.dtype(), [&]<typename B>() {
+      AddBiasKernel<<<GridFor(n), kThreads, 0, stream()>>>(DevicePtr<T>(x), DevicePtr<B>(bias), n,
+                                                           ops::Cols(x));
+    });
+  });
+  NF_CUDA_RETURN_IF_LAUNCH_FAILED();
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::BiasBackward(const Tensor& dy, const Tensor& dbias) {
+  return DispatchFloat(dy.dtype(), [&]<typename T>() {
+    return AddColumnSums<1>(context_, ops::Rows(dy), ops::Cols(dy),
+                            GradValue<T>{DevicePtr<T>(dy), ops::Cols(dy)},
+                            Outputs<1>{{dbias.data<float>()}});
+  });
+}
+
+absl::Status CudaBackend::ActivationForward(ops::Activation act, const Tensor& x, const Tensor& y) {
+  const int64_t n = x.numel();
+  if (n == 0) return absl::OkStatus();
+  DispatchFloat(x.dtype(), [&]<typename T>() {
+    ActivationForwardKernel<<<GridFor(n), kThreads, 0, stream()>>>(act, DevicePtr<T>(x),
+                                                                   DevicePtr<T>(y), n);
+  });
+  NF_CUDA_RETURN_IF_LAUNCH_FAILED();
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::ActivationBackward(ops::Activation act, const Tensor& x, const Tensor& dy,
+                                             const Tensor& dx) {
+  const int64_t n = x.numel();
+  if (n == 0) return absl::OkStatus();
+  DispatchFloat(x.dtype(), [&]<typename T>() {
+    ActivationBackwardKernel<<<GridFor(n), kThreads, 0, stream()>>>(
+        act, DevicePtr<T>(x), DevicePtr<T>(dy), DevicePtr<T>(dx), n);
+  });
+  NF_CUDA_RETURN_IF_LAUNCH_FAILED();
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::Dropout(const Tensor& x, const Tensor& y, const ops::DropoutSpec& spec) {
+  if (spec.p == 0.0f) return Cast(x, y);
+  const int64_t rows = ops::Rows(x), cols = ops::Cols(x);
+  if (rows == 0 || cols == 0) return absl::OkStatus();
+  const int64_t groups = rows * (((spec.col_offset + cols - 1) >> 2) - (spec.col_offset >> 2) + 1);
+  DispatchFloat(x.dtype(), [&]<typename T>() {
+    DropoutKernel<<<GridFor(groups), kThreads, 0, stream()>>>(
+        DevicePtr<T>(x), DevicePtr<T>(y), rows, cols, spec, DropoutThreshold(spec.p),
+        1.0f / (1.0f - spec.p));
+  });
+  NF_CUDA_RETURN_IF_LAUNCH_FAILED();
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::Cast(const Tensor& src, const Tensor& dst) {
+  const int64_t n = src.numel();
+  if (n == 0) return absl::OkStatus();
+  if (src.dtype() == dst.dtype()) {
+    if (src.raw_data() == dst.raw_data()) return absl::OkStatus();
+    NF_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst.raw_data(), src.raw_data(), src.nbytes(),
+                                            cudaMemcpyDeviceToDevice, stream()));
+    return absl::OkStatus();
+  }
+  DispatchFloat(src.dtype(), [&]<typename S>() {
+    DispatchFloat(dst.dtype(), [&]<typename D>() {
+      CastKernel<<<GridFor(n), kThreads, 0, stream()>>>(DevicePtr<S>(src), DevicePtr<D>(dst), n);
+    });
+  });
+  NF_CUDA_RETURN_IF_LAUNCH_FAILED();
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::Fill(const Tensor& x, float value) {
+  const int64_t n = x.numel();
+  if (n == 0) return absl::OkStatus();
+  auto fill = [&]<typename T>(T v) {
+    FillKernel<<<GridFor(n), kThreads, 0, stream()>>>(static_cast<T*>(x.raw_data()), v, n);
+  };
+  switch (x.dtype()) {
+    case DType::kF32:
+      fill(value);
+      break;
+    case DType::kF16:
+      fill(__float2half_rn(value));
+      break;
+    case DType::kBF16:
+      fill(__float2bfloat16_rn(value));
+      break;
+    case DType::kI32:
+      fill(static_cast<int32_t>(value));
+      break;
+    case DType::kI64:
+      fill(static_cast<int64_t>(value));
+      break;
+    case DType::kU16:
+      fill(static_cast<uint16_t>(value));
+      break;
+    case DType::kU8:
+      fill(static_cast<uint8_t>(value));
+      break;
+    case DType::kF64:
+      fill(static_cast<double>(value));
+      break;
+  }
+  NF_CUDA_RETURN_IF_LAUNCH_FAILED();
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::Scale(const Tensor& x, float alpha) {
+  const int64_t n = x.numel();
+  if (n == 0) return absl::OkStatus();
+  DispatchFloat(x.dtype(), [&]<typename T>() {
+    ScaleKernel<<<GridFor(n), kThreads, 0, stream()>>>(DevicePtr<T>(x), alpha, n);
+  });
+  NF_CUDA_RETURN_IF_LAUNCH_FAILED();
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::Axpy(float alpha, const Tensor& x, const Tensor& y) {
+  const int64_t n = x.numel();
+  if (n == 0) return absl::OkStatus();
+  DispatchFloat(x.dtype(), [&]<typename X>() {
+    DispatchFloat(y.dtype(), [&]<typename Y>() {
+      AxpyKernel<<<GridFor(n), kThreads, 0, stream()>>>(alpha, DevicePtr<X>(x), DevicePtr<Y>(y), n);
+    });
+  });
+  NF_CUDA_RETURN_IF_LAUNCH_FAILED();
+  return absl::OkStatus();
+}
+
+}  // namespace nf::cuda

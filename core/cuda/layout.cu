@@ -1,0 +1,135 @@
+// Per-channel scaling (NormFormer's head and residual scales) and the head layout permutation
+// on the GPU.
+#include "core/cuda/column_sums.cuh"
+#include "core/cuda/cuda_backend.h"
+#include "core/cuda/kernel_util.cuh"
+
+namespace nf::cuda {
+namespace {
+
+template <typename T, typename S>
+__global__ void ScaleChannelsKernel(const T* x, const S* scale, int64_t inner, int64_t channels,
+                                    T* y, int64_t n) {
+  NF_GRID_STRIDE_LOOP(i, n) {
+    y[i] = FromFloat<T>(ToFloat(x[i]) * ToFloat(scale[(i / inner) % channels]));
+  }
+}
+
+// dscale[c] += sum over outer and inner of dy * x, one block per channel: the head scales have
+// few channels, each summing batch * seq * head_dim products.
+template <typename T>
+__global__ void ChannelGradPerBlock(const T* x, const T* dy, int64_t outer, int64_t channels,
+                                    int64_t inner, float* dscale) {
+  __shared__ float scratch[32];
+  const int64_t c = blockIdx.x;
+  float sum = 0.0f;
+  for (int64_t j = threadIdx.x; j < outer * inner; j += blockDim.x) {
+    const int64_t i = ((j / inner) * channels + c) * inner + j % inner;
+    sum += ToFloat(dy[i]) * ToFloat(x[i]);
+  }
+  sum = BlockSum(sum, scratch);
+  if (threadIdx.x == 0) dscale[c] += sum;
+}
+
+// With inner == 1 (the residual scale, one channel per feature) x is [outer, channels]: a
+// column sum.
+template <typename T>
+struct ProductValue {
+  const T* x;
+  const T* dy;
+  int64_t cols;
+  __device__ Values<1> operator()(int64_t r, int64_t c) const {
+    const int64_t i = r * cols + c;
+    return {{ToFloat(dy[i]) * ToFloat(x[i])}};
+  }
+};
+
+// Copies between [batch, seq, heads, dim] (token order) and [batch, heads, seq, dim]; one
+// thread per element of the destination.
+template <typename T>
+__global__ void PermuteHeadsKernel(const T* src, T* dst, int64_t batch, int64_t heads, int64_t seq,
+                                   int64_t dim, bool to_heads) {
+  const int64_t n = batch * heads * seq * dim;
+  NF_GRID_STRIDE_LOOP(i, n) {
+    const int64_t d = i % dim;
+    int64_t rest = i / dim;
+    int64_t token_index, head_index;
+    if (to_heads) {  // i indexes [b, h, s, d]
+      const int64_t s = rest % seq;
+      rest /= seq;
+      const int64_t h = rest % heads, b = rest / heads;
+      head_index = i;
+      token_index = ((b * seq + s) * heads + h) * dim + d;
+      dst[head_index] = src[token_index];
+    } else {  // i indexes [b, s, h, d]
+      const int64_t h = rest % heads;
+      rest /= heads;
+      const int64_t s = rest % seq, b = rest / seq;
+      token_index = i;
+      head_index = ((b * heads + h) * seq + s) * dim + d;
+      dst[token_index] = src[head_index];
+    }
+  }
+}
+
+template <typename T>
+absl::Status PermuteHeads(cudaStream_t stream, const Tensor& four_d, const T* src, T* dst,
+                          bool to_heads) {
+  const int64_t n = four_d.numel();
+  if (n == 0) return absl::OkStatus();
+  PermuteHeadsKernel<<<GridFor(n), kThreads, 0, stream>>>(src, dst, four_d.dim(0), four_d.dim(1),
+                                                          four_d.dim(2), four_d.dim(3), to_heads);
+  NF_CUDA_RETURN_IF_LAUNCH_FAILED();
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status CudaBackend::ScaleChannels(const Tensor& x, const Tensor& scale, int64_t inner,
+                                        const Tensor& y) {
+  const int64_t n = x.numel();
+  if (n == 0) return absl::OkStatus();
+  DispatchFloat(x.dtype(), [&]<typename T>() {
+    DispatchFloat(scale.dtype(), [&]<typename S>() {
+      ScaleChannelsKernel<<<GridFor(n), kThreads, 0, stream()>>>(
+          DevicePtr<T>(x), DevicePtr<S>(scale), inner, scale.numel(), DevicePtr<T>(y), n);
+    });
+  });
+  NF_CUDA_RETURN_IF_LAUNCH_FAILED();
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::ScaleChannelsBackward(const Tensor& x, const Tensor& scale, int64_t inner,
+                                                const Tensor& dy, const Tensor& dx,
+                                                const Tensor& dscale) {
+  const int64_t channels = scale.numel();
+  if (x.numel() == 0) return absl::OkStatus();
+  const int64_t outer = x.numel() / (channels * inner);
+  // The scale gradient first: dx may overwrite dy.
+  NF_RETURN_IF_ERROR(DispatchFloat(x.dtype(), [&]<typename T>() -> absl::Status {
+    if (inner == 1) {
+      return AddColumnSums<1>(context_, outer, channels,
+                              ProductValue<T>{DevicePtr<T>(x), DevicePtr<T>(dy), channels},
+                              Outputs<1>{{dscale.data<float>()}});
+    }
+    ChannelGradPerBlock<<<static_cast<unsigned int>(channels), kThreads, 0, stream()>>>(
+        DevicePtr<T>(x), DevicePtr<T>(dy), outer, channels, inner, dscale.data<float>());
+    NF_CUDA_RETURN_IF_LAUNCH_FAILED();
+    return absl::OkStatus();
+  }));
+  return ScaleChannels(dy, scale, inner, dx);
+}
+
+absl::Status CudaBackend::SplitHeads(const Tensor& tokens, const Tensor& heads) {
+  return DispatchFloat(tokens.dtype(), [&]<typename T>() {
+    return PermuteHeads<T>(stream(), heads, DevicePtr<T>(tokens), DevicePtr<T>(heads), true);
+  });
+}
+
+absl::Status CudaBackend::MergeHeads(const Tensor& heads, const Tensor& tokens) {
+  return DispatchFloat(tokens.dtype(), [&]<typename T>() {
+    return PermuteHeads<T>(stream(), heads, DevicePtr<T>(heads), DevicePtr<T>(tokens), false);
+  });
+}
+
+}  // namespace nf::cuda

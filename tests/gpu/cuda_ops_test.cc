@@ -1,0 +1,343 @@
+// Every op of the CUDA backend against its CPU twin (core/cpu, itself tested against float64
+// references in tests/core), for fp32, fp16 and bf16 storage.
+//
+// Tolerances are relative to the largest magnitude of the CPU result (ExpectTwinClose):
+// - kElementwise (4 u32): GPU erff/expf/tanhf are within 2 ulp of the true value, the CPU's
+//   within 1, and each side rounds once more.
+// - kReduction (2e-5): sums of up to a few hundred terms in a different order, each side
+//   within n * u32 of the exact sum relative to the sum of magnitudes, which stays within a
+//   small multiple of the result's largest magnitude for these inputs.
+// - plus 2 u(dtype) for 16-bit results: a sum that differs in its last fp32 bits can round to
+//   the neighbouring fp16/bf16 value (one ulp = 2 u, relative).
+// Dropout masks, permutations and copies must be identical bit for bit.
+#include <cmath>
+#include <limits>
+
+#include "core/cuda/caching_allocator.h"
+#include "core/status.h"
+#include "gmock/gmock.h"
+#include "gpu_test_util.h"
+
+namespace nf {
+namespace {
+
+using testing::ExpectTwinClose;
+using testing::ExpectTwinIdentical;
+using testing::kGpu;
+using testing::MakeIds;
+using testing::MakeTwin;
+using testing::RandomTwin;
+using testing::Twin;
+using testing::UnitRoundoff;
+using testing::ZerosTwin;
+
+constexpr double kElementwise = 4 * testing::kU32;
+constexpr double kReduction = 2e-5;
+
+double Tol(DType dtype, double fp32_tol) { return fp32_tol + 2 * UnitRoundoff(dtype); }
+
+// Runs `op` once with the CPU tensors and once with the GPU tensors of the twins.
+template <typename Op>
+void OnBoth(Op&& op) {
+  const absl::Status cpu = op([](const Twin& t) { return t.cpu; });
+  ASSERT_TRUE(cpu.ok()) << cpu;
+  const absl::Status gpu = op([](const Twin& t) { return t.gpu; });
+  ASSERT_TRUE(gpu.ok()) << gpu;
+}
+
+class CudaOpsTest : public ::testing::TestWithParam<DType> {
+ protected:
+  void SetUp() override { NF_REQUIRE_GPU(); }
+  DType dtype() const { return GetParam(); }
+};
+
+TEST_P(CudaOpsTest, GemmAllTranspositionsAndBatches) {
+  const int64_t m = 37, k = 53, n = 29;
+  for (bool trans_a : {false, true}) {
+    for (bool trans_b : {false, true}) {
+      Twin a = RandomTwin(dtype(), trans_a ? Shape{k, m} : Shape{m, k}, 1);
+      Twin b = RandomTwin(dtype(), trans_b ? Shape{n, k} : Shape{k, n}, 2);
+      Twin c = RandomTwin(dtype(), {m, n}, 3);
+      OnBoth([&](auto on) {
+        return ops::Gemm({on(a), on(b), on(c), trans_a, trans_b, 0.5f, 1.0f});
+      });
+      ExpectTwinClose(c, Tol(dtype(), kReduction), "Gemm");
+    }
+  }
+  // Batched A with a B shared by every batch (the attention-free layers never need it, the
+  // op table allows it), into fp32 C accumulating (main grads).
+  Twin a = RandomTwin(dtype(), {3, m, k}, 4);
+  Twin b = RandomTwin(dtype(), {k, n}, 5);
+  Twin c = RandomTwin(DType::kF32, {3, m, n}, 6);
+  OnBoth([&](auto on) { return ops::Gemm({on(a), on(b), on(c), false, false, 1.0f, 1.0f}); });
+  ExpectTwinClose(c, kReduction, "batched Gemm into fp32");
+}
+
+TEST_P(CudaOpsTest, BiasAndActivations) {
+  Twin x = RandomTwin(dtype(), {300, 70}, 7, -3.0f, 3.0f);
+  Twin bias = RandomTwin(dtype(), {70}, 8);
+  OnBoth([&](auto on) { return ops::AddBias(on(x), on(bias)); });
+  ExpectTwinClose(x, Tol(dtype(), kElementwise), "AddBias");
+
+  Twin dbias = RandomTwin(DType::kF32, {70}, 9);
+  OnBoth([&](auto on) { return ops::BiasBackward(on(x), on(dbias)); });
+  ExpectTwinClose(dbias, kReduction, "BiasBackward");
+
+  for (ops::Activation act :
+       {ops::Activation::kGelu, ops::Activation::kGeluTanh, ops::Activation::kReluSquared}) {
+    Twin y = ZerosTwin(dtype(), {300, 70});
+    Twin dy = RandomTwin(dtype(), {300, 70}, 10);
+    Twin dx = ZerosTwin(dtype(), {300, 70});
+    OnBoth([&](auto on) { return ops::ActivationForward(act, on(x), on(y)); });
+    OnBoth([&](auto on) { return ops::ActivationBackward(act, on(x), on(dy), on(dx)); });
+    ExpectTwinClose(y, Tol(dtype(), kElementwise), "ActivationForward");
+    ExpectTwinClose(dx, Tol(dtype(), kElementwise), "ActivationBackward");
+  }
+}
+
+TEST_P(CudaOpsTest, DropoutMasksAreTheCpus) {
+  // 37 columns starting at global column 6: groups of four columns straddle the shard edges.
+  Twin x = RandomTwin(dtype(), {20, 37}, 11);
+  Twin y = ZerosTwin(dtype(), {20, 37});
+  const ops::DropoutSpec spec{.p = 0.3f,
+                              .seed = 17,
+                              .site = 5,
+                              .first_sample = 9,
+                              .seq_len = 5,
+                              .col_offset = 6,
+                              .head_offset = 0};
+  OnBoth([&](auto on) { return ops::Dropout(on(x), on(y), spec); });
+  ExpectTwinIdentical(y, "Dropout");
+}
+
+TEST_P(CudaOpsTest, ChannelScalesAndHeadLayout) {
+  for (int64_t inner : {1, 16}) {
+    Twin x = RandomTwin(dtype(), {6, 12, inner}, 12);
+    Twin scale = RandomTwin(dtype(), {12}, 13, 0.5f, 1.5f);
+    Twin y = ZerosTwin(dtype(), {6, 12, inner});
+    Twin dy = RandomTwin(dtype(), {6, 12, inner}, 14);
+    Twin dx = ZerosTwin(dtype(), {6, 12, inner});
+    Twin dscale = RandomTwin(DType::kF32, {12}, 15);
+    OnBoth([&](auto on) { return ops::ScaleChannels(on(x), on(scale), inner, on(y)); });
+    OnBoth([&](auto on) {
+      return ops::ScaleChannelsBackward(on(x), on(scale), inner, on(dy), on(dx), on(dscale));
+    });
+    ExpectTwinClose(y, Tol(dtype(), kElementwise), "ScaleChannels");
+    ExpectTwinClose(dx, Tol(dtype(), kElementwise), "ScaleChannelsBackward dx");
+    ExpectTwinClose(dscale, kReduction, "ScaleChannelsBackward dscale");
+  }
+  Twin tokens = RandomTwin(dtype(), {2 * 7, 3 * 8}, 16);
+  Twin heads = ZerosTwin(dtype(), {2, 3, 7, 8});
+  Twin back = ZerosTwin(dtype(), {2 * 7, 3 * 8});
+  OnBoth([&](auto on) { return ops::SplitHeads(on(tokens), on(heads)); });
+  OnBoth([&](auto on) { return ops::MergeHeads(on(heads), on(back)); });
+  ExpectTwinIdentical(heads, "SplitHeads");
+  ExpectTwinIdentical(back, "MergeHeads");
+}
+
+TEST_P(CudaOpsTest, LayerNormLocalAndTensorParallel) {
+  for (int64_t cols : {96, 300}) {
+    const int64_t rows = 130;
+    Twin x = RandomTwin(dtype(), {rows, cols}, 17, -2.0f, 4.0f);
+    Twin w = RandomTwin(dtype(), {cols}, 18, 0.5f, 1.5f);
+    Twin b = RandomTwin(dtype(), {cols}, 19);
+    Twin y = ZerosTwin(dtype(), {rows, cols});
+    Twin mean = ZerosTwin(DType::kF32, {rows});
+    Twin rstd = ZerosTwin(DType::kF32, {rows});
+    OnBoth([&](auto on) {
+      return ops::LayerNormForward({on(x), on(w), on(b), on(y), on(mean), on(rstd), 1e-5f});
+    });
+    ExpectTwinClose(y, Tol(dtype(), kReduction), "LayerNormForward y");
+    ExpectTwinClose(rstd, kReduction, "LayerNormForward rstd");
+
+    Twin dy = RandomTwin(dtype(), {rows, cols}, 20);
+    Twin dx = ZerosTwin(dtype(), {rows, cols});
+    Twin dw = ZerosTwin(DType::kF32, {cols});
+    Twin db = ZerosTwin(DType::kF32, {cols});
+    OnBoth([&](auto on) {
+      return ops::LayerNormBackward(
+          {on(dy), on(x), on(w), on(mean), on(rstd), on(dx), on(dw), on(db)});
+    });
+    ExpectTwinClose(dx, Tol(dtype(), kReduction), "LayerNormBackward dx");
+    ExpectTwinClose(dw, kReduction, "LayerNormBackward dweight");
+    ExpectTwinClose(db, kReduction, "LayerNormBackward dbias");
+
+    // The tensor-parallel path as one rank of a group of one: partial statistics are the
+    // global ones.
+    Twin stats = ZerosTwin(DType::kF64, {rows, 2});
+    Twin sums = ZerosTwin(DType::kF32, {rows, 2});
+    OnBoth([&](auto on) {
+      NF_RETURN_IF_ERROR(ops::LayerNormPartialStats(on(x), on(stats)));
+      NF_RETURN_IF_ERROR(ops::LayerNormForwardFromStats(
+          {on(x), on(w), on(b), on(y), on(mean), on(rstd), 1e-5f}, on(stats), cols));
+      const ops::LayerNormBackwardArgs args{on(dy),   on(x),  on(w),  on(mean),
+                                            on(rstd), on(dx), on(dw), on(db)};
+      NF_RETURN_IF_ERROR(ops::LayerNormBackwardPartialSums(args, on(sums)));
+      return ops::LayerNormBackwardFromSums(args, on(sums), cols);
+    });
+    ExpectTwinClose(stats, kReduction, "LayerNormPartialStats");
+    ExpectTwinClose(y, Tol(dtype(), kReduction), "LayerNormForwardFromStats");
+    ExpectTwinClose(sums, kReduction, "LayerNormBackwardPartialSums");
+    ExpectTwinClose(dx, Tol(dtype(), kReduction), "LayerNormBackwardFromSums dx");
+    ExpectTwinClose(dw, kReduction, "LayerNormBackwardFromSums dweight");
+  }
+}
+
+TEST_P(CudaOpsTest, SoftmaxWithAMaskedRow) {
+  Tensor host = testing::MakeTensor(dtype(), {4, 50}, testing::RandomFloats(200, 21, -4, 4));
+  std::vector<float> values = ToFloatVector(host).value();
+  for (int c = 0; c < 50; ++c) values[50 + c] = -std::numeric_limits<float>::infinity();
+  Twin x = MakeTwin(testing::MakeTensor(dtype(), {4, 50}, values));
+  Twin y = ZerosTwin(dtype(), {4, 50});
+  Twin dy = RandomTwin(dtype(), {4, 50}, 22);
+  Twin dx = ZerosTwin(dtype(), {4, 50});
+  OnBoth([&](auto on) { return ops::SoftmaxForward(on(x), on(y)); });
+  OnBoth([&](auto on) { return ops::SoftmaxBackward(on(y), on(dy), on(dx)); });
+  ExpectTwinClose(y, Tol(dtype(), kReduction), "SoftmaxForward");
+  ExpectTwinClose(dx, Tol(dtype(), kReduction), "SoftmaxBackward");
+}
+
+TEST_P(CudaOpsTest, CausalAttentionWithDropout) {
+  // seq 45 spans two 32-key tiles and ends inside a block of 8 rows; head_dim 80 leaves part of
+  // the third 32-wide chunk empty (the 2.7B model's head size).
+  for (int64_t dim : {64, 80}) {
+    const Shape shape{2, 3, 45, dim};
+    Twin q = RandomTwin(dtype(), shape, 23), k = RandomTwin(dtype(), shape, 24);
+    Twin v = RandomTwin(dtype(), shape, 25), dout = RandomTwin(dtype(), shape, 26);
+    Twin out = ZerosTwin(dtype(), shape), lse = ZerosTwin(DType::kF32, {2, 3, 45});
+    Twin dq = ZerosTwin(dtype(), shape), dk = ZerosTwin(dtype(), shape);
+    Twin dv = ZerosTwin(dtype(), shape);
+    const ops::DropoutSpec dropout{.p = 0.1f,
+                                   .seed = 3,
+                                   .site = 9,
+                                   .first_sample = 7,
+                                   .seq_len = 1,
+                                   .col_offset = 0,
+                                   .head_offset = 2};
+    const float scale = 1.0f / std::sqrt(static_cast<float>(dim));
+    OnBoth([&](auto on) {
+      NF_RETURN_IF_ERROR(
+          ops::AttentionForward({on(q), on(k), on(v), on(out), on(lse), scale, dropout}));
+      return ops::AttentionBackward({on(q), on(k), on(v), on(out), on(lse), on(dout), on(dq),
+                                     on(dk), on(dv), scale, dropout});
+    });
+    ExpectTwinClose(out, Tol(dtype(), kReduction), "AttentionForward out");
+    ExpectTwinClose(lse, kReduction, "AttentionForward lse");
+    ExpectTwinClose(dq, Tol(dtype(), kReduction), "AttentionBackward dq");
+    ExpectTwinClose(dk, Tol(dtype(), kReduction), "AttentionBackward dk");
+    ExpectTwinClose(dv, Tol(dtype(), kReduction), "AttentionBackward dv");
+  }
+}
+
+TEST_P(CudaOpsTest, VocabParallelEmbeddingAndCrossEntropy) {
+  // This rank holds global ids [40, 72) of a 100-word vocabulary padded to 104.
+  const std::vector<int32_t> ids = {41, 3, 41, 71, 99, 40, 41, 55, 3, 70};
+  Twin id_twin = MakeTwin(MakeIds({10}, ids));
+  Twin table = RandomTwin(dtype(), {32, 24}, 27);
+  Twin out = ZerosTwin(dtype(), {10, 24});
+  Twin dout = RandomTwin(dtype(), {10, 24}, 28);
+  Twin dtable = RandomTwin(DType::kF32, {32, 24}, 29);
+  OnBoth([&](auto on) {
+    NF_RETURN_IF_ERROR(ops::EmbeddingForward({on(id_twin), on(table), on(out), 40, 100}));
+    return ops::EmbeddingBackward(on(id_twin), on(dout), on(dtable), 40);
+  });
+  ExpectTwinIdentical(out, "EmbeddingForward");
+  ExpectTwinClose(dtable, kReduction, "EmbeddingBackward");
+
+  // Logits for global columns [64, 104) of a 100-word vocabulary: the last 4 are padding.
+  const std::vector<int32_t> targets = {64, 99, 5, -1, 70, 100 - 1, 0, 66};
+  Twin target_twin = MakeTwin(MakeIds({8}, targets));
+  Twin logits = RandomTwin(dtype(), {8, 40}, 30, -5.0f, 5.0f);
+  Twin row_max = ZerosTwin(DType::kF32, {8}), sum_exp = ZerosTwin(DType::kF32, {8});
+  Twin target_logit = ZerosTwin(DType::kF32, {8}), loss = ZerosTwin(DType::kF32, {8});
+  Twin dloss = RandomTwin(DType::kF32, {8}, 31);
+  Twin dlogits = ZerosTwin(dtype(), {8, 40});
+  OnBoth([&](auto on) {
+    const ops::CrossEntropyArgs args{on(logits), on(target_twin), 64, 100};
+    NF_RETURN_IF_ERROR(ops::CrossEntropyRowMax(args, on(row_max)));
+    NF_RETURN_IF_ERROR(ops::CrossEntropySumExp(args, on(row_max), on(sum_exp), on(target_logit)));
+    NF_RETURN_IF_ERROR(ops::CrossEntropyLoss(on(target_twin), on(row_max), on(sum_exp),
+                                             on(target_logit), on(loss)));
+    return ops::CrossEntropyBackward(args, on(row_max), on(sum_exp), on(dloss), on(dlogits));
+  });
+  ExpectTwinIdentical(row_max, "CrossEntropyRowMax");
+  ExpectTwinClose(sum_exp, kReduction, "CrossEntropySumExp");
+  ExpectTwinIdentical(target_logit, "CrossEntropySumExp target logit");
+  ExpectTwinClose(loss, kReduction, "CrossEntropyLoss");
+  ExpectTwinClose(dlogits, Tol(dtype(), kReduction), "CrossEntropyBackward");
+}
+
+TEST_P(CudaOpsTest, CastsFillsAndBlasOne) {
+  Twin x = RandomTwin(dtype(), {1000}, 32, -100.0f, 100.0f);
+  for (DType to : {DType::kF32, DType::kF16, DType::kBF16}) {
+    Twin y = ZerosTwin(to, {1000});
+    OnBoth([&](auto on) { return ops::Cast(on(x), on(y)); });
+    ExpectTwinIdentical(y, "Cast");  // one round-to-nearest-even on both sides
+  }
+  Twin y = RandomTwin(dtype(), {1000}, 33);
+  OnBoth([&](auto on) {
+    NF_RETURN_IF_ERROR(ops::Scale(on(y), 0.37f));
+    return ops::Axpy(-1.5f, on(x), on(y));
+  });
+  ExpectTwinClose(y, Tol(dtype(), kElementwise), "Scale, Axpy");
+  OnBoth([&](auto on) { return ops::Fill(on(y), 2.5f); });
+  ExpectTwinIdentical(y, "Fill");
+}
+
+INSTANTIATE_TEST_SUITE_P(Dtypes, CudaOpsTest,
+                         ::testing::Values(DType::kF32, DType::kF16, DType::kBF16),
+                         [](const auto& info) { return std::string(DTypeName(info.param)); });
+
+TEST(CudaOptimizerTest, AdamWUnscaleAndNormMatchTheCpu) {
+  NF_REQUIRE_GPU();
+  const int64_t n = 100000;  // several blocks of the norm's first pass
+  Twin params = RandomTwin(DType::kF32, {n}, 34), grads = RandomTwin(DType::kF32, {n}, 35);
+  Twin m = RandomTwin(DType::kF32, {n}, 36, 0.0f, 0.1f);
+  Twin v = RandomTwin(DType::kF32, {n}, 37, 0.0f, 0.1f);
+  OnBoth([&](auto on) {
+    return ops::AdamWStep(
+        {on(params), on(grads), on(m), on(v), 1e-3f, 0.9f, 0.98f, 1e-8f, 0.1f, 7});
+  });
+  ExpectTwinClose(params, kElementwise, "AdamW params");
+  ExpectTwinClose(v, kElementwise, "AdamW exp_avg_sq");
+
+  Twin norm = ZerosTwin(DType::kF32, {1});
+  OnBoth([&](auto on) { return ops::SquaredNorm(on(grads), on(norm)); });
+  ExpectTwinClose(norm, 1e-6, "SquaredNorm");  // both sum in double
+
+  Twin found = ZerosTwin(DType::kF32, {1});
+  OnBoth([&](auto on) { return ops::UnscaleAndCheck(on(grads), 0.5f, on(found)); });
+  ExpectTwinIdentical(grads, "UnscaleAndCheck grads");
+  ExpectTwinIdentical(found, "UnscaleAndCheck with finite grads");
+  Tensor overflow = testing::MakeTensor(DType::kF32, {3}, {1.0f, 3e38f, 2.0f});
+  Twin big = MakeTwin(overflow);
+  OnBoth([&](auto on) { return ops::UnscaleAndCheck(on(big), 4.0f, on(found)); });
+  ExpectTwinIdentical(found, "UnscaleAndCheck with an overflow");
+}
+
+TEST(CudaFaultTest, BadTokenIdIsReportedAtSynchronize) {
+  NF_REQUIRE_GPU();
+  Twin ids = MakeTwin(MakeIds({3}, {1, 7, 2}));
+  Twin table = RandomTwin(DType::kF32, {5, 4}, 38);
+  Twin out = ZerosTwin(DType::kF32, {3, 4});
+  const absl::Status cpu = ops::EmbeddingForward({ids.cpu, table.cpu, out.cpu, 0, 5});
+  ASSERT_TRUE(ops::EmbeddingForward({ids.gpu, table.gpu, out.gpu, 0, 5}).ok());
+  const absl::Status gpu = ops::Synchronize(kGpu);
+  EXPECT_EQ(gpu, cpu);  // the same message: "token id 7 at position 1 is outside [0, 5)"
+  EXPECT_TRUE(ops::Synchronize(kGpu).ok()) << "a reported fault is cleared";
+}
+
+TEST(CudaAllocatorTest, FreedBlocksAreReusedWithoutCudaMalloc) {
+  NF_REQUIRE_GPU();
+  auto* allocator = static_cast<cuda::CachingAllocator*>(*ops::AllocatorFor(kGpu));
+  { auto warm = Tensor::Empty(DType::kF32, {12345}, *allocator); }
+  const int64_t mallocs = allocator->stats().cuda_mallocs;
+  for (int i = 0; i < 10; ++i) {
+    auto t = Tensor::Empty(DType::kF32, {12345}, *allocator);
+    ASSERT_TRUE(t.ok());
+  }
+  EXPECT_EQ(allocator->stats().cuda_mallocs, mallocs);
+}
+
+}  // namespace
+}  // namespace nf
