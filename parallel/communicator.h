@@ -71,7 +71,8 @@ class Communicator {
   virtual const std::string& name() const = 0;
 
   // In place over all ranks of the group: tensor = op over the ranks' tensors (f32, f64,
-  // f16, bf16, i32, i64; f16/bf16 are reduced in fp32 and rounded once).
+  // f16, bf16, i32, i64; f16/bf16 are reduced in fp32 and rounded once, except by NCCL, which
+  // rounds at every hop: nccl_communicator.h).
   virtual absl::Status AllReduce(const Tensor& tensor, ReduceOp op) = 0;
   virtual absl::StatusOr<std::unique_ptr<CommHandle>> AllReduceAsync(const Tensor& tensor,
                                                                      ReduceOp op) = 0;

@@ -223,6 +223,31 @@ absl::StatusOr<std::unique_ptr<MpiCommunicator>> MpiCommunicator::Split(int colo
   return Adopt(comm, std::move(name), options_);
 }
 
+absl::Status MpiCommunicator::BroadcastBytes(absl::Span<uint8_t> bytes, int root) const {
+  if (bytes.size() > INT_MAX) {
+    return absl::InvalidArgumentError(absl::StrCat("broadcast of ", bytes.size(),
+                                                   " bytes on group ", group_->name,
+                                                   ": more than an MPI count holds"));
+  }
+  MPI_Request request = MPI_REQUEST_NULL;
+  const int rc =
+      MPI_Ibcast(bytes.data(), static_cast<int>(bytes.size()), MPI_UINT8_T, root, comm_, &request);
+  if (rc != MPI_SUCCESS) return MpiError("broadcast", group_->name, rc, "MPI_Ibcast of bytes");
+  return WaitForRequest(&request, "broadcast", group_->name, group_->world_ranks, rank_,
+                        options_.watchdog);
+}
+
+absl::StatusOr<int> MpiCommunicator::MaxOverGroup(int value) const {
+  int result = value;
+  MPI_Request request = MPI_REQUEST_NULL;
+  const int rc = MPI_Iallreduce(MPI_IN_PLACE, &result, 1, MPI_INT, MPI_MAX, comm_, &request);
+  if (rc != MPI_SUCCESS)
+    return MpiError("all_reduce", group_->name, rc, "MPI_Iallreduce of an int");
+  NF_RETURN_IF_ERROR(WaitForRequest(&request, "all_reduce", group_->name, group_->world_ranks,
+                                    rank_, options_.watchdog));
+  return result;
+}
+
 MpiCommunicator::~MpiCommunicator() {
   // After MPI_Finalize (a communicator destroyed by a static destructor at exit) there is
   // nothing left to free.
@@ -427,7 +452,7 @@ absl::StatusOr<std::unique_ptr<CommHandle>> MpiCommunicator::ReduceScatterAsync(
 }
 
 absl::StatusOr<std::unique_ptr<CommHandle>> MpiCommunicator::AllGatherAsync(const Tensor& input,
-                                                                           const Tensor& output) {
+                                                                            const Tensor& output) {
   NF_ASSIGN_OR_RETURN(auto pending, StartAllGather(input, output));
   return std::unique_ptr<CommHandle>(std::move(pending));
 }

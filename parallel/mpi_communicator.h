@@ -20,11 +20,13 @@
 
 #include <mpi.h>
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "parallel/communicator.h"
 #include "parallel/watchdog.h"
 
@@ -78,6 +80,15 @@ class MpiCommunicator final : public Communicator {
   absl::StatusOr<std::unique_ptr<CommHandle>> SendAsync(const Tensor& tensor, int peer) override;
   absl::StatusOr<std::unique_ptr<CommHandle>> RecvAsync(const Tensor& tensor, int peer) override;
   absl::Status Barrier() override;
+
+  // For building other communicators over the same ranks (the NCCL communicator's unique id
+  // and its agreement that every rank could set up its device): collective over this group,
+  // waited for under the watchdog, and not counted in stats(), which hold the training's
+  // traffic only.
+  // `bytes` of `root` to every rank.
+  absl::Status BroadcastBytes(absl::Span<uint8_t> bytes, int root) const;
+  // The largest `value` over the ranks.
+  absl::StatusOr<int> MaxOverGroup(int value) const;
 
   MPI_Comm comm() const { return comm_; }
   // The world rank of each member, by rank in this group.

@@ -60,6 +60,12 @@ std::string WatchdogReport(absl::string_view rank_label, const WaitTarget& targe
 
 absl::Status WaitUnderWatchdog(absl::FunctionRef<absl::StatusOr<bool>()> poll,
                                const WaitTarget& target, const WatchdogOptions& options) {
+  return WaitUnderWatchdog(poll, target, options, [] {});
+}
+
+absl::Status WaitUnderWatchdog(absl::FunctionRef<absl::StatusOr<bool>()> poll,
+                               const WaitTarget& target, const WatchdogOptions& options,
+                               absl::FunctionRef<void()> before_abort) {
   using Clock = std::chrono::steady_clock;
   const Clock::time_point deadline = Clock::now() + absl::ToChronoNanoseconds(options.timeout);
   // Most operations complete within a few polls; only then start sleeping, doubling the nap
@@ -75,6 +81,7 @@ absl::Status WaitUnderWatchdog(absl::FunctionRef<absl::StatusOr<bool>()> poll,
           absl::StrCat(WatchdogReport(RankLabel(), target, options.timeout, CurrentStep()), "\n");
       // One write, so the line stays whole among the other ranks' output.
       std::fwrite(line.data(), 1, line.size(), stderr);
+      before_abort();
       AbortJob(options.exit_code);
     }
     if (polls >= kSpins) {

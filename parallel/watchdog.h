@@ -62,5 +62,11 @@ std::string WatchdogReport(absl::string_view rank_label, const WaitTarget& targe
 // options.timeout passes first, writes the report to stderr and calls AbortJob.
 absl::Status WaitUnderWatchdog(absl::FunctionRef<absl::StatusOr<bool>()> poll,
                                const WaitTarget& target, const WatchdogOptions& options);
+// The same, calling `before_abort` between the report and AbortJob: the NCCL communicator
+// aborts its NCCL communicator there (ncclCommAbort), which stops the kernels still waiting for
+// absent peers and NCCL's proxy threads before the job goes down (DESIGN section 5).
+absl::Status WaitUnderWatchdog(absl::FunctionRef<absl::StatusOr<bool>()> poll,
+                               const WaitTarget& target, const WatchdogOptions& options,
+                               absl::FunctionRef<void()> before_abort);
 
 }  // namespace nf::parallel

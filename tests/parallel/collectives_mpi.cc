@@ -177,6 +177,23 @@ TEST(MpiCommunicatorTest, BroadcastCopiesTheRootsTensor) {
   }
 }
 
+// The helpers other communicators are set up with (the NCCL id, agreeing that every rank is
+// ready) move bytes and ints without counting them as the training's traffic.
+TEST(MpiCommunicatorTest, SetupHelpersBroadcastBytesAndTakeTheMaxUncounted) {
+  MpiCommunicator& world = World();
+  const int root = world.size() - 1;
+  const CommStats before = world.stats();
+  std::vector<uint8_t> bytes(5, 0);
+  if (world.rank() == root) bytes = {1, 2, 3, 250, 5};
+  ASSERT_TRUE(world.BroadcastBytes(absl::MakeSpan(bytes), root).ok());
+  EXPECT_THAT(bytes, ElementsAreArray({1, 2, 3, 250, 5}));
+  const absl::StatusOr<int> max = world.MaxOverGroup(world.rank() * 3 - 1);
+  ASSERT_TRUE(max.ok()) << max.status();
+  EXPECT_EQ(*max, root * 3 - 1);
+  EXPECT_EQ(world.stats().bytes, before.bytes);
+  EXPECT_EQ(world.stats().calls, before.calls);
+}
+
 TEST(MpiCommunicatorTest, SendRecvAroundTheRing) {
   MpiCommunicator& world = World();
   const int n = world.size(), r = world.rank();

@@ -4,6 +4,8 @@
 // watchdog_probe_mpi.cc, run by expect_failure.sh.
 #include "parallel/watchdog.h"
 
+#include <cstdio>
+
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -77,6 +79,20 @@ TEST(WatchdogDeathTest, ExpiryPrintsTheReportAndExitsWithTheCode) {
   EXPECT_EXIT((void)WaitUnderWatchdog(never_done, target,
                                       {.timeout = absl::Milliseconds(50), .exit_code = 77}),
               ::testing::ExitedWithCode(77), "did not complete within 0.05s");
+}
+
+TEST(WatchdogDeathTest, ExpiryRunsTheHookAfterTheReportAndBeforeTheExit) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  const int ranks[] = {0, 1};
+  const WaitTarget target = {.operation = "barrier",
+                             .group = "world",
+                             .group_ranks = ranks,
+                             .peers = absl::MakeConstSpan(ranks + 1, 1)};
+  EXPECT_EXIT((void)WaitUnderWatchdog([]() -> absl::StatusOr<bool> { return false; }, target,
+                                      {.timeout = absl::Milliseconds(50)},
+                                      [] { std::fputs("hook ran\n", stderr); }),
+              ::testing::ExitedWithCode(kWatchdogExitCode),
+              "did not complete within 0.05s.*aborting the job\nhook ran");
 }
 
 }  // namespace

@@ -1,0 +1,489 @@
+#include "parallel/nccl_communicator.h"
+
+#include <array>
+#include <cstdint>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "core/status.h"
+#include "parallel/comm_checks.h"
+
+namespace nf::parallel {
+namespace {
+
+constexpr absl::string_view kCreate = "create NCCL communicator";
+
+absl::Status CudaError(cudaError_t error, absl::string_view operation, absl::string_view group,
+                       absl::string_view call) {
+  return absl::InternalError(absl::StrCat(operation, " on group ", group, ": ", call,
+                                          " failed: ", cudaGetErrorName(error), ": ",
+                                          cudaGetErrorString(error)));
+}
+
+absl::Status NcclError(ncclResult_t result, absl::string_view operation, absl::string_view group,
+                       absl::string_view call, ncclComm_t comm) {
+  // NCCL's last error names the failing system call or peer, which its result code does not.
+  const char* last = ncclGetLastError(comm);
+  const absl::StatusCode code = result == ncclInvalidArgument || result == ncclInvalidUsage
+                                    ? absl::StatusCode::kInvalidArgument
+                                    : absl::StatusCode::kInternal;
+  return absl::Status(
+      code,
+      absl::StrCat(
+          operation, " on group ", group, ": ", call, " failed: ", ncclGetErrorString(result),
+          last != nullptr && last[0] != '\0' ? absl::StrCat(" (", last, ")") : std::string()));
+}
+
+// Makes `device` the calling thread's current CUDA device for a scope: NCCL and the stream and
+// event calls act on the current device, and the caller's thread may be using another.
+class ScopedDevice {
+ public:
+  explicit ScopedDevice(int device) : device_(device) {
+    error_ = cudaGetDevice(&previous_);
+    if (error_ == cudaSuccess && previous_ != device_) error_ = cudaSetDevice(device_);
+  }
+  ~ScopedDevice() {
+    if (error_ == cudaSuccess && previous_ != device_) cudaSetDevice(previous_);
+  }
+  ScopedDevice(const ScopedDevice&) = delete;
+  ScopedDevice& operator=(const ScopedDevice&) = delete;
+
+  absl::Status status(absl::string_view operation, absl::string_view group) const {
+    if (error_ == cudaSuccess) return absl::OkStatus();
+    return CudaError(error_, operation, group, absl::StrCat("cudaSetDevice(", device_, ")"));
+  }
+
+ private:
+  int device_;
+  int previous_ = -1;
+  cudaError_t error_;
+};
+
+absl::string_view NcclCallName(CommOp op) {
+  switch (op) {
+    case CommOp::kAllReduce:
+      return "ncclAllReduce";
+    case CommOp::kReduceScatter:
+      return "ncclReduceScatter";
+    case CommOp::kAllGather:
+      return "ncclAllGather";
+    case CommOp::kBroadcast:
+      return "ncclBroadcast";
+    case CommOp::kSend:
+      return "ncclSend";
+    case CommOp::kRecv:
+      return "ncclRecv";
+    case CommOp::kBarrier:
+      return "ncclAllReduce (barrier)";
+    case CommOp::kCount:
+      break;
+  }
+  return "nccl";
+}
+
+std::string DescribeTensors(const std::vector<Tensor>& tensors) {
+  if (tensors.empty()) return "no tensor";
+  return absl::StrJoin(tensors, " -> ", [](std::string* out, const Tensor& t) {
+    absl::StrAppend(out, t.DebugString());
+  });
+}
+
+}  // namespace
+
+struct NcclCommunicator::State {
+  ~State() {
+    // Destroyed after the last handle: nothing is in flight. Errors are ignored, as at exit the
+    // CUDA runtime may already be unloading.
+    ScopedDevice on_device(device);
+    if (comm != nullptr) ncclCommDestroy(comm);
+    if (barrier_value != nullptr) cudaFree(barrier_value);
+    if (ready != nullptr) cudaEventDestroy(ready);
+    if (stream != nullptr) cudaStreamDestroy(stream);
+  }
+
+  std::string name;
+  std::vector<int> world_ranks;  // by group rank
+  std::vector<int> others;       // world_ranks without this rank: a collective's missing peers
+  int rank = 0;
+  int device = 0;
+  WatchdogOptions watchdog;
+  cudaStream_t compute = nullptr;
+  cudaStream_t stream = nullptr;  // communication
+  // Recorded on the compute stream and waited for by the communication stream at once at the
+  // start of each call; the wait captures the event as recorded then, so one event serves all.
+  cudaEvent_t ready = nullptr;
+  int32_t* barrier_value = nullptr;  // one device int, all-reduced by Barrier (max: stays 0)
+  // Null once aborted after an asynchronous NCCL error: a communicator in that state cannot
+  // be used again.
+  ncclComm_t comm = nullptr;
+};
+
+// An operation issued on the communication stream: the event that marks its completion and
+// the tensors it touches, kept alive (and named in errors) as long as the handle.
+class NcclPendingOp final : public CommHandle {
+ public:
+  NcclPendingOp(std::shared_ptr<NcclCommunicator::State> state, CommOp op,
+                std::vector<Tensor> tensors, int peer)
+      : state_(std::move(state)), op_(op), tensors_(std::move(tensors)) {
+    if (peer >= 0 && (op == CommOp::kSend || op == CommOp::kRecv)) {
+      peer_world_rank_ = state_->world_ranks[peer];
+    }
+  }
+
+  ~NcclPendingOp() override {
+    // NCCL may still write the tensors; waiting (under the watchdog) is the only safe end for
+    // a handle the caller dropped.
+    if (issued_ && !waited_) Wait().IgnoreError();
+    if (done_ != nullptr) {
+      ScopedDevice on_device(state_->device);
+      cudaEventDestroy(done_);
+    }
+  }
+
+  // The tensors, for errors ("f16[8] on cuda:0 -> f16[2] on cuda:0").
+  std::string Describe() const { return DescribeTensors(tensors_); }
+
+  absl::Status CreateEvent() {
+    const cudaError_t error = cudaEventCreateWithFlags(&done_, cudaEventDisableTiming);
+    if (error == cudaSuccess) return absl::OkStatus();
+    return CudaError(error, CommOpName(op_), state_->name, "cudaEventCreateWithFlags");
+  }
+
+  // Marks the operation's end on the communication stream; from then on it must be waited for.
+  absl::Status RecordDone() {
+    const cudaError_t error = cudaEventRecord(done_, state_->stream);
+    if (error != cudaSuccess) {
+      return CudaError(error, CommOpName(op_), state_->name,
+                       "cudaEventRecord on the communication stream");
+    }
+    issued_ = true;
+    return absl::OkStatus();
+  }
+
+  absl::Status Wait() override {
+    const absl::string_view operation = CommOpName(op_);
+    State& s = *state_;
+    if (waited_) {
+      return internal::CommError(absl::StatusCode::kFailedPrecondition, op_, s.name,
+                                 absl::StrCat("Wait() called twice on the handle of ", Describe()));
+    }
+    waited_ = true;
+    ScopedDevice on_device(s.device);
+    NF_RETURN_IF_ERROR(on_device.status(operation, s.name));
+    // The compute stream's later kernels see the result without the host in the way ...
+    cudaError_t error = cudaStreamWaitEvent(s.compute, done_, 0);
+    if (error != cudaSuccess) {
+      return CudaError(error, operation, s.name, "cudaStreamWaitEvent on the compute stream");
+    }
+    // ... and the host waits too, which puts the operation under the watchdog.
+    const int peer[1] = {peer_world_rank_};
+    NF_RETURN_IF_ERROR(
+        WaitUnderWatchdog([&]() -> absl::StatusOr<bool> { return Poll(); },
+                          {.operation = operation,
+                           .group = s.name,
+                           .group_ranks = s.world_ranks,
+                           .peers = peer_world_rank_ >= 0 ? absl::Span<const int>(peer)
+                                                          : absl::Span<const int>(s.others)},
+                          s.watchdog,
+                          [&s] {
+                            if (s.comm != nullptr) ncclCommAbort(s.comm);
+                          }));
+    return absl::OkStatus();
+  }
+
+ private:
+  using State = NcclCommunicator::State;
+
+  absl::StatusOr<bool> Poll() {
+    State& s = *state_;
+    const absl::string_view operation = CommOpName(op_);
+    const cudaError_t error = cudaEventQuery(done_);
+    if (error == cudaSuccess) return true;
+    if (error != cudaErrorNotReady) {
+      return CudaError(
+          error, operation, s.name,
+          absl::StrCat("cudaEventQuery after ", NcclCallName(op_), " of ", Describe()));
+    }
+    if (s.comm == nullptr) {
+      return internal::CommError(absl::StatusCode::kAborted, op_, s.name,
+                                 "the NCCL communicator was aborted after an earlier error");
+    }
+    ncclResult_t async = ncclSuccess;
+    const ncclResult_t result = ncclCommGetAsyncError(s.comm, &async);
+    if (result != ncclSuccess) {
+      return NcclError(result, operation, s.name, "ncclCommGetAsyncError", s.comm);
+    }
+    if (async == ncclSuccess || async == ncclInProgress) return false;
+    // NCCL's kernels may never finish after an asynchronous error; aborting the communicator
+    // stops them, and leaves it unusable (later calls say so).
+    absl::Status status = NcclError(async, operation, s.name,
+                                    absl::StrCat(NcclCallName(op_), " of ", Describe()), s.comm);
+    ncclCommAbort(s.comm);
+    s.comm = nullptr;
+    return status;
+  }
+
+  std::shared_ptr<State> state_;
+  CommOp op_;
+  std::vector<Tensor> tensors_;
+  int peer_world_rank_ = -1;
+  cudaEvent_t done_ = nullptr;
+  bool issued_ = false;
+  bool waited_ = false;
+};
+
+// ---- Creation -----------------------------------------------------------------------------------
+
+namespace {
+
+// This rank's half of creation, before any other rank is involved: the device exists, the
+// compute stream belongs to it, and the communication stream, event and barrier int exist.
+absl::Status PrepareDevice(NcclCommunicator::State& s) {
+  int count = 0;
+  cudaError_t error = cudaGetDeviceCount(&count);
+  if (error != cudaSuccess) return CudaError(error, kCreate, s.name, "cudaGetDeviceCount");
+  if (s.device < 0 || s.device >= count) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(kCreate, " on group ", s.name, ": device ", s.device, " is not one of the ",
+                     count, " CUDA devices of this process (cuda:0 to cuda:", count - 1, ")"));
+  }
+  ScopedDevice on_device(s.device);
+  NF_RETURN_IF_ERROR(on_device.status(kCreate, s.name));
+  if (s.compute != nullptr) {
+    int stream_device = -1;
+    error = cudaStreamGetDevice(s.compute, &stream_device);
+    if (error != cudaSuccess) {
+      return CudaError(error, kCreate, s.name, "cudaStreamGetDevice of the compute stream");
+    }
+    if (stream_device != s.device) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          kCreate, " on group ", s.name, ": the compute stream belongs to cuda:", stream_device,
+          ", not to the communicator's device cuda:", s.device));
+    }
+  }
+  error = cudaStreamCreateWithFlags(&s.stream, cudaStreamNonBlocking);
+  if (error != cudaSuccess) return CudaError(error, kCreate, s.name, "cudaStreamCreateWithFlags");
+  error = cudaEventCreateWithFlags(&s.ready, cudaEventDisableTiming);
+  if (error != cudaSuccess) return CudaError(error, kCreate, s.name, "cudaEventCreateWithFlags");
+  error = cudaMalloc(&s.barrier_value, sizeof(int32_t));
+  if (error != cudaSuccess) return CudaError(error, kCreate, s.name, "cudaMalloc of 4 bytes");
+  error = cudaMemset(s.barrier_value, 0, sizeof(int32_t));
+  if (error != cudaSuccess) return CudaError(error, kCreate, s.name, "cudaMemset");
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Create(
+    const MpiCommunicator& group, int device, cudaStream_t compute_stream, Options options) {
+  auto state = std::make_shared<State>();
+  state->name = group.name();
+  state->world_ranks = group.world_ranks();
+  state->others = state->world_ranks;
+  state->others.erase(state->others.begin() + group.rank());
+  state->rank = group.rank();
+  state->device = device;
+  state->watchdog = options.watchdog;
+  state->compute = compute_stream;
+
+  // Every rank learns whether every rank is ready before any enters ncclCommInitRank, which
+  // would wait inside NCCL, beyond the watchdog's reach, for a rank that gave up.
+  const absl::Status prepared = PrepareDevice(*state);
+  NF_ASSIGN_OR_RETURN(const int failed, group.MaxOverGroup(prepared.ok() ? 0 : 1));
+  if (!prepared.ok()) return prepared;
+  if (failed != 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(kCreate, " on group ", state->name,
+                     ": another rank could not set up its CUDA device (its error says why)"));
+  }
+
+  // Rank 0 makes the id; the first byte says whether it could.
+  std::array<uint8_t, 1 + sizeof(ncclUniqueId)> message{};
+  absl::Status id_status;
+  if (state->rank == 0) {
+    ncclUniqueId id;
+    const ncclResult_t result = ncclGetUniqueId(&id);
+    if (result == ncclSuccess) {
+      message[0] = 1;
+      std::memcpy(message.data() + 1, &id, sizeof(id));
+    } else {
+      id_status = NcclError(result, kCreate, state->name, "ncclGetUniqueId", nullptr);
+    }
+  }
+  NF_RETURN_IF_ERROR(group.BroadcastBytes(absl::MakeSpan(message), 0));
+  NF_RETURN_IF_ERROR(id_status);
+  if (message[0] != 1) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(kCreate, " on group ", state->name,
+                     ": rank 0 could not make the NCCL id (its error says why)"));
+  }
+  ncclUniqueId id;
+  std::memcpy(&id, message.data() + 1, sizeof(id));
+
+  ScopedDevice on_device(device);
+  NF_RETURN_IF_ERROR(on_device.status(kCreate, state->name));
+  const ncclResult_t result = ncclCommInitRank(&state->comm, group.size(), id, state->rank);
+  if (result != ncclSuccess) {
+    state->comm = nullptr;
+    return NcclError(result, kCreate, state->name,
+                     absl::StrCat("ncclCommInitRank on cuda:", device), nullptr);
+  }
+  return std::unique_ptr<NcclCommunicator>(new NcclCommunicator(std::move(state)));
+}
+
+NcclCommunicator::~NcclCommunicator() = default;
+
+int NcclCommunicator::rank() const { return state_->rank; }
+int NcclCommunicator::size() const { return static_cast<int>(state_->world_ranks.size()); }
+const std::string& NcclCommunicator::name() const { return state_->name; }
+int NcclCommunicator::device() const { return state_->device; }
+cudaStream_t NcclCommunicator::compute_stream() const { return state_->compute; }
+cudaStream_t NcclCommunicator::comm_stream() const { return state_->stream; }
+const std::vector<int>& NcclCommunicator::world_ranks() const { return state_->world_ranks; }
+
+// ---- Operations ---------------------------------------------------------------------------------
+
+internal::NcclCaller NcclCommunicator::Caller() const {
+  return {.group = state_->name, .rank = state_->rank, .size = size(), .device = state_->device};
+}
+
+absl::StatusOr<std::unique_ptr<NcclPendingOp>> NcclCommunicator::Start(
+    CommOp op, const absl::StatusOr<internal::NcclPlan>& plan, std::vector<Tensor> tensors) {
+  NF_RETURN_IF_ERROR(plan.status());
+  State& s = *state_;
+  const absl::string_view operation = CommOpName(op);
+  if (s.comm == nullptr) {
+    return internal::CommError(absl::StatusCode::kFailedPrecondition, op, s.name,
+                               "the NCCL communicator was aborted after an earlier error");
+  }
+  ScopedDevice on_device(s.device);
+  NF_RETURN_IF_ERROR(on_device.status(operation, s.name));
+  cudaError_t error = cudaEventRecord(s.ready, s.compute);
+  if (error != cudaSuccess) {
+    return CudaError(error, operation, s.name, "cudaEventRecord on the compute stream");
+  }
+  error = cudaStreamWaitEvent(s.stream, s.ready, 0);
+  if (error != cudaSuccess) {
+    return CudaError(error, operation, s.name, "cudaStreamWaitEvent on the communication stream");
+  }
+  auto pending = std::make_unique<NcclPendingOp>(state_, op, std::move(tensors), plan->peer);
+  NF_RETURN_IF_ERROR(pending->CreateEvent());
+
+  const internal::NcclPlan& p = *plan;
+  ncclResult_t result = ncclSuccess;
+  switch (op) {
+    case CommOp::kAllReduce:
+      result = ncclAllReduce(p.send, p.recv, p.count, p.type, p.reduce, s.comm, s.stream);
+      break;
+    case CommOp::kReduceScatter:
+      result = ncclReduceScatter(p.send, p.recv, p.count, p.type, p.reduce, s.comm, s.stream);
+      break;
+    case CommOp::kAllGather:
+      result = ncclAllGather(p.send, p.recv, p.count, p.type, s.comm, s.stream);
+      break;
+    case CommOp::kBroadcast:
+      result = ncclBroadcast(p.send, p.recv, p.count, p.type, p.peer, s.comm, s.stream);
+      break;
+    case CommOp::kSend:
+      result = ncclSend(p.send, p.count, p.type, p.peer, s.comm, s.stream);
+      break;
+    case CommOp::kRecv:
+      result = ncclRecv(p.recv, p.count, p.type, p.peer, s.comm, s.stream);
+      break;
+    case CommOp::kBarrier:
+      result =
+          ncclAllReduce(s.barrier_value, s.barrier_value, 1, ncclInt32, ncclMax, s.comm, s.stream);
+      break;
+    case CommOp::kCount:
+      break;
+  }
+  if (result != ncclSuccess) {
+    return NcclError(result, operation, s.name,
+                     absl::StrCat(NcclCallName(op), " of ", pending->Describe()), s.comm);
+  }
+  NF_RETURN_IF_ERROR(pending->RecordDone());
+  Count(op, p.bytes);
+  return pending;
+}
+
+absl::Status NcclCommunicator::AllReduce(const Tensor& tensor, ReduceOp op) {
+  NF_ASSIGN_OR_RETURN(auto pending, Start(CommOp::kAllReduce,
+                                          internal::PlanAllReduce(Caller(), tensor, op), {tensor}));
+  return pending->Wait();
+}
+
+absl::StatusOr<std::unique_ptr<CommHandle>> NcclCommunicator::AllReduceAsync(const Tensor& tensor,
+                                                                             ReduceOp op) {
+  NF_ASSIGN_OR_RETURN(auto pending, Start(CommOp::kAllReduce,
+                                          internal::PlanAllReduce(Caller(), tensor, op), {tensor}));
+  return std::unique_ptr<CommHandle>(std::move(pending));
+}
+
+absl::Status NcclCommunicator::ReduceScatter(const Tensor& input, const Tensor& output) {
+  NF_ASSIGN_OR_RETURN(auto pending, ReduceScatterAsync(input, output));
+  return pending->Wait();
+}
+
+absl::StatusOr<std::unique_ptr<CommHandle>> NcclCommunicator::ReduceScatterAsync(
+    const Tensor& input, const Tensor& output) {
+  NF_ASSIGN_OR_RETURN(auto pending,
+                      Start(CommOp::kReduceScatter,
+                            internal::PlanReduceScatter(Caller(), input, output), {input, output}));
+  return std::unique_ptr<CommHandle>(std::move(pending));
+}
+
+absl::Status NcclCommunicator::AllGather(const Tensor& input, const Tensor& output) {
+  NF_ASSIGN_OR_RETURN(auto pending, AllGatherAsync(input, output));
+  return pending->Wait();
+}
+
+absl::StatusOr<std::unique_ptr<CommHandle>> NcclCommunicator::AllGatherAsync(const Tensor& input,
+                                                                             const Tensor& output) {
+  NF_ASSIGN_OR_RETURN(
+      auto pending,
+      Start(CommOp::kAllGather, internal::PlanAllGather(Caller(), input, output), {input, output}));
+  return std::unique_ptr<CommHandle>(std::move(pending));
+}
+
+absl::Status NcclCommunicator::Broadcast(const Tensor& tensor, int root) {
+  NF_ASSIGN_OR_RETURN(
+      auto pending,
+      Start(CommOp::kBroadcast, internal::PlanBroadcast(Caller(), tensor, root), {tensor}));
+  return pending->Wait();
+}
+
+absl::Status NcclCommunicator::Send(const Tensor& tensor, int peer) {
+  NF_ASSIGN_OR_RETURN(auto pending, SendAsync(tensor, peer));
+  return pending->Wait();
+}
+
+absl::Status NcclCommunicator::Recv(const Tensor& tensor, int peer) {
+  NF_ASSIGN_OR_RETURN(auto pending, RecvAsync(tensor, peer));
+  return pending->Wait();
+}
+
+absl::StatusOr<std::unique_ptr<CommHandle>> NcclCommunicator::SendAsync(const Tensor& tensor,
+                                                                        int peer) {
+  NF_ASSIGN_OR_RETURN(
+      auto pending,
+      Start(CommOp::kSend, internal::PlanPointToPoint(Caller(), CommOp::kSend, tensor, peer),
+            {tensor}));
+  return std::unique_ptr<CommHandle>(std::move(pending));
+}
+
+absl::StatusOr<std::unique_ptr<CommHandle>> NcclCommunicator::RecvAsync(const Tensor& tensor,
+                                                                        int peer) {
+  NF_ASSIGN_OR_RETURN(
+      auto pending,
+      Start(CommOp::kRecv, internal::PlanPointToPoint(Caller(), CommOp::kRecv, tensor, peer),
+            {tensor}));
+  return std::unique_ptr<CommHandle>(std::move(pending));
+}
+
+absl::Status NcclCommunicator::Barrier() {
+  NF_ASSIGN_OR_RETURN(auto pending, Start(CommOp::kBarrier, internal::NcclPlan{}, {}));
+  return pending->Wait();
+}
+
+}  // namespace nf::parallel

@@ -1,0 +1,120 @@
+// NcclCommunicator: the Communicator of a group of ranks for tensors on one CUDA device each,
+// over NCCL. Built only with the CUDA backend (NF_WITH_CUDA). It is made from the
+// MpiCommunicator of the same ranks, which carries the NCCL unique id and names the group.
+//
+// Streams. NCCL works on the communicator's own stream (non-blocking with respect to the
+// legacy default stream). Every call first makes that stream wait for everything issued so far
+// on the compute stream given to Create (an event), so a collective reads what the kernels
+// before it wrote. A blocking call then makes the compute stream wait for the collective (an
+// event on the communication stream) and waits for it on the host under the watchdog (polling
+// the event and ncclCommGetAsyncError); an async call returns a handle whose Wait() does both.
+// Waiting on the host is what puts NCCL under the collective watchdog: on expiry the rank
+// prints the report, aborts its NCCL communicator (ncclCommAbort) and ends the job, as the MPI
+// communicator does.
+//
+// Precision. f32, f64, i32 and i64 reduce natively. fp16 and bf16 are reduced by NCCL in their
+// own precision, rounded at every hop of its ring or tree: unlike the MPI communicator (fp32,
+// one rounding), a sum over more than two ranks can lose the small contributions a single
+// rounding would keep, and its last bits can depend on NCCL's algorithm and the rank order. The
+// tests use values whose sums are exact in every precision, so they do not measure this. Data
+// movement (all-gather, broadcast, send, recv) copies bytes and takes every dtype.
+//
+// In place. AllReduce and Broadcast work in place. ReduceScatter's output may be this rank's
+// block of its input, and AllGather's input this rank's block of its output (NCCL's in-place
+// forms, ZeRO's gather); any other overlap of input and output is refused, where the MPI
+// communicator goes through a scratch copy.
+//
+// Point to point. Send and Recv are NCCL operations on the one communication stream, run in
+// issue order, and NCCL matches them in order between two ranks. A send need not complete
+// before the peer's receive runs (beyond NCCL's buffers it cannot), so two ranks that both issue
+// a send to each other before the matching receive can block each other; the watchdog reports
+// it. Pairing a step's sends and receives in one NCCL group is left to the pipeline executor. NCCL
+// does not check that both sides agree on the size: a receive of another size than the send is
+// a programming error that the MPI communicator reports and NCCL does not.
+//
+// A communicator is used by one thread at a time (communicator.h); handles may outlive it.
+#pragma once
+
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "parallel/communicator.h"
+#include "parallel/mpi_communicator.h"
+#include "parallel/nccl_plan.h"
+#include "parallel/watchdog.h"
+
+namespace nf::parallel {
+
+class NcclPendingOp;
+
+class NcclCommunicator final : public Communicator {
+ public:
+  struct Options {
+    WatchdogOptions watchdog;
+  };
+
+  // A communicator over the ranks of `group`, with its name and rank order, moving tensors on
+  // CUDA device `device` and ordered after `compute_stream` (a stream of that device; nullptr is
+  // the legacy default stream). Collective over `group`: the ranks first agree, under the
+  // watchdog, that each could set up its device and that rank 0 made the NCCL id, so a rank
+  // that fails there makes every rank return an error. ncclCommInitRank itself then blocks
+  // inside NCCL until every rank has joined.
+  static absl::StatusOr<std::unique_ptr<NcclCommunicator>> Create(const MpiCommunicator& group,
+                                                                  int device,
+                                                                  cudaStream_t compute_stream,
+                                                                  Options options = {});
+
+  ~NcclCommunicator() override;
+  NcclCommunicator(const NcclCommunicator&) = delete;
+  NcclCommunicator& operator=(const NcclCommunicator&) = delete;
+
+  int rank() const override;
+  int size() const override;
+  const std::string& name() const override;
+
+  absl::Status AllReduce(const Tensor& tensor, ReduceOp op) override;
+  absl::StatusOr<std::unique_ptr<CommHandle>> AllReduceAsync(const Tensor& tensor,
+                                                             ReduceOp op) override;
+  absl::Status ReduceScatter(const Tensor& input, const Tensor& output) override;
+  absl::StatusOr<std::unique_ptr<CommHandle>> ReduceScatterAsync(const Tensor& input,
+                                                                 const Tensor& output) override;
+  absl::Status AllGather(const Tensor& input, const Tensor& output) override;
+  absl::StatusOr<std::unique_ptr<CommHandle>> AllGatherAsync(const Tensor& input,
+                                                             const Tensor& output) override;
+  absl::Status Broadcast(const Tensor& tensor, int root) override;
+  absl::Status Send(const Tensor& tensor, int peer) override;
+  absl::Status Recv(const Tensor& tensor, int peer) override;
+  absl::StatusOr<std::unique_ptr<CommHandle>> SendAsync(const Tensor& tensor, int peer) override;
+  absl::StatusOr<std::unique_ptr<CommHandle>> RecvAsync(const Tensor& tensor, int peer) override;
+  // An all-reduce of one int on the device: returns when every rank has reached it.
+  absl::Status Barrier() override;
+
+  int device() const;
+  cudaStream_t compute_stream() const;
+  cudaStream_t comm_stream() const;
+  // The world rank of each member, by rank in this group.
+  const std::vector<int>& world_ranks() const;
+
+  // The NCCL communicator, streams and group description; shared with the handles of async
+  // calls, which may outlive the communicator.
+  struct State;
+
+ private:
+  explicit NcclCommunicator(std::shared_ptr<State> state) : state_(std::move(state)) {}
+
+  internal::NcclCaller Caller() const;
+
+  // Orders the communication stream after the compute stream, issues `plan` and records its
+  // completion; `tensors` stay alive until the returned operation is waited for.
+  absl::StatusOr<std::unique_ptr<NcclPendingOp>> Start(
+      CommOp op, const absl::StatusOr<internal::NcclPlan>& plan, std::vector<Tensor> tensors);
+
+  std::shared_ptr<State> state_;
+};
+
+}  // namespace nf::parallel
