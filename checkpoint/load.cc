@@ -51,6 +51,18 @@ void DiffFields(const pb::Message& a, const pb::Message& b, const std::string& p
   }
 }
 
+// dst = src converted to dst's dtype, src on the host and dst anywhere: converted on the host,
+// then copied to dst's device.
+absl::Status CastInto(const Tensor& src, const Tensor& dst) {
+  if (dst.device().type == DeviceType::kCpu) return ops::Cast(src, dst);
+  Tensor converted = src;
+  if (src.dtype() != dst.dtype()) {
+    NF_ASSIGN_OR_RETURN(converted, Tensor::Empty(dst.dtype(), src.shape()));
+    NF_RETURN_IF_ERROR(ops::Cast(src, converted));
+  }
+  return ops::Copy(converted, dst);
+}
+
 }  // namespace
 
 absl::StatusOr<fs::path> LatestCheckpoint(const fs::path& checkpoints_dir) {
@@ -135,7 +147,7 @@ absl::StatusOr<RunProgress> LoadCheckpoint(const fs::path& dir, const Manifest& 
       NF_ASSIGN_OR_RETURN(const Tensor shard,
                           CutShard(dir, value, e.spec, e.value.numel(), t.tp_rank(), t.tp()));
       NF_ASSIGN_OR_RETURN(const Tensor target, e.value.Reshape({e.value.numel()}));
-      NF_RETURN_IF_ERROR(ops::Cast(shard, target));
+      NF_RETURN_IF_ERROR(CastInto(shard, target));
       for (const auto& [kind, tensor] : states) {
         NF_ASSIGN_OR_RETURN(const TensorRecord* record, find(e.spec.name, kind));
         NF_ASSIGN_OR_RETURN(const AssembledTensor moment, AssembleTensor(dir, manifest, *record));
@@ -149,10 +161,9 @@ absl::StatusOr<RunProgress> LoadCheckpoint(const fs::path& dir, const Manifest& 
         NF_RETURN_IF_ERROR(chunk.optimizer->ForEachHeldPiece(
             e.offset, e.value.numel(),
             [&](int64_t full_offset, int64_t state_offset, int64_t count) -> absl::Status {
-              std::memcpy(static_cast<float*>(tensor->raw_data()) + state_offset,
-                          local32.data<float>() + (full_offset - e.offset),
-                          static_cast<size_t>(count) * sizeof(float));
-              return absl::OkStatus();
+              NF_ASSIGN_OR_RETURN(const Tensor from, local32.Slice(full_offset - e.offset, count));
+              NF_ASSIGN_OR_RETURN(const Tensor to, tensor->Slice(state_offset, count));
+              return ops::Copy(from, to);
             }));
       }
     }

@@ -1,6 +1,7 @@
 #include "checkpoint/save.h"
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstring>
 #include <future>
@@ -15,6 +16,7 @@
 #include "checkpoint/crc32c.h"
 #include "checkpoint/durable_files.h"
 #include "checkpoint/shard_mapping.h"
+#include "core/ops/ops.h"
 #include "core/status.h"
 
 namespace nf::checkpoint {
@@ -47,33 +49,49 @@ struct PieceSource {
   int64_t begin, end;
 };
 
+// The bytes of a tensor readable on the host: its own storage on the CPU, else a host copy
+// appended to `keep` (which must outlive the pointer). A GPU's buffers are copied once per
+// snapshot, whole, rather than piece by piece.
+absl::StatusOr<const char*> HostBytes(const Tensor& t, std::vector<Tensor>& keep) {
+  if (t.device().type == DeviceType::kCpu) return static_cast<const char*>(t.raw_data());
+  NF_ASSIGN_OR_RETURN(Tensor host, ops::OnHost(t));
+  keep.push_back(std::move(host));
+  return static_cast<const char*>(keep.back().raw_data());
+}
+
 // Parameters: dp rank 0 of every (tp, pp) cell. Optimizer state: every dp rank for its slices
 // when sharded, else dp rank 0. Tensor-parallel duplicates: tp rank 0. Copies of another
-// stage's parameters: never (the owner writes them).
-absl::StatusOr<std::vector<PieceSource>> PiecesOf(const RankState& state) {
+// stage's parameters: never (the owner writes them). Host copies of device buffers go to
+// `keep`.
+absl::StatusOr<std::vector<PieceSource>> PiecesOf(const RankState& state,
+                                                  std::vector<Tensor>& keep) {
   const parallel::Topology& t = state.topology;
   std::vector<PieceSource> pieces;
   for (const ChunkState& chunk : state.chunks) {
     const parallel::DataParallelOptimizer& optimizer = *chunk.optimizer;
     optim::MixedPrecisionAdamW& adamw = chunk.optimizer->adamw();
     const auto states = OptimizerStateBuffers(adamw);
+    NF_ASSIGN_OR_RETURN(const char* params, HostBytes(chunk.params->params(), keep));
+    std::array<const char*, states.size()> state_bytes;
+    for (size_t i = 0; i < states.size(); ++i) {
+      NF_ASSIGN_OR_RETURN(state_bytes[i], HostBytes(*states[i].buffer, keep));
+    }
     for (const model::ParamTable::Entry& e : chunk.params->entries()) {
       if (Contains(chunk.copies_of_other_stages, e.spec.name)) continue;
       if (e.spec.sharding == model::Sharding::kReplicated && t.tp_rank() != 0) continue;
       const int64_t numel = e.value.numel();
       if (t.dp_rank() == 0) {
-        pieces.push_back({&e, TensorRecord::PARAM, e.value.dtype(),
-                          static_cast<const char*>(e.value.raw_data()), 0, numel});
+        const char* data = params + e.offset * static_cast<int64_t>(SizeOf(e.value.dtype()));
+        pieces.push_back({&e, TensorRecord::PARAM, e.value.dtype(), data, 0, numel});
       }
       if (!optimizer.sharded() && t.dp_rank() != 0) continue;
       NF_RETURN_IF_ERROR(optimizer.ForEachHeldPiece(
           e.offset, numel,
           [&](int64_t full_offset, int64_t state_offset, int64_t count) -> absl::Status {
             const int64_t begin = full_offset - e.offset;
-            for (const auto& [kind, tensor] : states) {
-              const char* data =
-                  static_cast<const char*>(tensor->raw_data()) + state_offset * sizeof(float);
-              pieces.push_back({&e, kind, DType::kF32, data, begin, begin + count});
+            for (size_t i = 0; i < states.size(); ++i) {
+              const char* data = state_bytes[i] + state_offset * sizeof(float);
+              pieces.push_back({&e, states[i].kind, DType::kF32, data, begin, begin + count});
             }
             return absl::OkStatus();
           }));
@@ -86,7 +104,8 @@ absl::StatusOr<std::vector<PieceSource>> PiecesOf(const RankState& state) {
 // mapped, which makes the copy several times faster than into fresh memory.
 absl::StatusOr<ShardSnapshot> Snapshot(const RankState& state, ShardSnapshot spare = {}) {
   const parallel::Topology& t = state.topology;
-  NF_ASSIGN_OR_RETURN(const std::vector<PieceSource> sources, PiecesOf(state));
+  std::vector<Tensor> host_copies;  // device buffers, read from here
+  NF_ASSIGN_OR_RETURN(const std::vector<PieceSource> sources, PiecesOf(state, host_copies));
   ShardSnapshot shard{.file = absl::StrFormat("rank_%05d.shard", t.world_rank()),
                       .bytes = std::move(spare.bytes),
                       .size = 0,

@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "core/ops/backend.h"
 #include "core/ops/ops.h"
 #include "core/status.h"
 #include "launcher/config.h"
@@ -106,6 +107,26 @@ int64_t EmbeddingGroupEnd(const model::NormFormerModel& chunk) {
   return end;
 }
 
+// train.device resolved for this process: GPU local rank % visible GPUs.
+absl::StatusOr<Device> DeviceOf(const TrainOptions& train, const parallel::Topology& topology) {
+  if (train.device() == TrainOptions::CPU) return Device::Cpu();
+  if (topology.world_size() > 1) {
+    // Device tensors travel over NCCL communicators, which the process groups do not create
+    // yet (parallel/nccl_communicator.h exists; wiring it into CreateProcessGroups is next).
+    return absl::UnimplementedError(absl::StrCat(
+        "train.device: CUDA runs a single process for now (this job has ", topology.world_size(),
+        " ranks); run nf-launch without mpirun, or set train.device: CPU"));
+  }
+  const int gpus = ops::GpuCount();
+  if (gpus == 0) {
+    return absl::FailedPreconditionError(
+        "train.device: CUDA, but this process sees no GPU (a build without nvcc has no CUDA "
+        "backend; else check nvidia-smi and CUDA_VISIBLE_DEVICES), or set train.device: CPU");
+  }
+  NF_ASSIGN_OR_RETURN(const int local_rank, parallel::DiscoverLocalRank());
+  return Device::Cuda(local_rank % gpus);
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainConfig& config,
@@ -120,8 +141,10 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainConfig& conf
                      ") do not match parallel.tensor_parallel ", parallel.tensor_parallel(),
                      " x parallel.pipeline_parallel ", parallel.pipeline_parallel()));
   }
+  NF_ASSIGN_OR_RETURN(const Device device, DeviceOf(train, topology));
   std::unique_ptr<Trainer> t(new Trainer());
   t->config_ = config;
+  t->device_ = device;
   t->groups_ = &groups;
   NF_ASSIGN_OR_RETURN(t->micro_batches_, MicroBatchesPerRank(train, topology.dp()));
 
@@ -148,6 +171,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainConfig& conf
                                              .seq_len = train.seq_len(),
                                              .activation_recompute = train.activation_recompute(),
                                              .seed = train.seed(),
+                                             .device = device,
                                              .param_buffer_multiple = topology.dp(),
                                              .tensor_parallel = groups.tp.get(),
                                              .pipeline = {.stage = stage,
@@ -255,9 +279,10 @@ absl::StatusOr<double> Trainer::Evaluate() {
   if (validation_ == nullptr) {
     NF_ASSIGN_OR_RETURN(validation_, MakeBatchSource(config_, DataSplit::kValidation));
     const model::NormFormerModel& any = *chunks_.front();
-    NF_ASSIGN_OR_RETURN(received_, Tensor::Zeros(any.options().dtype,
-                                                 {int64_t{train.micro_batch_size()} * train.seq_len(),
-                                                  config_.model().d_model()}));
+    NF_ASSIGN_OR_RETURN(received_, ops::Zeros(any.options().dtype,
+                                              {int64_t{train.micro_batch_size()} * train.seq_len(),
+                                               config_.model().d_model()},
+                                              device_));
   }
   constexpr int kEvalKey = -1;
   const parallel::Topology& topology = groups_->topology;
@@ -363,6 +388,8 @@ absl::StatusOr<StepStats> Trainer::TrainStep() {
   if (skipped) ++skipped_total_;
   ++step_;
 
+  // Once per step: waits for the device and reports a bad token id or target a kernel met.
+  NF_RETURN_IF_ERROR(ops::Synchronize(device_));
   NF_ASSIGN_OR_RETURN(const model::NormFormerModel::LossSum global, GlobalLoss(local));
   const double sum = global.sum;
   const int64_t tokens = global.tokens;

@@ -98,9 +98,10 @@ class Trainer {
   std::unique_ptr<BatchSource> batches_;
   std::unique_ptr<BatchSource> validation_;  // made by the first Evaluate
   Tensor received_;                          // [T, d]: Evaluate's received activations
-  int micro_batches_ = 1;  // per data-parallel rank and step
+  int micro_batches_ = 1;                    // per data-parallel rank and step
   int64_t num_global_params_ = 0;
   int64_t step_ = 0;
+  Device device_ = Device::Cpu();  // train.device resolved: where the model lives
   int64_t skipped_total_ = 0;
 };
 

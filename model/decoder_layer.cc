@@ -8,8 +8,6 @@
 namespace nf::model {
 namespace {
 
-absl::StatusOr<Tensor> New(DType dtype, Shape shape) { return Tensor::Zeros(dtype, shape); }
-
 absl::Status LayerNorm(const Tensor& x, const Param& weight, const Param& bias, const Tensor& y,
                        const Tensor& mean, const Tensor& rstd, float eps) {
   return ops::LayerNormForward({.x = x,
@@ -91,7 +89,9 @@ absl::StatusOr<LayerActivations> MakeActivations(const LayerShape& s, const Laye
 
 absl::StatusOr<LayerActivations> LayerActivations::Allocate(const LayerShape& shape,
                                                             const LayerOptions& options) {
-  return MakeActivations(shape, options, [](DType dtype, Shape dims) { return New(dtype, dims); });
+  return MakeActivations(shape, options, [&shape](DType dtype, Shape dims) {
+    return ops::Zeros(dtype, std::move(dims), shape.device);
+  });
 }
 
 int64_t LayerActivations::Bytes(const LayerShape& shape, const LayerOptions& options) {
@@ -106,6 +106,9 @@ int64_t LayerActivations::Bytes(const LayerShape& shape, const LayerOptions& opt
 }
 
 absl::StatusOr<LayerScratch> LayerScratch::Allocate(const LayerShape& s) {
+  const auto New = [&s](DType dtype, Shape dims) {
+    return ops::Zeros(dtype, std::move(dims), s.device);
+  };
   LayerScratch scratch;
   for (Tensor& t : scratch.local_tokens) {
     NF_ASSIGN_OR_RETURN(t, New(s.dtype, {s.tokens(), s.local_width()}));

@@ -34,6 +34,7 @@ struct LayerShape {
   int64_t head_offset = 0;          // global index of the first local head
   int64_t ffn_offset = 0;           // global index of the first local ffn column
   DType dtype = DType::kF32;
+  Device device = Device::Cpu();  // where activations and scratch live
 
   int64_t tokens() const { return batch * seq; }
   int64_t local_width() const { return heads * head_dim; }

@@ -54,7 +54,8 @@ LayerShape LayerShapeOf(const ModelConfig& config, const ModelOptions& options, 
           .ffn_total = config.ffn_dim(),
           .head_offset = tp_rank * heads,
           .ffn_offset = tp_rank * ffn,
-          .dtype = options.dtype};
+          .dtype = options.dtype,
+          .device = options.device};
 }
 
 LayerOptions LayerOptionsOf(const ModelConfig& config) {
@@ -103,7 +104,7 @@ absl::StatusOr<std::unique_ptr<NormFormerModel>> NormFormerModel::Create(
   NF_ASSIGN_OR_RETURN(
       ParamTable table,
       ParamTable::Create(NormFormerParamSpecs(config, padded_vocab, placement), options.dtype,
-                         tp.rank(), tp.size(), options.param_buffer_multiple));
+                         tp.rank(), tp.size(), options.param_buffer_multiple, options.device));
   NF_RETURN_IF_ERROR(table.Initialize(options.seed));
   ModelOptions resolved = options;
   resolved.pipeline = placement;
@@ -136,14 +137,17 @@ absl::Status NormFormerModel::AllocateBuffers() {
   }
   NF_ASSIGN_OR_RETURN(scratch_, LayerScratch::Allocate(shape_));
   if (placement().first() && config_.positions() == ModelConfig::SINUSOIDAL) {
-    NF_ASSIGN_OR_RETURN(positions_, TensorFromFloats(dt, {config_.max_seq_len(), d},
-                                                     SinusoidalTable(config_.max_seq_len(), d)));
+    NF_ASSIGN_OR_RETURN(const Tensor table,
+                        TensorFromFloats(dt, {config_.max_seq_len(), d},
+                                         SinusoidalTable(config_.max_seq_len(), d)));
+    NF_ASSIGN_OR_RETURN(positions_, Zeros(dt, table.shape()));
+    NF_RETURN_IF_ERROR(ops::Copy(table, positions_));
   }
   if (placement().last()) {
-    NF_ASSIGN_OR_RETURN(dloss_, Tensor::Zeros(DType::kF32, {t}));
+    NF_ASSIGN_OR_RETURN(dloss_, Zeros(DType::kF32, {t}));
   }
-  NF_ASSIGN_OR_RETURN(grad_a_, Tensor::Zeros(dt, {t, d}));
-  NF_ASSIGN_OR_RETURN(grad_b_, Tensor::Zeros(dt, {t, d}));
+  NF_ASSIGN_OR_RETURN(grad_a_, Zeros(dt, {t, d}));
+  NF_ASSIGN_OR_RETURN(grad_b_, Zeros(dt, {t, d}));
   return absl::OkStatus();
 }
 
@@ -154,7 +158,7 @@ absl::StatusOr<std::unique_ptr<NormFormerModel::InFlight>> NormFormerModel::Allo
   auto mb = std::make_unique<InFlight>();
   mb->hidden.resize(layers_.size() + 1);
   for (Tensor& h : mb->hidden) {
-    NF_ASSIGN_OR_RETURN(h, Tensor::Zeros(dt, {t, d}));
+    NF_ASSIGN_OR_RETURN(h, Zeros(dt, {t, d}));
   }
   if (!options_.activation_recompute) {
     for (size_t l = 0; l < layers_.size(); ++l) {
@@ -164,16 +168,16 @@ absl::StatusOr<std::unique_ptr<NormFormerModel::InFlight>> NormFormerModel::Allo
     }
   }
   if (placement().first()) {
-    NF_ASSIGN_OR_RETURN(mb->ids, Tensor::Zeros(DType::kI32, {t}));
+    NF_ASSIGN_OR_RETURN(mb->ids, Zeros(DType::kI32, {t}));
   }
   if (!placement().last()) return mb;
-  NF_ASSIGN_OR_RETURN(mb->targets, Tensor::Zeros(DType::kI32, {t}));
-  NF_ASSIGN_OR_RETURN(mb->final_norm, Tensor::Zeros(dt, {t, d}));
-  NF_ASSIGN_OR_RETURN(mb->logits, Tensor::Zeros(dt, {t, padded_vocab_ / tp_->size()}));
+  NF_ASSIGN_OR_RETURN(mb->targets, Zeros(DType::kI32, {t}));
+  NF_ASSIGN_OR_RETURN(mb->final_norm, Zeros(dt, {t, d}));
+  NF_ASSIGN_OR_RETURN(mb->logits, Zeros(dt, {t, padded_vocab_ / tp_->size()}));
   for (Tensor* v : {&mb->final_mean, &mb->final_rstd, &mb->row_max, &mb->token_loss}) {
-    NF_ASSIGN_OR_RETURN(*v, Tensor::Zeros(f32, {t}));
+    NF_ASSIGN_OR_RETURN(*v, Zeros(f32, {t}));
   }
-  NF_ASSIGN_OR_RETURN(mb->loss_sums, Tensor::Zeros(f32, {2, t}));
+  NF_ASSIGN_OR_RETURN(mb->loss_sums, Zeros(f32, {2, t}));
   NF_ASSIGN_OR_RETURN(mb->sum_exp, mb->loss_sums.View(0, {t}));
   NF_ASSIGN_OR_RETURN(mb->target_logit, mb->loss_sums.View(t, {t}));
   return mb;
@@ -287,15 +291,15 @@ absl::StatusOr<NormFormerModel::StageOutput> NormFormerModel::ForwardStage(
   mb->step = {.first_sample = first_sample, .seed = options_.seed, .train = train};
   if (placement().first()) {
     NF_ASSIGN_OR_RETURN(const Tensor ids, input_ids->Reshape({t}));
-    NF_RETURN_IF_ERROR(ops::Cast(ids, mb->ids));
+    NF_RETURN_IF_ERROR(ops::Copy(ids, mb->ids));
     NF_RETURN_IF_ERROR(EmbedForward(*mb));
   } else {
-    NF_RETURN_IF_ERROR(ops::Cast(*input_hidden, mb->hidden[0]));
+    NF_RETURN_IF_ERROR(ops::Copy(*input_hidden, mb->hidden[0]));
   }
   NF_RETURN_IF_ERROR(LayersForward(*mb));
   if (!placement().last()) return StageOutput{.hidden = &mb->hidden.back()};
   NF_ASSIGN_OR_RETURN(const Tensor target_ids, targets.Reshape({t}));
-  NF_RETURN_IF_ERROR(ops::Cast(target_ids, mb->targets));
+  NF_RETURN_IF_ERROR(ops::Copy(target_ids, mb->targets));
   last_forward_ = mb;
   NF_ASSIGN_OR_RETURN(const LossSum loss, HeadForward(*mb));
   return StageOutput{.loss = loss};
@@ -317,7 +321,7 @@ absl::Status NormFormerModel::BackwardStage(int micro_batch, const Tensor* outpu
     if (grads_done_from) NF_RETURN_IF_ERROR(grads_done_from(head_grad_offset_));
   } else {
     NF_RETURN_IF_ERROR(CheckHiddenShape("output_grad", output_grad));
-    NF_RETURN_IF_ERROR(ops::Cast(*output_grad, grad_a_));
+    NF_RETURN_IF_ERROR(ops::Copy(*output_grad, grad_a_));
   }
   NF_RETURN_IF_ERROR(LayersBackward(mb, grads_done_from));
   // grad_a_ now holds the gradient of the stage's input: input_grad() on later stages.
@@ -380,9 +384,13 @@ absl::StatusOr<NormFormerModel::LossSum> NormFormerModel::HeadForward(InFlight& 
   NF_RETURN_IF_ERROR(tp_->AllReduce(mb.loss_sums, parallel::ReduceOp::kSum));
   NF_RETURN_IF_ERROR(
       ops::CrossEntropyLoss(mb.targets, mb.row_max, mb.sum_exp, mb.target_logit, mb.token_loss));
+  // Read on the host: on a GPU this waits for the micro-batch's forward (see the note in
+  // docs/performance.md on moving the sum to the device).
+  NF_ASSIGN_OR_RETURN(const Tensor token_loss, ops::OnHost(mb.token_loss));
+  NF_ASSIGN_OR_RETURN(const Tensor targets, ops::OnHost(mb.targets));
   LossSum loss;
-  const float* per_token = mb.token_loss.data<float>();
-  const int32_t* target = mb.targets.data<int32_t>();
+  const float* per_token = token_loss.data<float>();
+  const int32_t* target = targets.data<int32_t>();
   for (int64_t i = 0; i < shape_.tokens(); ++i) {
     if (target[i] < 0) continue;
     loss.sum += per_token[i];

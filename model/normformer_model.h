@@ -44,6 +44,9 @@ struct ModelOptions {
   int64_t seq_len = 1;
   bool activation_recompute = false;
   uint32_t seed = 1;  // initialisation and dropout
+  // Where parameters, gradients and activations live (a GPU needs the CUDA backend). Inputs
+  // and targets may be on the host: the model copies them in.
+  Device device = Device::Cpu();
   // The flat parameter buffers are padded to a multiple of this (the data-parallel size).
   int64_t param_buffer_multiple = 1;
   // The tensor-parallel group (must outlive the model); null: no tensor parallelism.
@@ -165,6 +168,10 @@ class NormFormerModel {
 
   NormFormerModel(ModelConfig config, ModelOptions options,
                   std::unique_ptr<parallel::Communicator> own_tp, ParamTable table);
+  // A zeroed tensor on the model's device.
+  absl::StatusOr<Tensor> Zeros(DType dtype, Shape shape) const {
+    return ops::Zeros(dtype, std::move(shape), options_.device);
+  }
   absl::Status AllocateBuffers();
   absl::StatusOr<std::unique_ptr<InFlight>> AllocateInFlight() const;
   // The activations for a new forward of `micro_batch`: its own if in flight, else pooled ones.

@@ -50,7 +50,6 @@ Param Bind(const ParamTable& table, const std::string& name) {
   return {e.value, e.grad};
 }
 
-
 // The end of `placement`'s layer range, -1 (all) resolved.
 int LayerEnd(const PipelineStagePlacement& placement, const ModelConfig& config) {
   return placement.layer_end == -1 ? config.num_layers() : placement.layer_end;

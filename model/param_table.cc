@@ -68,7 +68,8 @@ double InitialValue(const ParamSpec& spec, uint32_t seed, uint64_t name_key, int
 }  // namespace
 
 absl::StatusOr<ParamTable> ParamTable::Create(std::vector<ParamSpec> specs, DType dtype,
-                                              int tp_rank, int tp_size, int64_t buffer_multiple) {
+                                              int tp_rank, int tp_size, int64_t buffer_multiple,
+                                              Device device) {
   ParamTable table;
   table.tp_rank_ = tp_rank;
   table.tp_size_ = tp_size;
@@ -103,8 +104,8 @@ absl::StatusOr<ParamTable> ParamTable::Create(std::vector<ParamSpec> specs, DTyp
         absl::StrCat("parameter buffer multiple must be >= 1, got ", buffer_multiple));
   }
   const int64_t padded = (offset + buffer_multiple - 1) / buffer_multiple * buffer_multiple;
-  NF_ASSIGN_OR_RETURN(table.params_, Tensor::Zeros(dtype, {padded}));
-  NF_ASSIGN_OR_RETURN(table.grads_, Tensor::Zeros(DType::kF32, {padded}));
+  NF_ASSIGN_OR_RETURN(table.params_, ops::Zeros(dtype, {padded}, device));
+  NF_ASSIGN_OR_RETURN(table.grads_, ops::Zeros(DType::kF32, {padded}, device));
   for (Entry& e : table.entries_) {
     NF_ASSIGN_OR_RETURN(e.value, table.params_.View(e.offset, e.local_shape));
     NF_ASSIGN_OR_RETURN(e.grad, table.grads_.View(e.offset, e.local_shape));
@@ -128,7 +129,10 @@ absl::Status ParamTable::Initialize(uint32_t seed) {
             static_cast<float>(InitialValue(e.spec, seed, name_key, global_index));
       }
     }
-    NF_RETURN_IF_ERROR(CopyFromFloats(e.value, values));
+    // Drawn on the host, then copied to the parameters' device.
+    NF_ASSIGN_OR_RETURN(const Tensor drawn,
+                        TensorFromFloats(e.value.dtype(), e.local_shape, values));
+    NF_RETURN_IF_ERROR(ops::Copy(drawn, e.value));
   }
   return absl::OkStatus();
 }
@@ -191,12 +195,13 @@ std::vector<optim::FlatRange> ParamTable::OwnedNormRanges(
 
 absl::StatusOr<double> ParamTable::OwnedSquaredGradNorm(
     const std::vector<std::string>& copies_of_other_stages) const {
-  NF_ASSIGN_OR_RETURN(const Tensor sum, Tensor::Zeros(DType::kF32, {1}));
+  NF_ASSIGN_OR_RETURN(const Tensor sum, ops::Zeros(DType::kF32, {1}, grads_.device()));
   for (const optim::FlatRange& r : OwnedNormRanges(copies_of_other_stages)) {
     NF_ASSIGN_OR_RETURN(const Tensor part, grads_.Slice(r.offset, r.length));
     NF_RETURN_IF_ERROR(ops::SquaredNorm(part, sum));
   }
-  return sum.data<float>()[0];
+  NF_ASSIGN_OR_RETURN(const Tensor host, ops::OnHost(sum));
+  return host.data<float>()[0];
 }
 
 }  // namespace nf::model

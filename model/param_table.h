@@ -54,9 +54,10 @@ class ParamTable {
   // the buffers (gradients zeroed), padded with zeros at the end to a multiple of
   // `buffer_multiple` elements (data parallelism splits them into dp equal parts). Fails,
   // naming the parameter, when a split dimension does not divide by tp_size or two parameters
-  // share a name.
+  // share a name. The buffers live on `device`.
   static absl::StatusOr<ParamTable> Create(std::vector<ParamSpec> specs, DType dtype, int tp_rank,
-                                           int tp_size, int64_t buffer_multiple = 1);
+                                           int tp_size, int64_t buffer_multiple = 1,
+                                           Device device = Device::Cpu());
 
   // fairseq's initialisation, a pure function of (seed, parameter name, global element index):
   // any tensor-parallel or pipeline layout draws the same global values for a parameter.

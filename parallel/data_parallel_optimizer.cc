@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "core/ops/backend.h"
 #include "core/ops/ops.h"
 #include "core/status.h"
 
@@ -48,17 +49,19 @@ absl::StatusOr<std::unique_ptr<DataParallelOptimizer>> DataParallelOptimizer::Cr
       MakeGradBuckets(grads.numel(), options.bucket_elements, dp.size(), dp.rank()));
   std::unique_ptr<DataParallelOptimizer> opt(
       new DataParallelOptimizer(params, grads, dp, options, std::move(buckets)));
+  // Optimizer state lives with the parameters.
+  NF_ASSIGN_OR_RETURN(Allocator * allocator, ops::AllocatorFor(params.device()));
   opt->started_.assign(opt->buckets_.size(), false);
   if (!options.shard_optimizer) {
     NF_ASSIGN_OR_RETURN(
         optim::MixedPrecisionAdamW adamw,
-        optim::MixedPrecisionAdamW::Create(params, grads, std::move(ranges), config));
+        optim::MixedPrecisionAdamW::Create(params, grads, std::move(ranges), config, *allocator));
     opt->adamw_ = std::make_unique<optim::MixedPrecisionAdamW>(std::move(adamw));
     return opt;
   }
   const int64_t shard = grads.numel() / dp.size();
-  NF_ASSIGN_OR_RETURN(opt->shard_params_, Tensor::Zeros(params.dtype(), {shard}));
-  NF_ASSIGN_OR_RETURN(opt->shard_grads_, Tensor::Zeros(DType::kF32, {shard}));
+  NF_ASSIGN_OR_RETURN(opt->shard_params_, ops::Zeros(params.dtype(), {shard}, params.device()));
+  NF_ASSIGN_OR_RETURN(opt->shard_grads_, ops::Zeros(DType::kF32, {shard}, params.device()));
   // The AdamW ranges, cut to this rank's slices and renumbered into the shard.
   std::vector<optim::ParamRange> shard_ranges;
   for (const optim::ParamRange& r : ranges) {
@@ -69,9 +72,10 @@ absl::StatusOr<std::unique_ptr<DataParallelOptimizer>> DataParallelOptimizer::Cr
           return absl::OkStatus();
         }));
   }
-  NF_ASSIGN_OR_RETURN(optim::MixedPrecisionAdamW adamw,
-                      optim::MixedPrecisionAdamW::Create(opt->shard_params_, opt->shard_grads_,
-                                                         std::move(shard_ranges), config));
+  NF_ASSIGN_OR_RETURN(
+      optim::MixedPrecisionAdamW adamw,
+      optim::MixedPrecisionAdamW::Create(opt->shard_params_, opt->shard_grads_,
+                                         std::move(shard_ranges), config, *allocator));
   opt->adamw_ = std::make_unique<optim::MixedPrecisionAdamW>(std::move(adamw));
   return opt;
 }
@@ -147,7 +151,7 @@ absl::StatusOr<bool> DataParallelOptimizer::UnscaleAndCheck(float loss_scale) {
 
 absl::StatusOr<double> DataParallelOptimizer::SquaredGradNorm(
     absl::Span<const optim::FlatRange> counted) const {
-  NF_ASSIGN_OR_RETURN(const Tensor sum, Tensor::Zeros(DType::kF32, {1}));
+  NF_ASSIGN_OR_RETURN(const Tensor sum, ops::Zeros(DType::kF32, {1}, grads_.device()));
   for (const optim::FlatRange& r : counted) {
     if (!sharded()) {
       NF_ASSIGN_OR_RETURN(const Tensor part, grads_.Slice(r.offset, r.length));
@@ -160,7 +164,8 @@ absl::StatusOr<double> DataParallelOptimizer::SquaredGradNorm(
           return ops::SquaredNorm(part, sum);
         }));
   }
-  return static_cast<double>(sum.data<float>()[0]);
+  NF_ASSIGN_OR_RETURN(const Tensor host, ops::OnHost(sum));
+  return static_cast<double>(host.data<float>()[0]);
 }
 
 absl::Status DataParallelOptimizer::Update(float lr, double grad_norm) {

@@ -73,6 +73,9 @@ class Backend {
 // The backend for tensors on `device`, or an error naming the device when none is built in.
 absl::StatusOr<Backend*> BackendFor(Device device);
 
+// GPUs this process can use: 0 in a build without the CUDA backend or on a machine without one.
+int GpuCount();
+
 // The allocator for tensors on `device` (the CUDA backend's caching allocator for GPUs).
 absl::StatusOr<Allocator*> AllocatorFor(Device device);
 

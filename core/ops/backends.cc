@@ -31,6 +31,14 @@ absl::StatusOr<Backend*> BackendFor(Device device) {
 #endif
 }
 
+int GpuCount() {
+#if NF_WITH_CUDA
+  return cuda::DeviceCount();
+#else
+  return 0;
+#endif
+}
+
 absl::StatusOr<Allocator*> AllocatorFor(Device device) {
   if (device.type == DeviceType::kCpu) return &CpuAllocator();
 #if NF_WITH_CUDA

@@ -419,9 +419,8 @@ absl::Status EmbeddingForward(const EmbeddingArgs& args) {
   const int64_t global =
       args.global_vocab == 0 ? args.vocab_offset + args.table.dim(0) : args.global_vocab;
   if (args.vocab_offset < 0 || global < 0) {
-    return absl::InvalidArgumentError(absl::StrCat(op, ": negative vocab_offset (",
-                                                   args.vocab_offset, ") or global_vocab (",
-                                                   global, ")"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        op, ": negative vocab_offset (", args.vocab_offset, ") or global_vocab (", global, ")"));
   }
   NF_BACKEND(args.table);
   EmbeddingArgs resolved = args;
@@ -596,13 +595,28 @@ absl::Status Copy(const Tensor& src, const Tensor& dst) {
   const Device src_device = src.device(), dst_device = dst.device();
   if (src_device.type == DeviceType::kCuda && dst_device.type == DeviceType::kCuda &&
       src_device.index != dst_device.index) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        op, ": src is on ", src_device.ToString(), " and dst on ", dst_device.ToString(),
-        "; copies between GPUs go through the communicators"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(op, ": src is on ", src_device.ToString(), " and dst on ",
+                     dst_device.ToString(), "; copies between GPUs go through the communicators"));
   }
   // The GPU side's backend moves the data (the CPU backend when both are on the host).
   NF_BACKEND(src_device.type == DeviceType::kCuda ? src : dst);
   return backend->Copy(src, dst);
+}
+
+absl::StatusOr<Tensor> Zeros(DType dtype, Shape shape, Device device) {
+  if (device.type == DeviceType::kCpu) return Tensor::Zeros(dtype, std::move(shape));
+  NF_ASSIGN_OR_RETURN(Allocator * allocator, AllocatorFor(device));
+  NF_ASSIGN_OR_RETURN(Tensor t, Tensor::Empty(dtype, std::move(shape), *allocator));
+  NF_RETURN_IF_ERROR(Fill(t, 0.0f));
+  return t;
+}
+
+absl::StatusOr<Tensor> OnHost(const Tensor& t) {
+  if (t.device().type == DeviceType::kCpu) return t;
+  NF_ASSIGN_OR_RETURN(Tensor host, Tensor::Empty(t.dtype(), t.shape()));
+  NF_RETURN_IF_ERROR(Copy(t, host));
+  return host;
 }
 
 absl::Status Fill(const Tensor& x, float value) {

@@ -234,5 +234,9 @@ absl::Status Axpy(float alpha, const Tensor& x, const Tensor& y);
 // Asynchronous on GPUs like every op, except that a copy into host memory returns once the
 // data has arrived.
 absl::Status Copy(const Tensor& src, const Tensor& dst);
+// A new zero-filled tensor on `device` (allocates: for set-up, not the per-micro-batch path).
+absl::StatusOr<Tensor> Zeros(DType dtype, Shape shape, Device device);
+// The tensor itself when it is on the host, else a host copy (waits for the device).
+absl::StatusOr<Tensor> OnHost(const Tensor& t);
 
 }  // namespace nf::ops

@@ -85,15 +85,10 @@ absl::StatusOr<Tensor> ZerosOn(Allocator& allocator, DType dtype, int64_t numel)
   return t;
 }
 
-// The value of an f32 [1] result. The op table has no device-to-host copy yet, so only CPU
-// tensors can be read; a device backend brings that copy along with it.
+// The value of an f32 [1] result (copied back, and so waited for, from a device).
 absl::StatusOr<float> ReadScalar(const Tensor& scalar) {
-  if (scalar.device().type != DeviceType::kCpu) {
-    return absl::UnimplementedError(
-        absl::StrCat(kName, ": reading a reduction result back from ", scalar.device().ToString(),
-                     " needs a device-to-host copy, which the op table does not have yet"));
-  }
-  return scalar.data<float>()[0];
+  NF_ASSIGN_OR_RETURN(const Tensor host, ops::OnHost(scalar));
+  return host.data<float>()[0];
 }
 
 }  // namespace

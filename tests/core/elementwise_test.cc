@@ -733,5 +733,23 @@ TEST(AxpyTest, EmptyAndBadArguments) {
                         "Axpy", "x is i64[4]");
 }
 
+TEST(CopyTest, CopiesAnyDTypeAndRefusesMismatches) {
+  const Tensor ids = testing::MakeIds({3}, {7, -2, 40000});
+  const Tensor out = MakeZeros(DType::kI32, {1, 3});
+  ASSERT_TRUE(ops::Copy(ids, out).ok());
+  EXPECT_EQ(out.data<int32_t>()[2], 40000);
+  ExpectInvalidArgument(ops::Copy(ids, MakeZeros(DType::kF32, {3})), "Copy", "dst is f32[3]");
+  ExpectInvalidArgument(ops::Copy(ids, MakeZeros(DType::kI32, {4})), "Copy", "dst is i32[4]");
+}
+
+TEST(ZerosTest, HostTensorsAndTheirHostView) {
+  auto zeros = ops::Zeros(DType::kBF16, {2, 5}, Device::Cpu());
+  ASSERT_TRUE(zeros.ok()) << zeros.status();
+  EXPECT_EQ(ToDoubles(*zeros), std::vector<double>(10, 0.0));
+  auto host = ops::OnHost(*zeros);
+  ASSERT_TRUE(host.ok());
+  EXPECT_TRUE(host->SharesStorageWith(*zeros)) << "a host tensor is its own host view";
+}
+
 }  // namespace
 }  // namespace nf

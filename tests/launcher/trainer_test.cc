@@ -19,6 +19,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "core/ops/backend.h"
 #include "google/protobuf/util/message_differencer.h"
 #include "launcher/config.h"
 #include "launcher/train_loop.h"
@@ -377,6 +378,21 @@ TEST(TrainerTest, Fp32AndBf16UseNoLossScaler) {
       EXPECT_EQ(s.skipped_total, 0);
     }
   }
+}
+
+TEST(TrainerTest, CudaDeviceNeedsAGpu) {
+  TrainConfig config = SmallConfig(TrainOptions::FP32, 5);
+  config.mutable_train()->set_device(TrainOptions::CUDA);
+  auto trainer = Trainer::Create(config);
+  if (nf::ops::GpuCount() > 0) {
+    // A GPU machine: the run trains there (tests/gpu checks what it computes).
+    ASSERT_TRUE(trainer.ok()) << trainer.status();
+    EXPECT_EQ((*trainer)->chunks().front()->params().params().device(), Device::Cuda(0));
+    return;
+  }
+  ASSERT_FALSE(trainer.ok());
+  EXPECT_THAT(std::string(trainer.status().message()),
+              StartsWith("train.device: CUDA, but this process sees no GPU"));
 }
 
 // ---- RunTraining ----------------------------------------------------------------------------

@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# The GPU check, for a machine with a GPU and the CUDA toolkit only: runs the gpu-labelled
+# tests (every CUDA op against its CPU twin, dropout masks, a model step and 20 training steps
+# against the CPU, fp16/bf16 tracking fp32) and then nf-bench on one GPU, from gpu-bundle/
+# (made on a development machine by scripts/gpu-bundle.sh and carried over). About 8 minutes
+# at most; logs and the benchmark table go to $OUT (the device tool's output folder) or
+# gpu-check-out/.
+#
+#   scripts/gpu-bundle.sh            # here, on the development machine
+#   scripts/gpu-check.sh             # there: run with carry gpu-bundle
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=${OUT:-gpu-check-out}
+mkdir -p "$out"
+if [[ ! -f gpu-bundle/bundle.tar.xz ]]; then
+  echo "gpu-check: gpu-bundle/bundle.tar.xz is missing; make it with scripts/gpu-bundle.sh on a" \
+    "machine with the build dependencies and carry gpu-bundle here" >&2
+  exit 2
+fi
+bundle=$(mktemp -d)
+tar -C "$bundle" -xJf gpu-bundle/bundle.tar.xz
+export LD_LIBRARY_PATH="$bundle/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$out/gpu.txt"
+
+failed=0
+run() {  # run <name> <timeout-seconds> <command...>
+  local name=$1 limit=$2
+  shift 2
+  local start=$SECONDS
+  timeout "$limit" "$@" >"$out/$name.log" 2>&1
+  local rc=$?
+  echo "$name: exit $rc in $((SECONDS - start)) s" | tee -a "$out/summary.txt"
+  tail -n 25 "$out/$name.log"
+  [[ $rc == 0 ]] || failed=1
+  # On the GPU machine nothing may skip: a skip means the device was not usable.
+  if grep -q '\[  SKIPPED \]' "$out/$name.log"; then
+    echo "$name: tests skipped on the GPU machine (no usable device?)" | tee -a "$out/summary.txt"
+    failed=1
+  fi
+}
+for t in cuda_host_test cuda_ops_test gpu_training_test; do
+  run "$t" 150 "$bundle/bin/$t" --gtest_output="xml:$out/$t.xml"
+done
+run nf-bench 300 "$bundle/bin/nf-bench" --steps "${NF_BENCH_STEPS:-5}"
+cp "$out/nf-bench.log" "$out/nf-bench.txt" 2>/dev/null || true
+exit $failed
