@@ -19,7 +19,13 @@ if [[ ! -f gpu-bundle/bundle.tar.xz ]]; then
 fi
 bundle=$(mktemp -d)
 tar -C "$bundle" -xJf gpu-bundle/bundle.tar.xz
-export LD_LIBRARY_PATH="$bundle/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+# The CUDA libraries: the toolkit's, and those Python wheels bring (nvidia-cudnn-cu13,
+# nvidia-nccl-cu13, ... under site-packages/nvidia/*/lib) where the image has them that way.
+cuda_libs=/usr/local/cuda/lib64
+for dir in /usr/local/lib/python3*/dist-packages/nvidia/*/lib /opt/*/.venv/lib/python3*/site-packages/nvidia/*/lib; do
+  [[ -d $dir ]] && cuda_libs+=":$dir"
+done
+export LD_LIBRARY_PATH="$bundle/lib:$cuda_libs:${LD_LIBRARY_PATH:-}"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$out/gpu.txt"
 
 failed=0

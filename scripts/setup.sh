@@ -15,6 +15,7 @@ packages=(
   python3 python3-venv python3-numpy  # + the safetensors wheel in .venv, below
   fortunes  # English text for the demo corpus (scripts/make-demo-corpus.py)
   clang libclang-rt-14-dev  # libFuzzer, for the fuzz pass of scripts/test.sh
+  slurmctld slurmd slurm-client munge  # a one-node Slurm for the requeue test (never started here)
 )
 
 missing=()
