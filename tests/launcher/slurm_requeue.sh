@@ -51,7 +51,7 @@ dd if=/dev/urandom of="$dir/munge/munge.key" bs=1024 count=1 status=none
 chmod 600 "$dir/munge/munge.key"
 munged --force --socket="$dir/munge/socket" --key-file="$dir/munge/munge.key" \
   --pid-file="$dir/munged.pid" --seed-file="$dir/munge/seed" --log-file="$dir/log/munged.log"
-node=$(hostname)
+node=$(hostname)  # addressed as 127.0.0.1: the name need not resolve
 port=$((20000 + $$ % 20000))  # away from a real Slurm's 6817/6818 and from parallel runs
 # The batch script asks for 8 GPUs per node: the node advertises 8 placeholder GPU files, which
 # nothing opens (the test trains on the CPU).
@@ -59,7 +59,7 @@ for i in 0 1 2 3 4 5 6 7; do : >"$dir/gpu$i"; done
 echo "Name=gpu File=$dir/gpu[0-7]" >"$dir/gres.conf"
 cat >"$SLURM_CONF" <<EOF
 ClusterName=normformer-test
-SlurmctldHost=$node
+SlurmctldHost=$node(127.0.0.1)
 SlurmUser=root
 SlurmdUser=root
 SlurmctldPort=$port
@@ -83,7 +83,7 @@ MpiDefault=none
 ReturnToService=2
 JobRequeue=1
 GresTypes=gpu
-NodeName=$node CPUs=2 Gres=gpu:8 State=UNKNOWN
+NodeName=$node NodeAddr=127.0.0.1 CPUs=2 Gres=gpu:8 State=UNKNOWN
 PartitionName=test Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 EOF
 slurmctld -i
