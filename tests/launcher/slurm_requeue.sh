@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The Slurm contract end to end on a real one-node Slurm: this test starts munged, slurmctld
 # and slurmd (Debian's, from scripts/setup.sh) on localhost in a scratch folder, submits the
-# shipped batch script deploy/slurm/normformer-mpirun.sbatch on the tiny config (CPU, two ranks),
+# shipped batch script deploy/slurm/normformer-<launcher>.sbatch (mpirun, or srun --mpi=pmix) on
+# the tiny config (CPU, two ranks),
 # signals it mid-run, and checks that the job checkpointed, requeued itself, resumed from the
 # checkpoint and finished with every step's loss equal to an uninterrupted run's.
 #
@@ -11,9 +12,9 @@
 # step instead, so that the stop lands mid-run on any machine; the time limit's own signal
 # then has nothing left to do.
 #
-#   slurm_requeue.sh NF_LAUNCH REPO_ROOT
+#   slurm_requeue.sh NF_LAUNCH REPO_ROOT mpirun|srun
 set -euo pipefail
-nf_launch=$1 repo=$2
+nf_launch=$1 repo=$2 launcher=$3
 for tool in munged slurmctld slurmd sbatch scontrol scancel mpirun; do
   command -v "$tool" >/dev/null || { echo "slurm_requeue: $tool is missing; run scripts/setup.sh" >&2; exit 1; }
 done
@@ -102,7 +103,7 @@ mpirun --oversubscribe -np 2 "$nf_launch" --config "$repo/deploy/configs/tiny.pb
 # ---- the batch job: signalled at step 20, requeued, resumed ----------------------------------------
 job=$(cd "$repo" && CONFIG=deploy/configs/tiny.pbtxt RUN_DIR="$dir/run" NF_LAUNCH="$nf_launch" \
   sbatch --parsable --nodes=1 --ntasks-per-node=2 --cpus-per-task=1 --time=30 \
-  --output="$dir/job.out" --chdir="$repo" deploy/slurm/normformer-mpirun.sbatch "${run_args[@]}")
+  --output="$dir/job.out" --chdir="$repo" "deploy/slurm/normformer-$launcher.sbatch" "${run_args[@]}")
 echo "submitted job $job"
 steps_logged() { [[ -f $dir/run/log.jsonl ]] && (($(wc -l <"$dir/run/log.jsonl") >= $1)); }
 wait_for 120 "step 20 of the first run" steps_logged 20
