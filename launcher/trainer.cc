@@ -16,6 +16,9 @@
 #include "parallel/pipeline_schedule.h"
 
 namespace nf::launcher {
+
+using parallel::GroupKind;
+
 namespace {
 
 optim::LrSchedule ScheduleOf(const TrainOptions& train) {
@@ -94,6 +97,18 @@ absl::StatusOr<int> MicroBatchesPerRank(const TrainOptions& train, int dp) {
   return static_cast<int>(train.global_batch_size() / per_step);
 }
 
+absl::StatusOr<int> GpuOfLocalRank(int local_rank, int gpus, int world_size) {
+  // NCCL refuses two ranks of one communicator on one GPU, and a GPU shared by processes
+  // would only slow each down: a job of several ranks takes one GPU per rank.
+  if (world_size > 1 && local_rank >= gpus) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("train.device: CUDA: local rank ", local_rank, " but this process sees ", gpus,
+                     gpus == 1 ? " GPU" : " GPUs", "; run one rank per GPU (at most ", gpus,
+                     gpus == 1 ? " rank" : " ranks", " per node), or check CUDA_VISIBLE_DEVICES"));
+  }
+  return local_rank % gpus;
+}
+
 namespace {
 
 // The flat offset below which a chunk's gradients wait for the embedding group's sum: the end
@@ -110,13 +125,6 @@ int64_t EmbeddingGroupEnd(const model::NormFormerModel& chunk) {
 // train.device resolved for this process: GPU local rank % visible GPUs.
 absl::StatusOr<Device> DeviceOf(const TrainOptions& train, const parallel::Topology& topology) {
   if (train.device() == TrainOptions::CPU) return Device::Cpu();
-  if (topology.world_size() > 1) {
-    // Device tensors travel over NCCL communicators, which the process groups do not create
-    // yet (parallel/nccl_communicator.h exists; wiring it into CreateProcessGroups is next).
-    return absl::UnimplementedError(absl::StrCat(
-        "train.device: CUDA runs a single process for now (this job has ", topology.world_size(),
-        " ranks); run nf-launch without mpirun, or set train.device: CPU"));
-  }
   const int gpus = ops::GpuCount();
   if (gpus == 0) {
     return absl::FailedPreconditionError(
@@ -124,7 +132,8 @@ absl::StatusOr<Device> DeviceOf(const TrainOptions& train, const parallel::Topol
         "backend; else check nvidia-smi and CUDA_VISIBLE_DEVICES), or set train.device: CPU");
   }
   NF_ASSIGN_OR_RETURN(const int local_rank, parallel::DiscoverLocalRank());
-  return Device::Cuda(local_rank % gpus);
+  NF_ASSIGN_OR_RETURN(const int gpu, GpuOfLocalRank(local_rank, gpus, topology.world_size()));
+  return Device::Cuda(gpu);
 }
 
 }  // namespace
@@ -146,6 +155,13 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainConfig& conf
   t->config_ = config;
   t->device_ = device;
   t->groups_ = &groups;
+#if NF_WITH_CUDA
+  // A multi-process GPU job moves device tensors over NCCL (without the CUDA backend DeviceOf
+  // never picks a GPU).
+  if (device.type == DeviceType::kCuda && topology.world_size() > 1) {
+    NF_ASSIGN_OR_RETURN(t->device_groups_, parallel::CreateDeviceGroups(groups, device));
+  }
+#endif
   NF_ASSIGN_OR_RETURN(t->micro_batches_, MicroBatchesPerRank(train, topology.dp()));
 
   const int p = topology.pp(), v = parallel.virtual_stages();
@@ -173,7 +189,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainConfig& conf
                                              .seed = train.seed(),
                                              .device = device,
                                              .param_buffer_multiple = topology.dp(),
-                                             .tensor_parallel = groups.tp.get(),
+                                             .tensor_parallel = t->DeviceGroup(GroupKind::kTensor),
                                              .pipeline = {.stage = stage,
                                                           .num_stages = p * v,
                                                           .layer_begin = stages[stage].first,
@@ -181,10 +197,11 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainConfig& conf
     model::ParamTable& table = chunk->params();
     parallel::DataParallelOptions options = dp_options;
     options.hold_below = EmbeddingGroupEnd(*chunk);
-    NF_ASSIGN_OR_RETURN(std::unique_ptr<parallel::DataParallelOptimizer> optimizer,
-                        parallel::DataParallelOptimizer::Create(
-                            table.params(), table.grads(), table.DecayRanges(),
-                            AdamWConfigOf(train.optimizer()), *groups.dp, options));
+    NF_ASSIGN_OR_RETURN(
+        std::unique_ptr<parallel::DataParallelOptimizer> optimizer,
+        parallel::DataParallelOptimizer::Create(table.params(), table.grads(), table.DecayRanges(),
+                                                AdamWConfigOf(train.optimizer()),
+                                                *t->DeviceGroup(GroupKind::kData), options));
     NF_RETURN_IF_ERROR(optimizer->InitializeMasterFromModel());
     chunk_views.push_back(chunk.get());
     t->chunks_.push_back(std::move(chunk));
@@ -192,7 +209,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainConfig& conf
   }
   NF_ASSIGN_OR_RETURN(
       PipelineExecutor executor,
-      PipelineExecutor::Create(chunk_views, *groups.pp,
+      PipelineExecutor::Create(chunk_views, *t->DeviceGroup(GroupKind::kPipeline),
                                ScheduleKindOf(parallel.pipeline_schedule()), t->micro_batches_));
   t->executor_.emplace(std::move(executor));
   t->schedule_ = ScheduleOf(train);
@@ -207,6 +224,27 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainConfig& conf
     t->num_global_params_ += NumElements(spec.global_shape);
   }
   return t;
+}
+
+parallel::Communicator* Trainer::DeviceGroup(parallel::GroupKind kind) const {
+  const std::unique_ptr<parallel::Communicator>* device = nullptr;
+  switch (kind) {
+    case GroupKind::kTensor:
+      device = &device_groups_.tp;
+      break;
+    case GroupKind::kData:
+      device = &device_groups_.dp;
+      break;
+    case GroupKind::kPipeline:
+      device = &device_groups_.pp;
+      break;
+    case GroupKind::kEmbedding:
+      device = &device_groups_.embedding;
+      break;
+    default:
+      break;
+  }
+  return device != nullptr && *device != nullptr ? device->get() : groups_->group(kind);
 }
 
 absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainConfig& config) {
@@ -287,7 +325,7 @@ absl::StatusOr<double> Trainer::Evaluate() {
   constexpr int kEvalKey = -1;
   const parallel::Topology& topology = groups_->topology;
   const int p = topology.pp(), stages = p * static_cast<int>(chunks_.size());
-  parallel::Communicator& pp = *groups_->pp;
+  parallel::Communicator& pp = *DeviceGroup(GroupKind::kPipeline);
   model::NormFormerModel::LossSum local;
   for (int64_t iter = 0; iter < train.eval_iters(); ++iter) {
     for (int mb = 0; mb < micro_batches_; ++mb) {
@@ -324,8 +362,8 @@ absl::StatusOr<double> Trainer::Evaluate() {
 absl::Status Trainer::ReduceEmbeddingGradients() {
   for (const std::unique_ptr<model::NormFormerModel>& chunk : chunks_) {
     for (const std::string& name : chunk->embedding_group_params()) {
-      NF_RETURN_IF_ERROR(
-          groups_->embedding->AllReduce(chunk->params().Get(name).grad, parallel::ReduceOp::kSum));
+      NF_RETURN_IF_ERROR(DeviceGroup(GroupKind::kEmbedding)
+                             ->AllReduce(chunk->params().Get(name).grad, parallel::ReduceOp::kSum));
     }
   }
   return absl::OkStatus();

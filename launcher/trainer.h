@@ -28,6 +28,7 @@
 #include "launcher/train_config.pb.h"
 #include "model/normformer_model.h"
 #include "parallel/data_parallel_optimizer.h"
+#include "parallel/device_groups.h"
 #include "parallel/process_groups.h"
 
 namespace nf::launcher {
@@ -76,9 +77,14 @@ class Trainer {
 
   // Parameters of the whole model (every layer and the embedding once).
   int64_t num_global_params() const { return num_global_params_; }
+  // Where this rank's model lives (train.device resolved).
+  Device device() const { return device_; }
 
  private:
   Trainer() = default;
+  // The communicator for device tensors of `kind` (tp, dp, pp, embedding): the NCCL one of a
+  // multi-process GPU job, else the process group (MPI, or a group of one).
+  parallel::Communicator* DeviceGroup(parallel::GroupKind kind) const;
   absl::Status ReduceEmbeddingGradients();
   // Sums the last stage's (loss sum, tokens) over the world (tp rank 0 of the last stage of
   // every data-parallel rank contributes): every rank gets the global pair.
@@ -90,6 +96,9 @@ class Trainer {
   TrainConfig config_;
   std::unique_ptr<parallel::ProcessGroups> own_groups_;  // single process only; outlives the rest
   parallel::ProcessGroups* groups_ = nullptr;
+  // NCCL over groups_ for device tensors; empty on the CPU and in a job of one process. Declared
+  // before the members that use them, so destroyed after them.
+  parallel::DeviceGroups device_groups_;
   std::vector<std::unique_ptr<model::NormFormerModel>> chunks_;
   std::vector<std::unique_ptr<parallel::DataParallelOptimizer>> optimizers_;  // per chunk
   std::optional<PipelineExecutor> executor_;
@@ -114,6 +123,10 @@ optim::AdamWConfig AdamWConfigOf(const OptimizerConfig& config);
 // Micro-batches per data-parallel rank and step: the global batch split over dp ranks in
 // micro-batches; InvalidArgument with the nearest working global batches otherwise.
 absl::StatusOr<int> MicroBatchesPerRank(const TrainOptions& train, int dp);
+
+// The GPU of a process: local_rank % gpus (gpus > 0), refused when a job of several ranks
+// would put two of a node's ranks on one GPU.
+absl::StatusOr<int> GpuOfLocalRank(int local_rank, int gpus, int world_size);
 
 // The parallel sizes of a config (dp resolved from the world by the topology).
 parallel::ParallelSizes ParallelSizesOf(const ParallelConfig& config);

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/types/span.h"
 #include "core/status.h"
 #include "parallel/comm_checks.h"
 
@@ -98,7 +99,6 @@ struct NcclCommunicator::State {
     ScopedDevice on_device(device);
     if (comm != nullptr) ncclCommDestroy(comm);
     if (barrier_value != nullptr) cudaFree(barrier_value);
-    if (ready != nullptr) cudaEventDestroy(ready);
     if (stream != nullptr) cudaStreamDestroy(stream);
   }
 
@@ -110,48 +110,99 @@ struct NcclCommunicator::State {
   WatchdogOptions watchdog;
   cudaStream_t compute = nullptr;
   cudaStream_t stream = nullptr;  // communication
-  // Recorded on the compute stream and waited for by the communication stream at once at the
-  // start of each call; the wait captures the event as recorded then, so one event serves all.
-  cudaEvent_t ready = nullptr;
+  // Sends issued but not yet handed to NCCL, in issue order (the point-to-point note in the
+  // header); each is its handle, which flushes the queue before it completes or dies.
+  std::vector<NcclPendingOp*> deferred;
   int32_t* barrier_value = nullptr;  // one device int, all-reduced by Barrier (max: stays 0)
   // Null once aborted after an asynchronous NCCL error: a communicator in that state cannot
   // be used again.
   ncclComm_t comm = nullptr;
 };
 
-// An operation issued on the communication stream: the event that marks its completion and
-// the tensors it touches, kept alive (and named in errors) as long as the handle.
+// One operation: its NCCL arguments, the tensors it touches (kept alive, and named in errors,
+// as long as the handle), the event that orders it after the compute stream as of its call,
+// and the event that marks its completion on the communication stream.
 class NcclPendingOp final : public CommHandle {
  public:
-  NcclPendingOp(std::shared_ptr<NcclCommunicator::State> state, CommOp op,
-                std::vector<Tensor> tensors, int peer)
-      : state_(std::move(state)), op_(op), tensors_(std::move(tensors)) {
-    if (peer >= 0 && (op == CommOp::kSend || op == CommOp::kRecv)) {
-      peer_world_rank_ = state_->world_ranks[peer];
+  NcclPendingOp(std::shared_ptr<NcclCommunicator::State> state, CommOp op, internal::NcclPlan plan,
+                std::vector<Tensor> tensors)
+      : state_(std::move(state)), op_(op), plan_(plan), tensors_(std::move(tensors)) {
+    if (op == CommOp::kSend || op == CommOp::kRecv) {
+      peer_world_rank_ = state_->world_ranks[plan_.peer];
     }
   }
 
   ~NcclPendingOp() override {
-    // NCCL may still write the tensors; waiting (under the watchdog) is the only safe end for
-    // a handle the caller dropped.
-    if (issued_ && !waited_) Wait().IgnoreError();
-    if (done_ != nullptr) {
-      ScopedDevice on_device(state_->device);
-      cudaEventDestroy(done_);
-    }
+    // NCCL may still write the tensors (or, for a deferred send, not have started): waiting
+    // (under the watchdog) is the only safe end for a handle the caller dropped.
+    if ((issued_ || deferred_) && !waited_) Wait().IgnoreError();
+    ScopedDevice on_device(state_->device);
+    if (ready_ != nullptr) cudaEventDestroy(ready_);
+    if (done_ != nullptr) cudaEventDestroy(done_);
   }
 
+  CommOp op() const { return op_; }
   // The tensors, for errors ("f16[8] on cuda:0 -> f16[2] on cuda:0").
   std::string Describe() const { return DescribeTensors(tensors_); }
 
-  absl::Status CreateEvent() {
-    const cudaError_t error = cudaEventCreateWithFlags(&done_, cudaEventDisableTiming);
+  // Creates the events and records `ready_` on the compute stream: the operation will read and
+  // write its tensors only after the kernels issued before this call.
+  absl::Status Prepare() {
+    const State& s = *state_;
+    for (cudaEvent_t* event : {&ready_, &done_}) {
+      const cudaError_t error = cudaEventCreateWithFlags(event, cudaEventDisableTiming);
+      if (error != cudaSuccess) {
+        return CudaError(error, CommOpName(op_), s.name, "cudaEventCreateWithFlags");
+      }
+    }
+    const cudaError_t error = cudaEventRecord(ready_, s.compute);
     if (error == cudaSuccess) return absl::OkStatus();
-    return CudaError(error, CommOpName(op_), state_->name, "cudaEventCreateWithFlags");
+    return CudaError(error, CommOpName(op_), s.name, "cudaEventRecord on the compute stream");
+  }
+
+  // A send waits in the communicator's queue until the next receive, wait or other operation.
+  void Defer() {
+    deferred_ = true;
+    state_->deferred.push_back(this);
+  }
+
+  // Makes the communication stream wait for `ready_`; called before the NCCL group starts.
+  absl::Status OrderAfterCompute() {
+    const cudaError_t error = cudaStreamWaitEvent(state_->stream, ready_, 0);
+    if (error == cudaSuccess) return absl::OkStatus();
+    return CudaError(error, CommOpName(op_), state_->name,
+                     "cudaStreamWaitEvent on the communication stream");
+  }
+
+  // The NCCL call, inside the caller's ncclGroupStart/End.
+  ncclResult_t Call() const {
+    State& s = *state_;
+    const internal::NcclPlan& p = plan_;
+    switch (op_) {
+      case CommOp::kAllReduce:
+        return ncclAllReduce(p.send, p.recv, p.count, p.type, p.reduce, s.comm, s.stream);
+      case CommOp::kReduceScatter:
+        return ncclReduceScatter(p.send, p.recv, p.count, p.type, p.reduce, s.comm, s.stream);
+      case CommOp::kAllGather:
+        return ncclAllGather(p.send, p.recv, p.count, p.type, s.comm, s.stream);
+      case CommOp::kBroadcast:
+        return ncclBroadcast(p.send, p.recv, p.count, p.type, p.peer, s.comm, s.stream);
+      case CommOp::kSend:
+        return ncclSend(p.send, p.count, p.type, p.peer, s.comm, s.stream);
+      case CommOp::kRecv:
+        return ncclRecv(p.recv, p.count, p.type, p.peer, s.comm, s.stream);
+      case CommOp::kBarrier:
+        return ncclAllReduce(s.barrier_value, s.barrier_value, 1, ncclInt32, ncclMax, s.comm,
+                             s.stream);
+      case CommOp::kCount:
+        break;
+    }
+    return ncclInternalError;
   }
 
   // Marks the operation's end on the communication stream; from then on it must be waited for.
   absl::Status RecordDone() {
+    deferred_ = false;
     const cudaError_t error = cudaEventRecord(done_, state_->stream);
     if (error != cudaSuccess) {
       return CudaError(error, CommOpName(op_), state_->name,
@@ -169,6 +220,12 @@ class NcclPendingOp final : public CommHandle {
                                  absl::StrCat("Wait() called twice on the handle of ", Describe()));
     }
     waited_ = true;
+    if (deferred_) NF_RETURN_IF_ERROR(IssueDeferredSends(s));
+    if (!issued_) {
+      return internal::CommError(absl::StatusCode::kAborted, op_, s.name,
+                                 absl::StrCat(NcclCallName(op_), " of ", Describe(),
+                                              " was never issued: an earlier call failed"));
+    }
     ScopedDevice on_device(s.device);
     NF_RETURN_IF_ERROR(on_device.status(operation, s.name));
     // The compute stream's later kernels see the result without the host in the way ...
@@ -190,6 +247,16 @@ class NcclPendingOp final : public CommHandle {
                             if (s.comm != nullptr) ncclCommAbort(s.comm);
                           }));
     return absl::OkStatus();
+  }
+
+  // Issues `ops` on the communication stream as one NCCL group (one kernel, in which NCCL
+  // progresses every send and receive at once) and records each one's completion.
+  static absl::Status IssueGroup(NcclCommunicator::State& s, absl::Span<NcclPendingOp* const> ops);
+  // Issues the queued sends, if any, as one group.
+  static absl::Status IssueDeferredSends(NcclCommunicator::State& s) {
+    std::vector<NcclPendingOp*> sends;
+    sends.swap(s.deferred);
+    return IssueGroup(s, sends);
   }
 
  private:
@@ -226,19 +293,57 @@ class NcclPendingOp final : public CommHandle {
 
   std::shared_ptr<State> state_;
   CommOp op_;
+  internal::NcclPlan plan_;
   std::vector<Tensor> tensors_;
   int peer_world_rank_ = -1;
+  cudaEvent_t ready_ = nullptr;
   cudaEvent_t done_ = nullptr;
+  bool deferred_ = false;  // in state_->deferred, not handed to NCCL yet
   bool issued_ = false;
   bool waited_ = false;
 };
+
+absl::Status NcclPendingOp::IssueGroup(NcclCommunicator::State& s,
+                                       absl::Span<NcclPendingOp* const> ops) {
+  if (ops.empty()) return absl::OkStatus();
+  const NcclPendingOp& last = *ops.back();
+  const absl::string_view operation = CommOpName(last.op_);
+  if (s.comm == nullptr) {
+    return internal::CommError(absl::StatusCode::kFailedPrecondition, last.op_, s.name,
+                               "the NCCL communicator was aborted after an earlier error");
+  }
+  ScopedDevice on_device(s.device);
+  NF_RETURN_IF_ERROR(on_device.status(operation, s.name));
+  for (NcclPendingOp* op : ops) NF_RETURN_IF_ERROR(op->OrderAfterCompute());
+  ncclResult_t result = ncclGroupStart();
+  const NcclPendingOp* failed = nullptr;
+  for (const NcclPendingOp* op : ops) {
+    if (result != ncclSuccess) break;
+    result = op->Call();
+    if (result != ncclSuccess) failed = op;
+  }
+  // Ends the group even after a failed call, which NCCL needs to drop the group's state.
+  const ncclResult_t ended = ncclGroupEnd();
+  if (result == ncclSuccess) result = ended;
+  if (result != ncclSuccess) {
+    const NcclPendingOp& culprit = failed != nullptr ? *failed : last;
+    return NcclError(
+        result, CommOpName(culprit.op_), s.name,
+        absl::StrCat(NcclCallName(culprit.op_), " of ", culprit.Describe(),
+                     ops.size() > 1 ? absl::StrCat(" (in a group of ", ops.size(), " operations)")
+                                    : std::string()),
+        s.comm);
+  }
+  for (NcclPendingOp* op : ops) NF_RETURN_IF_ERROR(op->RecordDone());
+  return absl::OkStatus();
+}
 
 // ---- Creation -----------------------------------------------------------------------------------
 
 namespace {
 
 // This rank's half of creation, before any other rank is involved: the device exists, the
-// compute stream belongs to it, and the communication stream, event and barrier int exist.
+// compute stream belongs to it, and the communication stream and barrier int exist.
 absl::Status PrepareDevice(NcclCommunicator::State& s) {
   int count = 0;
   cudaError_t error = cudaGetDeviceCount(&count);
@@ -264,8 +369,6 @@ absl::Status PrepareDevice(NcclCommunicator::State& s) {
   }
   error = cudaStreamCreateWithFlags(&s.stream, cudaStreamNonBlocking);
   if (error != cudaSuccess) return CudaError(error, kCreate, s.name, "cudaStreamCreateWithFlags");
-  error = cudaEventCreateWithFlags(&s.ready, cudaEventDisableTiming);
-  if (error != cudaSuccess) return CudaError(error, kCreate, s.name, "cudaEventCreateWithFlags");
   error = cudaMalloc(&s.barrier_value, sizeof(int32_t));
   if (error != cudaSuccess) return CudaError(error, kCreate, s.name, "cudaMalloc of 4 bytes");
   error = cudaMemset(s.barrier_value, 0, sizeof(int32_t));
@@ -352,58 +455,29 @@ absl::StatusOr<std::unique_ptr<NcclPendingOp>> NcclCommunicator::Start(
     CommOp op, const absl::StatusOr<internal::NcclPlan>& plan, std::vector<Tensor> tensors) {
   NF_RETURN_IF_ERROR(plan.status());
   State& s = *state_;
-  const absl::string_view operation = CommOpName(op);
   if (s.comm == nullptr) {
     return internal::CommError(absl::StatusCode::kFailedPrecondition, op, s.name,
                                "the NCCL communicator was aborted after an earlier error");
   }
   ScopedDevice on_device(s.device);
-  NF_RETURN_IF_ERROR(on_device.status(operation, s.name));
-  cudaError_t error = cudaEventRecord(s.ready, s.compute);
-  if (error != cudaSuccess) {
-    return CudaError(error, operation, s.name, "cudaEventRecord on the compute stream");
+  NF_RETURN_IF_ERROR(on_device.status(CommOpName(op), s.name));
+  auto pending = std::make_unique<NcclPendingOp>(state_, op, *plan, std::move(tensors));
+  NF_RETURN_IF_ERROR(pending->Prepare());
+  if (op == CommOp::kSend) {
+    pending->Defer();
+  } else if (op == CommOp::kRecv) {
+    // One group with the sends issued before it: a kernel that cannot block on either.
+    std::vector<NcclPendingOp*> group;
+    group.swap(s.deferred);
+    group.push_back(pending.get());
+    NF_RETURN_IF_ERROR(NcclPendingOp::IssueGroup(s, group));
+  } else {
+    // Collectives stay out of point-to-point groups: the earlier sends go first, alone.
+    NF_RETURN_IF_ERROR(NcclPendingOp::IssueDeferredSends(s));
+    NcclPendingOp* const alone[] = {pending.get()};
+    NF_RETURN_IF_ERROR(NcclPendingOp::IssueGroup(s, alone));
   }
-  error = cudaStreamWaitEvent(s.stream, s.ready, 0);
-  if (error != cudaSuccess) {
-    return CudaError(error, operation, s.name, "cudaStreamWaitEvent on the communication stream");
-  }
-  auto pending = std::make_unique<NcclPendingOp>(state_, op, std::move(tensors), plan->peer);
-  NF_RETURN_IF_ERROR(pending->CreateEvent());
-
-  const internal::NcclPlan& p = *plan;
-  ncclResult_t result = ncclSuccess;
-  switch (op) {
-    case CommOp::kAllReduce:
-      result = ncclAllReduce(p.send, p.recv, p.count, p.type, p.reduce, s.comm, s.stream);
-      break;
-    case CommOp::kReduceScatter:
-      result = ncclReduceScatter(p.send, p.recv, p.count, p.type, p.reduce, s.comm, s.stream);
-      break;
-    case CommOp::kAllGather:
-      result = ncclAllGather(p.send, p.recv, p.count, p.type, s.comm, s.stream);
-      break;
-    case CommOp::kBroadcast:
-      result = ncclBroadcast(p.send, p.recv, p.count, p.type, p.peer, s.comm, s.stream);
-      break;
-    case CommOp::kSend:
-      result = ncclSend(p.send, p.count, p.type, p.peer, s.comm, s.stream);
-      break;
-    case CommOp::kRecv:
-      result = ncclRecv(p.recv, p.count, p.type, p.peer, s.comm, s.stream);
-      break;
-    case CommOp::kBarrier:
-      result =
-          ncclAllReduce(s.barrier_value, s.barrier_value, 1, ncclInt32, ncclMax, s.comm, s.stream);
-      break;
-    case CommOp::kCount:
-      break;
-  }
-  if (result != ncclSuccess) {
-    return NcclError(result, operation, s.name,
-                     absl::StrCat(NcclCallName(op), " of ", pending->Describe()), s.comm);
-  }
-  NF_RETURN_IF_ERROR(pending->RecordDone());
-  Count(op, p.bytes);
+  Count(op, plan->bytes);
   return pending;
 }
 

@@ -292,7 +292,8 @@ TEST(TrainerTest, Fp16LossScalerSkipsOverflowsBacksOffAndGrows) {
       EXPECT_TRUE(std::isfinite(s.grad_norm)) << "step " << step;
       EXPECT_GT(s.grad_norm, 0.0) << "step " << step;
       // An update with lr > 0 (warmup from step 1) and a nonzero gradient moves the weights.
-      EXPECT_FALSE(Bytes(trainer->chunks().front()->params().params()) == before) << "step " << step;
+      EXPECT_FALSE(Bytes(trainer->chunks().front()->params().params()) == before)
+          << "step " << step;
     }
     ASSERT_EQ(s.skipped_total, skipped_total) << "step " << step;
     ASSERT_EQ(scaler.skipped_steps(), skipped_total) << "step " << step;
@@ -393,6 +394,45 @@ TEST(TrainerTest, CudaDeviceNeedsAGpu) {
   ASSERT_FALSE(trainer.ok());
   EXPECT_THAT(std::string(trainer.status().message()),
               StartsWith("train.device: CUDA, but this process sees no GPU"));
+}
+
+TEST(TrainerTest, CudaWithSeveralRanksNeedsAGpu) {
+  if (nf::ops::GpuCount() > 0) {
+    GTEST_SKIP() << "a GPU machine: multi-rank CUDA jobs need one rank per GPU under mpirun";
+  }
+  // Rank 0 of tp = 2: the GPU check comes before any communication, so groups of one will do.
+  TrainConfig config = SmallConfig(TrainOptions::FP32, 5);
+  config.mutable_train()->set_device(TrainOptions::CUDA);
+  config.mutable_parallel()->set_tensor_parallel(2);
+  nf::parallel::ProcessGroups groups = nf::parallel::SingleProcessGroups();
+  auto topology = nf::parallel::Topology::Create(2, 0, {.tp = 2});
+  ASSERT_TRUE(topology.ok()) << topology.status();
+  groups.topology = *topology;
+  auto trainer = Trainer::Create(config, groups);
+  ASSERT_FALSE(trainer.ok());
+  EXPECT_THAT(std::string(trainer.status().message()),
+              StartsWith("train.device: CUDA, but this process sees no GPU"));
+}
+
+TEST(GpuOfLocalRankTest, OneGpuPerRank) {
+  EXPECT_EQ(*GpuOfLocalRank(0, 1, 1), 0);
+  EXPECT_EQ(*GpuOfLocalRank(3, 8, 16), 3);  // 2 nodes of 8 GPUs
+  EXPECT_EQ(*GpuOfLocalRank(7, 8, 16), 7);
+  // One process may take any local rank (a job of one started by mpirun on a busy node).
+  EXPECT_EQ(*GpuOfLocalRank(3, 2, 1), 1);
+}
+
+TEST(GpuOfLocalRankTest, RefusesTwoRanksOnOneGpu) {
+  const auto one = GpuOfLocalRank(1, 1, 2);
+  ASSERT_FALSE(one.ok());
+  EXPECT_EQ(one.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(one.status().message(),
+            "train.device: CUDA: local rank 1 but this process sees 1 GPU; run one rank per GPU "
+            "(at most 1 rank per node), or check CUDA_VISIBLE_DEVICES");
+  const auto four = GpuOfLocalRank(4, 4, 8);
+  ASSERT_FALSE(four.ok());
+  EXPECT_THAT(std::string(four.status().message()),
+              HasSubstr("sees 4 GPUs; run one rank per GPU (at most 4 ranks per node)"));
 }
 
 // ---- RunTraining ----------------------------------------------------------------------------

@@ -3,17 +3,21 @@
 //   NcclHostTest.*             no GPU needed, never skipped: dtype and operation mapping, every
 //                              refusal and in-place layout on the host side (tensors from an
 //                              allocator that labels host memory cuda:0), creation refusing a
-//                              device the process does not have.
+//                              device the process does not have, device groups refusing the CPU.
 //   NcclCommunicatorGpuTest.*  labelled gpu: a group of one through NCCL on device 0 (NCCL
 //                              refuses two ranks on one device), every collective against a
 //                              host reference, ordering after the compute stream, byte counts
-//                              and refusals. Skipped, saying so, only where no CUDA device is.
+//                              and refusals, device groups of one rank staying local. Skipped,
+//                              saying so, only where no CUDA device is. Sends grouped with
+//                              receives need two GPUs: communicators refuse a send to this rank,
+//                              and NCCL two ranks on one GPU.
 // The references are written for any group size (each rank on device = its rank), so a
 // machine with several GPUs can run the same program on more ranks.
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -21,6 +25,8 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "mpi_test_util.h"
+#include "parallel/device_groups.h"
+#include "parallel/local_communicator.h"
 #include "parallel/nccl_communicator.h"
 #include "parallel/nccl_plan.h"
 #include "test_util.h"
@@ -197,6 +203,12 @@ TEST(NcclHostTest, CreateRefusesADeviceTheProcessDoesNotHave) {
   } else {
     EXPECT_THAT(std::string(comm.status().message()), HasSubstr("cudaGetDeviceCount failed: "));
   }
+}
+
+TEST(NcclHostTest, DeviceGroupsNeedACudaDevice) {
+  const ProcessGroups groups = SingleProcessGroups();
+  ExpectInvalidArgument(CreateDeviceGroups(groups, Device::Cpu()).status(),
+                        "device groups need a CUDA device, not cpu");
 }
 
 // ---- On a GPU -----------------------------------------------------------------------------------
@@ -465,6 +477,24 @@ TEST_F(NcclCommunicatorGpuTest, HandlesAreWaitedForOnceAndMayOutliveTheCommunica
   const absl::Status twice = (*handle)->Wait();
   EXPECT_EQ(twice.code(), absl::StatusCode::kFailedPrecondition) << twice;
   EXPECT_THAT(std::string(twice.message()), HasSubstr("Wait() called twice"));
+}
+
+// A job of one rank: every group has one member, so no NCCL communicator is made.
+TEST_F(NcclCommunicatorGpuTest, DeviceGroupsOfOneRankStayLocal) {
+  auto groups = CreateProcessGroups({});
+  ASSERT_TRUE(groups.ok()) << groups.status();
+  auto device_groups = CreateDeviceGroups(*groups, Device::Cuda(device_));
+  ASSERT_TRUE(device_groups.ok()) << device_groups.status();
+  const std::pair<const char*, Communicator*> made[] = {
+      {"tp", device_groups->tp.get()},
+      {"dp", device_groups->dp.get()},
+      {"pp", device_groups->pp.get()},
+      {"embedding", device_groups->embedding.get()}};
+  for (const auto& [name, comm] : made) {
+    ASSERT_NE(comm, nullptr) << name;
+    EXPECT_EQ(comm->name(), name);
+    EXPECT_NE(dynamic_cast<LocalCommunicator*>(comm), nullptr) << name;
+  }
 }
 
 }  // namespace
