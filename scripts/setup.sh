@@ -46,3 +46,10 @@ if ! "$venv/bin/python" -c "import numpy, safetensors" 2>/dev/null; then
   /usr/bin/python3 -m venv --system-site-packages "$venv"  # Debian's, which sees its numpy
   "$venv/bin/pip" install -q --disable-pip-version-check "safetensors==0.4.5"
 fi
+# The cuDNN frontend's C++ headers (core/cuda/cudnn_attention.cc; CMake finds them in .venv).
+# --no-deps: only the headers are used, not the Python package's CUTLASS and TVM dependencies.
+if ! "$venv/bin/python" -c "import importlib.metadata as m
+assert m.version('nvidia-cudnn-frontend') == '1.32.0'" 2>/dev/null; then
+  echo "setup: installing the cuDNN frontend headers into $venv"
+  "$venv/bin/pip" install -q --disable-pip-version-check --no-deps "nvidia-cudnn-frontend==1.32.0"
+fi

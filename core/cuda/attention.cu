@@ -320,8 +320,7 @@ absl::Status CudaBackend::SoftmaxBackward(const Tensor& y, const Tensor& dy, con
   return absl::OkStatus();
 }
 
-absl::Status CudaBackend::AttentionForward(const ops::AttentionArgs& args) {
-  if (args.q.numel() == 0) return absl::OkStatus();
+absl::Status CudaBackend::OwnAttentionForward(const ops::AttentionArgs& args) {
   const AttentionShape shape = ShapeOf(args.q, args.scale, args.dropout);
   const dim3 grid = RowGrid(shape.seq, args.q.dim(0) * shape.heads);
   return DispatchHeadDim(shape.dim, [&]<int kChunks>() {
@@ -336,8 +335,7 @@ absl::Status CudaBackend::AttentionForward(const ops::AttentionArgs& args) {
   });
 }
 
-absl::Status CudaBackend::AttentionBackward(const ops::AttentionBackwardArgs& args) {
-  if (args.q.numel() == 0) return absl::OkStatus();
+absl::Status CudaBackend::OwnAttentionBackward(const ops::AttentionBackwardArgs& args) {
   const AttentionShape shape = ShapeOf(args.q, args.scale, args.dropout);
   const int64_t pairs = args.q.dim(0) * shape.heads;
   NF_ASSIGN_OR_RETURN(Tensor row_dot,

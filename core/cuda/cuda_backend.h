@@ -3,7 +3,8 @@
 // computes what its CPU twin (core/cpu) computes, with fp32 arithmetic and accumulation; sums
 // run in a fixed order per launch configuration (no atomics except EmbeddingBackward's), so
 // results repeat run to run. Methods are defined by concern in gemm.cc, elementwise.cu,
-// layout.cu, layer_norm.cu, attention.cu, embedding_loss.cu, optimizer.cu and copy.cc.
+// layout.cu, layer_norm.cu, attention.cu, attention_dispatch.cc (cuDNN's fused attention or the
+// own kernel), embedding_loss.cu, optimizer.cu and copy.cc.
 #pragma once
 
 #include "core/cuda/cuda_context.h"
@@ -75,6 +76,11 @@ class CudaBackend final : public ops::Backend {
 
  private:
   cudaStream_t stream() const { return context_.stream(); }
+
+  // The project's own causal attention kernels (attention.cu), for the calls cuDNN does not
+  // take (attention_dispatch.h); q non-empty.
+  absl::Status OwnAttentionForward(const ops::AttentionArgs& args);
+  absl::Status OwnAttentionBackward(const ops::AttentionBackwardArgs& args);
 
   CudaContext& context_;
 };

@@ -1,0 +1,286 @@
+#include "core/cuda/cudnn_attention.h"
+
+#include <cudnn_frontend.h>
+#include <dlfcn.h>
+
+#include <array>
+#include <bit>
+#include <cstdio>
+#include <exception>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+
+#include "absl/strings/str_cat.h"
+#include "core/status.h"
+
+// With NV_CUDNN_FRONTEND_USE_DYNAMIC_LOADING the frontend reaches every cuDNN function through
+// dlsym on this handle, which the program defines and sets (LoadCudnn): nothing links libcudnn,
+// so the programs start on machines without it.
+namespace cudnn_frontend {
+void* cudnn_dlhandle = nullptr;
+}  // namespace cudnn_frontend
+
+namespace nf::cuda {
+namespace {
+
+namespace fe = cudnn_frontend;
+using TensorAttr = std::shared_ptr<fe::graph::Tensor_attributes>;
+
+// Tensor ids in the graphs and their variant packs.
+enum Uid : int64_t { kQ = 1, kK, kV, kO, kStats, kDO, kDQ, kDK, kDV };
+
+// Why cuDNN cannot run, said once on stderr where it is found (each cause is met once: the
+// library and handle states and unsupported graphs are kept): a fallback is slower and should
+// not go unnoticed.
+absl::Status Unavailable(absl::string_view why) {
+  absl::Status status =
+      absl::UnimplementedError(absl::StrCat("cuDNN attention unavailable: ", why));
+  std::fprintf(stderr, "normformer: %s; using the own attention kernel\n",
+               std::string(status.message()).c_str());
+  return status;
+}
+
+// dlopens libcudnn of the headers' major version, once per process.
+const absl::Status& LoadCudnn() {
+  static const absl::Status* const status = [] {
+    const std::string name = absl::StrCat("libcudnn.so.", CUDNN_MAJOR);
+    void* library = dlopen(name.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (library == nullptr) {
+      return new absl::Status(Unavailable(absl::StrCat("cannot load ", name, ": ", dlerror())));
+    }
+    fe::cudnn_dlhandle = library;
+    try {
+      // cuDNN numbers versions major * 10000 + minor * 100 + patch.
+      const size_t version = fe::detail::get_backend_version();
+      if (version / 10000 != CUDNN_MAJOR) {
+        return new absl::Status(Unavailable(absl::StrCat(name, " reports version ", version)));
+      }
+    } catch (const std::exception& e) {
+      return new absl::Status(Unavailable(e.what()));
+    }
+    return new absl::Status();
+  }();
+  return *status;
+}
+
+// Shape, dtype, scale and device of a graph: one forward and one backward graph per key.
+struct GraphKey {
+  int device;
+  bool backward;
+  DType dtype;
+  int64_t batch, heads, seq, dim;
+  uint32_t scale_bits;  // the scale is part of the graph (a pass-by-value scalar)
+  auto operator<=>(const GraphKey&) const = default;
+};
+
+// A built graph and its workspace size, or why it could not be built (kept too, so that an
+// unsupported shape is not rebuilt at every call).
+struct BuiltGraph {
+  absl::Status status;
+  std::shared_ptr<fe::graph::Graph> graph;
+  int64_t workspace_bytes = 0;
+};
+
+// The process's cuDNN state: a handle per device and the graphs built so far. Graph building
+// and execution share one handle per device, so calls hold the mutex while they use it.
+struct CudnnState {
+  std::mutex mutex;
+  std::array<cudnnHandle_t, kMaxDevices> handles{};
+  std::array<absl::Status, kMaxDevices> handle_status;
+  std::map<GraphKey, BuiltGraph> graphs;
+};
+
+CudnnState& State() {
+  static CudnnState* const state = new CudnnState;  // lives for the process, like the contexts
+  return *state;
+}
+
+absl::StatusOr<cudnnHandle_t> HandleLocked(CudnnState& state, CudaContext& context) {
+  NF_RETURN_IF_ERROR(LoadCudnn());
+  const int device = context.device();
+  if (state.handles[device] != nullptr) return state.handles[device];
+  NF_RETURN_IF_ERROR(state.handle_status[device]);
+  cudnnHandle_t handle = nullptr;
+  absl::Status status;
+  try {
+    // cudnnCreate binds the handle to the current device.
+    if (cudaSetDevice(device) != cudaSuccess) {
+      status = Unavailable(absl::StrCat("cannot select cuda:", device));
+    } else if (fe::detail::create_handle(&handle) != CUDNN_STATUS_SUCCESS) {
+      status = Unavailable(absl::StrCat("cudnnCreate failed on cuda:", device));
+    } else if (fe::detail::set_stream(handle, context.stream()) != CUDNN_STATUS_SUCCESS) {
+      status = Unavailable("cudnnSetStream failed");
+    }
+  } catch (const std::exception& e) {
+    status = Unavailable(e.what());
+  }
+  if (!status.ok()) {
+    state.handle_status[device] = status;
+    return status;
+  }
+  state.handles[device] = handle;
+  return handle;
+}
+
+fe::DataType_t IoType(DType dtype) {
+  return dtype == DType::kF16 ? fe::DataType_t::HALF : fe::DataType_t::BFLOAT16;
+}
+
+// A contiguous [batch, heads, seq, head_dim] tensor of the graph.
+fe::graph::Tensor_attributes& SetBhsd(fe::graph::Tensor_attributes& t, const GraphKey& key) {
+  return t.set_dim({key.batch, key.heads, key.seq, key.dim})
+      .set_stride({key.heads * key.seq * key.dim, key.seq * key.dim, key.dim, 1});
+}
+
+TensorAttr BhsdInput(fe::graph::Graph& graph, const char* name, Uid uid, const GraphKey& key) {
+  fe::graph::Tensor_attributes t;
+  t.set_name(name).set_uid(uid);
+  return graph.tensor(SetBhsd(t, key));
+}
+
+// lse fp32 [batch, heads, seq] as cuDNN's Stats [batch, heads, seq, 1]: the same bytes.
+fe::graph::Tensor_attributes& SetStats(fe::graph::Tensor_attributes& t, const GraphKey& key) {
+  return t.set_uid(kStats)
+      .set_data_type(fe::DataType_t::FLOAT)
+      .set_dim({key.batch, key.heads, key.seq, 1})
+      .set_stride({key.heads * key.seq, key.seq, 1, 1});
+}
+
+// Adds the forward (out, lse from q, k, v) or backward (dq, dk, dv) operation to `graph`.
+void AddAttention(fe::graph::Graph& graph, const GraphKey& key, float scale) {
+  const TensorAttr q = BhsdInput(graph, "q", kQ, key);
+  const TensorAttr k = BhsdInput(graph, "k", kK, key);
+  const TensorAttr v = BhsdInput(graph, "v", kV, key);
+  if (!key.backward) {
+    auto options = fe::graph::SDPA_attributes()
+                       .set_name("attention")
+                       .set_generate_stats(true)  // training: the backward needs lse
+                       .set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT)
+                       .set_diagonal_band_right_bound(0)  // causal: key j <= query i
+                       .set_attn_scale(scale);
+    auto [out, stats] = graph.sdpa(q, k, v, options);
+    SetBhsd(out->set_output(true).set_uid(kO), key);
+    SetStats(stats->set_output(true), key);
+    return;
+  }
+  const TensorAttr out = BhsdInput(graph, "out", kO, key);
+  const TensorAttr dout = BhsdInput(graph, "dout", kDO, key);
+  fe::graph::Tensor_attributes stats_attr;
+  stats_attr.set_name("lse");
+  const TensorAttr stats = graph.tensor(SetStats(stats_attr, key));
+  auto options = fe::graph::SDPA_backward_attributes()
+                     .set_name("attention_backward")
+                     .set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT)
+                     .set_diagonal_band_right_bound(0)
+                     .set_attn_scale(scale)
+                     .set_deterministic_algorithm(true);  // no atomics: runs repeat exactly
+  auto [dq, dk, dv] = graph.sdpa_backward(q, k, v, out, dout, stats, options);
+  SetBhsd(dq->set_output(true).set_uid(kDQ), key);
+  SetBhsd(dk->set_output(true).set_uid(kDK), key);
+  SetBhsd(dv->set_output(true).set_uid(kDV), key);
+}
+
+// Builds the graph of `key`: a graph cuDNN rejects on this GPU gives kUnimplemented.
+BuiltGraph Build(const GraphKey& key, float scale, cudnnHandle_t handle,
+                 const cudaDeviceProp& properties) {
+  BuiltGraph built;
+  auto graph = std::make_shared<fe::graph::Graph>();
+  const auto rejected = [&](const char* stage, fe::error_t error) {
+    built.status = Unavailable(absl::StrCat(key.backward ? "backward" : "forward", " graph for [",
+                                            key.batch, ", ", key.heads, ", ", key.seq, ", ",
+                                            key.dim, "] ", stage, ": ", error.get_message()));
+    return built;
+  };
+  try {
+    graph->set_io_data_type(IoType(key.dtype))
+        .set_intermediate_data_type(fe::DataType_t::FLOAT)
+        .set_compute_data_type(fe::DataType_t::FLOAT)
+        .set_sm_version(properties.major * 10 + properties.minor);
+    AddAttention(*graph, key, scale);
+    if (auto e = graph->validate(); e.is_bad()) return rejected("invalid", e);
+    if (auto e = graph->build_operation_graph(handle); e.is_bad()) return rejected("not built", e);
+    if (auto e = graph->create_execution_plans({fe::HeurMode_t::A}); e.is_bad()) {
+      return rejected("has no plan", e);
+    }
+    if (auto e = graph->check_support(); e.is_bad()) return rejected("not supported", e);
+    if (auto e = graph->build_plans(); e.is_bad()) return rejected("plans not built", e);
+    if (auto e = graph->get_workspace_size(built.workspace_bytes); e.is_bad()) {
+      return rejected("workspace unknown", e);
+    }
+  } catch (const std::exception& e) {
+    built.status = Unavailable(e.what());
+    return built;
+  }
+  built.graph = std::move(graph);
+  return built;
+}
+
+// Runs the graph of `key` on the tensors of `pack` (uid -> device address).
+absl::Status Run(CudaContext& context, const GraphKey& key, float scale,
+                 std::unordered_map<int64_t, void*>& pack) {
+  CudnnState& state = State();
+  std::lock_guard<std::mutex> lock(state.mutex);
+  NF_ASSIGN_OR_RETURN(cudnnHandle_t handle, HandleLocked(state, context));
+  auto it = state.graphs.find(key);
+  if (it == state.graphs.end()) {
+    it = state.graphs.emplace(key, Build(key, scale, handle, context.properties())).first;
+  }
+  const BuiltGraph& built = it->second;
+  NF_RETURN_IF_ERROR(built.status);
+  // Per call from the caching allocator (no cudaMalloc after the first): freed at return while
+  // cuDNN's kernels may still run, which is safe because every user of the block runs on the
+  // same stream after them.
+  NF_ASSIGN_OR_RETURN(Tensor workspace,
+                      Tensor::Empty(DType::kU8, {built.workspace_bytes}, context.allocator()));
+  fe::error_t e;
+  try {
+    e = built.graph->execute(handle, pack, workspace.raw_data());
+  } catch (const std::exception& ex) {
+    return absl::InternalError(absl::StrCat("cuDNN attention: ", ex.what()));
+  }
+  if (e.is_bad()) {
+    return absl::InternalError(absl::StrCat("cuDNN attention failed: ", e.get_message()));
+  }
+  return absl::OkStatus();
+}
+
+GraphKey KeyOf(const CudaContext& context, bool backward, const Tensor& q, float scale) {
+  return {.device = context.device(),
+          .backward = backward,
+          .dtype = q.dtype(),
+          .batch = q.dim(0),
+          .heads = q.dim(1),
+          .seq = q.dim(2),
+          .dim = q.dim(3),
+          .scale_bits = std::bit_cast<uint32_t>(scale)};
+}
+
+}  // namespace
+
+absl::Status CudnnAvailable(CudaContext& context) {
+  CudnnState& state = State();
+  std::lock_guard<std::mutex> lock(state.mutex);
+  return HandleLocked(state, context).status();
+}
+
+absl::Status CudnnAttentionForward(CudaContext& context, const ops::AttentionArgs& args) {
+  std::unordered_map<int64_t, void*> pack = {{kQ, args.q.raw_data()},
+                                             {kK, args.k.raw_data()},
+                                             {kV, args.v.raw_data()},
+                                             {kO, args.out.raw_data()},
+                                             {kStats, args.lse.raw_data()}};
+  return Run(context, KeyOf(context, false, args.q, args.scale), args.scale, pack);
+}
+
+absl::Status CudnnAttentionBackward(CudaContext& context, const ops::AttentionBackwardArgs& args) {
+  std::unordered_map<int64_t, void*> pack = {
+      {kQ, args.q.raw_data()},   {kK, args.k.raw_data()},     {kV, args.v.raw_data()},
+      {kO, args.out.raw_data()}, {kDO, args.dout.raw_data()}, {kStats, args.lse.raw_data()},
+      {kDQ, args.dq.raw_data()}, {kDK, args.dk.raw_data()},   {kDV, args.dv.raw_data()}};
+  return Run(context, KeyOf(context, true, args.q, args.scale), args.scale, pack);
+}
+
+}  // namespace nf::cuda

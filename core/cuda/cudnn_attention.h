@@ -1,0 +1,32 @@
+// Causal attention through cuDNN's fused scaled-dot-product attention (flash attention), built
+// with the cuDNN frontend's graph API: one forward and one backward graph per shape, dtype,
+// scale and device, built on first use and kept for the process. Compiled only with the
+// frontend's headers (NF_WITH_CUDNN); attention_dispatch.cc decides when to call it.
+//
+// Tensors as in ops::AttentionArgs: q, k, v, out, dout, dq, dk, dv contiguous [batch, heads,
+// seq, head_dim] in fp16 or bf16; lse fp32 [batch, heads, seq], which is cuDNN's "Stats" tensor
+// [batch, heads, seq, 1]: the natural-log log-sum-exp of each row of the scaled, causally
+// masked scores, as the own kernel and the CPU define it. Arithmetic and statistics are fp32;
+// as in every flash attention, the probabilities enter the P V and dS K products rounded to the
+// storage type. The backward uses cuDNN's deterministic algorithm, so a run repeats exactly as
+// with the own kernel.
+#pragma once
+
+#include "absl/status/status.h"
+#include "core/cuda/cuda_context.h"
+#include "core/ops/ops.h"
+
+namespace nf::cuda {
+
+// Loads libcudnn (once per process) and creates the device's cuDNN handle on its compute
+// stream (once per device). OK, or kUnimplemented saying why cuDNN cannot run here.
+absl::Status CudnnAvailable(CudaContext& context);
+
+// The calls run on the context's compute stream without host synchronisation (after a
+// graph's first build). They expect an eligible call (CudnnAttentionEligible) and return
+// kUnimplemented when cuDNN cannot run it on this device, so that the caller falls back to
+// the own kernel; any other error is a failure of the call.
+absl::Status CudnnAttentionForward(CudaContext& context, const ops::AttentionArgs& args);
+absl::Status CudnnAttentionBackward(CudaContext& context, const ops::AttentionBackwardArgs& args);
+
+}  // namespace nf::cuda
