@@ -8,6 +8,7 @@
 #include "absl/strings/str_format.h"
 #include "core/status.h"
 #include "launcher/config.h"
+#include "launcher/gemm_ceiling.h"
 #include "launcher/trainer.h"
 #include "model/normformer_model.h"
 #include "model/normformer_params.h"
@@ -70,11 +71,9 @@ absl::Status DryRun(const TrainConfig& config, int world_size, std::ostream& out
     total_params += NumElements(spec.global_shape);
   }
   const int64_t tokens = int64_t{train.global_batch_size()} * train.seq_len();
-  // Model FLOPs per token, forward and backward (as llm.c and Megatron count them): 6 per
-  // parameter, plus attention's 12 x layers x d_model x seq_len.
-  const double flops = (6.0 * static_cast<double>(total_params) +
-                        12.0 * m.num_layers() * m.d_model() * train.seq_len()) *
-                       static_cast<double>(tokens);
+  const double flops =
+      ModelFlopsPerToken(total_params, m.num_layers(), m.d_model(), train.seq_len()) *
+      static_cast<double>(tokens);
   out << ResolvedConfigText(config);
   out << absl::StrFormat(
       "\ndry run: %d ranks = tensor_parallel %d x pipeline_parallel %d x data_parallel %d, %s "

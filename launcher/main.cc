@@ -103,6 +103,9 @@ int UsageError(const std::string& message) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // First of all: a scheduler's SIGTERM/SIGUSR1 that arrives while the job is still starting
+  // must stop it at its first step boundary, not kill it.
+  nf::launcher::InstallStopSignalHandlers();
   std::string config_path, run_dir;
   bool dry_run = false;
   int world_size = 0;  // --dry-run only; 0: the launcher's, else tp x pp x max(dp, 1)
@@ -141,6 +144,11 @@ int main(int argc, char** argv) {
     if (PrintsSharedErrors()) std::cerr << "nf-launch: " << data.message() << "\n";
     return 2;
   }
+  if (const absl::Status device = nf::launcher::CheckDeviceAvailable(config->train());
+      !device.ok() && !dry_run) {
+    if (PrintsSharedErrors()) std::cerr << "nf-launch: " << device.message() << "\n";
+    return 2;
+  }
   if (dry_run) {
     const nf::parallel::ParallelSizes sizes = nf::launcher::ParallelSizesOf(config->parallel());
     if (world_size == 0) world_size = LauncherSize();
@@ -163,7 +171,6 @@ int main(int argc, char** argv) {
     }
     lock.emplace(*std::move(acquired));
   }
-  nf::launcher::InstallStopSignalHandlers();
   const nf::parallel::ParallelSizes sizes = nf::launcher::ParallelSizesOf(config->parallel());
   if (LauncherRank() < 0) {
     const int needed = sizes.tp * sizes.pp * std::max(sizes.dp, 1);

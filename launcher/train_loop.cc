@@ -14,6 +14,7 @@
 #include "checkpoint/save.h"
 #include "core/status.h"
 #include "launcher/config.h"
+#include "launcher/gemm_ceiling.h"
 #include "launcher/jsonl_log.h"
 #include "launcher/stop_requests.h"
 #include "launcher/trainer.h"
@@ -103,6 +104,7 @@ class TrainingRun {
 
   absl::StatusOr<RunEnd> Run() {
     NF_RETURN_IF_ERROR(PrepareRunDirectory());
+    NF_RETURN_IF_ERROR(MeasureCeiling());
     PrintHeader();
     NF_RETURN_IF_ERROR(Resume(config_, checkpoints_, *trainer_, writes_ ? &console_ : nullptr));
     first_step_ = trainer_->step();
@@ -186,6 +188,26 @@ class TrainingRun {
           ParallelConfig::Schedule_Name(config_.parallel().pipeline_schedule()),
           config_.parallel().distributed_optimizer() ? ", distributed optimizer" : "");
     }
+    console_ << absl::StrFormat(
+        "MFU: model FLOPs (6 x params + 6 x layers x d_model x seq per token) against the GEMM "
+        "ceiling measured now, %.4g TFLOP/s over %d rank(s) on %s\n",
+        job_ceiling_flops_ / 1e12, topology.world_size(), trainer_->device().ToString());
+  }
+
+  // Every rank measures its device's GEMM throughput at once (ranks sharing a machine share
+  // it, as they share it while training); the job's ceiling is the sum.
+  absl::Status MeasureCeiling() {
+    NF_ASSIGN_OR_RETURN(
+        const double flops,
+        MeasureGemmFlops(trainer_->device(), ModelDType(config_.train().precision())));
+    NF_ASSIGN_OR_RETURN(const Tensor sum, Tensor::Zeros(DType::kF64, {1}));
+    sum.data<double>()[0] = flops;
+    NF_RETURN_IF_ERROR(trainer_->world()->AllReduce(sum, parallel::ReduceOp::kSum));
+    job_ceiling_flops_ = sum.data<double>()[0];
+    const model::ModelConfig& m = config_.model();
+    flops_per_token_ = ModelFlopsPerToken(trainer_->num_global_params(), m.num_layers(),
+                                          m.d_model(), config_.train().seq_len());
+    return absl::OkStatus();
   }
 
   void Announce(const std::filesystem::path& saved) {
@@ -218,12 +240,13 @@ class TrainingRun {
     }
     const double eta = elapsed_ / static_cast<double>(stats.step - first_step_) *
                        static_cast<double>(total - stats.step);
+    const double tokens_per_second = window_tokens_ / window_seconds_;
     console_ << absl::StrFormat(
         "step %d/%d | loss %.4f | ppl %.2f | lr %.3e | scale %g | grad_norm %.3f%s | "
-        "%.0f tok/s | ETA %s\n",
+        "%.0f tok/s | MFU %.1f%% | ETA %s\n",
         stats.step, total, stats.loss, std::exp(stats.loss), stats.lr, stats.loss_scale,
-        stats.grad_norm, stats.skipped ? " (skipped)" : "", window_tokens_ / window_seconds_,
-        Duration(eta));
+        stats.grad_norm, stats.skipped ? " (skipped)" : "", tokens_per_second,
+        100.0 * tokens_per_second * flops_per_token_ / job_ceiling_flops_, Duration(eta));
     console_.flush();
     window_tokens_ = 0;
     window_seconds_ = 0.0;
@@ -261,6 +284,8 @@ class TrainingRun {
   int64_t first_step_ = 0;
   int64_t consecutive_skipped_ = 0;
   double elapsed_ = 0.0;
+  double job_ceiling_flops_ = 0.0;  // the GEMM ceiling summed over ranks (MeasureCeiling)
+  double flops_per_token_ = 0.0;
   int64_t window_tokens_ = 0;
   double window_seconds_ = 0.0;
 };

@@ -125,18 +125,21 @@ int64_t EmbeddingGroupEnd(const model::NormFormerModel& chunk) {
 // train.device resolved for this process: GPU local rank % visible GPUs.
 absl::StatusOr<Device> DeviceOf(const TrainOptions& train, const parallel::Topology& topology) {
   if (train.device() == TrainOptions::CPU) return Device::Cpu();
+  NF_RETURN_IF_ERROR(CheckDeviceAvailable(train));
   const int gpus = ops::GpuCount();
-  if (gpus == 0) {
-    return absl::FailedPreconditionError(
-        "train.device: CUDA, but this process sees no GPU (a build without nvcc has no CUDA "
-        "backend; else check nvidia-smi and CUDA_VISIBLE_DEVICES), or set train.device: CPU");
-  }
   NF_ASSIGN_OR_RETURN(const int local_rank, parallel::DiscoverLocalRank());
   NF_ASSIGN_OR_RETURN(const int gpu, GpuOfLocalRank(local_rank, gpus, topology.world_size()));
   return Device::Cuda(gpu);
 }
 
 }  // namespace
+
+absl::Status CheckDeviceAvailable(const TrainOptions& train) {
+  if (train.device() == TrainOptions::CPU || ops::GpuCount() > 0) return absl::OkStatus();
+  return absl::FailedPreconditionError(
+      "train.device: CUDA, but this process sees no GPU (a build without nvcc has no CUDA "
+      "backend; else check nvidia-smi and CUDA_VISIBLE_DEVICES), or set train.device: CPU");
+}
 
 absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainConfig& config,
                                                          parallel::ProcessGroups& groups) {

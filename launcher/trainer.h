@@ -124,6 +124,10 @@ optim::AdamWConfig AdamWConfigOf(const OptimizerConfig& config);
 // micro-batches; InvalidArgument with the nearest working global batches otherwise.
 absl::StatusOr<int> MicroBatchesPerRank(const TrainOptions& train, int dp);
 
+// train.device's GPU is visible to this process (always OK for CPU); nf-launch checks it
+// before touching the run directory.
+absl::Status CheckDeviceAvailable(const TrainOptions& train);
+
 // The GPU of a process: local_rank % gpus (gpus > 0), refused when a job of several ranks
 // would put two of a node's ranks on one GPU.
 absl::StatusOr<int> GpuOfLocalRank(int local_rank, int gpus, int world_size);

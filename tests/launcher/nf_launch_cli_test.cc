@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "cli_util.h"
+#include "core/ops/backend.h"
 #include "launcher/run_dir_lock.h"
 #include "test_util.h"
 
@@ -168,12 +169,14 @@ TEST_F(NfLaunchCliTest, ShortRunWritesConfigAndOneLogLinePerStep) {
       Launch({"--config", TinyConfig(), "--set", "train.seed=7", "--run-dir", run_dir.string()});
   ASSERT_EQ(outcome.exit_code, 0) << outcome.err;
   EXPECT_EQ(outcome.err, "");
-  // A header line, with log_interval 1 one progress line per step, and the final checkpoint.
+  // Two header lines (the run; what MFU is measured against), with log_interval 1 one
+  // progress line per step, and the final checkpoint.
   const std::vector<std::string> console = Lines(outcome.out);
-  ASSERT_EQ(console.size(), 5u) << outcome.out;
+  ASSERT_EQ(console.size(), 6u) << outcome.out;
   EXPECT_THAT(console[0], StartsWith("normformer: "));
-  EXPECT_THAT(console[3], StartsWith("step 3/3 | loss "));
-  EXPECT_EQ(console[4],
+  EXPECT_THAT(console[1], StartsWith("MFU: "));
+  EXPECT_THAT(console[4], StartsWith("step 3/3 | loss "));
+  EXPECT_EQ(console[5],
             absl::StrCat("saved checkpoint ", (run_dir / "checkpoints").string(), "/iter_0000003"));
 
   // The resolved configuration, with the override applied and defaults written out.
@@ -324,6 +327,18 @@ TEST_F(NfLaunchCliTest, MissingDatasetIsRefusedNamingTheField) {
       {absl::StrCat("data.path '", prefix, "': ", prefix,
                     ".idx does not exist (nf-preprocess --output-prefix ", prefix, " writes it)")},
       /*usage_hint=*/false);
+  EXPECT_FALSE(std::filesystem::exists(dir_ / "run"));
+}
+
+TEST_F(NfLaunchCliTest, CudaDeviceWithoutAGpuIsRefusedBeforeAnyWork) {
+  const Outcome outcome = Launch({"--config", TinyConfig(), "--set", "train.device=CUDA",
+                                  "--run-dir", (dir_ / "run").string()});
+  if (ops::GpuCount() > 0) {  // a GPU machine trains (tests/gpu checks what it computes)
+    EXPECT_EQ(outcome.exit_code, 0) << outcome.err;
+    return;
+  }
+  ExpectConfigurationError(outcome, {"train.device: CUDA, but this process sees no GPU"},
+                           /*usage_hint=*/false);
   EXPECT_FALSE(std::filesystem::exists(dir_ / "run"));
 }
 

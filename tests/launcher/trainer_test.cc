@@ -481,15 +481,19 @@ TEST(RunTrainingTest, WritesResolvedConfigAndOneRecordPerStep) {
     EXPECT_EQ(members[8].second, "128");
     EXPECT_GE(std::stod(members[9].second), 0.0);
   }
-  // Progress: a header, then steps 2 and 4 (log_interval 2) and the last one, 5, after which
-  // the run saves its checkpoint (checkpoint.save_at_end).
+  // Progress: a header (the run, then what MFU is measured against), then steps 2 and 4
+  // (log_interval 2) and the last one, 5, after which the run saves its checkpoint
+  // (checkpoint.save_at_end).
   const std::vector<std::string> lines = Lines(console.str());
-  ASSERT_EQ(lines.size(), 5u) << console.str();
+  ASSERT_EQ(lines.size(), 6u) << console.str();
   EXPECT_THAT(lines[0], StartsWith("normformer: "));
-  EXPECT_THAT(lines[1], StartsWith("step 2/5 | loss "));
-  EXPECT_THAT(lines[2], StartsWith("step 4/5 | "));
-  EXPECT_THAT(lines[3], StartsWith("step 5/5 | "));
-  EXPECT_EQ(lines[4], absl::StrCat("saved checkpoint ", run_dir, "/checkpoints/iter_0000005"));
+  EXPECT_THAT(lines[1], StartsWith("MFU: model FLOPs "));
+  EXPECT_THAT(lines[1], HasSubstr("over 1 rank(s) on cpu"));
+  EXPECT_THAT(lines[2], StartsWith("step 2/5 | loss "));
+  EXPECT_THAT(lines[2], ::testing::MatchesRegex(".* tok/s \\| MFU [0-9]+\\.[0-9]% \\| ETA .*"));
+  EXPECT_THAT(lines[3], StartsWith("step 4/5 | "));
+  EXPECT_THAT(lines[4], StartsWith("step 5/5 | "));
+  EXPECT_EQ(lines[5], absl::StrCat("saved checkpoint ", run_dir, "/checkpoints/iter_0000005"));
 }
 
 }  // namespace

@@ -1,0 +1,25 @@
+// The ceiling the progress line's MFU is measured against: the matrix-product throughput of
+// this rank's device, measured at the start of the run with the op table's own GEMM (OpenBLAS
+// sgemm on the CPU, cuBLASLt in the model's precision on a GPU), so that MFU means the same
+// thing on every machine and needs no table of datasheet peaks. nf-bench reports MFU against
+// the datasheet peak as well.
+#pragma once
+
+#include "absl/status/statusor.h"
+#include "core/device.h"
+#include "core/dtype.h"
+
+namespace nf::launcher {
+
+// FLOP/s of an n x n x n product (n = 512 on the CPU, 8192 on a GPU; the best of three after
+// a warm-up), on `device` with inputs of `dtype` (fp32 on the CPU whatever the model's dtype:
+// the CPU backend computes in fp32).
+absl::StatusOr<double> MeasureGemmFlops(Device device, DType dtype);
+
+// Model FLOPs per token of a training step as llm.c counts them: 6 x parameters for the
+// matrix products forward and backward, plus 6 x layers x d_model x seq_len for attention's
+// two products (PaLM's 12, halved for the causal mask). The dry run, the progress line's MFU
+// and the benchmarks all use this count.
+double ModelFlopsPerToken(int64_t parameters, int layers, int d_model, int seq_len);
+
+}  // namespace nf::launcher
