@@ -18,6 +18,7 @@
 #include "checkpoint/shard_mapping.h"
 #include "core/ops/ops.h"
 #include "core/status.h"
+#include "parallel/rank_warnings.h"
 
 namespace nf::checkpoint {
 
@@ -234,8 +235,9 @@ std::vector<int64_t> CheckpointSteps(const fs::path& checkpoints_dir) {
   return steps;
 }
 
-absl::Status ApplyRetention(const fs::path& checkpoints_dir, const RetentionPolicy& retention,
-                            int64_t newest) {
+// Removes the checkpoints the policy no longer keeps; one that cannot be removed is a warning.
+void ApplyRetention(const fs::path& checkpoints_dir, const RetentionPolicy& retention,
+                    int64_t newest) {
   const std::vector<int64_t> steps = CheckpointSteps(checkpoints_dir);
   const size_t keep_last = static_cast<size_t>(std::max(retention.keep_last, 1));
   for (size_t i = 0; i + keep_last < steps.size(); ++i) {
@@ -245,11 +247,12 @@ absl::Status ApplyRetention(const fs::path& checkpoints_dir, const RetentionPoli
     std::error_code error;
     fs::remove_all(checkpoints_dir / IterationDirName(step), error);
     if (error) {
-      return absl::UnavailableError(absl::StrCat("cannot remove old checkpoint ",
-                                                 IterationDirName(step), ": ", error.message()));
+      // The new checkpoint is committed: an old one left behind costs disk, not the run.
+      parallel::WarnFromRank(absl::StrCat("cannot remove old checkpoint ",
+                                          (checkpoints_dir / IterationDirName(step)).string(), ": ",
+                                          error.message(), "; remove it by hand"));
     }
   }
-  return absl::OkStatus();
 }
 
 absl::StatusOr<fs::path> PrepareStaging(const fs::path& checkpoints_dir, int64_t step,
@@ -324,7 +327,8 @@ absl::Status CommitCheckpoint(const fs::path& checkpoints_dir, const CommitInfo&
       }
       NF_RETURN_IF_ERROR(SyncDirectory(checkpoints_dir));
       NF_RETURN_IF_ERROR(ReplaceFileAtomically(checkpoints_dir / kLatestName, name + "\n"));
-      return ApplyRetention(checkpoints_dir, info.retention, progress.step);
+      ApplyRetention(checkpoints_dir, info.retention, progress.step);
+      return absl::OkStatus();
     }();
   }
   NF_ASSIGN_OR_RETURN(const bool commit_failed, AnyFailed(world, committed.ok()));
@@ -374,6 +378,13 @@ AsyncCheckpointer::~AsyncCheckpointer() {
 
 absl::Status AsyncCheckpointer::Start(const RankState& state, const RunProgress& progress,
                                       parallel::Communicator& world) {
+  if (pending_ && pending_->write.wait_for(std::chrono::seconds(0)) != std::future_status::ready) {
+    parallel::WarnFromRank(
+        absl::StrCat("the checkpoint of step ", pending_->info.progress.step,
+                     " is still being written when step ", progress.step,
+                     "'s is due; training waits for it (a slow file system? raise "
+                     "checkpoint.save_interval)"));
+  }
   NF_RETURN_IF_ERROR(Finish(world));
   NF_ASSIGN_OR_RETURN(const fs::path staging, PrepareStaging(dir_, progress.step, world));
   auto shard = std::make_shared<absl::StatusOr<ShardSnapshot>>(Snapshot(state, std::move(*spare_)));
