@@ -112,7 +112,9 @@ job_field() { scontrol show job "$job" 2>/dev/null | grep -o "$1=[^ ]*" | cut -d
 requeued() { [[ $(job_field JobState) == PENDING && $(job_field Restarts) == 1 ]]; }
 wait_for 120 "the job to requeue itself" requeued
 # Slurm makes a requeued job eligible again only after a delay (about two minutes in 22.05):
-# release it now rather than wait.
+# release it sooner, but not at once: the first run's job step (same step id) must finish
+# tearing down on the node, which the delay otherwise covers.
+sleep 5
 scontrol update JobId="$job" StartTime=now
 finished() { [[ $(job_field JobState) == COMPLETED ]]; }
 wait_for 240 "the resumed job to complete" finished

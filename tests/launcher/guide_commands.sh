@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Runs every ```bash block of docs/guide.md, in order, in a scratch folder that sees this build
+# as build/ and the repository's deploy/ and scripts/, so the user guide's commands are known to
+# work as written. A failing block fails the test, showing the block and its output.
+#
+#   guide_commands.sh REPO_ROOT BUILD_DIR
+set -euo pipefail
+repo=$1 build=$2
+dir=$(mktemp -d)
+trap 'rm -rf "$dir"' EXIT
+ln -s "$build" "$dir/build"
+ln -s "$repo/deploy" "$dir/deploy"
+ln -s "$repo/scripts" "$dir/scripts"
+mkdir -p "$dir/corpora/guide" "$dir/runs"
+# The guide's mpirun lines are written for a user; CI containers run as root and without
+# ptrace between processes.
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+export OMPI_MCA_btl_vader_single_copy_mechanism=none
+
+# Split the guide's bash blocks into block-N.sh files.
+awk -v out="$dir/block" '
+  /^```bash$/ { n++; inside = 1; file = sprintf("%s-%02d.sh", out, n); next }
+  /^```/ && inside { inside = 0; close(file); next }
+  inside { print > file }' "$repo/docs/guide.md"
+blocks=("$dir"/block-*.sh)
+((${#blocks[@]} >= 8)) || { echo "guide_commands: found only ${#blocks[@]} bash blocks" >&2; exit 1; }
+for block in "${blocks[@]}"; do
+  echo "== $(basename "$block")"
+  sed 's/^/  $ /' "$block"
+  if ! (cd "$dir" && bash -euo pipefail "$block") >"$block.out" 2>&1; then
+    cat "$block.out"
+    echo "guide_commands: $(basename "$block") of docs/guide.md failed" >&2
+    exit 1
+  fi
+  tail -n 3 "$block.out"
+done
+echo "guide_commands: all ${#blocks[@]} blocks of docs/guide.md ran"
