@@ -16,6 +16,10 @@ packages=(
   fortunes  # English text for the demo corpus (scripts/make-demo-corpus.py)
   clang libclang-rt-14-dev  # libFuzzer, for the fuzz pass of scripts/test.sh
   slurmctld slurmd slurm-client munge  # a one-node Slurm for the requeue test (never started here)
+  # promtool for the monitoring tests (deploy/prometheus); the package's own service is not
+  # used by them (a container without systemd does not start it), and matplotlib for
+  # scripts/plot-run (run by Debian's /usr/bin/python3)
+  prometheus python3-matplotlib
 )
 
 missing=()
