@@ -122,14 +122,38 @@ JsonObject& JsonObject::AddInt(absl::string_view key, int64_t value) {
   return *this;
 }
 
+namespace {
+
+// A double as a JSON value: the shortest round-trip form of a finite one (always valid JSON:
+// "1e+20", "-0", "0.1", never locale-dependent), the strings "nan", "inf", "-inf" otherwise.
+void AppendJsonDouble(double value, std::string& out) {
+  if (std::isnan(value)) {
+    out.append("\"nan\"");
+  } else if (std::isinf(value)) {
+    out.append(value > 0 ? "\"inf\"" : "\"-inf\"");
+  } else {
+    char digits[32];
+    const std::to_chars_result result = std::to_chars(digits, digits + sizeof(digits), value);
+    out.append(digits, result.ptr);
+  }
+}
+
+}  // namespace
+
 JsonObject& JsonObject::AddDouble(absl::string_view key, double value) {
-  if (std::isnan(value)) return AddString(key, "nan");
-  if (std::isinf(value)) return AddString(key, value > 0 ? "inf" : "-inf");
   AddKey(key);
-  // Shortest round-trip form; always valid JSON ("1e+20", "-0", "0.1"), never locale-dependent.
-  char digits[32];
-  const std::to_chars_result result = std::to_chars(digits, digits + sizeof(digits), value);
-  members_.append(digits, result.ptr);
+  AppendJsonDouble(value, members_);
+  return *this;
+}
+
+JsonObject& JsonObject::AddDoubleArray(absl::string_view key, absl::Span<const double> values) {
+  AddKey(key);
+  members_.push_back('[');
+  for (size_t i = 0; i < values.size(); ++i) {
+    if (i > 0) members_.push_back(',');
+    AppendJsonDouble(values[i], members_);
+  }
+  members_.push_back(']');
   return *this;
 }
 

@@ -9,6 +9,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/types/span.h"
 
 namespace nf::launcher {
 
@@ -24,6 +25,8 @@ class JsonObject {
   JsonObject& AddInt(absl::string_view key, int64_t value);
   JsonObject& AddDouble(absl::string_view key, double value);
   JsonObject& AddBool(absl::string_view key, bool value);
+  // [v0, v1, ...], each element written as AddDouble writes a value.
+  JsonObject& AddDoubleArray(absl::string_view key, absl::Span<const double> values);
 
   // The object on one line, "{}" when empty.
   std::string ToString() const;

@@ -1,23 +1,31 @@
 #include "launcher/train_loop.h"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <memory>
 #include <optional>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "checkpoint/load.h"
 #include "checkpoint/save.h"
+#include "core/ops/backend.h"
 #include "core/status.h"
 #include "launcher/config.h"
 #include "launcher/gemm_ceiling.h"
 #include "launcher/jsonl_log.h"
 #include "launcher/stop_requests.h"
 #include "launcher/trainer.h"
+#include "monitoring/rank_metrics.h"
 #include "parallel/watchdog.h"
 
 namespace nf::launcher {
@@ -67,8 +75,8 @@ absl::Status Resume(const TrainConfig& config, const std::filesystem::path& chec
 }
 
 JsonObject StepRecord(const StepStats& s) {
-  return JsonObject()
-      .AddInt("step", s.step)
+  JsonObject record;
+  record.AddInt("step", s.step)
       .AddDouble("loss", s.loss)
       .AddDouble("ppl", std::exp(s.loss))
       .AddDouble("lr", s.lr)
@@ -78,6 +86,29 @@ JsonObject StepRecord(const StepStats& s) {
       .AddInt("skipped_total", s.skipped_total)
       .AddInt("tokens", s.tokens)
       .AddDouble("seconds", s.seconds);
+  // Steps that measured per-block norms (log steps): embedding, head, and the layers in order.
+  if (s.block_grad_norms.size() >= 2) {
+    std::vector<double> layers;
+    for (size_t i = 1; i + 1 < s.block_grad_norms.size(); ++i) {
+      layers.push_back(s.block_grad_norms[i].second);
+    }
+    record.AddDouble("embedding_grad_norm", s.block_grad_norms.front().second)
+        .AddDouble("head_grad_norm", s.block_grad_norms.back().second)
+        .AddDoubleArray("layer_grad_norms", layers);
+  }
+  return record;
+}
+
+double SecondsSince(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+// This process's resident set (Linux /proc/self/statm), 0 when unreadable.
+int64_t ResidentBytes() {
+  std::ifstream statm("/proc/self/statm");
+  int64_t size_pages = 0, resident_pages = 0;
+  if (!(statm >> size_pages >> resident_pages)) return 0;
+  return resident_pages * static_cast<int64_t>(sysconf(_SC_PAGESIZE));
 }
 
 std::string Duration(double seconds) {
@@ -106,16 +137,25 @@ class TrainingRun {
     NF_RETURN_IF_ERROR(PrepareRunDirectory());
     NF_RETURN_IF_ERROR(MeasureCeiling());
     PrintHeader();
+    NF_RETURN_IF_ERROR(StartMetrics());
+    const auto load_start = std::chrono::steady_clock::now();
     NF_RETURN_IF_ERROR(Resume(config_, checkpoints_, *trainer_, writes_ ? &console_ : nullptr));
     first_step_ = trainer_->step();
+    if (metrics_ && first_step_ > 0) {
+      metrics_->RecordCheckpointLoad(SecondsSince(load_start), first_step_);
+    }
     const int64_t total = config_.train().train_iters();
     const int64_t eval_interval = config_.train().eval_interval();
     if (eval_interval > 0 && first_step_ == 0) NF_RETURN_IF_ERROR(Validate(0));
     parallel::Communicator& world = *trainer_->world();
+    const int64_t log_interval = std::max(1, config_.train().log_interval());
     while (trainer_->step() < total) {
-      parallel::SetCurrentStep(trainer_->step() + 1);
-      NF_ASSIGN_OR_RETURN(const StepStats stats, trainer_->TrainStep());
+      const int64_t next = trainer_->step() + 1;
+      parallel::SetCurrentStep(next);
+      NF_ASSIGN_OR_RETURN(const StepStats stats,
+                          trainer_->TrainStep(next % log_interval == 0 || next == total));
       NF_RETURN_IF_ERROR(checkpointer_.Poll(world));
+      RecordMetrics(stats);
       NF_RETURN_IF_ERROR(Report(stats));
       NF_RETURN_IF_ERROR(CheckHealth(stats));
       if (eval_interval > 0 && (stats.step % eval_interval == 0 || stats.step == total)) {
@@ -164,6 +204,7 @@ class TrainingRun {
   // the console.
   absl::Status Validate(int64_t step) {
     NF_ASSIGN_OR_RETURN(const double loss, trainer_->Evaluate());
+    if (metrics_) metrics_->RecordValidation(loss);
     if (!writes_) return absl::OkStatus();
     NF_RETURN_IF_ERROR(validation_log_->Write(JsonObject()
                                                   .AddInt("step", step)
@@ -214,17 +255,75 @@ class TrainingRun {
     if (writes_) console_ << "saved checkpoint " << saved.string() << "\n";
   }
 
+  // Saves (or, with async_save, starts saving) a checkpoint of the current step; the metrics
+  // record how long training was blocked.
   absl::Status Save() {
+    const auto start = std::chrono::steady_clock::now();
     parallel::Communicator& world = *trainer_->world();
     if (config_.checkpoint().async_save()) {
-      return checkpointer_.Start(trainer_->CheckpointState(), trainer_->Progress(), world);
+      NF_RETURN_IF_ERROR(
+          checkpointer_.Start(trainer_->CheckpointState(), trainer_->Progress(), world));
+    } else {
+      NF_RETURN_IF_ERROR(checkpoint::SaveCheckpoint(
+          checkpoints_, trainer_->CheckpointState(), trainer_->Progress(), world,
+          {.keep_last = config_.checkpoint().keep_last(),
+           .keep_every = config_.checkpoint().keep_every()}));
+      Announce(checkpoints_ / checkpoint::IterationDirName(trainer_->step()));
     }
-    NF_RETURN_IF_ERROR(checkpoint::SaveCheckpoint(
-        checkpoints_, trainer_->CheckpointState(), trainer_->Progress(), world,
-        {.keep_last = config_.checkpoint().keep_last(),
-         .keep_every = config_.checkpoint().keep_every()}));
-    Announce(checkpoints_ / checkpoint::IterationDirName(trainer_->step()));
+    if (metrics_) metrics_->RecordCheckpointSave(SecondsSince(start), trainer_->step());
     return absl::OkStatus();
+  }
+
+  // Every rank serves its metrics when monitoring.enabled (monitoring/rank_metrics.h).
+  absl::Status StartMetrics() {
+    const monitoring::MonitoringConfig& config = config_.monitoring();
+    if (!config.enabled()) return absl::OkStatus();
+    const parallel::Topology& t = trainer_->groups().topology;
+    int local_rank = 0;  // a job of one process needs no discovery (nor MPI)
+    if (t.world_size() > 1) {
+      NF_ASSIGN_OR_RETURN(local_rank, parallel::DiscoverLocalRank());
+    }
+    const std::string job =
+        config.job().empty() ? std::filesystem::absolute(dir_).filename().string() : config.job();
+    NF_ASSIGN_OR_RETURN(metrics_, monitoring::RankMetrics::Serve(config,
+                                                                 {.job = job,
+                                                                  .rank = t.world_rank(),
+                                                                  .tp_rank = t.tp_rank(),
+                                                                  .pp_rank = t.pp_rank(),
+                                                                  .dp_rank = t.dp_rank()},
+                                                                 local_rank));
+    if (writes_) {
+      console_ << absl::StrFormat(
+          "metrics: every rank serves /metrics on %s:%d + its local rank (job label %s)\n",
+          config.bind_address(), config.port_base(), job);
+    }
+    return absl::OkStatus();
+  }
+
+  // One step's metrics on this rank: the step's figures, its per-block gradient norms on log
+  // steps, communication totals by group and memory in use.
+  void RecordMetrics(const StepStats& stats) {
+    if (!metrics_) return;
+    const double tokens_per_second =
+        stats.seconds > 0 ? static_cast<double>(stats.tokens) / stats.seconds : 0.0;
+    metrics_->RecordStep({.step = stats.step,
+                          .loss = stats.loss,
+                          .learning_rate = stats.lr,
+                          .loss_scale = stats.loss_scale,
+                          .grad_norm = stats.grad_norm,
+                          .skipped = stats.skipped,
+                          .tokens = stats.tokens,
+                          .seconds = stats.seconds,
+                          .mfu = tokens_per_second * flops_per_token_ / job_ceiling_flops_,
+                          .unix_seconds = absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch())});
+    if (!stats.block_grad_norms.empty()) metrics_->RecordLayerGradNorms(stats.block_grad_norms);
+    const parallel::ProcessGroups& groups = trainer_->groups();
+    for (const parallel::Communicator* group :
+         {groups.world.get(), groups.tp.get(), groups.dp.get(), groups.pp.get(), groups.mp.get(),
+          groups.embedding.get()}) {
+      if (group != nullptr) metrics_->RecordComm(group->name(), group->stats());
+    }
+    metrics_->RecordMemory(ResidentBytes(), ops::BytesInUse(trainer_->device()));
   }
 
   // The log record of every step and, every log_interval steps, a progress line.
@@ -286,6 +385,7 @@ class TrainingRun {
   double elapsed_ = 0.0;
   double job_ceiling_flops_ = 0.0;  // the GEMM ceiling summed over ranks (MeasureCeiling)
   double flops_per_token_ = 0.0;
+  std::unique_ptr<monitoring::RankMetrics> metrics_;  // when monitoring.enabled
   int64_t window_tokens_ = 0;
   double window_seconds_ = 0.0;
 };

@@ -394,7 +394,28 @@ absl::StatusOr<double> Trainer::GlobalSquaredNorm(float loss_scale, bool& skippe
   return squared.data<double>()[0];
 }
 
-absl::StatusOr<StepStats> Trainer::TrainStep() {
+absl::StatusOr<std::vector<std::pair<std::string, double>>> Trainer::BlockGradNorms() {
+  const int layers = config_.model().num_layers();
+  // [num_layers + 2]: embedding, layers 0 .. L-1, head (block + 1).
+  NF_ASSIGN_OR_RETURN(const Tensor squares, Tensor::Zeros(DType::kF64, {layers + 2}));
+  for (size_t c = 0; c < chunks_.size(); ++c) {
+    for (const auto& [block, ranges] : chunks_[c]->OwnedNormRangesByBlock()) {
+      NF_ASSIGN_OR_RETURN(const double share, optimizers_[c]->SquaredGradNorm(ranges));
+      squares.data<double>()[block + 1] += share;
+    }
+  }
+  parallel::Communicator& group =
+      config_.parallel().distributed_optimizer() ? *groups_->world : *groups_->mp;
+  NF_RETURN_IF_ERROR(group.AllReduce(squares, parallel::ReduceOp::kSum));
+  std::vector<std::pair<std::string, double>> norms;
+  for (int block = model::kEmbeddingBlock; block <= model::HeadBlock(layers); ++block) {
+    norms.emplace_back(model::BlockName(block, layers),
+                       std::sqrt(squares.data<double>()[block + 1]));
+  }
+  return norms;
+}
+
+absl::StatusOr<StepStats> Trainer::TrainStep(bool block_grad_norms) {
   const auto start = std::chrono::steady_clock::now();
   const TrainOptions& train = config_.train();
   const float loss_scale = scaler_ ? scaler_->scale() : 1.0f;
@@ -422,6 +443,11 @@ absl::StatusOr<StepStats> Trainer::TrainStep() {
   // Finite gradients whose squares overflow the fp32 accumulator: as good as an overflow.
   skipped = skipped || !std::isfinite(norm);
   const float lr = optim::LearningRate(schedule_, optimizers_.front()->adamw().updates() + 1);
+  std::vector<std::pair<std::string, double>> block_norms;
+  // Before Update, which clips the gradients in place. `skipped` is the same on every rank.
+  if (block_grad_norms && !skipped) {
+    NF_ASSIGN_OR_RETURN(block_norms, BlockGradNorms());
+  }
   if (!skipped) {
     for (const auto& optimizer : optimizers_) NF_RETURN_IF_ERROR(optimizer->Update(lr, norm));
   }
@@ -443,7 +469,8 @@ absl::StatusOr<StepStats> Trainer::TrainStep() {
       .skipped = skipped,
       .skipped_total = skipped_total_,
       .tokens = tokens,
-      .seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count()};
+      .seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
+      .block_grad_norms = std::move(block_norms)};
 }
 
 }  // namespace nf::launcher

@@ -16,6 +16,8 @@
 
 #include <memory>
 #include <optional>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -43,6 +45,9 @@ struct StepStats {
   int64_t skipped_total = 0;
   int64_t tokens = 0;    // tokens with a loss in the global batch of this step
   double seconds = 0.0;  // wall time of the step
+  // Gradient norm of each block ("embedding", "0" .. "L-1", "head"), unscaled and before
+  // clipping, when the step was asked for them and was not skipped.
+  std::vector<std::pair<std::string, double>> block_grad_norms;
 };
 
 class Trainer {
@@ -54,7 +59,9 @@ class Trainer {
   // One process: the layout (1, 1, 1) over groups of one, owned by the trainer.
   static absl::StatusOr<std::unique_ptr<Trainer>> Create(const TrainConfig& config);
 
-  absl::StatusOr<StepStats> TrainStep();
+  // With block_grad_norms, the step also measures each block's gradient norm (one squared
+  // norm per block and a small all-reduce: the training loop asks for it at log steps only).
+  absl::StatusOr<StepStats> TrainStep(bool block_grad_norms = false);
 
   // The mean token loss over train.eval_iters global batches of the validation split, forward
   // only (no dropout), the same on every rank. Collective over the world.
@@ -86,6 +93,9 @@ class Trainer {
   // multi-process GPU job, else the process group (MPI, or a group of one).
   parallel::Communicator* DeviceGroup(parallel::GroupKind kind) const;
   absl::Status ReduceEmbeddingGradients();
+  // Per-block gradient norms of the reduced, unscaled gradients, the same on every rank:
+  // collective over the group GlobalSquaredNorm reduces over.
+  absl::StatusOr<std::vector<std::pair<std::string, double>>> BlockGradNorms();
   // Sums the last stage's (loss sum, tokens) over the world (tp rank 0 of the last stage of
   // every data-parallel rank contributes): every rank gets the global pair.
   absl::StatusOr<model::NormFormerModel::LossSum> GlobalLoss(

@@ -464,4 +464,13 @@ std::vector<optim::FlatRange> NormFormerModel::OwnedNormRanges() const {
   return table_.OwnedNormRanges(CopiesOfOtherStages());
 }
 
+std::map<int, std::vector<optim::FlatRange>> NormFormerModel::OwnedNormRangesByBlock() const {
+  std::map<int, std::vector<optim::FlatRange>> blocks;
+  for (const ParamTable::Entry* e : table_.OwnedNormEntries(CopiesOfOtherStages())) {
+    blocks[BlockOf(e->spec.name, config_.num_layers())].push_back(
+        {.offset = e->offset, .length = e->grad.numel()});
+  }
+  return blocks;
+}
+
 }  // namespace nf::model

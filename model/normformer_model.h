@@ -23,6 +23,7 @@
 #pragma once
 
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -136,6 +137,9 @@ class NormFormerModel {
   std::vector<std::string> CopiesOfOtherStages() const;
   // The flat gradient ranges that share covers (ParamTable::OwnedNormRanges).
   std::vector<optim::FlatRange> OwnedNormRanges() const;
+  // The same ranges grouped by block (BlockOf: kEmbeddingBlock, layer index, HeadBlock), for
+  // per-block gradient norms.
+  std::map<int, std::vector<optim::FlatRange>> OwnedNormRangesByBlock() const;
 
   ParamTable& params() { return table_; }
   const ParamTable& params() const { return table_; }

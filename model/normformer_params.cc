@@ -2,6 +2,8 @@
 
 #include <cmath>
 
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 
 namespace nf::model {
@@ -135,6 +137,25 @@ void AddHead(std::vector<ParamSpec>& specs, const ModelConfig& config, int64_t p
 }  // namespace
 
 std::string LayerPrefix(int layer) { return absl::StrCat("decoder.layers.", layer); }
+
+int HeadBlock(int num_layers) { return num_layers; }
+
+int BlockOf(absl::string_view param_name, int num_layers) {
+  constexpr absl::string_view kLayers = "decoder.layers.";
+  if (absl::StartsWith(param_name, kLayers)) {
+    const absl::string_view rest = param_name.substr(kLayers.size());
+    int layer = 0;
+    if (absl::SimpleAtoi(rest.substr(0, rest.find('.')), &layer)) return layer;
+  }
+  if (absl::StartsWith(param_name, "decoder.embed_")) return kEmbeddingBlock;
+  return HeadBlock(num_layers);
+}
+
+std::string BlockName(int block, int num_layers) {
+  if (block == kEmbeddingBlock) return "embedding";
+  if (block == HeadBlock(num_layers)) return "head";
+  return absl::StrCat(block);
+}
 
 absl::StatusOr<PipelineStagePlacement> ResolvePlacement(const PipelineStagePlacement& placement,
                                                         int num_layers) {

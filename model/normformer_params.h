@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-
+#include "absl/strings/string_view.h"
 #include "model/linear.h"
 #include "model/model_config.pb.h"
 #include "model/param_table.h"
@@ -52,6 +52,16 @@ absl::StatusOr<PipelineStagePlacement> ResolvePlacement(const PipelineStagePlace
 
 // "decoder.layers.<layer>": the name prefix of a layer's parameters.
 std::string LayerPrefix(int layer);
+
+// The blocks per-block gradient norms are reported for: the embedding (token and position
+// tables), each decoder layer, and the head (final LayerNorm and an untied output projection).
+// kEmbeddingBlock, 0 .. num_layers - 1, kHeadBlock: num_layers + 2 blocks in model order.
+inline constexpr int kEmbeddingBlock = -1;
+int HeadBlock(int num_layers);  // = num_layers
+// The block of a parameter by its name (decoder.layers.N.* is layer N).
+int BlockOf(absl::string_view param_name, int num_layers);
+// "embedding", "0", "1", ..., "head": the `layer` label of the per-block norm metric.
+std::string BlockName(int block, int num_layers);
 
 struct ModelParams {
   Param embed_tokens;     // [vocab_padded / tp, d], vocab-parallel (first stage; tied last stage)

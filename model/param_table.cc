@@ -179,16 +179,25 @@ std::vector<optim::ParamRange> ParamTable::DecayRanges() const {
 
 absl::Status ParamTable::ZeroGrads() const { return ops::Fill(grads_, 0.0f); }
 
-std::vector<optim::FlatRange> ParamTable::OwnedNormRanges(
+std::vector<const ParamTable::Entry*> ParamTable::OwnedNormEntries(
     const std::vector<std::string>& copies_of_other_stages) const {
-  std::vector<optim::FlatRange> ranges;
+  std::vector<const Entry*> owned;
   for (const Entry& e : entries_) {
     if (e.spec.sharding == Sharding::kReplicated && tp_rank_ != 0) continue;
     if (std::find(copies_of_other_stages.begin(), copies_of_other_stages.end(), e.spec.name) !=
         copies_of_other_stages.end()) {
       continue;
     }
-    ranges.push_back({.offset = e.offset, .length = e.grad.numel()});
+    owned.push_back(&e);
+  }
+  return owned;
+}
+
+std::vector<optim::FlatRange> ParamTable::OwnedNormRanges(
+    const std::vector<std::string>& copies_of_other_stages) const {
+  std::vector<optim::FlatRange> ranges;
+  for (const Entry* e : OwnedNormEntries(copies_of_other_stages)) {
+    ranges.push_back({.offset = e->offset, .length = e->grad.numel()});
   }
   return ranges;
 }

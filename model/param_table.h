@@ -86,6 +86,9 @@ class ParamTable {
   // as the last stage's tied embedding) are skipped too.
   std::vector<optim::FlatRange> OwnedNormRanges(
       const std::vector<std::string>& copies_of_other_stages = {}) const;
+  // The entries behind OwnedNormRanges, in the same order.
+  std::vector<const Entry*> OwnedNormEntries(
+      const std::vector<std::string>& copies_of_other_stages = {}) const;
   // Sum of squares of the gradients in OwnedNormRanges. Summed over the tensor- and
   // pipeline-parallel groups, it is the whole model's squared norm.
   absl::StatusOr<double> OwnedSquaredGradNorm(

@@ -79,6 +79,10 @@ int GpuCount();
 // The allocator for tensors on `device` (the CUDA backend's caching allocator for GPUs).
 absl::StatusOr<Allocator*> AllocatorFor(Device device);
 
+// Bytes of `device` memory held by tensors (the caching allocator's count on a GPU; 0 on the
+// CPU, whose memory shows in the process's resident set).
+int64_t BytesInUse(Device device);
+
 // Waits until every op enqueued for `device` has finished, and reports a bad input that a
 // device kernel recorded on the way (CPU ops run synchronously: always OK there).
 absl::Status Synchronize(Device device);

@@ -49,6 +49,17 @@ absl::StatusOr<Allocator*> AllocatorFor(Device device) {
 #endif
 }
 
+int64_t BytesInUse(Device device) {
+#if NF_WITH_CUDA
+  if (device.type == DeviceType::kCuda) {
+    auto context = cuda::CudaContext::ForDevice(device.index);
+    return context.ok() ? static_cast<int64_t>((*context)->allocator().stats().allocated_bytes) : 0;
+  }
+#endif
+  (void)device;
+  return 0;
+}
+
 absl::Status Synchronize(Device device) {
   if (device.type == DeviceType::kCpu) return absl::OkStatus();
 #if NF_WITH_CUDA

@@ -8,7 +8,7 @@
 # Options (defaults in brackets):
 #   --dir DIR          where Prometheus reads targets [/etc/prometheus/normformer-targets]
 #   --job NAME         the run's job label, = monitoring.job [basename of $RUN_DIR]
-#   --port-base N      monitoring.port_base [9400]
+#   --port-base N      monitoring.port_base [9600]
 #   --ranks N          ranks on this node [$SLURM_NTASKS_PER_NODE]
 #   --host HOST        name Prometheus reaches this node by [$(hostname)]
 #   --dcgm-port P      also publish this node's DCGM exporter (label exporter="dcgm") [none]
@@ -23,7 +23,7 @@ usage() { sed -n '2,/^set /{/^#/s/^# \{0,1\}//p}' "$0"; exit "$1"; }
 
 dir=/etc/prometheus/normformer-targets
 job=${RUN_DIR:+$(basename "$RUN_DIR")}
-port_base=9400
+port_base=9600
 ranks=${SLURM_NTASKS_PER_NODE:-}
 ranks=${ranks%%(*}  # Slurm writes "8(x2)" for 8 tasks on each of 2 nodes
 host=$(hostname)

@@ -212,7 +212,7 @@ TEST(ApplyOverrideTest, UnknownNamesListWhatExistsThere) {
             "tie_embeddings, layer_norm_eps, normformer)");
   ExpectInvalidArgument(ApplyOverride("modle.d_model=256", &config),
                         "--set modle.d_model=256: no field 'modle' in nf.launcher.TrainConfig "
-                        "(fields: model, train, data, parallel, checkpoint)");
+                        "(fields: model, train, data, parallel, checkpoint, monitoring)");
   EXPECT_EQ(ApplyOverride("train.precision=FP8", &config).message(),
             "--set train.precision=FP8: 'FP8' is not a value of "
             "nf.launcher.TrainOptions.Precision (values: FP32, FP16, BF16)");

@@ -106,6 +106,13 @@ TEST(JsonObjectTest, NonFiniteDoublesBecomeStrings) {
             R"({"a":"nan","b":"nan","c":"inf","d":"-inf"})");
 }
 
+TEST(JsonObjectTest, DoubleArraysWriteEachElementAsAddDoubleDoes) {
+  const std::vector<double> values = {0.1, -2.0, 1e20, INFINITY};
+  EXPECT_EQ(JsonObject().AddInt("step", 3).AddDoubleArray("norms", values).ToString(),
+            R"({"step":3,"norms":[0.1,-2,1e+20,"inf"]})");
+  EXPECT_EQ(JsonObject().AddDoubleArray("empty", {}).ToString(), R"({"empty":[]})");
+}
+
 // A path under the test temp directory, removed when the test ends.
 class TempPath {
  public:

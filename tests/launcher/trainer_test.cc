@@ -104,14 +104,24 @@ std::vector<std::string> Lines(const std::string& text) {
   return lines;
 }
 
-// The members of a flat JSON object as written by JsonObject ("key":value pairs, no nesting,
-// no commas or colons inside values), in order.
+// The members of a JSON object as written by JsonObject ("key":value pairs, values without
+// colons; an array value's commas are inside brackets), in order.
 std::vector<std::pair<std::string, std::string>> Members(const std::string& line) {
   std::vector<std::pair<std::string, std::string>> members;
   EXPECT_TRUE(line.size() >= 2 && line.front() == '{' && line.back() == '}') << line;
   if (line.size() < 2) return members;
-  for (const absl::string_view member :
-       absl::StrSplit(absl::string_view(line).substr(1, line.size() - 2), ',')) {
+  // Split at the commas outside brackets.
+  std::vector<std::string> pieces(1);
+  int depth = 0;
+  for (const char c : absl::string_view(line).substr(1, line.size() - 2)) {
+    depth += (c == '[') - (c == ']');
+    if (c == ',' && depth == 0) {
+      pieces.emplace_back();
+    } else {
+      pieces.back().push_back(c);
+    }
+  }
+  for (const std::string& member : pieces) {
     const std::vector<std::string> parts = absl::StrSplit(member, absl::MaxSplits(':', 1));
     EXPECT_EQ(parts.size(), 2u) << line;
     if (parts.size() != 2) continue;
@@ -381,6 +391,25 @@ TEST(TrainerTest, Fp32AndBf16UseNoLossScaler) {
   }
 }
 
+TEST(TrainerTest, BlockGradNormsAddUpToTheGlobalNorm) {
+  std::unique_ptr<Trainer> trainer = MakeTrainer(SmallConfig(TrainOptions::FP32, 5));
+  const StepStats plain = Step(*trainer);
+  EXPECT_TRUE(plain.block_grad_norms.empty()) << "measured only when asked";
+  absl::StatusOr<StepStats> measured = trainer->TrainStep(/*block_grad_norms=*/true);
+  ASSERT_TRUE(measured.ok()) << measured.status();
+  // Embedding, the 2 layers, head: every parameter in exactly one block.
+  const std::vector<std::string> names = {"embedding", "0", "1", "head"};
+  ASSERT_EQ(measured->block_grad_norms.size(), names.size());
+  double squares = 0.0;
+  for (size_t i = 0; i < names.size(); ++i) {
+    EXPECT_EQ(measured->block_grad_norms[i].first, names[i]);
+    EXPECT_GT(measured->block_grad_norms[i].second, 0.0) << names[i];
+    squares += measured->block_grad_norms[i].second * measured->block_grad_norms[i].second;
+  }
+  // The same fp32 squared sums regrouped: equal to rounding (a few u32 relative).
+  EXPECT_NEAR(std::sqrt(squares), measured->grad_norm, 1e-6 * measured->grad_norm);
+}
+
 TEST(TrainerTest, CudaDeviceNeedsAGpu) {
   TrainConfig config = SmallConfig(TrainOptions::FP32, 5);
   config.mutable_train()->set_device(TrainOptions::CUDA);
@@ -459,7 +488,8 @@ TEST(RunTrainingTest, WritesResolvedConfigAndOneRecordPerStep) {
   EXPECT_THAT(ReadFile(std::filesystem::path(run_dir) / "config.pbtxt"),
               HasSubstr("growth_factor: 2"));
 
-  // log.jsonl: one record per step with the documented fields, in order.
+  // log.jsonl: one record per step with the documented fields, in order; log steps (2, 4 and
+  // the last, 5) add the per-block gradient norms.
   const std::vector<std::string> log =
       Lines(ReadFile(std::filesystem::path(run_dir) / "log.jsonl"));
   ASSERT_EQ(log.size(), static_cast<size_t>(kSteps));
@@ -470,7 +500,17 @@ TEST(RunTrainingTest, WritesResolvedConfigAndOneRecordPerStep) {
     const std::vector<std::pair<std::string, std::string>> members = Members(log[i]);
     std::vector<std::string> keys;
     for (const auto& member : members) keys.push_back(member.first);
-    ASSERT_EQ(keys, fields) << log[i];
+    std::vector<std::string> expected = fields;
+    const int64_t step = i + 1;
+    if (step % 2 == 0 || step == kSteps) {
+      for (const char* key : {"embedding_grad_norm", "head_grad_norm", "layer_grad_norms"}) {
+        expected.push_back(key);
+      }
+      // SmallConfig has 2 layers: "[a,b]".
+      EXPECT_EQ(std::count(members.back().second.begin(), members.back().second.end(), ','), 1)
+          << log[i];
+    }
+    ASSERT_EQ(keys, expected) << log[i];
     EXPECT_EQ(members[0].second, absl::StrCat(i + 1));
     const double loss = std::stod(members[1].second);
     // ppl = exp(loss), each written to the shortest round-trip digits.

@@ -35,7 +35,7 @@ dir=$tmp/targets
 # Wrapper mode: while the command runs the file holds 3 rank targets and a DCGM one; the
 # command's exit status comes back; the file is gone afterwards.
 status=0
-"$targets" --dir "$dir" --job run-a --ranks 3 --port-base 9600 --host node7 --dcgm-port 9500 \
+"$targets" --dir "$dir" --job run-a --ranks 3 --port-base 9600 --host node7 --dcgm-port 9400 \
   -- cp "$dir/run-a-node7.json" "$tmp/published.json" || status=$?
 ((status == 0)) || fail "targets wrapper exited $status"
 [[ ! -e "$dir/run-a-node7.json" ]] || fail "targets file left behind after the command ended"
@@ -46,7 +46,7 @@ groups = json.load(open(sys.argv[1]))
 got = [(g["targets"], g["labels"]) for g in groups]
 want = [([f"node7:{9600 + r}"], {"job": "run-a", "node": "node7", "local_rank": str(r)})
         for r in range(3)]
-want.append((["node7:9500"], {"job": "run-a", "node": "node7", "exporter": "dcgm"}))
+want.append((["node7:9400"], {"job": "run-a", "node": "node7", "exporter": "dcgm"}))
 assert got == want, f"targets file: got {got}, want {want}"
 PY
 status=0

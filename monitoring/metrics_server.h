@@ -1,0 +1,45 @@
+// A minimal HTTP server for Prometheus scrapes: `GET /metrics` answers with the text that
+// `render` returns (Prometheus text format 0.0.4), every other request with 404. One thread
+// polls the listening socket and a self-pipe for shutdown, and serves one connection at a time,
+// which is all a scrape every few seconds needs.
+//
+// Why not prometheus-cpp's pull exposer: its HTTP server (Debian's civetweb 1.15) failed to
+// start inside nf-launch ("Cannot create threads: error 0", with no thread creation attempted)
+// while the same call worked in a unit test; this server has no such dependency and is small
+// enough to read in one sitting.
+#pragma once
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/status/statusor.h"
+
+namespace nf::monitoring {
+
+class MetricsServer {
+ public:
+  // Listens on address:port (IPv4, e.g. "0.0.0.0" or "127.0.0.1"); the error names the address
+  // and the reason (a port in use, an address not on this host).
+  static absl::StatusOr<std::unique_ptr<MetricsServer>> Start(const std::string& address, int port,
+                                                              std::function<std::string()> render);
+  ~MetricsServer();  // stops serving; an answer in progress completes first
+  MetricsServer(const MetricsServer&) = delete;
+  MetricsServer& operator=(const MetricsServer&) = delete;
+
+  int port() const { return port_; }
+
+ private:
+  MetricsServer(int listen_fd, int wake_read, int wake_write, int port,
+                std::function<std::string()> render);
+  void Serve();
+  void Answer(int connection) const;
+
+  const int listen_fd_, wake_read_, wake_write_, port_;
+  const std::function<std::string()> render_;
+  std::thread thread_;
+};
+
+}  // namespace nf::monitoring
