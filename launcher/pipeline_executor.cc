@@ -1,5 +1,7 @@
 #include "launcher/pipeline_executor.h"
 
+#include <chrono>
+
 #include "absl/strings/str_cat.h"
 #include "core/ops/ops.h"
 #include "core/status.h"
@@ -37,9 +39,11 @@ absl::Status PipelineExecutor::WaitActivationSend(int micro_batch, int chunk) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<model::NormFormerModel::LossSum> PipelineExecutor::Run(
-    const PipelineStep& step, BatchSource& batches, const GradsDoneFn& grads_done) {
-  model::NormFormerModel::LossSum loss;
+absl::StatusOr<PipelineExecutor::Result> PipelineExecutor::Run(const PipelineStep& step,
+                                                               BatchSource& batches,
+                                                               const GradsDoneFn& grads_done) {
+  Result result;
+  model::NormFormerModel::LossSum& loss = result.loss;
   std::vector<int> backwards_left(chunks_.size(), 0);
   for (const Action& a : schedule_) {
     if (a.kind == Action::kBackward) ++backwards_left[a.model_chunk];
@@ -59,7 +63,10 @@ absl::StatusOr<model::NormFormerModel::LossSum> PipelineExecutor::Run(
             step.step * step.global_batch_size + global_micro_batch * step.micro_batch_size);
         const bool first = IsFirstStage(a.model_chunk), last = IsLastStage(a.model_chunk);
         if (first || last) {
+          const auto load_start = std::chrono::steady_clock::now();
           NF_ASSIGN_OR_RETURN(const int64_t loaded, batches.Load(step.step, global_micro_batch));
+          result.data_seconds +=
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count();
           if (static_cast<uint64_t>(loaded) != first_sample) {
             return absl::InternalError(absl::StrCat("micro-batch ", global_micro_batch, " of step ",
                                                     step.step, " starts at sample ", loaded,
@@ -125,7 +132,7 @@ absl::StatusOr<model::NormFormerModel::LossSum> PipelineExecutor::Run(
   }
   sends_.clear();
   NF_RETURN_IF_ERROR(status);
-  return loss;
+  return result;
 }
 
 }  // namespace nf::launcher

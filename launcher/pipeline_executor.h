@@ -46,11 +46,15 @@ class PipelineExecutor {
   // gradients are final from an offset up (NormFormerModel::GradsDoneFrom).
   using GradsDoneFn = std::function<absl::Status(int chunk, int64_t offset)>;
 
-  // Runs the schedule once. Returns the sum of token losses and the number of tokens over this
-  // rank's micro-batches on the last model stage (zero elsewhere).
-  absl::StatusOr<model::NormFormerModel::LossSum> Run(const PipelineStep& step,
-                                                      BatchSource& batches,
-                                                      const GradsDoneFn& grads_done);
+  struct Result {
+    // The sum of token losses and the number of tokens over this rank's micro-batches on the
+    // last model stage (zero elsewhere).
+    model::NormFormerModel::LossSum loss;
+    double data_seconds = 0.0;  // spent in BatchSource::Load
+  };
+  // Runs the schedule once.
+  absl::StatusOr<Result> Run(const PipelineStep& step, BatchSource& batches,
+                             const GradsDoneFn& grads_done);
 
   const std::vector<parallel::Action>& schedule() const { return schedule_; }
 

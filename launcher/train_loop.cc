@@ -301,7 +301,7 @@ class TrainingRun {
   }
 
   // One step's metrics on this rank: the step's figures, its per-block gradient norms on log
-  // steps, communication totals by group and memory in use.
+  // steps, communication totals by group, data and pipeline waits, and memory in use.
   void RecordMetrics(const StepStats& stats) {
     if (!metrics_) return;
     const double tokens_per_second =
@@ -317,12 +317,10 @@ class TrainingRun {
                           .mfu = tokens_per_second * flops_per_token_ / job_ceiling_flops_,
                           .unix_seconds = absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch())});
     if (!stats.block_grad_norms.empty()) metrics_->RecordLayerGradNorms(stats.block_grad_norms);
-    const parallel::ProcessGroups& groups = trainer_->groups();
-    for (const parallel::Communicator* group :
-         {groups.world.get(), groups.tp.get(), groups.dp.get(), groups.pp.get(), groups.mp.get(),
-          groups.embedding.get()}) {
-      if (group != nullptr) metrics_->RecordComm(group->name(), group->stats());
-    }
+    for (const auto& [group, totals] : trainer_->CommTotals()) metrics_->RecordComm(group, totals);
+    metrics_->RecordDataWait(stats.data_seconds);
+    metrics_->RecordPipelineIdle(stats.seconds > 0 ? stats.pipeline_wait_seconds / stats.seconds
+                                                   : 0.0);
     metrics_->RecordMemory(ResidentBytes(), ops::BytesInUse(trainer_->device()));
   }
 

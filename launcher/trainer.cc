@@ -250,6 +250,18 @@ parallel::Communicator* Trainer::DeviceGroup(parallel::GroupKind kind) const {
   return device != nullptr && *device != nullptr ? device->get() : groups_->group(kind);
 }
 
+std::map<std::string, parallel::CommStats> Trainer::CommTotals() const {
+  std::map<std::string, parallel::CommStats> totals;
+  const parallel::DeviceGroups& d = device_groups_;
+  for (const parallel::Communicator* group :
+       {groups_->world.get(), groups_->tp.get(), groups_->dp.get(), groups_->pp.get(),
+        groups_->mp.get(), groups_->embedding.get(), d.tp.get(), d.dp.get(), d.pp.get(),
+        d.embedding.get()}) {
+    if (group != nullptr) totals[group->name()].Add(group->stats());
+  }
+  return totals;
+}
+
 absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainConfig& config) {
   auto groups = std::make_unique<parallel::ProcessGroups>(parallel::SingleProcessGroups());
   NF_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer, Create(config, *groups));
@@ -430,10 +442,17 @@ absl::StatusOr<StepStats> Trainer::TrainStep(bool block_grad_norms) {
       .loss_weight = loss_scale / static_cast<float>(batch_tokens)};
 
   for (const auto& chunk : chunks_) NF_RETURN_IF_ERROR(chunk->params().ZeroGrads());
-  NF_ASSIGN_OR_RETURN(const model::NormFormerModel::LossSum local,
+  const parallel::CommStats& pipeline = DeviceGroup(GroupKind::kPipeline)->stats();
+  const auto pipeline_waited = [&pipeline] {
+    return pipeline.seconds_of(parallel::CommOp::kSend) +
+           pipeline.seconds_of(parallel::CommOp::kRecv);
+  };
+  const double pipeline_waited_before = pipeline_waited();
+  NF_ASSIGN_OR_RETURN(const PipelineExecutor::Result local,
                       executor_->Run(step, *batches_, [&](int chunk, int64_t offset) {
                         return optimizers_[chunk]->GradsDoneFrom(offset);
                       }));
+  const double pipeline_wait_seconds = pipeline_waited() - pipeline_waited_before;
   NF_RETURN_IF_ERROR(ReduceEmbeddingGradients());
   for (const auto& optimizer : optimizers_) NF_RETURN_IF_ERROR(optimizer->FinishGradReduction());
 
@@ -457,7 +476,7 @@ absl::StatusOr<StepStats> Trainer::TrainStep(bool block_grad_norms) {
 
   // Once per step: waits for the device and reports a bad token id or target a kernel met.
   NF_RETURN_IF_ERROR(ops::Synchronize(device_));
-  NF_ASSIGN_OR_RETURN(const model::NormFormerModel::LossSum global, GlobalLoss(local));
+  NF_ASSIGN_OR_RETURN(const model::NormFormerModel::LossSum global, GlobalLoss(local.loss));
   const double sum = global.sum;
   const int64_t tokens = global.tokens;
   return StepStats{
@@ -470,6 +489,8 @@ absl::StatusOr<StepStats> Trainer::TrainStep(bool block_grad_norms) {
       .skipped_total = skipped_total_,
       .tokens = tokens,
       .seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
+      .data_seconds = local.data_seconds,
+      .pipeline_wait_seconds = pipeline_wait_seconds,
       .block_grad_norms = std::move(block_norms)};
 }
 

@@ -14,6 +14,7 @@
 //   loss and tokens           sum over the world of the last stage's tp rank 0 shares
 #pragma once
 
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -43,8 +44,10 @@ struct StepStats {
   double grad_norm = 0.0;   // before clipping; NaN/inf on a skipped step
   bool skipped = false;     // non-finite gradients: no update
   int64_t skipped_total = 0;
-  int64_t tokens = 0;    // tokens with a loss in the global batch of this step
-  double seconds = 0.0;  // wall time of the step
+  int64_t tokens = 0;                  // tokens with a loss in the global batch of this step
+  double seconds = 0.0;                // wall time of the step, of which:
+  double data_seconds = 0.0;           // waiting for the data loader
+  double pipeline_wait_seconds = 0.0;  // waiting for pipeline peers (sends and receives)
   // Gradient norm of each block ("embedding", "0" .. "L-1", "head"), unscaled and before
   // clipping, when the step was asked for them and was not skipped.
   std::vector<std::pair<std::string, double>> block_grad_norms;
@@ -86,6 +89,9 @@ class Trainer {
   int64_t num_global_params() const { return num_global_params_; }
   // Where this rank's model lives (train.device resolved).
   Device device() const { return device_; }
+  // This rank's communication so far by group name ("world", "tp", "dp", "pp", "mp",
+  // "embedding"), a group's host (MPI) and device (NCCL) communicators added together.
+  std::map<std::string, parallel::CommStats> CommTotals() const;
 
  private:
   Trainer() = default;

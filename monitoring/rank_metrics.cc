@@ -87,6 +87,13 @@ RankMetrics::RankMetrics(const RankIdentity& id)
                      .Name("normformer_comm_calls_total")
                      .Help("Communication calls this rank made, by group and operation.")
                      .Register(r);
+  comm_seconds_ = &BuildCounter()
+                       .Name("normformer_comm_seconds_total")
+                       .Help(
+                           "Time this rank waited for communication to complete (transfer and "
+                           "late peers; the exposed part of async calls), by group and "
+                           "operation.")
+                       .Register(r);
 }
 
 absl::StatusOr<std::unique_ptr<RankMetrics>> RankMetrics::Serve(const MonitoringConfig& config,
@@ -151,12 +158,14 @@ void RankMetrics::RecordComm(const std::string& group, const parallel::CommStats
   for (int op = 0; op < static_cast<int>(parallel::CommOp::kCount); ++op) {
     const int64_t bytes = totals.bytes[op] - seen.bytes[op];
     const int64_t calls = totals.calls[op] - seen.calls[op];
+    const double seconds = totals.seconds[op] - seen.seconds[op];
     if (calls <= 0 && bytes <= 0) continue;  // unused operations make no series
     prometheus::Labels labels = labels_;
     labels["group"] = group;
     labels["op"] = std::string(parallel::CommOpName(static_cast<parallel::CommOp>(op)));
     comm_bytes_->Add(labels).Increment(static_cast<double>(std::max<int64_t>(bytes, 0)));
     comm_calls_->Add(labels).Increment(static_cast<double>(std::max<int64_t>(calls, 0)));
+    comm_seconds_->Add(labels).Increment(std::max(seconds, 0.0));
   }
   seen = totals;
 }

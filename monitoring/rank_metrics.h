@@ -105,6 +105,7 @@ class RankMetrics {
   prometheus::Family<prometheus::Gauge>* layer_grad_norm_;
   prometheus::Family<prometheus::Counter>* comm_bytes_;
   prometheus::Family<prometheus::Counter>* comm_calls_;
+  prometheus::Family<prometheus::Counter>* comm_seconds_;
   // The totals last recorded per (group, operation): counters advance by differences.
   std::map<std::string, parallel::CommStats> comm_seen_;
   // Last: stopped (and its thread joined) before the metrics it reads are destroyed.

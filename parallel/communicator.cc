@@ -24,6 +24,14 @@ absl::string_view CommOpName(CommOp op) {
   return "unknown";
 }
 
+void CommStats::Add(const CommStats& other) {
+  for (int op = 0; op < static_cast<int>(CommOp::kCount); ++op) {
+    bytes[op] += other.bytes[op];
+    calls[op] += other.calls[op];
+    seconds[op] += other.seconds[op];
+  }
+}
+
 int64_t CommStats::total_bytes() const {
   int64_t total = 0;
   for (int64_t b : bytes) total += b;

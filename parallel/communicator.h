@@ -15,6 +15,15 @@
 // Wait); a call refused with an error counts nothing. fp16/bf16 reductions count their own
 // size, not the fp32 they are reduced in.
 //
+// Every call also adds the seconds this rank waited for it to complete, by operation: the time
+// between the operation being able to start (its inputs ready) and its completion, which is
+// the transfer plus any wait for late peers; the latter dominates with stragglers or pipeline
+// bubbles. With MPI it is the host's time inside Wait() (a blocking call waits at once; an
+// async one only for what it had not finished while the caller computed: the exposed part).
+// With NCCL it is the communication stream's time from the op's start to its end, measured
+// by CUDA events, an NCCL group's time shared evenly among its operations. A group of one
+// never waits.
+//
 // Blocking calls run under the collective watchdog (watchdog.h): one that does not complete
 // within its deadline reports which operation, group and peers it waited for, then aborts the
 // whole job. A communicator is used by one thread at a time, and every rank of a group issues
@@ -46,11 +55,15 @@ enum class CommOp : int {
 };
 absl::string_view CommOpName(CommOp op);  // "all_reduce", "reduce_scatter", ...
 
-// Bytes and calls by operation, since the communicator was created (or last reset).
+// Bytes, calls and seconds waited by operation, since the communicator was created (or last
+// reset).
 struct CommStats {
   std::array<int64_t, static_cast<int>(CommOp::kCount)> bytes{};
   std::array<int64_t, static_cast<int>(CommOp::kCount)> calls{};
+  std::array<double, static_cast<int>(CommOp::kCount)> seconds{};
   int64_t total_bytes() const;
+  void Add(const CommStats& other);  // element-wise sum
+  double seconds_of(CommOp op) const { return seconds[static_cast<int>(op)]; }
 };
 
 // A pending non-blocking operation; Wait() completes it (under the watchdog) and must be
@@ -92,17 +105,20 @@ class Communicator {
   virtual absl::StatusOr<std::unique_ptr<CommHandle>> RecvAsync(const Tensor& tensor, int peer) = 0;
   virtual absl::Status Barrier() = 0;
 
-  const CommStats& stats() const { return stats_; }
-  void ResetStats() { stats_ = {}; }
+  const CommStats& stats() const { return *stats_; }
+  void ResetStats() { *stats_ = {}; }
 
  protected:
   void Count(CommOp op, int64_t bytes) {
-    stats_.bytes[static_cast<int>(op)] += bytes;
-    ++stats_.calls[static_cast<int>(op)];
+    stats_->bytes[static_cast<int>(op)] += bytes;
+    ++stats_->calls[static_cast<int>(op)];
   }
+  // For the handles of pending operations, which add their wait at completion: shared, so a
+  // handle completed after its communicator is gone writes to live memory.
+  const std::shared_ptr<CommStats>& shared_stats() const { return stats_; }
 
  private:
-  CommStats stats_;
+  std::shared_ptr<CommStats> stats_ = std::make_shared<CommStats>();
 };
 
 }  // namespace nf::parallel

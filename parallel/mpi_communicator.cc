@@ -5,6 +5,8 @@
 #include <numeric>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "core/ops/ops.h"
 #include "core/status.h"
 #include "parallel/comm_checks.h"
@@ -93,9 +95,14 @@ absl::Status WaitForRequest(MPI_Request* request, absl::string_view operation,
 // An operation in flight: the MPI request, what it touches, and what to do on completion.
 class MpiPendingOp final : public CommHandle {
  public:
-  MpiPendingOp(std::shared_ptr<const MpiCommunicator::GroupInfo> group, CommOp op,
-               const Tensor& tensor, WatchdogOptions watchdog)
-      : group_(std::move(group)), op_(op), tensor_(tensor), watchdog_(watchdog) {}
+  MpiPendingOp(std::shared_ptr<const MpiCommunicator::GroupInfo> group,
+               std::shared_ptr<CommStats> stats, CommOp op, const Tensor& tensor,
+               WatchdogOptions watchdog)
+      : group_(std::move(group)),
+        stats_(std::move(stats)),
+        op_(op),
+        tensor_(tensor),
+        watchdog_(watchdog) {}
 
   ~MpiPendingOp() override {
     // A request must complete before its buffers go away; waiting (under the watchdog) is the
@@ -112,6 +119,7 @@ class MpiPendingOp final : public CommHandle {
     MPI_Status status;
     const int peer[1] = {peer_world_rank};
     const absl::string_view operation = CommOpName(op_);
+    const absl::Time start = absl::Now();
     NF_RETURN_IF_ERROR(WaitUnderWatchdog(
         [&]() -> absl::StatusOr<bool> {
           int flag = 0;
@@ -127,6 +135,7 @@ class MpiPendingOp final : public CommHandle {
          .peers = peer_world_rank >= 0 ? absl::Span<const int>(peer)
                                        : absl::Span<const int>(group_->others)},
         watchdog_));
+    stats_->seconds[static_cast<int>(op_)] += absl::ToDoubleSeconds(absl::Now() - start);
     if (expected_count >= 0) {
       int count = 0;
       MPI_Get_count(&status, datatype, &count);
@@ -165,6 +174,7 @@ class MpiPendingOp final : public CommHandle {
   }
 
   std::shared_ptr<const MpiCommunicator::GroupInfo> group_;
+  std::shared_ptr<CommStats> stats_;  // the communicator's: the wait is added at completion
   CommOp op_;
   Tensor tensor_;  // the caller's tensor (the output of gathers and scatters)
   WatchdogOptions watchdog_;
@@ -279,7 +289,8 @@ absl::StatusOr<std::unique_ptr<MpiPendingOp>> MpiCommunicator::StartAllReduce(co
   constexpr CommOp kOp = CommOp::kAllReduce;
   NF_RETURN_IF_ERROR(internal::CheckReducible(kOp, group_->name, "tensor", tensor));
   NF_RETURN_IF_ERROR(CheckCpu(kOp, "tensor", tensor));
-  auto pending = std::make_unique<MpiPendingOp>(group_, kOp, tensor, options_.watchdog);
+  auto pending =
+      std::make_unique<MpiPendingOp>(group_, shared_stats(), kOp, tensor, options_.watchdog);
   const MPI_Op mpi_op = op == ReduceOp::kSum ? MPI_SUM : MPI_MAX;
   const int count = static_cast<int>(tensor.numel());
   int rc;
@@ -308,7 +319,8 @@ absl::StatusOr<std::unique_ptr<MpiPendingOp>> MpiCommunicator::StartReduceScatte
   NF_RETURN_IF_ERROR(internal::CheckReduceScatter(group_->name, size(), input, output));
   NF_RETURN_IF_ERROR(CheckCpu(kOp, "input", input));
   NF_RETURN_IF_ERROR(CheckCpu(kOp, "output", output));
-  auto pending = std::make_unique<MpiPendingOp>(group_, kOp, output, options_.watchdog);
+  auto pending =
+      std::make_unique<MpiPendingOp>(group_, shared_stats(), kOp, output, options_.watchdog);
   const int count = static_cast<int>(output.numel());
   const void* send = input.raw_data();
   void* receive = output.raw_data();
@@ -348,7 +360,8 @@ absl::StatusOr<std::unique_ptr<MpiPendingOp>> MpiCommunicator::StartAllGather(
   NF_RETURN_IF_ERROR(internal::CheckAllGather(group_->name, size(), input, output));
   NF_RETURN_IF_ERROR(CheckCpu(kOp, "input", input));
   NF_RETURN_IF_ERROR(CheckCpu(kOp, "output", output));
-  auto pending = std::make_unique<MpiPendingOp>(group_, kOp, output, options_.watchdog);
+  auto pending =
+      std::make_unique<MpiPendingOp>(group_, shared_stats(), kOp, output, options_.watchdog);
   const int count = static_cast<int>(input.numel());
   const MPI_Datatype type = ElementType(input.dtype());
   const void* send = input.raw_data();
@@ -377,7 +390,8 @@ absl::StatusOr<std::unique_ptr<MpiPendingOp>> MpiCommunicator::StartBroadcast(co
   constexpr CommOp kOp = CommOp::kBroadcast;
   NF_RETURN_IF_ERROR(internal::CheckRoot(group_->name, size(), root, tensor));
   NF_RETURN_IF_ERROR(CheckCpu(kOp, "tensor", tensor));
-  auto pending = std::make_unique<MpiPendingOp>(group_, kOp, tensor, options_.watchdog);
+  auto pending =
+      std::make_unique<MpiPendingOp>(group_, shared_stats(), kOp, tensor, options_.watchdog);
   pending->keep_alive.push_back(tensor);
   const int rc = MPI_Ibcast(tensor.raw_data(), static_cast<int>(tensor.numel()),
                             ElementType(tensor.dtype()), root, comm_, &pending->request);
@@ -392,7 +406,8 @@ absl::StatusOr<std::unique_ptr<MpiPendingOp>> MpiCommunicator::StartPointToPoint
     CommOp op, const Tensor& tensor, int peer) {
   NF_RETURN_IF_ERROR(internal::CheckPeer(op, group_->name, rank_, size(), peer, tensor));
   NF_RETURN_IF_ERROR(CheckCpu(op, "tensor", tensor));
-  auto pending = std::make_unique<MpiPendingOp>(group_, op, tensor, options_.watchdog);
+  auto pending =
+      std::make_unique<MpiPendingOp>(group_, shared_stats(), op, tensor, options_.watchdog);
   pending->keep_alive.push_back(tensor);
   pending->peer_rank = peer;
   pending->peer_world_rank = group_->world_ranks[peer];
@@ -416,8 +431,8 @@ absl::StatusOr<std::unique_ptr<MpiPendingOp>> MpiCommunicator::StartPointToPoint
 }
 
 absl::StatusOr<std::unique_ptr<MpiPendingOp>> MpiCommunicator::StartBarrier() {
-  auto pending =
-      std::make_unique<MpiPendingOp>(group_, CommOp::kBarrier, Tensor(), options_.watchdog);
+  auto pending = std::make_unique<MpiPendingOp>(group_, shared_stats(), CommOp::kBarrier, Tensor(),
+                                                options_.watchdog);
   const int rc = MPI_Ibarrier(comm_, &pending->request);
   if (rc != MPI_SUCCESS) return MpiError("barrier", group_->name, rc, "MPI_Ibarrier");
   Count(CommOp::kBarrier, 0);

@@ -3,6 +3,7 @@
 #include <array>
 #include <cstdint>
 #include <cstring>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -124,9 +125,13 @@ struct NcclCommunicator::State {
 // and the event that marks its completion on the communication stream.
 class NcclPendingOp final : public CommHandle {
  public:
-  NcclPendingOp(std::shared_ptr<NcclCommunicator::State> state, CommOp op, internal::NcclPlan plan,
-                std::vector<Tensor> tensors)
-      : state_(std::move(state)), op_(op), plan_(plan), tensors_(std::move(tensors)) {
+  NcclPendingOp(std::shared_ptr<NcclCommunicator::State> state, std::shared_ptr<CommStats> stats,
+                CommOp op, internal::NcclPlan plan, std::vector<Tensor> tensors)
+      : state_(std::move(state)),
+        stats_(std::move(stats)),
+        op_(op),
+        plan_(plan),
+        tensors_(std::move(tensors)) {
     if (op == CommOp::kSend || op == CommOp::kRecv) {
       peer_world_rank_ = state_->world_ranks[plan_.peer];
     }
@@ -137,8 +142,9 @@ class NcclPendingOp final : public CommHandle {
     // (under the watchdog) is the only safe end for a handle the caller dropped.
     if ((issued_ || deferred_) && !waited_) Wait().IgnoreError();
     ScopedDevice on_device(state_->device);
-    if (ready_ != nullptr) cudaEventDestroy(ready_);
-    if (done_ != nullptr) cudaEventDestroy(done_);
+    for (cudaEvent_t event : {ready_, started_, done_}) {
+      if (event != nullptr) cudaEventDestroy(event);
+    }
   }
 
   CommOp op() const { return op_; }
@@ -146,11 +152,14 @@ class NcclPendingOp final : public CommHandle {
   std::string Describe() const { return DescribeTensors(tensors_); }
 
   // Creates the events and records `ready_` on the compute stream: the operation will read and
-  // write its tensors only after the kernels issued before this call.
+  // write its tensors only after the kernels issued before this call. `started_` and `done_`
+  // time the operation on the communication stream (CommStats::seconds).
   absl::Status Prepare() {
     const State& s = *state_;
-    for (cudaEvent_t* event : {&ready_, &done_}) {
-      const cudaError_t error = cudaEventCreateWithFlags(event, cudaEventDisableTiming);
+    for (auto [event, flags] :
+         {std::pair{&ready_, cudaEventDisableTiming}, std::pair{&started_, cudaEventDefault},
+          std::pair{&done_, cudaEventDefault}}) {
+      const cudaError_t error = cudaEventCreateWithFlags(event, flags);
       if (error != cudaSuccess) {
         return CudaError(error, CommOpName(op_), s.name, "cudaEventCreateWithFlags");
       }
@@ -172,6 +181,16 @@ class NcclPendingOp final : public CommHandle {
     if (error == cudaSuccess) return absl::OkStatus();
     return CudaError(error, CommOpName(op_), state_->name,
                      "cudaStreamWaitEvent on the communication stream");
+  }
+
+  // Marks where the operation's group starts on the communication stream (its inputs ready);
+  // the group's time is shared evenly among its `group_size` operations.
+  absl::Status RecordStart(size_t group_size) {
+    group_size_ = static_cast<int>(group_size);
+    const cudaError_t error = cudaEventRecord(started_, state_->stream);
+    if (error == cudaSuccess) return absl::OkStatus();
+    return CudaError(error, CommOpName(op_), state_->name,
+                     "cudaEventRecord on the communication stream");
   }
 
   // The NCCL call, inside the caller's ncclGroupStart/End.
@@ -246,6 +265,12 @@ class NcclPendingOp final : public CommHandle {
                           [&s] {
                             if (s.comm != nullptr) ncclCommAbort(s.comm);
                           }));
+    float milliseconds = 0.0f;
+    error = cudaEventElapsedTime(&milliseconds, started_, done_);
+    if (error != cudaSuccess) {
+      return CudaError(error, operation, s.name, "cudaEventElapsedTime of the operation");
+    }
+    stats_->seconds[static_cast<int>(op_)] += milliseconds / 1000.0 / group_size_;
     return absl::OkStatus();
   }
 
@@ -292,12 +317,15 @@ class NcclPendingOp final : public CommHandle {
   }
 
   std::shared_ptr<State> state_;
+  std::shared_ptr<CommStats> stats_;  // the communicator's: the time is added at completion
   CommOp op_;
   internal::NcclPlan plan_;
   std::vector<Tensor> tensors_;
   int peer_world_rank_ = -1;
   cudaEvent_t ready_ = nullptr;
+  cudaEvent_t started_ = nullptr;
   cudaEvent_t done_ = nullptr;
+  int group_size_ = 1;
   bool deferred_ = false;  // in state_->deferred, not handed to NCCL yet
   bool issued_ = false;
   bool waited_ = false;
@@ -315,6 +343,7 @@ absl::Status NcclPendingOp::IssueGroup(NcclCommunicator::State& s,
   ScopedDevice on_device(s.device);
   NF_RETURN_IF_ERROR(on_device.status(operation, s.name));
   for (NcclPendingOp* op : ops) NF_RETURN_IF_ERROR(op->OrderAfterCompute());
+  for (NcclPendingOp* op : ops) NF_RETURN_IF_ERROR(op->RecordStart(ops.size()));
   ncclResult_t result = ncclGroupStart();
   const NcclPendingOp* failed = nullptr;
   for (const NcclPendingOp* op : ops) {
@@ -461,7 +490,8 @@ absl::StatusOr<std::unique_ptr<NcclPendingOp>> NcclCommunicator::Start(
   }
   ScopedDevice on_device(s.device);
   NF_RETURN_IF_ERROR(on_device.status(CommOpName(op), s.name));
-  auto pending = std::make_unique<NcclPendingOp>(state_, op, *plan, std::move(tensors));
+  auto pending =
+      std::make_unique<NcclPendingOp>(state_, shared_stats(), op, *plan, std::move(tensors));
   NF_RETURN_IF_ERROR(pending->Prepare());
   if (op == CommOp::kSend) {
     pending->Defer();

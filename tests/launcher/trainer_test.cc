@@ -410,6 +410,16 @@ TEST(TrainerTest, BlockGradNormsAddUpToTheGlobalNorm) {
   EXPECT_NEAR(std::sqrt(squares), measured->grad_norm, 1e-6 * measured->grad_norm);
 }
 
+// The step's wall time contains its data-loader time; a single rank has no pipeline peers to
+// wait for (the pipeline waits of several ranks: monitoring.prometheus_scrape.np4).
+TEST(TrainerTest, StepTimeContainsTheDataWaitAndNoPeerWaitOnOneRank) {
+  std::unique_ptr<Trainer> trainer = MakeTrainer(SmallConfig(TrainOptions::FP32, 2));
+  const StepStats stats = Step(*trainer);
+  EXPECT_GT(stats.data_seconds, 0.0);
+  EXPECT_LT(stats.data_seconds, stats.seconds);
+  EXPECT_EQ(stats.pipeline_wait_seconds, 0.0);
+}
+
 TEST(TrainerTest, CudaDeviceNeedsAGpu) {
   TrainConfig config = SmallConfig(TrainOptions::FP32, 5);
   config.mutable_train()->set_device(TrainOptions::CUDA);

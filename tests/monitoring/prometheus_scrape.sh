@@ -96,13 +96,13 @@ checkpointed() {
 wait_for 180 "the run to reach step 8" checkpointed
 sleep 3
 
-metrics=(normformer_steps_total normformer_tokens_total normformer_skipped_steps_total
-  normformer_train_loss normformer_validation_loss normformer_learning_rate normformer_loss_scale
-  normformer_grad_norm normformer_layer_grad_norm normformer_step_duration_seconds_bucket
-  normformer_tokens_per_second normformer_mfu_ratio normformer_comm_bytes_total
-  normformer_comm_calls_total normformer_checkpoint_save_seconds
-  normformer_checkpoint_load_seconds normformer_last_checkpoint_step normformer_memory_bytes
-  normformer_last_step_timestamp_seconds)
+# Every metric of expected_metrics.txt (a histogram by its buckets).
+metrics=()
+while read -r name type _; do
+  [[ -z $name || $name == \#* ]] && continue
+  [[ $type == histogram ]] && name+=_bucket
+  metrics+=("$name")
+done <"$repo/tests/monitoring/expected_metrics.txt"
 for metric in "${metrics[@]}"; do
   found=$(ranks_with "$metric{job=\"$job\"}")
   [[ $found == 4 ]] || fail "$metric: Prometheus has it from $found of 4 ranks"
@@ -112,6 +112,16 @@ blocks=$(ranks_with 'count by (rank, layer) (normformer_layer_grad_norm{job="'$j
 [[ $blocks == 4 ]] || fail "normformer_layer_grad_norm: from $blocks of 4 ranks"
 layers=$(query_value 'count(normformer_layer_grad_norm{job="'$job'",rank="0"})')
 [[ $layers == 6 ]] || fail "rank 0 reports $layers blocks, expected 6 (embedding, 4 layers, head)"
+
+# The waits are measured, not left at zero: the last pipeline stage waits for the first one's
+# activations, and every rank here loads micro-batches (first stage: ids, last: targets).
+positive_on() { query_value "count(($1) > 0)"; }
+idle=$(positive_on 'normformer_pipeline_idle_ratio{job="'$job'",pp_rank="1"}')
+[[ $idle == 2 ]] || fail "normformer_pipeline_idle_ratio > 0 on $idle of the 2 last-stage ranks"
+waited=$(positive_on 'normformer_comm_seconds_total{job="'$job'",group="pp",op="recv"}')
+[[ $waited == 4 ]] || fail "pipeline receives took time on $waited of 4 ranks"
+loading=$(positive_on 'normformer_data_wait_seconds_total{job="'$job'"}')
+[[ $loading == 4 ]] || fail "normformer_data_wait_seconds_total > 0 on $loading of 4 ranks"
 
 for ((rank = 0; rank < 4; rank++)); do
   curl -s "http://127.0.0.1:$((base + rank))/metrics" >"$dir/rank$rank.metrics"

@@ -95,9 +95,11 @@ TEST(RankMetricsTest, CommunicationCountersAdvanceByTheDifferenceOfTotals) {
   const int all_reduce = static_cast<int>(parallel::CommOp::kAllReduce);
   totals.bytes[all_reduce] = 100;
   totals.calls[all_reduce] = 2;
+  totals.seconds[all_reduce] = 0.5;
   metrics->RecordComm("tp", totals);
   totals.bytes[all_reduce] = 250;
   totals.calls[all_reduce] = 5;
+  totals.seconds[all_reduce] = 1.25;
   metrics->RecordComm("tp", totals);
   const std::string text = metrics->Text();
   EXPECT_THAT(
@@ -108,6 +110,10 @@ TEST(RankMetricsTest, CommunicationCountersAdvanceByTheDifferenceOfTotals) {
       text,
       HasSubstr(
           R"(normformer_comm_calls_total{dp_rank="1",group="tp",job="run7",op="all_reduce",pp_rank="0",rank="3",tp_rank="1"} 5)"));
+  EXPECT_THAT(
+      text,
+      HasSubstr(
+          R"(normformer_comm_seconds_total{dp_rank="1",group="tp",job="run7",op="all_reduce",pp_rank="0",rank="3",tp_rank="1"} 1.25)"));
   // Operations never used make no series.
   EXPECT_THAT(text, Not(HasSubstr(R"(op="send")")));
 }

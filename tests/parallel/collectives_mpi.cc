@@ -7,6 +7,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "comm_test_util.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -318,6 +320,38 @@ TEST(MpiCommunicatorTest, CountsThePayloadOfEachCallExactly) {
   EXPECT_EQ(Bytes(s, CommOp::kBarrier), 0);
   EXPECT_EQ(Calls(s, CommOp::kBarrier), 1);
   EXPECT_EQ(s.total_bytes(), 52 + 12 * n + 16 * n + 10 + 28);
+}
+
+// The seconds of a call are the caller's wait for its peers: rank 0 enters the all-reduce 300 ms
+// after the others, who therefore wait at least that long (less 50 ms for the start-time skew
+// the barrier before leaves between ranks), while rank 0 waits far less. A send waited for at
+// once by a receiver that is late by the same time counts it the same way.
+TEST(MpiCommunicatorTest, CountsTheSecondsEachRankWaitedForItsPeers) {
+  MpiCommunicator& world = World();
+  const int n = world.size(), r = world.rank();
+  ASSERT_GE(n, 2) << "run with 2 or more ranks";
+  constexpr double kLate = 0.3, kSkew = 0.05;
+  ASSERT_TRUE(world.Barrier().ok());
+  world.ResetStats();
+  if (r == 0) absl::SleepFor(absl::Seconds(kLate));
+  ASSERT_TRUE(world.AllReduce(TensorOf(DType::kF32, {4}, {1, 2, 3, 4}), ReduceOp::kSum).ok());
+  const double all_reduce = world.stats().seconds_of(CommOp::kAllReduce);
+  if (r == 0) {
+    EXPECT_LT(all_reduce, kLate - kSkew);
+  } else {
+    EXPECT_GE(all_reduce, kLate - kSkew);
+  }
+  EXPECT_EQ(world.stats().seconds_of(CommOp::kSend), 0.0);
+
+  ASSERT_TRUE(world.Barrier().ok());
+  const Tensor message = TensorOf(DType::kF32, {3}, {0, 0, 0});
+  if (r == 0) {
+    ASSERT_TRUE(world.Recv(message, 1).ok());
+    EXPECT_GE(world.stats().seconds_of(CommOp::kRecv), kLate - kSkew);
+  } else if (r == 1) {
+    absl::SleepFor(absl::Seconds(kLate));
+    ASSERT_TRUE(world.Send(message, 0).ok());
+  }
 }
 
 // Refusals happen before any communication, so each rank checks them on its own.
