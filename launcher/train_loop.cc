@@ -1,7 +1,5 @@
 #include "launcher/train_loop.h"
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -14,15 +12,13 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/time/clock.h"
-#include "absl/time/time.h"
 #include "checkpoint/load.h"
 #include "checkpoint/save.h"
-#include "core/ops/backend.h"
 #include "core/status.h"
 #include "launcher/config.h"
 #include "launcher/gemm_ceiling.h"
 #include "launcher/jsonl_log.h"
+#include "launcher/step_metrics.h"
 #include "launcher/stop_requests.h"
 #include "launcher/trainer.h"
 #include "monitoring/rank_metrics.h"
@@ -101,14 +97,6 @@ JsonObject StepRecord(const StepStats& s) {
 
 double SecondsSince(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-}
-
-// This process's resident set (Linux /proc/self/statm), 0 when unreadable.
-int64_t ResidentBytes() {
-  std::ifstream statm("/proc/self/statm");
-  int64_t size_pages = 0, resident_pages = 0;
-  if (!(statm >> size_pages >> resident_pages)) return 0;
-  return resident_pages * static_cast<int64_t>(sysconf(_SC_PAGESIZE));
 }
 
 std::string Duration(double seconds) {
@@ -300,28 +288,12 @@ class TrainingRun {
     return absl::OkStatus();
   }
 
-  // One step's metrics on this rank: the step's figures, its per-block gradient norms on log
-  // steps, communication totals by group, data and pipeline waits, and memory in use.
   void RecordMetrics(const StepStats& stats) {
     if (!metrics_) return;
     const double tokens_per_second =
         stats.seconds > 0 ? static_cast<double>(stats.tokens) / stats.seconds : 0.0;
-    metrics_->RecordStep({.step = stats.step,
-                          .loss = stats.loss,
-                          .learning_rate = stats.lr,
-                          .loss_scale = stats.loss_scale,
-                          .grad_norm = stats.grad_norm,
-                          .skipped = stats.skipped,
-                          .tokens = stats.tokens,
-                          .seconds = stats.seconds,
-                          .mfu = tokens_per_second * flops_per_token_ / job_ceiling_flops_,
-                          .unix_seconds = absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch())});
-    if (!stats.block_grad_norms.empty()) metrics_->RecordLayerGradNorms(stats.block_grad_norms);
-    for (const auto& [group, totals] : trainer_->CommTotals()) metrics_->RecordComm(group, totals);
-    metrics_->RecordDataWait(stats.data_seconds);
-    metrics_->RecordPipelineIdle(stats.seconds > 0 ? stats.pipeline_wait_seconds / stats.seconds
-                                                   : 0.0);
-    metrics_->RecordMemory(ResidentBytes(), ops::BytesInUse(trainer_->device()));
+    RecordStepMetrics(stats, *trainer_, tokens_per_second * flops_per_token_ / job_ceiling_flops_,
+                      *metrics_);
   }
 
   // The log record of every step and, every log_interval steps, a progress line.

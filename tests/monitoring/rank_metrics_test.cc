@@ -10,6 +10,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "monitoring/scrape_client.h"
 
 namespace nf::monitoring {
 namespace {
@@ -131,24 +132,9 @@ int FreePort() {
   return ntohs(address.sin_port);
 }
 
-// The body of GET `path` from 127.0.0.1:port (HTTP/1.0: the server closes when done).
+// The response to GET `path` from 127.0.0.1:port ("" when the connection fails).
 std::string HttpGet(int port, const std::string& path) {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_port = htons(static_cast<uint16_t>(port));
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0) {
-    close(fd);
-    return "";
-  }
-  const std::string request = "GET " + path + " HTTP/1.0\r\n\r\n";
-  (void)!write(fd, request.data(), request.size());
-  std::string response;
-  char buffer[4096];
-  for (ssize_t n; (n = read(fd, buffer, sizeof(buffer))) > 0;) response.append(buffer, n);
-  close(fd);
-  return response;
+  return FetchPage("127.0.0.1", port, path).value_or("");
 }
 
 TEST(RankMetricsTest, ServesMetricsOnBasePlusLocalRankAndNothingElse) {

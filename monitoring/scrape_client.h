@@ -1,0 +1,17 @@
+// Fetches a page from a metrics server over HTTP/1.0, as one Prometheus scrape does: for the
+// metrics-cost benchmark and the tests of monitoring/ (Prometheus itself is the client in
+// production).
+#pragma once
+
+#include <string>
+
+#include "absl/status/statusor.h"
+
+namespace nf::monitoring {
+
+// The whole response (status line, headers and body) to `GET path` from address:port (IPv4);
+// Unavailable naming address:port when nothing accepts the connection.
+absl::StatusOr<std::string> FetchPage(const std::string& address, int port,
+                                      const std::string& path);
+
+}  // namespace nf::monitoring
