@@ -20,6 +20,7 @@ packages=(
   # used by them (a container without systemd does not start it), and matplotlib for
   # scripts/plot-run (run by Debian's /usr/bin/python3)
   prometheus python3-matplotlib
+  curl  # reads /metrics pages in the monitoring test and the user guide
 )
 
 missing=()
