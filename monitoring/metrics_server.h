@@ -3,10 +3,13 @@
 // polls the listening socket and a self-pipe for shutdown, and serves one connection at a time,
 // which is all a scrape every few seconds needs.
 //
-// Why not prometheus-cpp's pull exposer: its HTTP server (Debian's civetweb 1.15) failed to
-// start inside nf-launch ("Cannot create threads: error 0", with no thread creation attempted)
-// while the same call worked in a unit test; this server has no such dependency and is small
-// enough to read in one sitting.
+// Why not prometheus-cpp's pull exposer: its HTTP server, Debian's civetweb 1.15, creates its
+// threads with 100 KiB stacks (pthread_attr_setstacksize(102400), seen under gdb), and glibc
+// refuses such a thread with EINVAL when the static TLS of the loaded libraries does not fit
+// in it. A CUDA build of nf-launch loads OpenBLAS (60 KiB of TLS) and cuBLASLt (92 KiB), so
+// the exposer fails there with "Cannot create threads: error 0" (errno is not set) while the
+// same call works in a program without them (readelf -lW LIB | grep TLS shows the sizes). This server's one thread has the default stack, no
+// dependency beyond POSIX sockets, and is small enough to read in one sitting.
 #pragma once
 
 #include <atomic>
