@@ -102,6 +102,20 @@ void AppendQuoted(absl::string_view text, std::string* out) {
   out->push_back('"');
 }
 
+// A double as a JSON value: the shortest round-trip form of a finite one (always valid JSON:
+// "1e+20", "-0", "0.1", never locale-dependent), the strings "nan", "inf", "-inf" otherwise.
+void AppendJsonDouble(double value, std::string& out) {
+  if (std::isnan(value)) {
+    out.append("\"nan\"");
+  } else if (std::isinf(value)) {
+    out.append(value > 0 ? "\"inf\"" : "\"-inf\"");
+  } else {
+    char digits[32];
+    const std::to_chars_result result = std::to_chars(digits, digits + sizeof(digits), value);
+    out.append(digits, result.ptr);
+  }
+}
+
 }  // namespace
 
 void JsonObject::AddKey(absl::string_view key) {
@@ -121,24 +135,6 @@ JsonObject& JsonObject::AddInt(absl::string_view key, int64_t value) {
   absl::StrAppend(&members_, value);
   return *this;
 }
-
-namespace {
-
-// A double as a JSON value: the shortest round-trip form of a finite one (always valid JSON:
-// "1e+20", "-0", "0.1", never locale-dependent), the strings "nan", "inf", "-inf" otherwise.
-void AppendJsonDouble(double value, std::string& out) {
-  if (std::isnan(value)) {
-    out.append("\"nan\"");
-  } else if (std::isinf(value)) {
-    out.append(value > 0 ? "\"inf\"" : "\"-inf\"");
-  } else {
-    char digits[32];
-    const std::to_chars_result result = std::to_chars(digits, digits + sizeof(digits), value);
-    out.append(digits, result.ptr);
-  }
-}
-
-}  // namespace
 
 JsonObject& JsonObject::AddDouble(absl::string_view key, double value) {
   AddKey(key);
