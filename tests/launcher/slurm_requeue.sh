@@ -53,7 +53,10 @@ chmod 600 "$dir/munge/munge.key"
 munged --force --socket="$dir/munge/socket" --key-file="$dir/munge/munge.key" \
   --pid-file="$dir/munged.pid" --seed-file="$dir/munge/seed" --log-file="$dir/log/munged.log"
 node=$(hostname)  # addressed as 127.0.0.1: the name need not resolve
-port=$((20000 + $$ % 20000))  # away from a real Slurm's 6817/6818 and from parallel runs
+# slurmctld and slurmd on port and port + 1: away from a real Slurm's 6817/6818, free, and apart
+# from the monitoring test's 20000-32000.
+source "$repo/tests/scripts/free_ports.sh"
+port=$(free_port_base 12000 20000 0 1)
 # The batch script asks for 8 GPUs per node: the node advertises 8 placeholder GPU files, which
 # nothing opens (the test trains on the CPU).
 for i in 0 1 2 3 4 5 6 7; do : >"$dir/gpu$i"; done

@@ -33,12 +33,15 @@ wait_for() {
   shift 2
   for ((i = 0; i < seconds * 2; i++)); do
     if "$@"; then return 0; fi
+    kill -0 "$launcher" 2>/dev/null || fail "nf-launch ended while waiting for $what"
     sleep 0.5
   done
   fail "timed out after ${seconds}s waiting for $what"
 }
 
-base=$((30000 + $$ % 20000))  # ranks on base .. base+3, Prometheus on base+10
+# Ranks on base .. base+3, Prometheus on base+10 (the Slurm test takes 12000-20000).
+source "$repo/tests/scripts/free_ports.sh"
+base=$(free_port_base 20000 32000 0 1 2 3 10)
 prometheus_port=$((base + 10))
 job=scrape-test
 
