@@ -43,7 +43,6 @@ absl::StatusOr<PipelineExecutor::Result> PipelineExecutor::Run(const PipelineSte
                                                                BatchSource& batches,
                                                                const GradsDoneFn& grads_done) {
   Result result;
-  model::NormFormerModel::LossSum& loss = result.loss;
   std::vector<int> backwards_left(chunks_.size(), 0);
   for (const Action& a : schedule_) {
     if (a.kind == Action::kBackward) ++backwards_left[a.model_chunk];
@@ -74,15 +73,13 @@ absl::StatusOr<PipelineExecutor::Result> PipelineExecutor::Run(const PipelineSte
           }
         }
         NF_ASSIGN_OR_RETURN(
-            const model::NormFormerModel::StageOutput out,
+            const Tensor* const output,
             chunk.ForwardStage(a.micro_batch, first ? &batches.inputs() : nullptr,
                                first ? nullptr : input, last ? batches.targets() : Tensor(),
                                first_sample, true));
         input = nullptr;
-        loss.sum += out.loss.sum;
-        loss.tokens += out.loss.tokens;
         // Sent by a later action; valid until this micro-batch's backward on the chunk.
-        if (!last) outputs_[{a.micro_batch, a.model_chunk}] = *out.hidden;
+        if (!last) outputs_[{a.micro_batch, a.model_chunk}] = *output;
         break;
       }
       case Action::kSendActivation: {

@@ -47,12 +47,10 @@ class PipelineExecutor {
   using GradsDoneFn = std::function<absl::Status(int chunk, int64_t offset)>;
 
   struct Result {
-    // The sum of token losses and the number of tokens over this rank's micro-batches on the
-    // last model stage (zero elsewhere).
-    model::NormFormerModel::LossSum loss;
     double data_seconds = 0.0;  // spent in BatchSource::Load
   };
-  // Runs the schedule once.
+  // Runs the schedule once. The last model stage's losses accumulate in its chunk
+  // (NormFormerModel::TakeLossSum).
   absl::StatusOr<Result> Run(const PipelineStep& step, BatchSource& batches,
                              const GradsDoneFn& grads_done);
 

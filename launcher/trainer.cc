@@ -311,8 +311,14 @@ absl::Status Trainer::Restore(const checkpoint::RunProgress& progress) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<model::NormFormerModel::LossSum> Trainer::GlobalLoss(
-    const model::NormFormerModel::LossSum& local) {
+absl::StatusOr<model::NormFormerModel::LossSum> Trainer::GlobalLoss() {
+  // Only the chunk holding the last model stage has losses (the others read zeros).
+  model::NormFormerModel::LossSum local;
+  for (const auto& chunk : chunks_) {
+    NF_ASSIGN_OR_RETURN(const model::NormFormerModel::LossSum taken, chunk->TakeLossSum());
+    local.sum += taken.sum;
+    local.tokens += taken.tokens;
+  }
   const bool reports = chunks_.back()->placement().last() && groups_->topology.tp_rank() == 0;
   NF_ASSIGN_OR_RETURN(const Tensor loss, Tensor::Zeros(DType::kF64, {2}));
   if (reports) {
@@ -341,7 +347,6 @@ absl::StatusOr<double> Trainer::Evaluate() {
   const parallel::Topology& topology = groups_->topology;
   const int p = topology.pp(), stages = p * static_cast<int>(chunks_.size());
   parallel::Communicator& pp = *DeviceGroup(GroupKind::kPipeline);
-  model::NormFormerModel::LossSum local;
   for (int64_t iter = 0; iter < train.eval_iters(); ++iter) {
     for (int mb = 0; mb < micro_batches_; ++mb) {
       const int64_t global_micro_batch = int64_t{topology.dp_rank()} * micro_batches_ + mb;
@@ -356,21 +361,16 @@ absl::StatusOr<double> Trainer::Evaluate() {
         }
         if (!first) NF_RETURN_IF_ERROR(pp.Recv(received_, (stage - 1) % p));
         NF_ASSIGN_OR_RETURN(
-            const model::NormFormerModel::StageOutput out,
+            const Tensor* const output,
             chunk.ForwardStage(kEvalKey, first ? &validation_->inputs() : nullptr,
                                first ? nullptr : &received_,
                                last ? validation_->targets() : Tensor(), first_sample, false));
-        if (last) {
-          local.sum += out.loss.sum;
-          local.tokens += out.loss.tokens;
-        } else {
-          NF_RETURN_IF_ERROR(pp.Send(*out.hidden, (stage + 1) % p));
-        }
+        if (!last) NF_RETURN_IF_ERROR(pp.Send(*output, (stage + 1) % p));
         chunk.DiscardForward(kEvalKey);
       }
     }
   }
-  NF_ASSIGN_OR_RETURN(const model::NormFormerModel::LossSum global, GlobalLoss(local));
+  NF_ASSIGN_OR_RETURN(const model::NormFormerModel::LossSum global, GlobalLoss());
   return global.tokens > 0 ? global.sum / static_cast<double>(global.tokens) : 0.0;
 }
 
@@ -448,7 +448,7 @@ absl::StatusOr<StepStats> Trainer::TrainStep(bool block_grad_norms) {
            pipeline.seconds_of(parallel::CommOp::kRecv);
   };
   const double pipeline_waited_before = pipeline_waited();
-  NF_ASSIGN_OR_RETURN(const PipelineExecutor::Result local,
+  NF_ASSIGN_OR_RETURN(const PipelineExecutor::Result run,
                       executor_->Run(step, *batches_, [&](int chunk, int64_t offset) {
                         return optimizers_[chunk]->GradsDoneFrom(offset);
                       }));
@@ -476,7 +476,7 @@ absl::StatusOr<StepStats> Trainer::TrainStep(bool block_grad_norms) {
 
   // Once per step: waits for the device and reports a bad token id or target a kernel met.
   NF_RETURN_IF_ERROR(ops::Synchronize(device_));
-  NF_ASSIGN_OR_RETURN(const model::NormFormerModel::LossSum global, GlobalLoss(local.loss));
+  NF_ASSIGN_OR_RETURN(const model::NormFormerModel::LossSum global, GlobalLoss());
   const double sum = global.sum;
   const int64_t tokens = global.tokens;
   return StepStats{
@@ -489,7 +489,7 @@ absl::StatusOr<StepStats> Trainer::TrainStep(bool block_grad_norms) {
       .skipped_total = skipped_total_,
       .tokens = tokens,
       .seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
-      .data_seconds = local.data_seconds,
+      .data_seconds = run.data_seconds,
       .pipeline_wait_seconds = pipeline_wait_seconds,
       .block_grad_norms = std::move(block_norms)};
 }

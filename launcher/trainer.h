@@ -102,10 +102,11 @@ class Trainer {
   // Per-block gradient norms of the reduced, unscaled gradients, the same on every rank:
   // collective over the group GlobalSquaredNorm reduces over.
   absl::StatusOr<std::vector<std::pair<std::string, double>>> BlockGradNorms();
-  // Sums the last stage's (loss sum, tokens) over the world (tp rank 0 of the last stage of
-  // every data-parallel rank contributes): every rank gets the global pair.
-  absl::StatusOr<model::NormFormerModel::LossSum> GlobalLoss(
-      const model::NormFormerModel::LossSum& local);
+  // Takes the losses the last stage's forwards accumulated since the last call
+  // (NormFormerModel::TakeLossSum: one read from the device) and sums (loss sum, tokens) over
+  // the world (tp rank 0 of the last stage of every data-parallel rank contributes): every rank
+  // gets the global pair.
+  absl::StatusOr<model::NormFormerModel::LossSum> GlobalLoss();
   // The global non-finite flag and squared gradient norm (NaN when skipped).
   absl::StatusOr<double> GlobalSquaredNorm(float loss_scale, bool& skipped);
 

@@ -145,6 +145,7 @@ absl::Status NormFormerModel::AllocateBuffers() {
   }
   if (placement().last()) {
     NF_ASSIGN_OR_RETURN(dloss_, Zeros(DType::kF32, {t}));
+    NF_ASSIGN_OR_RETURN(loss_totals_, Zeros(DType::kF64, {2}));
   }
   NF_ASSIGN_OR_RETURN(grad_a_, Zeros(dt, {t, d}));
   NF_ASSIGN_OR_RETURN(grad_b_, Zeros(dt, {t, d}));
@@ -241,9 +242,8 @@ absl::StatusOr<NormFormerModel::LossSum> NormFormerModel::Forward(const Tensor& 
                                                                   uint64_t first_sample,
                                                                   bool train) {
   NF_RETURN_IF_ERROR(CheckWholeModel("Forward"));
-  NF_ASSIGN_OR_RETURN(const StageOutput out,
-                      ForwardStage(0, &inputs, nullptr, targets, first_sample, train));
-  return out.loss;
+  NF_RETURN_IF_ERROR(ForwardStage(0, &inputs, nullptr, targets, first_sample, train).status());
+  return TakeLossSum();
 }
 
 absl::Status NormFormerModel::Backward(float loss_weight) {
@@ -282,9 +282,11 @@ absl::Status NormFormerModel::CheckHiddenShape(absl::string_view what, const Ten
       DTypeName(options_.dtype), ShapeToString(expected), " (micro_batch * seq_len, d_model)"));
 }
 
-absl::StatusOr<NormFormerModel::StageOutput> NormFormerModel::ForwardStage(
-    int micro_batch, const Tensor* input_ids, const Tensor* input_hidden, const Tensor& targets,
-    uint64_t first_sample, bool train) {
+absl::StatusOr<const Tensor*> NormFormerModel::ForwardStage(int micro_batch,
+                                                            const Tensor* input_ids,
+                                                            const Tensor* input_hidden,
+                                                            const Tensor& targets,
+                                                            uint64_t first_sample, bool train) {
   NF_RETURN_IF_ERROR(CheckStageInputs(input_ids, input_hidden, targets));
   NF_ASSIGN_OR_RETURN(InFlight* const mb, Acquire(micro_batch));
   const int64_t t = shape_.tokens();
@@ -297,12 +299,22 @@ absl::StatusOr<NormFormerModel::StageOutput> NormFormerModel::ForwardStage(
     NF_RETURN_IF_ERROR(ops::Copy(*input_hidden, mb->hidden[0]));
   }
   NF_RETURN_IF_ERROR(LayersForward(*mb));
-  if (!placement().last()) return StageOutput{.hidden = &mb->hidden.back()};
+  if (!placement().last()) return &mb->hidden.back();
   NF_ASSIGN_OR_RETURN(const Tensor target_ids, targets.Reshape({t}));
   NF_RETURN_IF_ERROR(ops::Copy(target_ids, mb->targets));
   last_forward_ = mb;
-  NF_ASSIGN_OR_RETURN(const LossSum loss, HeadForward(*mb));
-  return StageOutput{.loss = loss};
+  NF_RETURN_IF_ERROR(HeadForward(*mb));
+  return nullptr;
+}
+
+absl::StatusOr<NormFormerModel::LossSum> NormFormerModel::TakeLossSum() {
+  if (!placement().last()) return LossSum{};
+  // On the CPU, OnHost is the tensor itself: read before resetting.
+  NF_ASSIGN_OR_RETURN(const Tensor totals, ops::OnHost(loss_totals_));
+  const LossSum taken{.sum = totals.data<double>()[0],
+                      .tokens = static_cast<int64_t>(totals.data<double>()[1])};
+  NF_RETURN_IF_ERROR(ops::Fill(loss_totals_, 0.0f));
+  return taken;
 }
 
 absl::Status NormFormerModel::BackwardStage(int micro_batch, const Tensor* output_grad,
@@ -365,7 +377,7 @@ absl::Status NormFormerModel::LayersBackward(InFlight& mb, const GradsDoneFrom& 
   return absl::OkStatus();
 }
 
-absl::StatusOr<NormFormerModel::LossSum> NormFormerModel::HeadForward(InFlight& mb) {
+absl::Status NormFormerModel::HeadForward(InFlight& mb) {
   NF_RETURN_IF_ERROR(ops::LayerNormForward({.x = mb.hidden.back(),
                                             .weight = params_.final_norm_weight.value,
                                             .bias = params_.final_norm_bias.value,
@@ -384,19 +396,8 @@ absl::StatusOr<NormFormerModel::LossSum> NormFormerModel::HeadForward(InFlight& 
   NF_RETURN_IF_ERROR(tp_->AllReduce(mb.loss_sums, parallel::ReduceOp::kSum));
   NF_RETURN_IF_ERROR(
       ops::CrossEntropyLoss(mb.targets, mb.row_max, mb.sum_exp, mb.target_logit, mb.token_loss));
-  // Read on the host: on a GPU this waits for the micro-batch's forward (see the note in
-  // docs/performance.md on moving the sum to the device).
-  NF_ASSIGN_OR_RETURN(const Tensor token_loss, ops::OnHost(mb.token_loss));
-  NF_ASSIGN_OR_RETURN(const Tensor targets, ops::OnHost(mb.targets));
-  LossSum loss;
-  const float* per_token = token_loss.data<float>();
-  const int32_t* target = targets.data<int32_t>();
-  for (int64_t i = 0; i < shape_.tokens(); ++i) {
-    if (target[i] < 0) continue;
-    loss.sum += per_token[i];
-    ++loss.tokens;
-  }
-  return loss;
+  // Summed on the device: nothing here waits for the micro-batch's kernels.
+  return ops::AccumulateLoss(mb.token_loss, mb.targets, loss_totals_);
 }
 
 // Leaves the gradient of the last layer's output in grad_a_.

@@ -74,7 +74,8 @@ class NormFormerModel {
     double sum = 0.0;
     int64_t tokens = 0;
   };
-  // Refuses a model that is not the whole model (a pipeline stage): use ForwardStage.
+  // Refuses a model that is not the whole model (a pipeline stage): use ForwardStage. Returns
+  // this forward's loss (TakeLossSum after ForwardStage).
   absl::StatusOr<LossSum> Forward(const Tensor& inputs, const Tensor& targets,
                                   uint64_t first_sample, bool train);
 
@@ -82,22 +83,22 @@ class NormFormerModel {
   // caller passes loss_weight = loss_scale / (tokens in the global batch).
   absl::Status Backward(float loss_weight);
 
-  // What a stage's forward produces: the last stage's loss, or the output hidden state of any
-  // other stage ([T, d] in the model dtype, owned by the model, valid until the micro-batch's
-  // BackwardStage).
-  struct StageOutput {
-    const Tensor* hidden = nullptr;  // non-last stages
-    LossSum loss = {};               // the last stage
-  };
   // One micro-batch through this stage, its activations kept under the key `micro_batch` (any
   // int unique among the micro-batches in flight, e.g. its index in the step; a key already in
   // flight has its activations replaced, as evaluation forwards that see no backward need).
   // The first stage reads input_ids (i32 [micro_batch, seq_len]); the others read input_hidden
   // ([T = micro_batch * seq_len, d], model dtype). The last stage reads targets as Forward
   // does; the others ignore them. Inputs and targets are copied: the caller may reuse them.
-  absl::StatusOr<StageOutput> ForwardStage(int micro_batch, const Tensor* input_ids,
-                                           const Tensor* input_hidden, const Tensor& targets,
-                                           uint64_t first_sample, bool train);
+  // Returns the output hidden state of a non-last stage ([T, d] in the model dtype, owned by the
+  // model, valid until the micro-batch's BackwardStage); the last stage returns nullptr and adds
+  // the micro-batch's loss to the device-side totals that TakeLossSum reads.
+  absl::StatusOr<const Tensor*> ForwardStage(int micro_batch, const Tensor* input_ids,
+                                             const Tensor* input_hidden, const Tensor& targets,
+                                             uint64_t first_sample, bool train);
+  // The losses the last stage's forwards added since the last call, read from the device (one
+  // host-device sync: the trainer calls it once per step, at the step's end), and reset. Zero
+  // on other stages.
+  absl::StatusOr<LossSum> TakeLossSum();
   // Reports, during a backward, that every parameter gradient at flat offsets >= `offset` of
   // params().grads() has received this micro-batch's contribution (the offsets fall as the
   // backward moves from the head to the embedding, and reach 0 at its end). On the last
@@ -186,7 +187,7 @@ class NormFormerModel {
   absl::Status CheckHiddenShape(absl::string_view what, const Tensor* hidden) const;
   absl::Status LayersForward(InFlight& mb);
   absl::Status LayersBackward(InFlight& mb, const GradsDoneFrom& grads_done_from);
-  absl::StatusOr<LossSum> HeadForward(InFlight& mb);
+  absl::Status HeadForward(InFlight& mb);
   absl::Status HeadBackward(InFlight& mb, float loss_weight);
   absl::Status EmbedForward(InFlight& mb);
   absl::Status EmbedBackward(InFlight& mb);
@@ -224,6 +225,7 @@ class NormFormerModel {
   LayerScratch scratch_;
   Tensor positions_;        // the first stage's [max_seq_len, d] sinusoidal table (model dtype)
   Tensor dloss_;            // the last stage's [T] fp32 loss weights
+  Tensor loss_totals_;      // the last stage's f64 [2]: loss sum and tokens, until TakeLossSum
   Tensor grad_a_, grad_b_;  // [T, d] residual-stream gradients
 };
 

@@ -1,8 +1,8 @@
 // The CPU backend: OpenBLAS for matrix products, plain loops over the thread pool for the rest.
 // It is the reference every other backend is tested against, so it favours clarity and exact
 // accumulation (double for long sums) over speed. Methods are defined by concern in
-// cpu_backend.cc, gemm.cc, elementwise.cc, layout.cc, layer_norm.cc, attention.cc, embedding_loss.cc and
-// optimizer.cc.
+// cpu_backend.cc, gemm.cc, elementwise.cc, layout.cc, layer_norm.cc, attention.cc,
+// embedding_loss.cc and optimizer.cc.
 #pragma once
 
 #include "core/ops/backend.h"
@@ -54,6 +54,8 @@ class CpuBackend final : public ops::Backend {
                                   const Tensor& sum_exp, const Tensor& target_logit) override;
   absl::Status CrossEntropyLoss(const Tensor& targets, const Tensor& row_max, const Tensor& sum_exp,
                                 const Tensor& target_logit, const Tensor& loss) override;
+  absl::Status AccumulateLoss(const Tensor& loss, const Tensor& targets,
+                              const Tensor& totals) override;
   absl::Status CrossEntropyBackward(const ops::CrossEntropyArgs& args, const Tensor& row_max,
                                     const Tensor& sum_exp, const Tensor& dloss,
                                     const Tensor& dlogits) override;

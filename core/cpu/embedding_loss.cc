@@ -142,6 +142,22 @@ absl::Status CpuBackend::CrossEntropyLoss(const Tensor& targets, const Tensor& r
   return absl::OkStatus();
 }
 
+absl::Status CpuBackend::AccumulateLoss(const Tensor& loss, const Tensor& targets,
+                                        const Tensor& totals) {
+  const float* per_row = loss.data<float>();
+  const int32_t* t = targets.data<int32_t>();
+  double sum = 0.0;
+  int64_t rows = 0;
+  for (int64_t r = 0; r < loss.numel(); ++r) {
+    if (t[r] < 0) continue;
+    sum += per_row[r];
+    ++rows;
+  }
+  totals.data<double>()[0] += sum;
+  totals.data<double>()[1] += static_cast<double>(rows);
+  return absl::OkStatus();
+}
+
 absl::Status CpuBackend::CrossEntropyBackward(const ops::CrossEntropyArgs& args,
                                               const Tensor& row_max, const Tensor& sum_exp,
                                               const Tensor& dloss, const Tensor& dlogits) {

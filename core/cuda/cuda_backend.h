@@ -59,6 +59,8 @@ class CudaBackend final : public ops::Backend {
                                   const Tensor& sum_exp, const Tensor& target_logit) override;
   absl::Status CrossEntropyLoss(const Tensor& targets, const Tensor& row_max, const Tensor& sum_exp,
                                 const Tensor& target_logit, const Tensor& loss) override;
+  absl::Status AccumulateLoss(const Tensor& loss, const Tensor& targets,
+                              const Tensor& totals) override;
   absl::Status CrossEntropyBackward(const ops::CrossEntropyArgs& args, const Tensor& row_max,
                                     const Tensor& sum_exp, const Tensor& dloss,
                                     const Tensor& dlogits) override;

@@ -126,6 +126,25 @@ __global__ void LossKernel(const int32_t* targets, const float* row_max, const f
   }
 }
 
+// One block: each thread sums a strided share of the rows, then one fixed reduction tree, so
+// the result does not vary from run to run. A micro-batch has at most a few ten thousand rows.
+__global__ void AccumulateLossKernel(const float* loss, const int32_t* targets, int64_t rows,
+                                     double* totals) {
+  __shared__ double scratch[32];
+  double sum = 0.0, count = 0.0;
+  for (int64_t r = threadIdx.x; r < rows; r += blockDim.x) {
+    if (targets[r] < 0) continue;
+    sum += loss[r];
+    count += 1.0;
+  }
+  sum = BlockSum(sum, scratch);
+  count = BlockSum(count, scratch);
+  if (threadIdx.x == 0) {
+    totals[0] += sum;
+    totals[1] += count;
+  }
+}
+
 template <typename T>
 __global__ void CrossEntropyBackwardKernel(const T* logits, const int32_t* targets,
                                            const float* row_max, const float* sum_exp,
@@ -225,6 +244,16 @@ absl::Status CudaBackend::CrossEntropyLoss(const Tensor& targets, const Tensor& 
   LossKernel<<<GridFor(rows), kThreads, 0, stream()>>>(
       targets.data<int32_t>(), row_max.data<float>(), sum_exp.data<float>(),
       target_logit.data<float>(), loss.data<float>(), rows);
+  NF_CUDA_RETURN_IF_LAUNCH_FAILED();
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::AccumulateLoss(const Tensor& loss, const Tensor& targets,
+                                         const Tensor& totals) {
+  const int64_t rows = loss.numel();
+  if (rows == 0) return absl::OkStatus();
+  AccumulateLossKernel<<<1, kThreads, 0, stream()>>>(loss.data<float>(), targets.data<int32_t>(),
+                                                     rows, totals.data<double>());
   NF_CUDA_RETURN_IF_LAUNCH_FAILED();
   return absl::OkStatus();
 }

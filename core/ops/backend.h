@@ -53,6 +53,8 @@ class Backend {
   virtual absl::Status CrossEntropyLoss(const Tensor& targets, const Tensor& row_max,
                                         const Tensor& sum_exp, const Tensor& target_logit,
                                         const Tensor& loss) = 0;
+  virtual absl::Status AccumulateLoss(const Tensor& loss, const Tensor& targets,
+                                      const Tensor& totals) = 0;
   virtual absl::Status CrossEntropyBackward(const CrossEntropyArgs& args, const Tensor& row_max,
                                             const Tensor& sum_exp, const Tensor& dloss,
                                             const Tensor& dlogits) = 0;

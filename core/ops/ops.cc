@@ -507,6 +507,20 @@ absl::Status CrossEntropyLoss(const Tensor& targets, const Tensor& row_max, cons
   return backend->CrossEntropyLoss(targets, row_max, sum_exp, target_logit, loss);
 }
 
+absl::Status AccumulateLoss(const Tensor& loss, const Tensor& targets, const Tensor& totals) {
+  constexpr absl::string_view op = "AccumulateLoss";
+  NF_RETURN_IF_ERROR(CheckSameDevice(op, {{"loss", loss}, {"targets", targets}}));
+  NF_RETURN_IF_ERROR(CheckSameDevice(op, {{"loss", loss}, {"totals", totals}}));
+  NF_RETURN_IF_ERROR(CheckDType(op, {"loss", loss}, DType::kF32));
+  NF_RETURN_IF_ERROR(CheckShape(op, {"loss", loss}, {loss.numel()}));
+  NF_RETURN_IF_ERROR(CheckDType(op, {"targets", targets}, DType::kI32));
+  NF_RETURN_IF_ERROR(CheckShape(op, {"targets", targets}, loss.shape()));
+  NF_RETURN_IF_ERROR(CheckDType(op, {"totals", totals}, DType::kF64));
+  NF_RETURN_IF_ERROR(CheckShape(op, {"totals", totals}, {2}));
+  NF_BACKEND(loss);
+  return backend->AccumulateLoss(loss, targets, totals);
+}
+
 absl::Status CrossEntropyForward(const CrossEntropyArgs& args, const Tensor& row_max,
                                  const Tensor& sum_exp, const Tensor& loss) {
   // The target logit is written into `loss` first and turned into the loss in place.

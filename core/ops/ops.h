@@ -187,6 +187,10 @@ absl::Status CrossEntropySumExp(const CrossEntropyArgs& args, const Tensor& row_
 // loss fp32 [rows] = log(sum_exp) + row_max - target_logit (0 for ignored rows).
 absl::Status CrossEntropyLoss(const Tensor& targets, const Tensor& row_max, const Tensor& sum_exp,
                               const Tensor& target_logit, const Tensor& loss);
+// totals f64 [2] += (sum of loss over the rows whose target is not ignored, their number):
+// a step's loss accumulates on the device and is read once, not after every micro-batch.
+// loss fp32 [rows], targets i32 [rows]; the sum runs in row order (deterministic).
+absl::Status AccumulateLoss(const Tensor& loss, const Tensor& targets, const Tensor& totals);
 // One-rank forward: the three steps above without communication.
 absl::Status CrossEntropyForward(const CrossEntropyArgs& args, const Tensor& row_max,
                                  const Tensor& sum_exp, const Tensor& loss);

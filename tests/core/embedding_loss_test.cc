@@ -548,6 +548,22 @@ TEST(CrossEntropyTest, OutOfVocabularyTargetIsAnErrorNamingIt) {
           .ok());
 }
 
+// The step's loss accumulates over micro-batches on the device: ignored rows add nothing, and
+// the sum is the row-order double sum of the fp32 losses (exact for these dyadic values).
+TEST(AccumulateLossTest, AddsTheLossAndCountOfRowsWithATarget) {
+  Tensor totals = MakeZeros(DType::kF64, {2});
+  const Tensor loss = MakeTensor(DType::kF32, {4}, {0.5f, 2.25f, 7.0f, 1.125f});
+  ASSERT_TRUE(ops::AccumulateLoss(loss, MakeIds({4}, {3, -1, 0, 2}), totals).ok());
+  EXPECT_EQ(totals.data<double>()[0], 0.5 + 7.0 + 1.125);
+  EXPECT_EQ(totals.data<double>()[1], 3.0);
+  ASSERT_TRUE(ops::AccumulateLoss(loss, MakeIds({4}, {-1, 1, -1, -1}), totals).ok());
+  EXPECT_EQ(totals.data<double>()[0], 0.5 + 7.0 + 1.125 + 2.25);
+  EXPECT_EQ(totals.data<double>()[1], 4.0);
+  ExpectInvalidArgument(
+      ops::AccumulateLoss(loss, MakeIds({4}, {0, 0, 0, 0}), MakeZeros(DType::kF32, {2})), "totals");
+  ExpectInvalidArgument(ops::AccumulateLoss(loss, MakeIds({3}, {0, 0, 0}), totals), "targets");
+}
+
 TEST(CrossEntropyTest, RejectsInconsistentArguments) {
   const int64_t rows = 3, vocab = 5;
   const auto f32 = [](Shape s) { return MakeZeros(DType::kF32, s); };

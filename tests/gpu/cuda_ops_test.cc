@@ -265,6 +265,11 @@ TEST_P(CudaOpsTest, VocabParallelEmbeddingAndCrossEntropy) {
   ExpectTwinIdentical(target_logit, "CrossEntropySumExp target logit");
   ExpectTwinClose(loss, kReduction, "CrossEntropyLoss");
   ExpectTwinClose(dlogits, Tol(dtype(), kReduction), "CrossEntropyBackward");
+
+  // The step's loss, summed on the device over the rows with a target (row 3's -1 ignored).
+  Twin totals = ZerosTwin(DType::kF64, {2});
+  OnBoth([&](auto on) { return ops::AccumulateLoss(on(loss), on(target_twin), on(totals)); });
+  ExpectTwinClose(totals, kReduction, "AccumulateLoss");
 }
 
 TEST_P(CudaOpsTest, CastsFillsAndBlasOne) {

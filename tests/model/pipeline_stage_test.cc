@@ -111,22 +111,22 @@ std::vector<std::unique_ptr<NormFormerModel>> MakeStages(const ModelConfig& conf
 NormFormerModel::LossSum RunChained(std::vector<std::unique_ptr<NormFormerModel>>& stages,
                                     const Batch& batch) {
   const Tensor* hidden = nullptr;
-  NormFormerModel::LossSum loss;
   for (size_t s = 0; s < stages.size(); ++s) {
     auto out = stages[s]->ForwardStage(/*micro_batch=*/0, s == 0 ? &batch.inputs : nullptr, hidden,
                                        batch.targets, kFirstSample, /*train=*/true);
     EXPECT_TRUE(out.ok()) << out.status();
     if (!out.ok()) return {};
-    hidden = out->hidden;
-    loss = out->loss;
+    hidden = *out;
   }
+  const absl::StatusOr<NormFormerModel::LossSum> loss = stages.back()->TakeLossSum();
+  EXPECT_TRUE(loss.ok()) << loss.status();
   const Tensor* grad = nullptr;
   for (size_t s = stages.size(); s-- > 0;) {
     const absl::Status status = stages[s]->BackwardStage(/*micro_batch=*/0, grad, kLossWeight);
     EXPECT_TRUE(status.ok()) << status;
     grad = &stages[s]->input_grad();
   }
-  return loss;
+  return loss.value_or(NormFormerModel::LossSum{});
 }
 
 class PipelineStageTest : public ::testing::TestWithParam<Split> {};
@@ -251,6 +251,36 @@ TEST_P(PipelineStageTest, OnlyTheEndStagesOfATiedModelJoinTheEmbeddingGroup) {
   }
 }
 
+// A step's forwards add their losses on the device; TakeLossSum reads the total once and
+// starts the next step from zero. Micro-batches with different first samples draw different
+// dropout masks, so the two losses differ and a sum that dropped one would show.
+TEST_P(PipelineStageTest, TheLastStageTotalsItsForwardsLossesUntilTaken) {
+  const ModelConfig config = TinyConfig(GetParam());
+  const Batch batch = MakeBatch(config.vocab_size());
+  auto whole = NormFormerModel::Create(config, Options(GetParam().recompute));
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  NormFormerModel& model = **whole;
+  auto first = model.Forward(batch.inputs, batch.targets, kFirstSample, true);
+  auto second = model.Forward(batch.inputs, batch.targets, kFirstSample + kBatch, true);
+  ASSERT_TRUE(first.ok() && second.ok());
+  ASSERT_NE(first->sum, second->sum);
+  for (int mb = 0; mb < 2; ++mb) {
+    ASSERT_TRUE(model
+                    .ForwardStage(mb, &batch.inputs, nullptr, batch.targets,
+                                  kFirstSample + mb * kBatch, true)
+                    .ok());
+  }
+  auto total = model.TakeLossSum();
+  ASSERT_TRUE(total.ok()) << total.status();
+  // Each forward adds its row-order double sum to the total: the same two additions.
+  EXPECT_EQ(total->sum, first->sum + second->sum);
+  EXPECT_EQ(total->tokens, first->tokens + second->tokens);
+  auto taken = model.TakeLossSum();
+  ASSERT_TRUE(taken.ok()) << taken.status();
+  EXPECT_EQ(taken->sum, 0.0);
+  EXPECT_EQ(taken->tokens, 0);
+}
+
 TEST(PipelineStageRefusalTest, RefusesLayerRangesThatAreNotAStage) {
   const ModelConfig config = TinyConfig({"four", 4, 2, true, ModelConfig::SINUSOIDAL, false});
   const auto refusal = [&](PipelineStagePlacement placement) {
@@ -327,9 +357,8 @@ TEST(PipelineStageInFlightTest, MicroBatchesInFlightGiveTheSameGradientsAsOneAtA
     auto out =
         in_flight[0]->ForwardStage(mb, &batch.inputs, nullptr, batch.targets, kFirstSample, true);
     ASSERT_TRUE(out.ok()) << out.status();
-    ASSERT_TRUE(in_flight[1]
-                    ->ForwardStage(mb, nullptr, out->hidden, batch.targets, kFirstSample, true)
-                    .ok());
+    ASSERT_TRUE(
+        in_flight[1]->ForwardStage(mb, nullptr, *out, batch.targets, kFirstSample, true).ok());
     ASSERT_TRUE(in_flight[1]->BackwardStage(mb, nullptr, kLossWeight).ok());
     Tensor grad = *Tensor::Zeros(DType::kF32, in_flight[1]->input_grad().shape());
     ASSERT_TRUE(ops::Cast(in_flight[1]->input_grad(), grad).ok());
