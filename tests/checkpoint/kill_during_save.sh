@@ -32,7 +32,7 @@ for ((trial = 1; trial <= trials; ++trial)); do
   sleep "$(awk -v ms="$delay_ms" 'BEGIN { printf "%.3f", ms / 1000 }')"
   victim=
   for pid in $(pgrep -P "$job"); do
-    if tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=$rank"; then
+    if tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | grep -x "OMPI_COMM_WORLD_RANK=$rank" >/dev/null; then
       victim=$pid
     fi
   done

@@ -4,7 +4,9 @@
 # shipped batch script deploy/slurm/normformer-<launcher>.sbatch (mpirun, or srun --mpi=pmix) on
 # the tiny config (CPU, two ranks),
 # signals it mid-run, and checks that the job checkpointed, requeued itself, resumed from the
-# checkpoint and finished with every step's loss equal to an uninterrupted run's.
+# checkpoint and finished with every step's loss equal to an uninterrupted run's. With
+# PROMETHEUS_TARGETS set, the job also publishes its ranks for Prometheus while it runs (the
+# targets file lists both ranks, which answer on /metrics) and withdraws them at its end.
 #
 # The signal: the script asks Slurm for `--signal=B:USR1@<lead>` before its time limit, which
 # slurmctld delivers to the batch shell from a periodic check, up to a minute early. The test
@@ -56,7 +58,10 @@ node=$(hostname)  # addressed as 127.0.0.1: the name need not resolve
 # slurmctld and slurmd on port and port + 1: away from a real Slurm's 6817/6818, free, and apart
 # from the monitoring test's 20000-32000.
 source "$repo/tests/scripts/free_ports.sh"
-port=$(free_port_base 12000 20000 0 1)
+# The job's two ranks serve metrics on port + 10 and + 11 (the batch script's monitoring).
+port=$(free_port_base 12000 20000 0 1 10 11)
+metrics_base=$((port + 10))
+mkdir -p "$dir/targets"
 # The batch script asks for 8 GPUs per node: the node advertises 8 placeholder GPU files, which
 # nothing opens (the test trains on the CPU).
 for i in 0 1 2 3 4 5 6 7; do : >"$dir/gpu$i"; done
@@ -105,11 +110,27 @@ mpirun --oversubscribe -np 2 "$nf_launch" --config "$repo/deploy/configs/tiny.pb
 
 # ---- the batch job: signalled at step 20, requeued, resumed ----------------------------------------
 job=$(cd "$repo" && CONFIG=deploy/configs/tiny.pbtxt RUN_DIR="$dir/run" NF_LAUNCH="$nf_launch" \
+  PROMETHEUS_TARGETS="$dir/targets" PROMETHEUS_PORT_BASE=$metrics_base \
   sbatch --parsable --nodes=1 --ntasks-per-node=2 --cpus-per-task=1 --time=30 \
   --output="$dir/job.out" --chdir="$repo" "deploy/slurm/normformer-$launcher.sbatch" "${run_args[@]}")
 echo "submitted job $job"
 steps_logged() { [[ -f $dir/run/log.jsonl ]] && (($(wc -l <"$dir/run/log.jsonl") >= $1)); }
 wait_for 120 "step 20 of the first run" steps_logged 20
+# While it runs: the node's targets file lists both ranks, and they answer with their metrics.
+targets_file=$(compgen -G "$dir/targets/*.json") || fail "no targets file in $dir/targets"
+python3 - "$targets_file" "$metrics_base" <<'PY' || fail "targets file: $(cat "$targets_file")"
+import json, sys
+groups = json.load(open(sys.argv[1]))
+base = int(sys.argv[2])
+ports = sorted(int(t.split(":")[1]) for g in groups for t in g["targets"])
+assert ports == [base, base + 1], ports
+assert all(g["labels"]["job"] == "run" for g in groups), groups
+PY
+for port in $metrics_base $((metrics_base + 1)); do
+  # grep reads all of the page (-q would stop early, and curl's SIGPIPE fail the pipeline)
+  curl -sf "http://127.0.0.1:$port/metrics" | grep '^normformer_steps_total{.*job="run"' >/dev/null ||
+    fail "no normformer_steps_total with job=\"run\" on port $port"
+done
 scancel --signal=USR1 --batch "$job"
 job_field() { scontrol show job "$job" 2>/dev/null | grep -o "$1=[^ ]*" | cut -d= -f2; }
 requeued() { [[ $(job_field JobState) == PENDING && $(job_field Restarts) == 1 ]]; }
@@ -123,6 +144,8 @@ finished() { [[ $(job_field JobState) == COMPLETED ]]; }
 wait_for 240 "the resumed job to complete" finished
 cat "$dir/job.out"
 
+# The publisher withdrew the node's targets when the last run ended.
+[[ -z $(ls -A "$dir/targets") ]] || fail "targets left behind: $(ls "$dir/targets")"
 grep -q "SIGUSR1: asking the ranks to checkpoint and stop" "$dir/job.out" || fail "no SIGUSR1 in the job's output"
 grep -q "nf-launch exited with 3" "$dir/job.out" || fail "the first run did not exit with 3"
 grep -q "(restart 1)" "$dir/job.out" || fail "the job did not restart"
@@ -140,4 +163,5 @@ if ! diff <(losses "$dir/reference/log.jsonl") <(losses "$dir/run/log.jsonl") >"
   cat "$dir/diff"
   fail "the requeued run's losses differ from the uninterrupted run's"
 fi
+echo "slurm_requeue: targets published and withdrawn, metrics served on ports $metrics_base+"
 echo "slurm_requeue: job $job stopped at step $(grep -o 'stopping after step [0-9]*' "$dir/job.out" | grep -o '[0-9]*$'), requeued, resumed and matched all $steps steps"

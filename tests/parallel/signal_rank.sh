@@ -20,7 +20,7 @@ victim=
 for _ in $(seq 1 600); do
   if [[ -f "$log" ]] && (($(wc -l <"$log") >= lines)); then
     for pid in $(pgrep -P "$job") $(pgrep -g "$(ps -o pgid= "$job" | tr -d ' ')"); do
-      if tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=$rank"; then
+      if tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | grep -x "OMPI_COMM_WORLD_RANK=$rank" >/dev/null; then
         victim=$pid
       fi
     done

@@ -1,0 +1,60 @@
+#!/bin/bash
+# What both batch scripts do once they have chosen a launcher: run it, pass Slurm's SIGUSR1
+# (ten minutes before the time limit) to it, and requeue the job when the ranks stopped with a
+# checkpoint (exit code 3). With PROMETHEUS_TARGETS set, it also turns monitoring on and
+# publishes every node's ranks for Prometheus in that directory (one file per node, written
+# atomically, removed once the launcher has ended: deploy/prometheus/normformer-targets.sh).
+#
+#   exec deploy/slurm/run-requeued.sh LAUNCHER [ARGS...] NF_LAUNCH [NF_LAUNCH_ARGS...]
+#
+# `exec` from the batch script keeps its process, which is the one Slurm signals. The
+# command's last arguments must be nf-launch's: monitoring's --set options are appended.
+# Environment: RUN_DIR (required; its name is the run's Prometheus job label),
+# PROMETHEUS_TARGETS (a directory the Prometheus host reads, on a shared file system; unset:
+# no monitoring), PROMETHEUS_PORT_BASE (monitoring.port_base, default 9600).
+set -uo pipefail
+
+command=("$@")
+targets=
+if [[ -n ${PROMETHEUS_TARGETS:-} ]]; then
+  job=$(basename "$RUN_DIR")
+  port_base=${PROMETHEUS_PORT_BASE:-9600}
+  command+=(--set monitoring.enabled=true --set "monitoring.job=$job"
+            --set "monitoring.port_base=$port_base")
+  # One publisher per node, alongside the ranks, until a stop file appears in the (shared)
+  # targets directory; Prometheus reads *.json only. (srun answers SIGTERM by killing its
+  # tasks, which would leave their files behind.)
+  stop="$PROMETHEUS_TARGETS/.$job-$SLURM_JOB_ID-${SLURM_RESTART_COUNT:-0}.stop"
+  srun --nodes="$SLURM_JOB_NUM_NODES" --ntasks="$SLURM_JOB_NUM_NODES" --ntasks-per-node=1 \
+    --overlap deploy/prometheus/normformer-targets.sh --dir "$PROMETHEUS_TARGETS" \
+    --job "$job" --port-base "$port_base" --ranks "${SLURM_NTASKS_PER_NODE%%(*}" \
+    -- bash -c 'until [[ -e $0 ]]; do sleep 1; done' "$stop" &
+  targets=$!
+fi
+
+echo "$(date -Is) job $SLURM_JOB_ID (restart ${SLURM_RESTART_COUNT:-0}) on $SLURM_JOB_NODELIST"
+"${command[@]}" &
+launcher=$!
+signalled=0
+trap 'signalled=1; echo "$(date -Is) SIGUSR1: asking the ranks to checkpoint and stop"; kill -USR1 $launcher' USR1
+# A trapped signal cuts `wait` short (status 128 + its number) while the launcher runs on:
+# wait again for the launcher's own exit status. (A launcher that ended before the first wait
+# still has its status collected by it.)
+wait "$launcher"
+status=$?
+while ((signalled && status > 128)); do
+  signalled=0
+  wait "$launcher"
+  status=$?
+done
+echo "$(date -Is) nf-launch exited with $status"
+if [[ -n $targets ]]; then
+  touch "$stop"
+  wait "$targets"
+  rm -f "$stop"
+fi
+if ((status == 3)); then
+  scontrol requeue "$SLURM_JOB_ID"
+  exit 0
+fi
+exit "$status"
