@@ -36,16 +36,7 @@ fail() {
   for log in "$dir"/log/*.log "$dir/job.out"; do [[ -f $log ]] && { echo "== $log"; tail -n 30 "$log"; }; done
   exit 1
 }
-# Polls `condition` (a command) every half second for up to `seconds`.
-wait_for() {
-  local seconds=$1 what=$2
-  shift 2
-  for ((i = 0; i < seconds * 2; i++)); do
-    if "$@"; then return 0; fi
-    sleep 0.5
-  done
-  fail "timed out after ${seconds}s waiting for $what"
-}
+source "$repo/tests/scripts/lib.sh"  # wait_for, free_port_base
 
 # ---- a one-node Slurm on localhost ------------------------------------------------------------
 mkdir -p "$dir/munge" "$dir/state" "$dir/spool" "$dir/log"
@@ -57,7 +48,6 @@ munged --force --socket="$dir/munge/socket" --key-file="$dir/munge/munge.key" \
 node=$(hostname)  # addressed as 127.0.0.1: the name need not resolve
 # slurmctld and slurmd on port and port + 1: away from a real Slurm's 6817/6818, free, and apart
 # from the monitoring test's 20000-32000.
-source "$repo/tests/scripts/free_ports.sh"
 # The job's two ranks serve metrics on port + 10 and + 11 (the batch script's monitoring).
 port=$(free_port_base 12000 20000 0 1 10 11)
 metrics_base=$((port + 10))

@@ -27,20 +27,9 @@ fail() {
   for log in "$dir"/*.log; do [[ -f $log ]] && { echo "== $log"; tail -n 20 "$log"; }; done
   exit 1
 }
-# Polls `condition` (a command) every half second for up to `seconds`.
-wait_for() {
-  local seconds=$1 what=$2
-  shift 2
-  for ((i = 0; i < seconds * 2; i++)); do
-    if "$@"; then return 0; fi
-    kill -0 "$launcher" 2>/dev/null || fail "nf-launch ended while waiting for $what"
-    sleep 0.5
-  done
-  fail "timed out after ${seconds}s waiting for $what"
-}
+source "$repo/tests/scripts/lib.sh"  # wait_for, free_port_base
 
 # Ranks on base .. base+3, Prometheus on base+10 (the Slurm test takes 12000-20000).
-source "$repo/tests/scripts/free_ports.sh"
 base=$(free_port_base 20000 32000 0 1 2 3 10)
 prometheus_port=$((base + 10))
 job=scrape-test
@@ -57,6 +46,7 @@ mpirun --oversubscribe -np 4 "$nf_launch" --config "$repo/deploy/configs/tiny.pb
   --run-dir "$dir/run" >"$dir/run.log" 2>&1 &
 launcher=$!
 pids+=("$launcher")
+watched_pid=$launcher  # wait_for gives up as soon as nf-launch has ended
 
 # ---- Prometheus with the project's scrape config --------------------------------------------------------
 mkdir -p "$dir/targets"
