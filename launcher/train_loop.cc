@@ -280,6 +280,7 @@ class TrainingRun {
                                                                   .pp_rank = t.pp_rank(),
                                                                   .dp_rank = t.dp_rank()},
                                                                  local_rank));
+    RecordRunInfo(config_, *trainer_, *metrics_);
     if (writes_) {
       console_ << absl::StrFormat(
           "metrics: every rank serves /metrics on %s:%d + its local rank (job label %s)\n",

@@ -79,6 +79,12 @@ RankMetrics::RankMetrics(const RankIdentity& id)
                           .Name("normformer_layer_grad_norm")
                           .Help("Gradient norm of each block (layer index, embedding, head).")
                           .Register(r);
+  run_info_ = &BuildGauge()
+                   .Name("normformer_run_info")
+                   .Help(
+                       "The run's configuration as labels (value 1): model shape, parameters, "
+                       "parallel layout, batch, precision, device.")
+                   .Register(r);
   comm_bytes_ = &BuildCounter()
                      .Name("normformer_comm_bytes_total")
                      .Help("Bytes this rank moved, by group and operation.")
@@ -117,6 +123,12 @@ std::unique_ptr<RankMetrics> RankMetrics::Unserved(const RankIdentity& identity)
 
 std::string RankMetrics::Text() const {
   return prometheus::TextSerializer().Serialize(registry_->Collect());
+}
+
+void RankMetrics::RecordRunInfo(const std::vector<std::pair<std::string, std::string>>& info) {
+  prometheus::Labels labels = labels_;
+  for (const auto& [name, value] : info) labels[name] = value;
+  run_info_->Add(labels).Set(1);
 }
 
 void RankMetrics::RecordStep(const StepRecord& s) {

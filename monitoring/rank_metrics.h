@@ -63,6 +63,9 @@ class RankMetrics {
   // The text exposition of every metric, as a scrape would return it.
   std::string Text() const;
 
+  // The run's configuration as the labels of normformer_run_info (value 1), set once at start:
+  // what a dashboard shows next to the curves (model shape, layout, precision, ...).
+  void RecordRunInfo(const std::vector<std::pair<std::string, std::string>>& info);
   void RecordStep(const StepRecord& step);
   // Per-layer gradient norms: `layer` is the global layer index, or "embedding" / "head".
   void RecordLayerGradNorms(const std::vector<std::pair<std::string, double>>& norms);
@@ -103,6 +106,7 @@ class RankMetrics {
   prometheus::Gauge* device_memory_;
   prometheus::Histogram* step_duration_;
   prometheus::Family<prometheus::Gauge>* layer_grad_norm_;
+  prometheus::Family<prometheus::Gauge>* run_info_;
   prometheus::Family<prometheus::Counter>* comm_bytes_;
   prometheus::Family<prometheus::Counter>* comm_calls_;
   prometheus::Family<prometheus::Counter>* comm_seconds_;

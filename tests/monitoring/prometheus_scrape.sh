@@ -113,6 +113,9 @@ idle=$(positive_on 'normformer_pipeline_idle_ratio{job="'$job'",pp_rank="1"}')
 [[ $idle == 2 ]] || fail "normformer_pipeline_idle_ratio > 0 on $idle of the 2 last-stage ranks"
 waited=$(positive_on 'normformer_comm_seconds_total{job="'$job'",group="pp",op="recv"}')
 [[ $waited == 4 ]] || fail "pipeline receives took time on $waited of 4 ranks"
+# The configuration, as the run resolved it, on every rank.
+info=$(query_value 'count(normformer_run_info{job="'$job'",layers="4",tp="2",pp="2",dp="1",normformer="scale_attn,scale_heads,scale_fc",precision="FP32",device="cpu"})')
+[[ $info == 4 ]] || fail "normformer_run_info with the run's configuration from $info of 4 ranks"
 loading=$(positive_on 'normformer_data_wait_seconds_total{job="'$job'"}')
 [[ $loading == 4 ]] || fail "normformer_data_wait_seconds_total > 0 on $loading of 4 ranks"
 

@@ -90,6 +90,15 @@ TEST(RankMetricsTest, LayerNormsCarryTheLayerLabel) {
           R"(normformer_layer_grad_norm{dp_rank="1",job="run7",layer="head",pp_rank="0",rank="3",tp_rank="1"} 2)"));
 }
 
+TEST(RankMetricsTest, RunInfoCarriesTheConfigurationAsLabels) {
+  auto metrics = RankMetrics::Unserved(Identity());
+  metrics->RecordRunInfo({{"layers", "4"}, {"precision", "BF16"}});
+  EXPECT_THAT(
+      metrics->Text(),
+      HasSubstr(
+          R"(normformer_run_info{dp_rank="1",job="run7",layers="4",pp_rank="0",precision="BF16",rank="3",tp_rank="1"} 1)"));
+}
+
 TEST(RankMetricsTest, CommunicationCountersAdvanceByTheDifferenceOfTotals) {
   auto metrics = RankMetrics::Unserved(Identity());
   parallel::CommStats totals;
