@@ -43,6 +43,13 @@ absl::StatusOr<PipelineExecutor::Result> PipelineExecutor::Run(const PipelineSte
                                                                BatchSource& batches,
                                                                const GradsDoneFn& grads_done) {
   Result result;
+  // The pipeline group's wait seconds (communicator.h) grow only by this schedule's sends and
+  // receives while it runs.
+  const auto pipeline_waited = [this] {
+    return pp_->stats().seconds_of(parallel::CommOp::kSend) +
+           pp_->stats().seconds_of(parallel::CommOp::kRecv);
+  };
+  const double waited_before = pipeline_waited();
   std::vector<int> backwards_left(chunks_.size(), 0);
   for (const Action& a : schedule_) {
     if (a.kind == Action::kBackward) ++backwards_left[a.model_chunk];
@@ -129,6 +136,7 @@ absl::StatusOr<PipelineExecutor::Result> PipelineExecutor::Run(const PipelineSte
   }
   sends_.clear();
   NF_RETURN_IF_ERROR(status);
+  result.pipeline_wait_seconds = pipeline_waited() - waited_before;
   return result;
 }
 

@@ -47,7 +47,8 @@ class PipelineExecutor {
   using GradsDoneFn = std::function<absl::Status(int chunk, int64_t offset)>;
 
   struct Result {
-    double data_seconds = 0.0;  // spent in BatchSource::Load
+    double data_seconds = 0.0;           // spent in BatchSource::Load
+    double pipeline_wait_seconds = 0.0;  // waited for the pipeline's sends and receives
   };
   // Runs the schedule once. The last model stage's losses accumulate in its chunk
   // (NormFormerModel::TakeLossSum).

@@ -442,17 +442,10 @@ absl::StatusOr<StepStats> Trainer::TrainStep(bool block_grad_norms) {
       .loss_weight = loss_scale / static_cast<float>(batch_tokens)};
 
   for (const auto& chunk : chunks_) NF_RETURN_IF_ERROR(chunk->params().ZeroGrads());
-  const parallel::CommStats& pipeline = DeviceGroup(GroupKind::kPipeline)->stats();
-  const auto pipeline_waited = [&pipeline] {
-    return pipeline.seconds_of(parallel::CommOp::kSend) +
-           pipeline.seconds_of(parallel::CommOp::kRecv);
-  };
-  const double pipeline_waited_before = pipeline_waited();
   NF_ASSIGN_OR_RETURN(const PipelineExecutor::Result run,
                       executor_->Run(step, *batches_, [&](int chunk, int64_t offset) {
                         return optimizers_[chunk]->GradsDoneFrom(offset);
                       }));
-  const double pipeline_wait_seconds = pipeline_waited() - pipeline_waited_before;
   NF_RETURN_IF_ERROR(ReduceEmbeddingGradients());
   for (const auto& optimizer : optimizers_) NF_RETURN_IF_ERROR(optimizer->FinishGradReduction());
 
@@ -490,7 +483,7 @@ absl::StatusOr<StepStats> Trainer::TrainStep(bool block_grad_norms) {
       .tokens = tokens,
       .seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
       .data_seconds = run.data_seconds,
-      .pipeline_wait_seconds = pipeline_wait_seconds,
+      .pipeline_wait_seconds = run.pipeline_wait_seconds,
       .block_grad_norms = std::move(block_norms)};
 }
 

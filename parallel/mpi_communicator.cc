@@ -284,13 +284,16 @@ absl::Status MpiCommunicator::CheckCpu(CommOp op, absl::string_view role,
 
 // ---- Operations ---------------------------------------------------------------------------------
 
+std::unique_ptr<MpiPendingOp> MpiCommunicator::NewPendingOp(CommOp op, const Tensor& tensor) const {
+  return std::make_unique<MpiPendingOp>(group_, shared_stats(), op, tensor, options_.watchdog);
+}
+
 absl::StatusOr<std::unique_ptr<MpiPendingOp>> MpiCommunicator::StartAllReduce(const Tensor& tensor,
                                                                               ReduceOp op) {
   constexpr CommOp kOp = CommOp::kAllReduce;
   NF_RETURN_IF_ERROR(internal::CheckReducible(kOp, group_->name, "tensor", tensor));
   NF_RETURN_IF_ERROR(CheckCpu(kOp, "tensor", tensor));
-  auto pending =
-      std::make_unique<MpiPendingOp>(group_, shared_stats(), kOp, tensor, options_.watchdog);
+  auto pending = NewPendingOp(kOp, tensor);
   const MPI_Op mpi_op = op == ReduceOp::kSum ? MPI_SUM : MPI_MAX;
   const int count = static_cast<int>(tensor.numel());
   int rc;
@@ -319,8 +322,7 @@ absl::StatusOr<std::unique_ptr<MpiPendingOp>> MpiCommunicator::StartReduceScatte
   NF_RETURN_IF_ERROR(internal::CheckReduceScatter(group_->name, size(), input, output));
   NF_RETURN_IF_ERROR(CheckCpu(kOp, "input", input));
   NF_RETURN_IF_ERROR(CheckCpu(kOp, "output", output));
-  auto pending =
-      std::make_unique<MpiPendingOp>(group_, shared_stats(), kOp, output, options_.watchdog);
+  auto pending = NewPendingOp(kOp, output);
   const int count = static_cast<int>(output.numel());
   const void* send = input.raw_data();
   void* receive = output.raw_data();
@@ -360,8 +362,7 @@ absl::StatusOr<std::unique_ptr<MpiPendingOp>> MpiCommunicator::StartAllGather(
   NF_RETURN_IF_ERROR(internal::CheckAllGather(group_->name, size(), input, output));
   NF_RETURN_IF_ERROR(CheckCpu(kOp, "input", input));
   NF_RETURN_IF_ERROR(CheckCpu(kOp, "output", output));
-  auto pending =
-      std::make_unique<MpiPendingOp>(group_, shared_stats(), kOp, output, options_.watchdog);
+  auto pending = NewPendingOp(kOp, output);
   const int count = static_cast<int>(input.numel());
   const MPI_Datatype type = ElementType(input.dtype());
   const void* send = input.raw_data();
@@ -390,8 +391,7 @@ absl::StatusOr<std::unique_ptr<MpiPendingOp>> MpiCommunicator::StartBroadcast(co
   constexpr CommOp kOp = CommOp::kBroadcast;
   NF_RETURN_IF_ERROR(internal::CheckRoot(group_->name, size(), root, tensor));
   NF_RETURN_IF_ERROR(CheckCpu(kOp, "tensor", tensor));
-  auto pending =
-      std::make_unique<MpiPendingOp>(group_, shared_stats(), kOp, tensor, options_.watchdog);
+  auto pending = NewPendingOp(kOp, tensor);
   pending->keep_alive.push_back(tensor);
   const int rc = MPI_Ibcast(tensor.raw_data(), static_cast<int>(tensor.numel()),
                             ElementType(tensor.dtype()), root, comm_, &pending->request);
@@ -406,8 +406,7 @@ absl::StatusOr<std::unique_ptr<MpiPendingOp>> MpiCommunicator::StartPointToPoint
     CommOp op, const Tensor& tensor, int peer) {
   NF_RETURN_IF_ERROR(internal::CheckPeer(op, group_->name, rank_, size(), peer, tensor));
   NF_RETURN_IF_ERROR(CheckCpu(op, "tensor", tensor));
-  auto pending =
-      std::make_unique<MpiPendingOp>(group_, shared_stats(), op, tensor, options_.watchdog);
+  auto pending = NewPendingOp(op, tensor);
   pending->keep_alive.push_back(tensor);
   pending->peer_rank = peer;
   pending->peer_world_rank = group_->world_ranks[peer];
@@ -431,8 +430,7 @@ absl::StatusOr<std::unique_ptr<MpiPendingOp>> MpiCommunicator::StartPointToPoint
 }
 
 absl::StatusOr<std::unique_ptr<MpiPendingOp>> MpiCommunicator::StartBarrier() {
-  auto pending = std::make_unique<MpiPendingOp>(group_, shared_stats(), CommOp::kBarrier, Tensor(),
-                                                options_.watchdog);
+  auto pending = NewPendingOp(CommOp::kBarrier, Tensor());
   const int rc = MPI_Ibarrier(comm_, &pending->request);
   if (rc != MPI_SUCCESS) return MpiError("barrier", group_->name, rc, "MPI_Ibarrier");
   Count(CommOp::kBarrier, 0);

@@ -111,6 +111,8 @@ class MpiCommunicator final : public Communicator {
                                                                 Options options);
 
   absl::Status CheckCpu(CommOp op, absl::string_view role, const Tensor& tensor) const;
+  // A pending `op` on `tensor` (shown in its errors) that adds its wait to stats().
+  std::unique_ptr<MpiPendingOp> NewPendingOp(CommOp op, const Tensor& tensor) const;
   absl::StatusOr<std::unique_ptr<MpiPendingOp>> StartAllReduce(const Tensor& tensor, ReduceOp op);
   absl::StatusOr<std::unique_ptr<MpiPendingOp>> StartReduceScatter(const Tensor& input,
                                                                    const Tensor& output);
