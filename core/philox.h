@@ -3,7 +3,7 @@
 // and can be computed on any rank, CPU or GPU, in any order. The CPU and CUDA kernels call
 // these same functions, so their dropout masks agree bit for bit.
 //
-// Dropout keys its masks by global coordinates, never by rank (DESIGN section 3):
+// Dropout keys its masks by global coordinates, never by rank (docs/design.md section 3):
 //   key     = {seed, site}                 site: which dropout in the network (layer, kind)
 //   counter = {col / 4, row, head, sample} one Philox call yields the words of 4 columns
 // where sample is the global sample index, row the position (or query position), head the

@@ -1,5 +1,5 @@
 // Megatron-LM / fairseq "MMIDIDX" indexed datasets: PREFIX.bin holds the tokens of every
-// sequence back to back; PREFIX.idx describes them (DESIGN section 6). Byte-compatible with
+// sequence back to back; PREFIX.idx describes them (docs/design.md section 6). Byte-compatible with
 // Megatron's and fairseq's MMapIndexedDataset, so data preprocessed for them loads here and
 // ours loads there.
 //

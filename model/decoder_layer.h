@@ -1,4 +1,4 @@
-// One NormFormer decoder layer with explicit Forward and Backward (DESIGN section 4):
+// One NormFormer decoder layer with explicit Forward and Backward (docs/design.md section 4):
 //
 //   r = x;  h = LN_attn_in(x);  q,k,v = h W_{q,k,v}^T + b          column-parallel
 //   o_i = softmax(q_i k_i^T / sqrt(d_head) + causal) v_i           attention dropout on P

@@ -64,7 +64,7 @@ absl::Status WaitUnderWatchdog(absl::FunctionRef<absl::StatusOr<bool>()> poll,
                                const WaitTarget& target, const WatchdogOptions& options);
 // The same, calling `before_abort` between the report and AbortJob: the NCCL communicator
 // aborts its NCCL communicator there (ncclCommAbort), which stops the kernels still waiting for
-// absent peers and NCCL's proxy threads before the job goes down (DESIGN section 5).
+// absent peers and NCCL's proxy threads before the job goes down (docs/design.md section 5).
 absl::Status WaitUnderWatchdog(absl::FunctionRef<absl::StatusOr<bool>()> poll,
                                const WaitTarget& target, const WatchdogOptions& options,
                                absl::FunctionRef<void()> before_abort);

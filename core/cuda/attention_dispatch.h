@@ -4,7 +4,7 @@
 //
 // The own kernel always takes attention dropout p > 0: cuDNN draws its dropout masks from its
 // own generator, which cannot reproduce the Philox masks keyed by global (sample, head, query,
-// key) coordinates that keep results independent of the parallel layout (DESIGN.md section 3).
+// key) coordinates that keep results independent of the parallel layout (docs/design.md section 3).
 //
 // NF_ATTENTION=own forces the own kernel for every call (cross-checks, bisecting a numerical
 // difference); unset, empty or "auto" lets eligible calls use cuDNN.

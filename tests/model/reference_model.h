@@ -1,4 +1,4 @@
-// A float64 NormFormer written from DESIGN section 4 with plain loops, independent of the
+// A float64 NormFormer written from docs/design.md section 4 with plain loops, independent of the
 // layer code: the reference the model's fp32 forward and backward are checked against. It
 // reads the model's initial parameters by name and draws the same dropout masks from the
 // documented Philox coordinates (core/philox.h).
