@@ -4,6 +4,7 @@
 #include <deque>
 #include <map>
 #include <numeric>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -73,6 +74,20 @@ absl::Status CheckArguments(ScheduleKind kind, int p, int m, int v) {
     return absl::InvalidArgumentError(absl::StrCat(
         "interleaved 1F1B needs micro-batches (", m, ") to be a multiple of pipeline_parallel (", p,
         "); use ", JoinOr({first, first + p, first + 2 * p}), " micro-batches"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckForwardOnlyArguments(int p, int m, int v) {
+  if (absl::Status s = CheckArguments(ScheduleKind::kOneFOneB, p, m, 1); !s.ok()) return s;
+  if (v < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("virtual_stages must be at least 1, got ", v));
+  }
+  if (v > 1 && p == 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("virtual_stages ", v,
+                     " needs pipeline_parallel of at least 2, got 1; use "
+                     "virtual_stages 1"));
   }
   return absl::OkStatus();
 }
@@ -283,6 +298,72 @@ absl::StatusOr<std::vector<std::vector<Action>>> BuildAllSchedules(ScheduleKind 
   return schedules;
 }
 
+absl::StatusOr<std::vector<Action>> BuildForwardOnlySchedule(int pipeline_size, int pipeline_rank,
+                                                             int micro_batches,
+                                                             int virtual_stages) {
+  const int p = pipeline_size, r = pipeline_rank, m = micro_batches, v = virtual_stages;
+  if (absl::Status s = CheckForwardOnlyArguments(p, m, v); !s.ok()) return s;
+  if (r < 0 || r >= p) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("pipeline rank ", r, " is out of range for pipeline_parallel ", p,
+                     p == 1 ? "; use 0" : absl::StrCat("; use 0 to ", p - 1)));
+  }
+  const int last_stage = p * v - 1;
+  const int next = (r + 1) % p, previous = (r + p - 1) % p;
+  std::vector<Action> actions;
+  actions.reserve(3 * static_cast<size_t>(m) * v);
+  for (int mb = 0; mb < m; ++mb) {
+    for (int chunk = 0; chunk < v; ++chunk) {
+      const int stage = chunk * p + r;
+      if (stage > 0) {
+        actions.push_back({.kind = Action::kRecvActivation,
+                           .micro_batch = mb,
+                           .model_chunk = chunk,
+                           .peer = previous});
+      }
+      actions.push_back(
+          {.kind = Action::kForward, .micro_batch = mb, .model_chunk = chunk, .peer = -1});
+      if (stage < last_stage) {
+        actions.push_back({.kind = Action::kSendActivation,
+                           .micro_batch = mb,
+                           .model_chunk = chunk,
+                           .peer = next});
+      }
+    }
+  }
+  return actions;
+}
+
+absl::StatusOr<std::vector<std::vector<Action>>> BuildAllForwardOnlySchedules(int pipeline_size,
+                                                                              int micro_batches,
+                                                                              int virtual_stages) {
+  if (absl::Status s = CheckForwardOnlyArguments(pipeline_size, micro_batches, virtual_stages);
+      !s.ok()) {
+    return s;
+  }
+  std::vector<std::vector<Action>> schedules;
+  for (int r = 0; r < pipeline_size; ++r) {
+    auto list = BuildForwardOnlySchedule(pipeline_size, r, micro_batches, virtual_stages);
+    if (!list.ok()) return list.status();
+    schedules.push_back(*std::move(list));
+  }
+  return schedules;
+}
+
+int SendWindow(ScheduleKind kind, int pipeline_size, int pipeline_rank, int virtual_stages) {
+  const int p = pipeline_size, r = pipeline_rank, v = virtual_stages;
+  if (kind == ScheduleKind::kInterleavedOneFOneB) return (p - r - 1) * 2 + (v - 1) * p + 1;
+  return p - r;  // GPipe and 1F1B
+}
+
+std::vector<int> SendWindows(ScheduleKind kind, int pipeline_size, int virtual_stages) {
+  std::vector<int> windows;
+  for (int r = 0; r < pipeline_size; ++r) {
+    windows.push_back(SendWindow(kind, pipeline_size, r, virtual_stages));
+  }
+  return windows;
+}
+
 absl::Status CheckSchedulePairing(absl::Span<const std::vector<Action>> schedules) {
   const int p = static_cast<int>(schedules.size());
   if (absl::Status s = CheckPeers(schedules); !s.ok()) return s;
@@ -328,28 +409,76 @@ absl::StatusOr<SimulationResult> SimulateSchedules(absl::Span<const std::vector<
                                                    SimulationOptions options) {
   const int p = static_cast<int>(schedules.size());
   if (absl::Status s = CheckPeers(schedules); !s.ok()) return s;
+  const bool rendezvous = !options.send_windows.empty();
+  if (rendezvous && static_cast<int>(options.send_windows.size()) != p) {
+    return absl::InvalidArgumentError(absl::StrCat("send_windows has ", options.send_windows.size(),
+                                                   " entries for ", p, " ranks"));
+  }
+  for (int w : options.send_windows) {
+    if (w < 1) return absl::InvalidArgumentError(absl::StrCat("a send window of ", w, " < 1"));
+  }
   struct InFlight {
     Message message;
     int64_t sent_at;
+    int64_t received_at = -1;  // -1 until received
   };
-  // Messages sent and not yet received, per ordered pair (from, to), in send order.
-  std::vector<std::deque<InFlight>> channels(static_cast<size_t>(p) * p);
-  auto channel = [&](int from, int to) -> std::deque<InFlight>& {
-    return channels[static_cast<size_t>(from) * p + to];
+  // Every message sent, per ordered pair (from, to), in send order; the first `received` of
+  // each have been received.
+  std::vector<std::vector<InFlight>> channels(static_cast<size_t>(p) * p);
+  std::vector<size_t> received(static_cast<size_t>(p) * p, 0);
+  auto channel_of = [&](int from, int to) { return static_cast<size_t>(from) * p + to; };
+  // A send its rank has not waited for yet: the message's channel and index in it.
+  struct Pending {
+    Action action;
+    size_t channel;
+    size_t index;
   };
+  std::vector<std::deque<Pending>> pending(p);
   std::vector<size_t> next(p, 0);
   std::vector<int64_t> clock(p, 0);
   SimulationResult result;
   result.busy.assign(p, 0);
-  // Each pass runs every rank until it finishes or blocks on an empty channel. A message's
-  // time is fixed when it is sent, so the order in which ranks are advanced does not change
-  // any time; only whether a pass makes progress matters.
+  result.peak_pending_sends.assign(p, 0);
+  // The send `rank` must wait for before its next action (or, past its list, before it is
+  // done), if any: an index into pending[rank].
+  auto wait_before = [&](int rank) -> std::optional<size_t> {
+    if (!rendezvous || pending[rank].empty()) return std::nullopt;
+    const std::vector<Action>& list = schedules[rank];
+    if (next[rank] == list.size()) return 0;
+    const Action& a = list[next[rank]];
+    if (a.is_send() && static_cast<int>(pending[rank].size()) >= options.send_windows[rank]) {
+      return 0;
+    }
+    if (a.kind == Action::kBackward) {
+      for (size_t k = 0; k < pending[rank].size(); ++k) {
+        const Action& sent = pending[rank][k].action;
+        if (sent.kind == Action::kSendActivation && sent.micro_batch == a.micro_batch &&
+            sent.model_chunk == a.model_chunk) {
+          return k;
+        }
+      }
+    }
+    return std::nullopt;
+  };
+  // Each pass runs every rank until it finishes or blocks on an empty channel or a send not yet
+  // received. A message's time is fixed when it is sent, and a send's completion when it is
+  // received, so the order in which ranks are advanced does not change any time; only whether
+  // a pass makes progress matters.
   bool progress = true;
   while (progress) {
     progress = false;
     for (int rank = 0; rank < p; ++rank) {
       const std::vector<Action>& list = schedules[rank];
-      while (next[rank] < list.size()) {
+      while (true) {
+        if (const std::optional<size_t> wait = wait_before(rank)) {
+          const Pending& send = pending[rank][*wait];
+          if (received[send.channel] <= send.index) break;  // its receiver is not there yet
+          clock[rank] = std::max(clock[rank], channels[send.channel][send.index].received_at);
+          pending[rank].erase(pending[rank].begin() + static_cast<std::ptrdiff_t>(*wait));
+          progress = true;
+          continue;
+        }
+        if (next[rank] == list.size()) break;
         const Action& a = list[next[rank]];
         if (a.is_compute()) {
           const int64_t t =
@@ -357,20 +486,25 @@ absl::StatusOr<SimulationResult> SimulateSchedules(absl::Span<const std::vector<
           clock[rank] += t;
           result.busy[rank] += t;
         } else if (a.is_send()) {
-          channel(rank, a.peer)
-              .push_back({.message = MessageOf(a, rank, p), .sent_at = clock[rank]});
+          const size_t c = channel_of(rank, a.peer);
+          pending[rank].push_back({.action = a, .channel = c, .index = channels[c].size()});
+          result.peak_pending_sends[rank] =
+              std::max(result.peak_pending_sends[rank], static_cast<int>(pending[rank].size()));
+          channels[c].push_back({.message = MessageOf(a, rank, p), .sent_at = clock[rank]});
         } else {
-          std::deque<InFlight>& in = channel(a.peer, rank);
-          if (in.empty()) break;
+          const size_t c = channel_of(a.peer, rank);
+          if (received[c] == channels[c].size()) break;
+          InFlight& in = channels[c][received[c]];
           const Message expected = MessageOf(a, rank, p);
-          if (!(in.front().message == expected)) {
+          if (!(in.message == expected)) {
             return absl::FailedPreconditionError(absl::StrCat(
                 "rank ", rank, " action ", next[rank], " (", a.ToString(), ") expects the ",
                 expected.ToString(), ", but the next message from rank ", a.peer, " is the ",
-                in.front().message.ToString()));
+                in.message.ToString()));
           }
-          clock[rank] = std::max(clock[rank], in.front().sent_at);
-          in.pop_front();
+          clock[rank] = std::max(clock[rank], in.sent_at);
+          in.received_at = clock[rank];
+          ++received[c];
         }
         ++next[rank];
         progress = true;
@@ -379,20 +513,31 @@ absl::StatusOr<SimulationResult> SimulateSchedules(absl::Span<const std::vector<
   }
   std::vector<std::string> blocked;
   for (int rank = 0; rank < p; ++rank) {
-    if (next[rank] < schedules[rank].size()) {
+    if (const std::optional<size_t> wait = wait_before(rank)) {
+      const Pending& send = pending[rank][*wait];
+      blocked.push_back(absl::StrCat("rank ", rank,
+                                     next[rank] < schedules[rank].size()
+                                         ? absl::StrCat(" before action ", next[rank], " (",
+                                                        schedules[rank][next[rank]].ToString(), ")")
+                                         : std::string(" at the end"),
+                                     " waits for its ", send.action.ToString(), " to be received"));
+    } else if (next[rank] < schedules[rank].size()) {
       blocked.push_back(absl::StrCat("rank ", rank, " at action ", next[rank], " (",
                                      schedules[rank][next[rank]].ToString(), ")"));
     }
   }
   if (!blocked.empty()) {
     return absl::FailedPreconditionError(
-        absl::StrCat("deadlock: ", absl::StrJoin(blocked, ", "), " wait for messages never sent"));
+        absl::StrCat("deadlock: ", absl::StrJoin(blocked, ", "),
+                     rendezvous ? "; each waits for a message never sent or received"
+                                : " wait for messages never sent"));
   }
   for (int from = 0; from < p; ++from) {
     for (int to = 0; to < p; ++to) {
-      if (!channel(from, to).empty()) {
+      const size_t c = channel_of(from, to);
+      if (received[c] < channels[c].size()) {
         return absl::FailedPreconditionError(
-            absl::StrCat("rank ", from, " sends the ", channel(from, to).front().message.ToString(),
+            absl::StrCat("rank ", from, " sends the ", channels[c][received[c]].message.ToString(),
                          " to rank ", to, ", which never receives it"));
       }
     }

@@ -80,6 +80,36 @@ absl::StatusOr<std::vector<std::vector<Action>>> BuildAllSchedules(ScheduleKind 
                                                                    int micro_batches,
                                                                    int virtual_stages = 1);
 
+// Evaluation's schedule: forwards only, every micro-batch through the model stages in order.
+// For micro-batch 0 .. m-1 and, within it, chunk 0 .. v-1: the receive of its input (except on
+// model stage 0), the forward, the send of its output (except on the last stage). Any m works;
+// v > 1 needs p >= 2 (one rank would send to itself). It cannot deadlock: stage s's forward of
+// micro-batch i needs only stage s - 1's of i, which its rank reaches having done only earlier
+// (micro-batch, chunk) pairs; CheckSchedulePairing and SimulateSchedules confirm it.
+absl::StatusOr<std::vector<Action>> BuildForwardOnlySchedule(int pipeline_size, int pipeline_rank,
+                                                             int micro_batches,
+                                                             int virtual_stages = 1);
+absl::StatusOr<std::vector<std::vector<Action>>> BuildAllForwardOnlySchedules(
+    int pipeline_size, int micro_batches, int virtual_stages = 1);
+
+// How many sends PipelineExecutor keeps pending on rank `pipeline_rank` of a training schedule
+// (SimulationOptions::send_windows): before issuing a send while this many are pending it
+// waits for the oldest, so its send buffers are bounded by the pipeline's depth, never by the
+// number of micro-batches. The window is the most micro-batches 1F1B keeps in flight on the
+// rank, p - r (GPipe, which holds all m activations anyway, gets the same), and for
+// interleaving its most (micro-batch, chunk) activations in flight, (p - r - 1) 2 + (v - 1) p
+// + 1 (ignoring the cap at m v). Evaluation's forward-only schedule uses a window of 1
+// (kForwardOnlySendWindow): a stage keeps its output until the send completes, so one send
+// pending means at most two outputs held. tests/parallel/pipeline_schedule_test.cc proves, for
+// every small (kind, p, m, v), that the lists run to completion with these waits under
+// rendezvous transfers (a send completes only once received) and that every rank finishes
+// exactly when it does without any wait: the waits never hold a rank up in the unit-time model.
+// (A window of 1 deadlocks interleaved schedules: the same test shows it.)
+int SendWindow(ScheduleKind kind, int pipeline_size, int pipeline_rank, int virtual_stages = 1);
+// SendWindow of every rank, indexed by rank.
+std::vector<int> SendWindows(ScheduleKind kind, int pipeline_size, int virtual_stages = 1);
+inline constexpr int kForwardOnlySendWindow = 1;
+
 // Checks that the lists of all ranks (indexed by rank; p = their number) pair up: every send
 // names the rank of the next (activation) or previous (gradient) model stage as its peer, every
 // receive the rank its input comes from, and on every ordered pair of ranks the messages one
@@ -91,6 +121,15 @@ absl::Status CheckSchedulePairing(absl::Span<const std::vector<Action>> schedule
 struct SimulationOptions {
   int64_t forward_time = 1;
   int64_t backward_time = 1;
+  // How sends complete. Empty: a send never holds its rank up (the transfer is buffered by
+  // the other side). Otherwise one window k >= 1 per rank: transfers are rendezvous, a send
+  // completing only once its receiver has received it (the worst case of MPI and NCCL for
+  // large messages), and each rank waits for its sends as PipelineExecutor does: before issuing
+  // a send while k of its sends are pending, for the oldest; before the backward of a
+  // micro-batch on a chunk, for that chunk's send of the micro-batch's activation (the buffer
+  // is the activation); at the end of its list, for all. A wait for a message its receiver
+  // never reaches is a deadlock.
+  std::vector<int> send_windows = {};
 };
 
 struct SimulationResult {
@@ -99,14 +138,18 @@ struct SimulationResult {
   int64_t makespan = 0;         // the latest finish
   // Idle share of all ranks' time up to the makespan: 1 - sum(busy) / (p * makespan).
   double idle_fraction = 0.0;
+  // Per rank: the most sends issued and not yet waited for at once (without send_windows
+  // none is waited for: the rank's number of sends).
+  std::vector<int> peak_pending_sends;
 };
 
 // Runs the lists of all ranks (indexed by rank) on a unit-time model: a forward takes
 // forward_time, a backward backward_time, sends and transfers take no time, and each rank runs
 // its list in order, blocking on a receive until the matching send has happened (messages
-// between a pair of ranks match in send order, as CheckSchedulePairing requires). Returns
-// FailedPrecondition on a deadlock (naming every blocked rank and what it waits for), on a
-// receive that does not match the next message from its peer, or on messages left unreceived.
+// between a pair of ranks match in send order, as CheckSchedulePairing requires) and, with
+// send_windows, on its waits for its sends. Returns FailedPrecondition on a deadlock (naming
+// every blocked rank and what it waits for), on a receive that does not match the next message
+// from its peer, or on messages left unreceived.
 absl::StatusOr<SimulationResult> SimulateSchedules(absl::Span<const std::vector<Action>> schedules,
                                                    SimulationOptions options = {});
 

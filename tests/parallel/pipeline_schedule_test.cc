@@ -3,7 +3,8 @@
 // once forward and once backward, forward first, with its transfers around it; the lists of all
 // ranks pair up and run to completion on the unit-time simulator; peak activation memory and
 // the bubble are the textbook ones. Also exact lists for small cases, the checker and simulator
-// catching broken lists, refusals with their advice, and the layer split.
+// catching broken lists, refusals with their advice, and the layer split. Also the executor's
+// bounded waits for its sends (SendWindow) and evaluation's forward-only lists.
 #include "parallel/pipeline_schedule.h"
 
 #include <algorithm>
@@ -343,6 +344,127 @@ TEST(PipelineScheduleTest, CheckerAndSimulatorReportMismatchedOrder) {
   EXPECT_EQ(CheckSchedulePairing(*misrouted).message(),
             "rank 0 action 1 (send_activation mb 0 chunk 0 to rank 2) transfers the activation "
             "of mb 0 from stage 0 to stage 1, which is rank 1's, not rank 2's");
+}
+
+// The executor's bounded waiting for its sends (SendWindow): under rendezvous transfers, where a
+// send completes only once its receiver has received it, every small (kind, p, m, v) runs to
+// completion, every rank finishes exactly when it does without waiting (the waits never hold it
+// up), and no rank has more sends pending than its window, whatever m.
+TEST(PipelineScheduleTest, BoundedSendWaitsNeverDeadlockNorDelay) {
+  for (const Config& c : AllConfigs()) {
+    if (!Valid(c)) continue;
+    const std::vector<std::vector<Action>> schedules = BuildAll(c);
+    const std::vector<int> windows = SendWindows(c.kind, c.p, c.v);
+    ASSERT_EQ(windows.size(), c.p) << c.Name();
+    for (int64_t backward_time : {1, 2, 3}) {
+      const SimulationOptions unwaited = {.forward_time = 1, .backward_time = backward_time};
+      SimulationOptions waited = unwaited;
+      waited.send_windows = windows;
+      const auto free_run = SimulateSchedules(schedules, unwaited);
+      const auto run = SimulateSchedules(schedules, waited);
+      NF_ASSERT_OK(free_run) << c.Name();
+      NF_ASSERT_OK(run) << c.Name() << " b=" << backward_time;
+      EXPECT_EQ(run->finish, free_run->finish) << c.Name() << " b=" << backward_time;
+      for (int r = 0; r < c.p; ++r) {
+        EXPECT_GE(windows[r], 1) << c.Name();
+        EXPECT_LE(run->peak_pending_sends[r], windows[r]) << c.Name() << " rank " << r;
+      }
+    }
+  }
+  // The windows themselves: 1F1B's (and GPipe's) p - r, interleaving's activations in flight.
+  EXPECT_THAT(SendWindows(ScheduleKind::kOneFOneB, 4), ElementsAre(4, 3, 2, 1));
+  EXPECT_THAT(SendWindows(ScheduleKind::kGPipe, 2), ElementsAre(2, 1));
+  EXPECT_THAT(SendWindows(ScheduleKind::kInterleavedOneFOneB, 2, 2), ElementsAre(5, 3));
+  // Without waits a rank keeps all its sends until the end: 2 m on a middle rank of 1F1B.
+  auto long_run = BuildAllSchedules(ScheduleKind::kOneFOneB, 4, 64);
+  NF_ASSERT_OK(long_run);
+  auto unbounded = SimulateSchedules(*long_run);
+  NF_ASSERT_OK(unbounded);
+  EXPECT_THAT(unbounded->peak_pending_sends, ElementsAre(64, 128, 128, 64));
+  auto bounded =
+      SimulateSchedules(*long_run, {.send_windows = SendWindows(ScheduleKind::kOneFOneB, 4)});
+  NF_ASSERT_OK(bounded);
+  EXPECT_THAT(bounded->peak_pending_sends, ElementsAre(4, 3, 2, 1));
+}
+
+// Waiting too early deadlocks, and the simulator says who waits for what: with a window of 1,
+// interleaved 1F1B's ranks each wait for a send whose receiver waits for the other's.
+TEST(PipelineScheduleTest, SimulatorReportsDeadlockedSendWaits) {
+  auto schedules = BuildAllSchedules(ScheduleKind::kInterleavedOneFOneB, 2, 4, 2);
+  NF_ASSERT_OK(schedules);
+  const auto run = SimulateSchedules(*schedules, {.send_windows = {1, 1}});
+  EXPECT_EQ(run.status().code(), absl::StatusCode::kFailedPrecondition) << run.status();
+  EXPECT_THAT(
+      std::string(run.status().message()),
+      ::testing::AllOf(::testing::StartsWith("deadlock: rank 0 "), HasSubstr(" to be received"),
+                       ::testing::EndsWith("; each waits for a message never sent or received")));
+  EXPECT_EQ(SimulateSchedules(*schedules, {.send_windows = {1}}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(SimulateSchedules(*schedules, {.send_windows = {0, 1}}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+// Evaluation's forward-only lists: every (micro-batch, chunk) forwarded once, in micro-batch
+// then chunk order, with the receive of its input before and the send of its output after
+// (except at the model's ends), no backward; the lists pair up, never deadlock, also with the
+// executor's window of one pending send per rank, and their bubble is the filling only.
+TEST(PipelineScheduleTest, ForwardOnlyListsPairUpAndNeverDeadlock) {
+  for (int p = 1; p <= 4; ++p) {
+    for (int m = 1; m <= 8; ++m) {
+      for (int v = 1; v <= 3; ++v) {
+        const std::string name = absl::StrCat("forward-only p=", p, " m=", m, " v=", v);
+        auto schedules = BuildAllForwardOnlySchedules(p, m, v);
+        if (v > 1 && p == 1) {
+          EXPECT_EQ(schedules.status().code(), absl::StatusCode::kInvalidArgument) << name;
+          continue;
+        }
+        NF_ASSERT_OK(schedules) << name;
+        ASSERT_EQ(schedules->size(), p) << name;
+        const int last_stage = p * v - 1;
+        for (int r = 0; r < p; ++r) {
+          std::vector<Action> expected;
+          for (int mb = 0; mb < m; ++mb) {
+            for (int chunk = 0; chunk < v; ++chunk) {
+              const int stage = chunk * p + r;
+              if (stage > 0) {
+                expected.push_back(Make(Action::kRecvActivation, mb, chunk, (r + p - 1) % p));
+              }
+              expected.push_back(Make(Action::kForward, mb, chunk));
+              if (stage < last_stage) {
+                expected.push_back(Make(Action::kSendActivation, mb, chunk, (r + 1) % p));
+              }
+            }
+          }
+          EXPECT_EQ((*schedules)[r], expected) << name << " rank " << r;
+          auto one = BuildForwardOnlySchedule(p, r, m, v);
+          NF_ASSERT_OK(one) << name;
+          EXPECT_EQ(*one, (*schedules)[r]) << name;
+        }
+        NF_EXPECT_OK(CheckSchedulePairing(*schedules)) << name;
+        const auto free_run = SimulateSchedules(*schedules);
+        NF_ASSERT_OK(free_run) << name;
+        // Without chunks, micro-batch i leaves the last stage at p + i: the filling, then one
+        // forward a step.
+        if (v == 1) {
+          EXPECT_EQ(free_run->makespan, p + m - 1) << name;
+        }
+        const auto waited = SimulateSchedules(
+            *schedules, {.send_windows = std::vector<int>(p, kForwardOnlySendWindow)});
+        NF_ASSERT_OK(waited) << name;
+        EXPECT_EQ(waited->finish, free_run->finish) << name;
+        for (int r = 0; r < p; ++r) {
+          EXPECT_LE(waited->peak_pending_sends[r], kForwardOnlySendWindow) << name;
+        }
+      }
+    }
+  }
+  ExpectInvalidArgument(BuildForwardOnlySchedule(2, 2, 4).status(),
+                        "pipeline rank 2 is out of range for pipeline_parallel 2; use 0 to 1");
+  ExpectInvalidArgument(BuildForwardOnlySchedule(2, 0, 0).status(),
+                        "micro-batches must be at least 1, got 0");
+  ExpectInvalidArgument(BuildAllForwardOnlySchedules(1, 4, 2).status(),
+                        "virtual_stages 2 needs pipeline_parallel of at least 2, got 1; use "
+                        "virtual_stages 1");
 }
 
 TEST(PipelineScheduleTest, RefusalsSayWhatWouldWork) {
