@@ -30,7 +30,7 @@ Tensor Random(DType dtype, Shape shape, float scale = 1.0f) {
   return *TensorFromFloats(dtype, std::move(shape), values);
 }
 
-Tensor Zeros(DType dtype, Shape shape) { return *Tensor::Zeros(dtype, std::move(shape)); }
+Tensor Zeros(DType dtype, Shape shape) { return *Tensor::HostZeros(dtype, std::move(shape)); }
 
 // Times `op` per iteration and reports rates from the wall time of the loop (the kernels are
 // multi-threaded, so CPU time of the calling thread would mislead): flops and bytes are per

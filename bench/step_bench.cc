@@ -126,8 +126,8 @@ absl::StatusOr<std::unique_ptr<Variant>> MakeVariant(launcher::TrainConfig confi
   NF_ASSIGN_OR_RETURN(v->trainer, launcher::Trainer::Create(config));
   const launcher::TrainOptions& train = config.train();
   const int64_t micro = train.micro_batch_size(), seq = train.seq_len();
-  NF_ASSIGN_OR_RETURN(v->inputs, Tensor::Zeros(DType::kI32, {micro, seq}));
-  NF_ASSIGN_OR_RETURN(v->targets, Tensor::Zeros(DType::kI32, {micro, seq}));
+  NF_ASSIGN_OR_RETURN(v->inputs, Tensor::HostZeros(DType::kI32, {micro, seq}));
+  NF_ASSIGN_OR_RETURN(v->targets, Tensor::HostZeros(DType::kI32, {micro, seq}));
   NF_ASSIGN_OR_RETURN(const data::SyntheticCorpus corpus,
                       data::SyntheticCorpus::Create(config.model().vocab_size(),
                                                     config.data().synthetic().branching(),

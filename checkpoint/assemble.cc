@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "checkpoint/crc32c.h"
 #include "checkpoint/durable_files.h"
+#include "checkpoint/non_finite.h"
 #include "checkpoint/shard_mapping.h"
 #include "core/status.h"
 
@@ -41,7 +42,7 @@ absl::StatusOr<AssembledTensor> AssembleTensor(const fs::path& dir, const Manife
   const int64_t numel = NumElements(a.shape);
   const int64_t element = static_cast<int64_t>(SizeOf(*dtype));
   // Uninitialised: the coverage check below proves every element written.
-  NF_ASSIGN_OR_RETURN(a.global, Tensor::Empty(*dtype, {numel}));
+  NF_ASSIGN_OR_RETURN(a.global, Tensor::HostEmpty(*dtype, {numel}));
   std::vector<std::pair<int64_t, int64_t>> runs;  // (global index, count) written
   std::map<std::string, int64_t> file_sizes;
   for (const ShardFile& f : manifest.files()) file_sizes[f.name()] = f.size();
@@ -93,6 +94,12 @@ absl::StatusOr<AssembledTensor> AssembleTensor(const fs::path& dir, const Manife
     return Corrupt(dir, absl::StrCat(what, " is incomplete: elements from ", next, " of ", numel,
                                      " are in no piece"));
   }
+  const NonFinite bad = FindNonFinite(a.global.raw_data(), numel, a.global.dtype());
+  if (bad.count > 0) {
+    return Corrupt(dir, absl::StrCat(what, " holds ", bad.count, " non-finite values of ", numel,
+                                     " (the first at element ", bad.first,
+                                     "): not a state to train from"));
+  }
   return a;
 }
 
@@ -115,7 +122,7 @@ absl::StatusOr<Tensor> CutShard(const fs::path& dir, const AssembledTensor& a,
                          .tp_size = spec.sharding == model::Sharding::kReplicated ? 1 : tp_size};
   if (want == a.shape && (place.tp_size == 1)) return a.global;  // the shard is the whole tensor
   const int64_t available = NumElements(a.shape);
-  NF_ASSIGN_OR_RETURN(Tensor local, Tensor::Zeros(a.global.dtype(), {local_numel}));
+  NF_ASSIGN_OR_RETURN(Tensor local, Tensor::HostZeros(a.global.dtype(), {local_numel}));
   const char* from = static_cast<const char*>(a.global.raw_data());
   char* to = static_cast<char*>(local.raw_data());
   ForEachGlobalRun(

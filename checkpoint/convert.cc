@@ -191,7 +191,7 @@ absl::Status ConvertCheckpoint(const fs::path& dir, const Manifest& manifest,
     NF_RETURN_IF_ERROR(writers[rank]->Close());
   }
   NF_ASSIGN_OR_RETURN(DurableWriter writer, DurableWriter::Create(staging / kManifestName));
-  const std::string bytes = converted.SerializeAsString();
+  const std::string bytes = EncodeManifest(converted);
   NF_RETURN_IF_ERROR(writer.Append(bytes.data(), static_cast<int64_t>(bytes.size())));
   NF_RETURN_IF_ERROR(writer.Close());
   NF_RETURN_IF_ERROR(SyncDirectory(staging));

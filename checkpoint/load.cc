@@ -57,7 +57,7 @@ absl::Status CastInto(const Tensor& src, const Tensor& dst) {
   if (dst.device().type == DeviceType::kCpu) return ops::Cast(src, dst);
   Tensor converted = src;
   if (src.dtype() != dst.dtype()) {
-    NF_ASSIGN_OR_RETURN(converted, Tensor::Empty(dst.dtype(), src.shape()));
+    NF_ASSIGN_OR_RETURN(converted, Tensor::HostEmpty(dst.dtype(), src.shape()));
     NF_RETURN_IF_ERROR(ops::Cast(src, converted));
   }
   return ops::Copy(converted, dst);
@@ -73,12 +73,48 @@ absl::StatusOr<fs::path> LatestCheckpoint(const fs::path& checkpoints_dir) {
   }
   NF_ASSIGN_OR_RETURN(std::string name, ReadWholeFile(latest));
   name = std::string(absl::StripAsciiWhitespace(name));
-  if (name.size() != 12 || name.rfind("iter_", 0) != 0 ||
-      name.find_first_not_of("0123456789", 5) != std::string::npos) {
+  int64_t step = 0;
+  if (!ParseIterationDirName(name, step)) {
     return absl::DataLossError(
         absl::StrCat(latest.string(), " does not name a checkpoint ('", name.substr(0, 40), "')"));
   }
   return checkpoints_dir / name;
+}
+
+absl::StatusOr<ResumePoint> FindResumePoint(const fs::path& checkpoints_dir) {
+  const std::vector<int64_t> steps = CheckpointSteps(checkpoints_dir);
+  const absl::StatusOr<fs::path> latest = LatestCheckpoint(checkpoints_dir);
+  std::string latest_problem;
+  if (latest.ok()) {
+    absl::StatusOr<Manifest> manifest = ReadManifest(*latest);
+    if (manifest.ok()) return ResumePoint{.dir = *latest, .manifest = *std::move(manifest), .warning = ""};
+    latest_problem = absl::StrCat((checkpoints_dir / kLatestName).string(), " names ",
+                                  latest->filename().string(), ", which fails: ",
+                                  manifest.status().message());
+  } else if (absl::IsNotFound(latest.status())) {
+    if (steps.empty()) return latest.status();  // a fresh run
+    latest_problem = absl::StrCat((checkpoints_dir / kLatestName).string(), " is missing");
+  } else {
+    latest_problem = std::string(latest.status().message());
+  }
+  // Newest first: the most recent state that checks out.
+  std::vector<std::string> failures;
+  for (auto step = steps.rbegin(); step != steps.rend(); ++step) {
+    const fs::path dir = checkpoints_dir / IterationDirName(*step);
+    if (latest.ok() && dir == *latest) continue;
+    absl::StatusOr<Manifest> manifest = ReadManifest(dir);
+    if (manifest.ok()) {
+      return ResumePoint{.dir = dir,
+                         .manifest = *std::move(manifest),
+                         .warning = absl::StrCat(latest_problem, "; resuming from ", dir.string(),
+                                                 ", the newest checkpoint that verifies")};
+    }
+    failures.push_back(std::string(manifest.status().message()));
+  }
+  return absl::FailedPreconditionError(absl::StrCat(
+      latest_problem, ", and no other checkpoint in ", checkpoints_dir.string(), " verifies",
+      failures.empty() ? "" : absl::StrCat(" (", absl::StrJoin(failures, "; "), ")"),
+      ": not starting afresh over them; move them away to start a new run"));
 }
 
 absl::StatusOr<Manifest> ReadManifest(const fs::path& dir) {
@@ -89,19 +125,19 @@ absl::StatusOr<Manifest> ReadManifest(const fs::path& dir) {
                                             ": it is incomplete or not a checkpoint"));
   }
   NF_ASSIGN_OR_RETURN(const std::string bytes, ReadWholeFile(path));
-  Manifest manifest;
-  if (!manifest.ParseFromString(bytes)) {
-    return Corrupt(dir, absl::StrCat(kManifestName, " does not parse (the file is corrupt)"));
-  }
-  if (manifest.format_version() != kFormatVersion) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("checkpoint ", dir.string(), " has format version ", manifest.format_version(),
-                     "; this build reads version ", kFormatVersion));
+  NF_ASSIGN_OR_RETURN(Manifest manifest,
+                      DecodeManifest(bytes, absl::StrCat("checkpoint ", dir.string(), ": ",
+                                                         kManifestName)));
+  // A directory named for a step holds that step (a renamed or mixed-up directory would resume
+  // at the wrong step); a copy under another name is taken at its manifest's word.
+  const std::string name = dir.filename().empty() ? dir.parent_path().filename().string()
+                                                  : dir.filename().string();
+  int64_t named_step = 0;
+  if (ParseIterationDirName(name, named_step) && named_step != manifest.step()) {
+    return Corrupt(dir, absl::StrCat("the manifest holds step ", manifest.step(),
+                                     ", the directory is named for step ", named_step));
   }
   for (const ShardFile& f : manifest.files()) {
-    if (f.name().empty() || f.name().find('/') != std::string::npos || f.name()[0] == '.') {
-      return Corrupt(dir, absl::StrCat("the manifest lists an invalid file name '", f.name(), "'"));
-    }
     const auto size = fs::file_size(dir / f.name(), error);
     if (error) return Corrupt(dir, absl::StrCat("shard file ", f.name(), " is missing"));
     if (static_cast<int64_t>(size) != f.size()) {
@@ -155,7 +191,7 @@ absl::StatusOr<RunProgress> LoadCheckpoint(const fs::path& dir, const Manifest& 
                             CutShard(dir, moment, e.spec, e.value.numel(), t.tp_rank(), t.tp()));
         Tensor local32 = local;
         if (local.dtype() != DType::kF32) {
-          NF_ASSIGN_OR_RETURN(local32, Tensor::Empty(DType::kF32, {local.numel()}));
+          NF_ASSIGN_OR_RETURN(local32, Tensor::HostEmpty(DType::kF32, {local.numel()}));
           NF_RETURN_IF_ERROR(ops::Cast(local, local32));
         }
         NF_RETURN_IF_ERROR(chunk.optimizer->ForEachHeldPiece(
@@ -170,6 +206,7 @@ absl::StatusOr<RunProgress> LoadCheckpoint(const fs::path& dir, const Manifest& 
   }
   RunProgress progress{.step = manifest.step(),
                        .consumed_samples = manifest.consumed_samples(),
+                       .data_stream_samples = manifest.data_stream_samples(),
                        .optimizer_updates = manifest.optimizer_updates(),
                        .skipped_total = manifest.skipped_total(),
                        .loss_scaler = std::nullopt};

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <filesystem>
+#include <string>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -22,9 +23,22 @@ namespace nf::checkpoint {
 absl::StatusOr<std::filesystem::path> LatestCheckpoint(
     const std::filesystem::path& checkpoints_dir);
 
-// Reads `dir`/manifest.pb and checks it: it parses, has this format version, and every shard
-// file it lists exists with the recorded size.
+// Reads `dir`/manifest.pb and checks it: its checksum and structure (manifest_file.h), its step
+// against the directory's name, and every shard file it lists exists with the recorded size.
 absl::StatusOr<Manifest> ReadManifest(const std::filesystem::path& dir);
+
+// Where a run in `checkpoints_dir` resumes: the checkpoint `latest` names when its manifest
+// reads (ReadManifest). When `latest` is missing or damaged, or names a checkpoint that fails,
+// the newest checkpoint whose manifest reads, with `warning` naming what was wrong and the
+// checkpoint taken instead. NotFound when there is no checkpoint at all (a fresh run);
+// FailedPrecondition when there are checkpoints and none reads: never a silent fresh start.
+// (The shards' checksums are checked as they load.)
+struct ResumePoint {
+  std::filesystem::path dir;
+  Manifest manifest;
+  std::string warning;  // empty when `latest` was taken
+};
+absl::StatusOr<ResumePoint> FindResumePoint(const std::filesystem::path& checkpoints_dir);
 
 // OK when the checkpoint was written for `model`; otherwise names every differing field with
 // both values.

@@ -67,7 +67,7 @@ absl::Status ExportSafetensors(const fs::path& dir, const Manifest& manifest, co
     }
     const DType target = dtype.value_or(e.data.dtype());
     if (target != e.data.dtype()) {
-      NF_ASSIGN_OR_RETURN(Tensor converted, Tensor::Zeros(target, {e.data.numel()}));
+      NF_ASSIGN_OR_RETURN(Tensor converted, Tensor::HostZeros(target, {e.data.numel()}));
       NF_RETURN_IF_ERROR(ops::Cast(e.data, converted));
       e.data = converted;
     }

@@ -15,6 +15,7 @@
 #include "absl/strings/str_format.h"
 #include "checkpoint/crc32c.h"
 #include "checkpoint/durable_files.h"
+#include "checkpoint/non_finite.h"
 #include "checkpoint/shard_mapping.h"
 #include "core/ops/ops.h"
 #include "core/status.h"
@@ -149,7 +150,17 @@ absl::StatusOr<ShardSnapshot> Snapshot(const RankState& state, ShardSnapshot spa
 absl::StatusOr<Manifest> WriteSnapshot(const fs::path& staging, ShardSnapshot& shard,
                                        int world_rank) {
   for (TensorRecord& record : *shard.fragment.mutable_tensors()) {
+    const DType dtype = *ParseDType(record.dtype());  // written by Snapshot
     for (Piece& piece : *record.mutable_pieces()) {
+      const NonFinite bad = FindNonFinite(shard.bytes.get() + piece.offset(),
+                                          piece.end() - piece.begin(), dtype);
+      if (bad.count > 0) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "checkpoint not saved: ", record.name(), " (", TensorRecord::Kind_Name(record.kind()),
+            ") holds ", bad.count, " non-finite values on rank ", world_rank,
+            " (the first at element ", piece.begin() + bad.first,
+            "); the training state is not finite"));
+      }
       piece.set_crc32c(
           Crc32c(shard.bytes.get() + piece.offset(), static_cast<size_t>(piece.length())));
     }
@@ -168,14 +179,14 @@ absl::StatusOr<Manifest> WriteSnapshot(const fs::path& staging, ShardSnapshot& s
 absl::StatusOr<std::vector<std::string>> AllGatherBytes(parallel::Communicator& world,
                                                         const std::string& mine) {
   const int n = world.size();
-  NF_ASSIGN_OR_RETURN(const Tensor length, Tensor::Zeros(DType::kI64, {1}));
-  NF_ASSIGN_OR_RETURN(const Tensor lengths, Tensor::Zeros(DType::kI64, {n}));
+  NF_ASSIGN_OR_RETURN(const Tensor length, Tensor::HostZeros(DType::kI64, {1}));
+  NF_ASSIGN_OR_RETURN(const Tensor lengths, Tensor::HostZeros(DType::kI64, {n}));
   length.data<int64_t>()[0] = static_cast<int64_t>(mine.size());
   NF_RETURN_IF_ERROR(world.AllGather(length, lengths));
   int64_t longest = 1;
   for (int r = 0; r < n; ++r) longest = std::max(longest, lengths.data<int64_t>()[r]);
-  NF_ASSIGN_OR_RETURN(const Tensor bytes, Tensor::Zeros(DType::kU8, {longest}));
-  NF_ASSIGN_OR_RETURN(const Tensor all, Tensor::Zeros(DType::kU8, {longest * n}));
+  NF_ASSIGN_OR_RETURN(const Tensor bytes, Tensor::HostZeros(DType::kU8, {longest}));
+  NF_ASSIGN_OR_RETURN(const Tensor all, Tensor::HostZeros(DType::kU8, {longest * n}));
   std::memcpy(bytes.raw_data(), mine.data(), mine.size());
   NF_RETURN_IF_ERROR(world.AllGather(bytes, all));
   std::vector<std::string> out;
@@ -188,7 +199,7 @@ absl::StatusOr<std::vector<std::string>> AllGatherBytes(parallel::Communicator& 
 
 // True on every rank when `ok` is false on any.
 absl::StatusOr<bool> AnyFailed(parallel::Communicator& world, bool ok) {
-  NF_ASSIGN_OR_RETURN(const Tensor flag, Tensor::Zeros(DType::kI32, {1}));
+  NF_ASSIGN_OR_RETURN(const Tensor flag, Tensor::HostZeros(DType::kI32, {1}));
   flag.data<int32_t>()[0] = ok ? 0 : 1;
   NF_RETURN_IF_ERROR(world.AllReduce(flag, parallel::ReduceOp::kMax));
   return flag.data<int32_t>()[0] != 0;
@@ -217,22 +228,6 @@ absl::StatusOr<Manifest> Merge(const std::vector<std::string>& fragments) {
     }
   }
   return merged;
-}
-
-// The steps of the complete checkpoints in `checkpoints_dir` (iter_NNNNNNN directories).
-std::vector<int64_t> CheckpointSteps(const fs::path& checkpoints_dir) {
-  std::vector<int64_t> steps;
-  std::error_code error;
-  for (const fs::directory_entry& entry : fs::directory_iterator(checkpoints_dir, error)) {
-    const std::string name = entry.path().filename().string();
-    int64_t step = 0;
-    if (entry.is_directory() && name.size() == 12 && name.rfind("iter_", 0) == 0 &&
-        absl::SimpleAtoi(name.substr(5), &step)) {
-      steps.push_back(step);
-    }
-  }
-  std::sort(steps.begin(), steps.end());
-  return steps;
 }
 
 // Removes the checkpoints the policy no longer keeps; one that cannot be removed is a warning.
@@ -300,6 +295,7 @@ absl::Status CommitCheckpoint(const fs::path& checkpoints_dir, const CommitInfo&
       manifest.set_format_version(kFormatVersion);
       manifest.set_step(progress.step);
       manifest.set_consumed_samples(progress.consumed_samples);
+      manifest.set_data_stream_samples(progress.data_stream_samples);
       manifest.set_optimizer_updates(progress.optimizer_updates);
       manifest.set_skipped_total(progress.skipped_total);
       if (progress.loss_scaler) {
@@ -313,7 +309,7 @@ absl::Status CommitCheckpoint(const fs::path& checkpoints_dir, const CommitInfo&
       manifest.set_train_config(info.train_config);
       *manifest.mutable_layout() = info.layout;
       NF_ASSIGN_OR_RETURN(DurableWriter writer, DurableWriter::Create(staging / kManifestName));
-      const std::string bytes = manifest.SerializeAsString();
+      const std::string bytes = EncodeManifest(manifest);
       NF_RETURN_IF_ERROR(writer.Append(bytes.data(), static_cast<int64_t>(bytes.size())));
       NF_RETURN_IF_ERROR(writer.Close());
       NF_RETURN_IF_ERROR(SyncDirectory(staging));
@@ -351,6 +347,26 @@ CommitInfo CommitInfoOf(const RankState& state, const RunProgress& progress,
 }  // namespace
 
 std::string IterationDirName(int64_t step) { return absl::StrFormat("iter_%07d", step); }
+
+bool ParseIterationDirName(const std::string& name, int64_t& step) {
+  constexpr size_t kPrefix = 5;  // "iter_"
+  return name.size() >= kPrefix + 7 && name.rfind("iter_", 0) == 0 &&
+         name.find_first_not_of("0123456789", kPrefix) == std::string::npos &&
+         absl::SimpleAtoi(name.substr(kPrefix), &step) && IterationDirName(step) == name;
+}
+
+std::vector<int64_t> CheckpointSteps(const fs::path& checkpoints_dir) {
+  std::vector<int64_t> steps;
+  std::error_code error;
+  for (const fs::directory_entry& entry : fs::directory_iterator(checkpoints_dir, error)) {
+    int64_t step = 0;
+    if (entry.is_directory(error) && ParseIterationDirName(entry.path().filename().string(), step)) {
+      steps.push_back(step);
+    }
+  }
+  std::sort(steps.begin(), steps.end());
+  return steps;
+}
 
 absl::Status SaveCheckpoint(const fs::path& checkpoints_dir, const RankState& state,
                             const RunProgress& progress, parallel::Communicator& world,

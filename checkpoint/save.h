@@ -16,16 +16,17 @@
 #include <future>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "checkpoint/checkpoint.pb.h"
+#include "checkpoint/manifest_file.h"
 #include "checkpoint/training_state.h"
 #include "parallel/communicator.h"
 
 namespace nf::checkpoint {
 
-inline constexpr int kFormatVersion = 1;
 inline constexpr char kManifestName[] = "manifest.pb";
 inline constexpr char kLatestName[] = "latest";
 
@@ -38,6 +39,12 @@ struct RetentionPolicy {
 
 // "iter_0000200".
 std::string IterationDirName(int64_t step);
+// The step an iteration directory's name stands for ("iter_0000200": 200); false for any other
+// name (a .tmp staging directory, a copy under another name).
+bool ParseIterationDirName(const std::string& name, int64_t& step);
+// The steps of the committed checkpoints (iteration directories) in `checkpoints_dir`,
+// ascending; empty when there are none or the directory does not exist.
+std::vector<int64_t> CheckpointSteps(const std::filesystem::path& checkpoints_dir);
 
 // Collective over `world` (every rank calls it at the same step). Fails on every rank when any
 // rank could not write its shard; then nothing is committed and the previous `latest` stays.

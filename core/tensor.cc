@@ -52,11 +52,12 @@ absl::StatusOr<Tensor> Tensor::Empty(DType dtype, Shape shape, Allocator& alloca
   return t;
 }
 
-absl::StatusOr<Tensor> Tensor::Zeros(DType dtype, Shape shape, Allocator& allocator) {
-  if (allocator.device().type != DeviceType::kCpu) {
-    return absl::InvalidArgumentError("Tensor::Zeros fills host memory; use ops::Fill on devices");
-  }
-  auto t = Empty(dtype, std::move(shape), allocator);
+absl::StatusOr<Tensor> Tensor::HostEmpty(DType dtype, Shape shape) {
+  return Empty(dtype, std::move(shape), CpuAllocator());
+}
+
+absl::StatusOr<Tensor> Tensor::HostZeros(DType dtype, Shape shape) {
+  auto t = HostEmpty(dtype, std::move(shape));
   if (t.ok()) std::memset(t->raw_data(), 0, t->nbytes());
   return t;
 }
@@ -166,7 +167,7 @@ absl::Status CopyFromFloats(const Tensor& tensor, std::span<const float> values)
 }
 
 absl::StatusOr<Tensor> TensorFromFloats(DType dtype, Shape shape, std::span<const float> values) {
-  auto tensor = Tensor::Empty(dtype, std::move(shape));
+  auto tensor = Tensor::HostEmpty(dtype, std::move(shape));
   if (!tensor.ok()) return tensor.status();
   if (absl::Status s = CopyFromFloats(*tensor, values); !s.ok()) return s;
   return tensor;

@@ -54,12 +54,13 @@ class Tensor {
  public:
   Tensor() = default;  // undefined: no storage
 
-  // Uninitialised storage for `shape` elements of `dtype`.
-  static absl::StatusOr<Tensor> Empty(DType dtype, Shape shape,
-                                      Allocator& allocator = CpuAllocator());
-  // Zero-filled (CPU tensors only; device tensors are filled with ops::Fill).
-  static absl::StatusOr<Tensor> Zeros(DType dtype, Shape shape,
-                                      Allocator& allocator = CpuAllocator());
+  // Uninitialised storage for `shape` elements of `dtype` from `allocator` (any device). There
+  // is no default: where a tensor lives is always said, so a buffer meant for a model's device
+  // cannot silently land in host memory (ops::Zeros(dtype, shape, device) for device buffers).
+  static absl::StatusOr<Tensor> Empty(DType dtype, Shape shape, Allocator& allocator);
+  // Host memory: uninitialised, and zero-filled.
+  static absl::StatusOr<Tensor> HostEmpty(DType dtype, Shape shape);
+  static absl::StatusOr<Tensor> HostZeros(DType dtype, Shape shape);
 
   bool defined() const { return storage_ != nullptr; }
   DType dtype() const { return dtype_; }

@@ -46,8 +46,8 @@ absl::StatusOr<BatchLoader> BatchLoader::Create(std::vector<GptSamples> datasets
     }
   }
   const Shape shape{config.micro_batch_size, config.seq_len};
-  NF_ASSIGN_OR_RETURN(Tensor inputs, Tensor::Zeros(DType::kI32, shape));
-  NF_ASSIGN_OR_RETURN(Tensor targets, Tensor::Zeros(DType::kI32, shape));
+  NF_ASSIGN_OR_RETURN(Tensor inputs, Tensor::HostZeros(DType::kI32, shape));
+  NF_ASSIGN_OR_RETURN(Tensor targets, Tensor::HostZeros(DType::kI32, shape));
   return BatchLoader(std::move(datasets), std::move(blending), config, std::move(inputs),
                      std::move(targets));
 }

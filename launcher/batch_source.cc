@@ -1,6 +1,7 @@
 #include "launcher/batch_source.h"
 
 #include <filesystem>
+#include <limits>
 #include <string>
 #include <utility>
 #include <vector>
@@ -19,18 +20,17 @@ namespace {
 class SyntheticBatches final : public BatchSource {
  public:
   // Sample i of the stream is the corpus's walk first_walk + i.
-  SyntheticBatches(data::SyntheticCorpus corpus, int64_t global_batch, uint64_t first_walk,
-                   Tensor inputs, Tensor targets)
+  SyntheticBatches(data::SyntheticCorpus corpus, uint64_t first_walk, Tensor inputs,
+                   Tensor targets)
       : corpus_(std::move(corpus)),
-        global_batch_(global_batch),
         first_walk_(first_walk),
         inputs_(std::move(inputs)),
         targets_(std::move(targets)),
         sample_(inputs_.dim(1) + 1) {}
 
-  absl::StatusOr<int64_t> Load(int64_t step, int64_t micro_batch) override {
+  absl::StatusOr<int64_t> Load(int64_t batch_start, int64_t micro_batch) override {
     const int64_t batch = inputs_.dim(0), seq = inputs_.dim(1);
-    const int64_t first = step * global_batch_ + micro_batch * batch;
+    const int64_t first = batch_start + micro_batch * batch;
     int32_t* inputs = inputs_.data<int32_t>();
     int32_t* targets = targets_.data<int32_t>();
     for (int64_t b = 0; b < batch; ++b) {
@@ -43,11 +43,12 @@ class SyntheticBatches final : public BatchSource {
   }
   const Tensor& inputs() const override { return inputs_; }
   const Tensor& targets() const override { return targets_; }
+  int64_t stream_size() const override { return std::numeric_limits<int64_t>::max(); }
   std::string Describe() const override { return "the synthetic Markov corpus"; }
+  std::vector<int64_t> StreamEpochs() const override { return {}; }
 
  private:
   data::SyntheticCorpus corpus_;
-  int64_t global_batch_;
   uint64_t first_walk_;
   Tensor inputs_, targets_;
   std::vector<int32_t> sample_;
@@ -55,24 +56,27 @@ class SyntheticBatches final : public BatchSource {
 
 class DatasetBatches final : public BatchSource {
  public:
-  DatasetBatches(data::BatchLoader loader, int64_t global_batch, std::string names)
-      : loader_(std::move(loader)), global_batch_(global_batch), names_(std::move(names)) {}
+  DatasetBatches(data::BatchLoader loader, std::string names, std::vector<int64_t> epochs)
+      : loader_(std::move(loader)), names_(std::move(names)), epochs_(std::move(epochs)) {}
 
-  absl::StatusOr<int64_t> Load(int64_t step, int64_t micro_batch) override {
-    return loader_.Load(step * global_batch_, micro_batch);
+  absl::StatusOr<int64_t> Load(int64_t batch_start, int64_t micro_batch) override {
+    return loader_.Load(batch_start, micro_batch);
   }
   const Tensor& inputs() const override { return loader_.inputs(); }
   const Tensor& targets() const override { return loader_.targets(); }
+  int64_t stream_size() const override { return loader_.stream_size(); }
   std::string Describe() const override { return names_; }
+  std::vector<int64_t> StreamEpochs() const override { return epochs_; }
 
  private:
   data::BatchLoader loader_;
-  int64_t global_batch_;
   std::string names_;
+  std::vector<int64_t> epochs_;  // [datasets]: the epochs each dataset's samples span
 };
 
 absl::StatusOr<std::unique_ptr<BatchSource>> MakeDatasetBatches(const TrainConfig& config,
-                                                                DataSplit split) {
+                                                                DataSplit split,
+                                                                int64_t total_samples) {
   const TrainOptions& train = config.train();
   const DataConfig& data_config = config.data();
   std::vector<std::string> paths;
@@ -86,10 +90,9 @@ absl::StatusOr<std::unique_ptr<BatchSource>> MakeDatasetBatches(const TrainConfi
     weights.push_back(d.weight());
   }
   const bool validation = split == DataSplit::kValidation;
-  const int64_t total_samples =
-      (validation ? train.eval_iters() : train.train_iters()) * train.global_batch_size();
   NF_ASSIGN_OR_RETURN(data::Blending blending, data::Blending::Build(weights, total_samples));
   std::vector<data::GptSamples> samples;
+  std::vector<int64_t> epochs;
   for (size_t k = 0; k < paths.size(); ++k) {
     NF_ASSIGN_OR_RETURN(std::shared_ptr<data::IndexedDocumentSource> source,
                         data::IndexedDocumentSource::Open(paths[k]));
@@ -108,6 +111,7 @@ absl::StatusOr<std::unique_ptr<BatchSource>> MakeDatasetBatches(const TrainConfi
                                                          .seq_len = train.seq_len(),
                                                          .num_samples = blending.counts()[k],
                                                          .seed = train.seed()}));
+    epochs.push_back(built.indices().num_epochs);
     samples.push_back(std::move(built));
   }
   NF_ASSIGN_OR_RETURN(data::BatchLoader loader,
@@ -116,8 +120,8 @@ absl::StatusOr<std::unique_ptr<BatchSource>> MakeDatasetBatches(const TrainConfi
                                                  .global_batch_size = train.global_batch_size(),
                                                  .micro_batch_size = train.micro_batch_size(),
                                                  .vocab_size = config.model().vocab_size()}));
-  return std::make_unique<DatasetBatches>(std::move(loader), train.global_batch_size(),
-                                          absl::StrJoin(paths, ", "));
+  return std::make_unique<DatasetBatches>(std::move(loader), absl::StrJoin(paths, ", "),
+                                          std::move(epochs));
 }
 
 }  // namespace
@@ -140,10 +144,18 @@ absl::Status CheckDataFilesExist(const TrainConfig& config) {
   return absl::OkStatus();
 }
 
+int64_t DefaultStreamSize(const TrainConfig& config, DataSplit split) {
+  const TrainOptions& train = config.train();
+  const int64_t batches = split == DataSplit::kValidation ? train.eval_iters() : train.train_iters();
+  return batches * train.global_batch_size();
+}
+
 absl::StatusOr<std::unique_ptr<BatchSource>> MakeBatchSource(const TrainConfig& config,
-                                                             DataSplit split) {
+                                                             DataSplit split,
+                                                             int64_t stream_size) {
   if (!config.data().path().empty() || config.data().blend_size() > 0) {
-    return MakeDatasetBatches(config, split);
+    return MakeDatasetBatches(config, split,
+                              stream_size > 0 ? stream_size : DefaultStreamSize(config, split));
   }
   const TrainOptions& train = config.train();
   const SyntheticDataConfig& synthetic = config.data().synthetic();
@@ -151,12 +163,12 @@ absl::StatusOr<std::unique_ptr<BatchSource>> MakeBatchSource(const TrainConfig& 
                       data::SyntheticCorpus::Create(config.model().vocab_size(),
                                                     synthetic.branching(), synthetic.seed()));
   const Shape batch{train.micro_batch_size(), train.seq_len()};
-  NF_ASSIGN_OR_RETURN(Tensor inputs, Tensor::Zeros(DType::kI32, batch));
-  NF_ASSIGN_OR_RETURN(Tensor targets, Tensor::Zeros(DType::kI32, batch));
+  NF_ASSIGN_OR_RETURN(Tensor inputs, Tensor::HostZeros(DType::kI32, batch));
+  NF_ASSIGN_OR_RETURN(Tensor targets, Tensor::HostZeros(DType::kI32, batch));
   // Validation walks start past 2^48 samples, far beyond any run's training samples.
   const uint64_t first_walk = split == DataSplit::kValidation ? uint64_t{1} << 48 : 0;
-  return std::make_unique<SyntheticBatches>(std::move(corpus), train.global_batch_size(),
-                                            first_walk, std::move(inputs), std::move(targets));
+  return std::make_unique<SyntheticBatches>(std::move(corpus), first_walk, std::move(inputs),
+                                            std::move(targets));
 }
 
 }  // namespace nf::launcher

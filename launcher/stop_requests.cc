@@ -40,7 +40,7 @@ absl::StatusOr<std::string> StopRequests::Check(int64_t step, parallel::Communic
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count() / 60.0;
   if (exit_duration_minutes_ > 0 && minutes >= exit_duration_minutes_) reasons |= kDuration;
   if (exit_interval_ > 0 && step % exit_interval_ == 0) reasons |= kInterval;
-  NF_ASSIGN_OR_RETURN(const Tensor word, Tensor::Zeros(DType::kI32, {1}));
+  NF_ASSIGN_OR_RETURN(const Tensor word, Tensor::HostZeros(DType::kI32, {1}));
   word.data<int32_t>()[0] = reasons;
   // Max over the ranks: nonzero when any rank has a reason, and its highest set bit is the
   // highest-priority reason any rank has (the one reported).

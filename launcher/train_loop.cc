@@ -8,6 +8,7 @@
 #include <fstream>
 #include <memory>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -15,6 +16,7 @@
 #include "checkpoint/load.h"
 #include "checkpoint/save.h"
 #include "core/status.h"
+#include "google/protobuf/text_format.h"
 #include "launcher/config.h"
 #include "launcher/gemm_ceiling.h"
 #include "launcher/jsonl_log.h"
@@ -44,29 +46,91 @@ absl::Status WriteFileAtomically(const std::filesystem::path& path, const std::s
   return absl::OkStatus();
 }
 
-// Continues from RUN/checkpoints/latest when the run has one (and checkpoint.resume), else from
-// checkpoint.load when set; a fresh start otherwise.
+// The settings that define the training data stream, as "field: checkpoint's -> this run's" for
+// each that differs from the config the checkpoint was written with.
+std::vector<std::string> DataSettingsChanged(const checkpoint::Manifest& manifest,
+                                             const TrainConfig& config) {
+  TrainConfig saved;
+  if (!google::protobuf::TextFormat::ParseFromString(manifest.train_config(), &saved)) {
+    return {"the checkpoint's train_config does not parse"};
+  }
+  std::vector<std::string> changed;
+  const auto compare = [&](const std::string& field, const google::protobuf::Message& before,
+                           const google::protobuf::Message& now) {
+    std::string a, b;
+    google::protobuf::TextFormat::PrintToString(before, &a);
+    google::protobuf::TextFormat::PrintToString(now, &b);
+    if (a != b) changed.push_back(absl::StrCat(field, " {", a, "} -> {", b, "}"));
+  };
+  compare("data", saved.data(), config.data());
+  if (saved.train().seed() != config.train().seed()) {
+    changed.push_back(absl::StrCat("train.seed ", saved.train().seed(), " -> ", config.train().seed()));
+  }
+  if (saved.train().seq_len() != config.train().seq_len()) {
+    changed.push_back(
+        absl::StrCat("train.seq_len ", saved.train().seq_len(), " -> ", config.train().seq_len()));
+  }
+  return changed;
+}
+
+// The checkpoint this run continues from: the run's own (checkpoint.resume; `latest`, or the
+// newest that verifies with a warning), else checkpoint.load when set; none for a fresh start.
+absl::StatusOr<std::optional<checkpoint::ResumePoint>> ChooseCheckpoint(
+    const TrainConfig& config, const std::filesystem::path& checkpoints) {
+  if (config.checkpoint().resume()) {
+    absl::StatusOr<checkpoint::ResumePoint> point = checkpoint::FindResumePoint(checkpoints);
+    if (point.ok()) return *std::move(point);
+    if (!absl::IsNotFound(point.status())) return point.status();
+  }
+  if (config.checkpoint().load().empty()) return std::nullopt;
+  const std::filesystem::path source = config.checkpoint().load();
+  NF_ASSIGN_OR_RETURN(checkpoint::Manifest manifest, checkpoint::ReadManifest(source));
+  return checkpoint::ResumePoint{.dir = source, .manifest = std::move(manifest), .warning = ""};
+}
+
+// Continues from ChooseCheckpoint's checkpoint, if any. Collective over the world: every rank
+// loads its part, and "resumed" is printed only once all have, from the same step; a rank that
+// failed makes every rank fail, naming it.
 absl::Status Resume(const TrainConfig& config, const std::filesystem::path& checkpoints,
                     Trainer& trainer, std::ostream* console) {
-  std::filesystem::path source;
-  absl::StatusOr<std::filesystem::path> latest = checkpoint::LatestCheckpoint(checkpoints);
-  if (config.checkpoint().resume() && latest.ok()) {
-    source = *latest;
-  } else if (!latest.ok() && !absl::IsNotFound(latest.status())) {
-    return latest.status();
-  } else if (!config.checkpoint().load().empty()) {
-    source = config.checkpoint().load();
-  } else {
-    return absl::OkStatus();
+  NF_ASSIGN_OR_RETURN(const std::optional<checkpoint::ResumePoint> point,
+                      ChooseCheckpoint(config, checkpoints));
+  const int64_t step = point ? point->manifest.step() : 0;
+  absl::Status loaded = [&]() -> absl::Status {
+    if (!point) return absl::OkStatus();
+    NF_RETURN_IF_ERROR(checkpoint::CheckSameModel(point->dir, point->manifest, config.model()));
+    NF_ASSIGN_OR_RETURN(
+        const checkpoint::RunProgress progress,
+        checkpoint::LoadCheckpoint(point->dir, point->manifest, trainer.CheckpointState()));
+    return trainer.Restore(progress);
+  }();
+  // [a failed rank + 1 (0: none), step, -step], maximised over the world.
+  parallel::Communicator& world = *trainer.world();
+  NF_ASSIGN_OR_RETURN(const Tensor agreed, Tensor::HostZeros(DType::kI64, {3}));
+  int64_t* values = agreed.data<int64_t>();
+  values[0] = loaded.ok() ? 0 : world.rank() + 1;
+  values[1] = step;
+  values[2] = -step;
+  NF_RETURN_IF_ERROR(world.AllReduce(agreed, parallel::ReduceOp::kMax));
+  if (!loaded.ok()) return loaded;
+  if (values[0] != 0) {
+    return absl::AbortedError(absl::StrCat("rank ", values[0] - 1, " could not load its part of ",
+                                           point->dir.string(), " (its error says why)"));
   }
-  NF_ASSIGN_OR_RETURN(const checkpoint::Manifest manifest, checkpoint::ReadManifest(source));
-  NF_RETURN_IF_ERROR(checkpoint::CheckSameModel(source, manifest, config.model()));
-  NF_ASSIGN_OR_RETURN(const checkpoint::RunProgress progress,
-                      checkpoint::LoadCheckpoint(source, manifest, trainer.CheckpointState()));
-  NF_RETURN_IF_ERROR(trainer.Restore(progress));
-  if (console != nullptr) {
-    *console << "resumed from " << source.string() << " at step " << progress.step << "\n";
+  if (values[1] != -values[2]) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("the ranks found different checkpoints to resume from (steps ", -values[2],
+                     " to ", values[1], "): is ", checkpoints.string(),
+                     " the same directory on every node?"));
   }
+  if (!point || console == nullptr) return absl::OkStatus();
+  if (!point->warning.empty()) *console << "normformer: warning: " << point->warning << "\n";
+  for (const std::string& change : DataSettingsChanged(point->manifest, config)) {
+    *console << "normformer: warning: resuming with " << change
+             << ": the data stream does not continue the checkpoint's\n";
+  }
+  *console << "resumed from " << point->dir.string() << " at step " << step << " ("
+           << point->manifest.consumed_samples() << " samples consumed)\n";
   return absl::OkStatus();
 }
 
@@ -82,6 +146,9 @@ JsonObject StepRecord(const StepStats& s) {
       .AddInt("skipped_total", s.skipped_total)
       .AddInt("tokens", s.tokens)
       .AddDouble("seconds", s.seconds);
+  // A skipped step says why: "nonfinite_grads" (fp16: the loss scale is too high) or
+  // "update_overflow" (the update would have taken a weight past the model dtype: the lr).
+  if (s.skipped) record.AddString("skip_reason", optim::SkipReasonName(s.skip_reason));
   // Steps that measured per-block norms (log steps): embedding, head, and the layers in order.
   if (s.block_grad_norms.size() >= 2) {
     std::vector<double> layers;
@@ -229,7 +296,7 @@ class TrainingRun {
     NF_ASSIGN_OR_RETURN(
         const double flops,
         MeasureGemmFlops(trainer_->device(), ModelDType(config_.train().precision())));
-    NF_ASSIGN_OR_RETURN(const Tensor sum, Tensor::Zeros(DType::kF64, {1}));
+    NF_ASSIGN_OR_RETURN(const Tensor sum, Tensor::HostZeros(DType::kF64, {1}));
     sum.data<double>()[0] = flops;
     NF_RETURN_IF_ERROR(trainer_->world()->AllReduce(sum, parallel::ReduceOp::kSum));
     job_ceiling_flops_ = sum.data<double>()[0];
@@ -335,7 +402,10 @@ class TrainingRun {
     if (consecutive_skipped_ < limit) return absl::OkStatus();
     absl::StatusOr<std::filesystem::path> latest = checkpoint::LatestCheckpoint(checkpoints_);
     return absl::FailedPreconditionError(absl::StrFormat(
-        "non-finite gradients at step %d (%s%s): stopping; the last good checkpoint is %s",
+        "%s at step %d (%s%s): stopping; the last good checkpoint is %s",
+        stats.skip_reason == optim::SkipReason::kUpdateOverflow
+            ? "an update overflowing the model dtype"
+            : "non-finite gradients",
         stats.step, TrainOptions::Precision_Name(train.precision()),
         fp16 ? absl::StrFormat(", %d consecutive skipped steps, loss scale %g",
                                consecutive_skipped_, stats.loss_scale)

@@ -298,7 +298,7 @@ absl::StatusOr<std::unique_ptr<MpiPendingOp>> MpiCommunicator::StartAllReduce(co
   const int count = static_cast<int>(tensor.numel());
   int rc;
   if (ReducedInFp32(tensor.dtype())) {
-    NF_ASSIGN_OR_RETURN(Tensor scratch, Tensor::Empty(DType::kF32, {tensor.numel()}));
+    NF_ASSIGN_OR_RETURN(Tensor scratch, Tensor::HostEmpty(DType::kF32, {tensor.numel()}));
     NF_RETURN_IF_ERROR(ops::Cast(tensor, scratch));
     rc = MPI_Iallreduce(MPI_IN_PLACE, scratch.raw_data(), count, MPI_FLOAT, mpi_op, comm_,
                         &pending->request);
@@ -329,8 +329,8 @@ absl::StatusOr<std::unique_ptr<MpiPendingOp>> MpiCommunicator::StartReduceScatte
   MPI_Datatype type = ElementType(input.dtype());
   pending->keep_alive = {input, output};
   if (ReducedInFp32(input.dtype())) {
-    NF_ASSIGN_OR_RETURN(Tensor input32, Tensor::Empty(DType::kF32, {input.numel()}));
-    NF_ASSIGN_OR_RETURN(Tensor output32, Tensor::Empty(DType::kF32, {output.numel()}));
+    NF_ASSIGN_OR_RETURN(Tensor input32, Tensor::HostEmpty(DType::kF32, {input.numel()}));
+    NF_ASSIGN_OR_RETURN(Tensor output32, Tensor::HostEmpty(DType::kF32, {output.numel()}));
     NF_RETURN_IF_ERROR(ops::Cast(input, input32));
     send = input32.raw_data();
     receive = output32.raw_data();
@@ -341,7 +341,7 @@ absl::StatusOr<std::unique_ptr<MpiPendingOp>> MpiCommunicator::StartReduceScatte
   } else if (Overlap(input, output)) {
     // MPI forbids aliased buffers (and MPI_IN_PLACE means something else here): reduce into a
     // scratch, copy on completion.
-    NF_ASSIGN_OR_RETURN(Tensor scratch, Tensor::Empty(output.dtype(), {output.numel()}));
+    NF_ASSIGN_OR_RETURN(Tensor scratch, Tensor::HostEmpty(output.dtype(), {output.numel()}));
     receive = scratch.raw_data();
     pending->result = scratch;
     pending->destination = output;
@@ -371,7 +371,7 @@ absl::StatusOr<std::unique_ptr<MpiPendingOp>> MpiCommunicator::StartAllGather(
   if (input.nbytes() > 0 && input.raw_data() == slot) {
     send = MPI_IN_PLACE;  // the input is this rank's block of the output (ZeRO's gather)
   } else if (Overlap(input, output)) {
-    NF_ASSIGN_OR_RETURN(Tensor copy, Tensor::Empty(input.dtype(), {input.numel()}));
+    NF_ASSIGN_OR_RETURN(Tensor copy, Tensor::HostEmpty(input.dtype(), {input.numel()}));
     std::memcpy(copy.raw_data(), input.raw_data(), input.nbytes());
     send = copy.raw_data();
     pending->keep_alive.push_back(copy);

@@ -12,6 +12,7 @@
 
 #include "absl/status/status.h"
 #include "core/tensor.h"
+#include "tests/assert_ok.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -72,7 +73,7 @@ inline Tensor MakeTensor(DType dtype, Shape shape, const std::vector<float>& val
 }
 
 inline Tensor MakeZeros(DType dtype, Shape shape) {
-  auto t = Tensor::Zeros(dtype, std::move(shape));
+  auto t = Tensor::HostZeros(dtype, std::move(shape));
   if (!t.ok()) {
     ADD_FAILURE() << t.status();
     std::abort();

@@ -10,6 +10,7 @@
 
 #include "gtest/gtest.h"
 #include "launcher/trainer.h"
+#include "tests/assert_ok.h"
 
 namespace nf::testing {
 

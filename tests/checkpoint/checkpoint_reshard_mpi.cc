@@ -79,7 +79,7 @@ void Load(Trainer& trainer, const fs::path& dir) {
 
 // A directory all ranks share: rank 0 makes it and broadcasts its name.
 fs::path SharedTempDir(parallel::Communicator& world) {
-  Tensor name = *Tensor::Zeros(DType::kU8, {256});
+  Tensor name = *Tensor::HostZeros(DType::kU8, {256});
   if (world.rank() == 0) {
     std::string templ = (fs::temp_directory_path() / "nf_ckpt_mpi_XXXXXX").string();
     EXPECT_NE(mkdtemp(templ.data()), nullptr);

@@ -21,6 +21,7 @@
 #include "launcher/config.h"
 #include "launcher/trainer.h"
 #include "parallel/local_communicator.h"
+#include "checkpoint/checkpoint_test_util.h"
 #include "training_test_util.h"
 
 namespace nf::checkpoint {
@@ -69,58 +70,6 @@ TEST(ShardMappingTest, ColumnShardsMapToOneRunPerRow) {
                      runs.push_back({local, global, count});
                    });
   EXPECT_EQ(runs, (std::vector<std::vector<int64_t>>{{0, 8, 4}}));
-}
-
-TrainConfig TinyConfig(launcher::TrainOptions::Precision precision) {
-  TrainConfig config;
-  model::ModelConfig& m = *config.mutable_model();
-  m.set_num_layers(2);
-  m.set_d_model(16);
-  m.set_num_heads(2);
-  m.set_ffn_dim(32);
-  m.set_vocab_size(40);
-  m.set_max_seq_len(8);
-  m.set_dropout(0.1f);
-  launcher::TrainOptions& t = *config.mutable_train();
-  t.set_seq_len(8);
-  t.set_micro_batch_size(2);
-  t.set_global_batch_size(4);
-  t.set_train_iters(8);
-  t.set_precision(precision);
-  t.mutable_lr_schedule()->set_warmup_iters(2);
-  t.mutable_optimizer()->set_clip_grad(1.0f);
-  t.mutable_loss_scale()->set_growth_interval(2);  // fp16: the scaler's state moves
-  return config;
-}
-
-class TempDir {
- public:
-  TempDir()
-      : path_(fs::temp_directory_path() / absl::StrCat("nf_ckpt_test_", getpid(), "_", ++count_)) {
-    fs::remove_all(path_);
-    fs::create_directories(path_);
-  }
-  ~TempDir() { fs::remove_all(path_); }
-  const fs::path& path() const { return path_; }
-
- private:
-  static inline int count_ = 0;
-  fs::path path_;
-};
-
-absl::Status Save(Trainer& trainer, const fs::path& dir, RetentionPolicy retention = {}) {
-  parallel::LocalCommunicator world;
-  return SaveCheckpoint(dir, trainer.CheckpointState(), trainer.Progress(), world, retention);
-}
-
-absl::Status Load(Trainer& trainer, const fs::path& dir) {
-  absl::StatusOr<Manifest> manifest = ReadManifest(dir);
-  if (!manifest.ok()) return manifest.status();
-  absl::Status same = CheckSameModel(dir, *manifest, trainer.chunks().front()->config());
-  if (!same.ok()) return same;
-  absl::StatusOr<RunProgress> progress = LoadCheckpoint(dir, *manifest, trainer.CheckpointState());
-  if (!progress.ok()) return progress.status();
-  return trainer.Restore(*progress);
 }
 
 class ResumeTest : public ::testing::TestWithParam<launcher::TrainOptions::Precision> {};
@@ -337,14 +286,24 @@ TEST_F(BadCheckpointTest, AnotherModelsCheckpoint) {
 TEST_F(BadCheckpointTest, WrongFormatVersion) {
   Manifest manifest = *ReadManifest(saved_);
   manifest.set_format_version(kFormatVersion + 1);
-  ASSERT_TRUE(ReplaceFileAtomically(saved_ / kManifestName, manifest.SerializeAsString()).ok());
-  ExpectRefused(config_, absl::StrCat("has format version ", kFormatVersion + 1,
+  NF_ASSERT_OK(ReplaceFileAtomically(saved_ / kManifestName, EncodeManifest(manifest)));
+  ExpectRefused(config_, absl::StrCat("format version ", kFormatVersion + 1,
                                       "; this build reads version ", kFormatVersion));
 }
 
+TEST_F(BadCheckpointTest, ManifestOfTheFirstFormat) {
+  // Format 1 was the bare protobuf message: refused by its missing magic, not misread.
+  Manifest manifest = *ReadManifest(saved_);
+  manifest.set_format_version(1);
+  NF_ASSERT_OK(ReplaceFileAtomically(saved_ / kManifestName, manifest.SerializeAsString()));
+  ExpectRefused(config_, "manifest.pb: not a normformer manifest (bad magic");
+}
+
 TEST_F(BadCheckpointTest, GarbageManifest) {
-  ASSERT_TRUE(ReplaceFileAtomically(saved_ / kManifestName, "\xff\xff\xff not a manifest").ok());
-  ExpectRefused(config_, "manifest.pb does not parse (the file is corrupt)");
+  std::string bytes = EncodeManifest(*ReadManifest(saved_));
+  bytes.back() = static_cast<char>(bytes.back() ^ 1);
+  NF_ASSERT_OK(ReplaceFileAtomically(saved_ / kManifestName, bytes));
+  ExpectRefused(config_, "manifest.pb: fails its checksum (the file is corrupt)");
 }
 
 TEST_F(BadCheckpointTest, LatestNamingSomethingElse) {

@@ -32,7 +32,7 @@ void ExpectError(const absl::Status& status, absl::StatusCode code,
 }
 
 Tensor MustEmpty(DType dtype, Shape shape) {
-  auto t = Tensor::Empty(dtype, std::move(shape));
+  auto t = Tensor::HostEmpty(dtype, std::move(shape));
   EXPECT_TRUE(t.ok()) << t.status();
   return t.ok() ? *std::move(t) : Tensor();
 }
@@ -62,7 +62,7 @@ TEST(TensorTest, DefaultIsUndefined) {
 }
 
 TEST(TensorTest, EmptyHasShapeDtypeAndSize) {
-  auto t = Tensor::Empty(DType::kBF16, {2, 3, 5});
+  auto t = Tensor::HostEmpty(DType::kBF16, {2, 3, 5});
   ASSERT_TRUE(t.ok()) << t.status();
   EXPECT_TRUE(t->defined());
   EXPECT_EQ(t->dtype(), DType::kBF16);
@@ -79,7 +79,7 @@ TEST(TensorTest, EmptyHasShapeDtypeAndSize) {
   EXPECT_NE(t->raw_data(), nullptr);
   EXPECT_EQ(t->DebugString(), "bf16[2, 3, 5] on cpu");
   // Scalar: rank 0, one element.
-  auto scalar = Tensor::Empty(DType::kI64, {});
+  auto scalar = Tensor::HostEmpty(DType::kI64, {});
   ASSERT_TRUE(scalar.ok()) << scalar.status();
   EXPECT_EQ(scalar->rank(), 0);
   EXPECT_EQ(scalar->numel(), 1);
@@ -91,11 +91,11 @@ TEST(TensorTest, ZerosIsZeroFilled) {
                       DType::kU8}) {
     // Dirty the heap first so that zero-filling is not a coincidence of fresh pages.
     {
-      auto dirty = Tensor::Empty(DType::kU8, {4099});
+      auto dirty = Tensor::HostEmpty(DType::kU8, {4099});
       ASSERT_TRUE(dirty.ok());
       std::memset(dirty->raw_data(), 0xAB, dirty->nbytes());
     }
-    auto t = Tensor::Zeros(dtype, {3, 1365});
+    auto t = Tensor::HostZeros(dtype, {3, 1365});
     ASSERT_TRUE(t.ok()) << t.status();
     const auto* bytes = static_cast<const unsigned char*>(t->raw_data());
     size_t nonzero = 0;
@@ -108,7 +108,7 @@ TEST(TensorTest, CpuAllocationsAre64ByteAligned) {
   std::vector<Tensor> keep;  // held alive so that successive blocks are distinct
   for (int64_t n : {0, 1, 2, 3, 7, 63, 64, 65, 127, 129, 1000, 4097, 65537, 1000003}) {
     for (DType dtype : {DType::kU8, DType::kF16, DType::kF32, DType::kI64}) {
-      auto t = Tensor::Empty(dtype, {n});
+      auto t = Tensor::HostEmpty(dtype, {n});
       ASSERT_TRUE(t.ok()) << t.status();
       EXPECT_NE(t->raw_data(), nullptr) << n;  // non-null even for 0 bytes
       EXPECT_TRUE(IsAligned(t->raw_data(), 64)) << n << " x " << DTypeName(dtype);
@@ -130,9 +130,9 @@ TEST(TensorTest, CpuAllocationsAre64ByteAligned) {
 
 TEST(TensorTest, NegativeDimensionsAreRejected) {
   for (const Shape& shape : {Shape{-1}, Shape{2, -3}, Shape{-2, -3}, Shape{0, -1}}) {
-    auto t = Tensor::Empty(DType::kF32, shape);
+    auto t = Tensor::HostEmpty(DType::kF32, shape);
     ExpectError(t.status(), absl::StatusCode::kInvalidArgument, {ShapeToString(shape)});
-    auto z = Tensor::Zeros(DType::kF32, shape);
+    auto z = Tensor::HostZeros(DType::kF32, shape);
     ExpectError(z.status(), absl::StatusCode::kInvalidArgument, {ShapeToString(shape)});
   }
   Tensor base = Iota({6});
@@ -348,7 +348,7 @@ TEST(TensorFloatsTest, HalfAndBFloat16RoundTrip) {
 
 TEST(TensorFloatsTest, CopyFromFloatsIntoASliceTouchesOnlyTheSlice) {
   for (DType dtype : {DType::kF32, DType::kF16, DType::kBF16}) {
-    auto base = Tensor::Zeros(dtype, {4, 3});
+    auto base = Tensor::HostZeros(dtype, {4, 3});
     ASSERT_TRUE(base.ok()) << base.status();
     auto rows = base->Slice(1, 2);
     ASSERT_TRUE(rows.ok());
@@ -370,7 +370,7 @@ TEST(TensorFloatsTest, IntegerTensorsAreRejected) {
     const std::string name(DTypeName(dtype));
     ExpectError(TensorFromFloats(dtype, {3}, values).status(), absl::StatusCode::kInvalidArgument,
                 {name + "[3]"});
-    auto t = Tensor::Zeros(dtype, {3});
+    auto t = Tensor::HostZeros(dtype, {3});
     ASSERT_TRUE(t.ok());
     ExpectError(ToFloatVector(*t).status(), absl::StatusCode::kInvalidArgument, {name + "[3]"});
     ExpectError(CopyFromFloats(*t, values), absl::StatusCode::kInvalidArgument, {name + "[3]"});
@@ -384,7 +384,7 @@ TEST(TensorFloatsTest, SizeMismatchIsAnError) {
   const std::vector<float> values = {1, 2, 3, 4, 5};
   ExpectError(TensorFromFloats(DType::kF32, {2, 3}, values).status(),
               absl::StatusCode::kInvalidArgument, {"5", "f32[2, 3]"});
-  auto t = Tensor::Zeros(DType::kF16, {4});
+  auto t = Tensor::HostZeros(DType::kF16, {4});
   ASSERT_TRUE(t.ok());
   ExpectError(CopyFromFloats(*t, values), absl::StatusCode::kInvalidArgument, {"f16[4]"});
   ExpectError(TensorFromFloats(DType::kF32, {-5}, values).status(),

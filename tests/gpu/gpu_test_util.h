@@ -39,7 +39,7 @@ inline Tensor OnGpu(const Tensor& host) {
 }
 
 inline Tensor ToCpu(const Tensor& gpu) {
-  auto host = Tensor::Empty(gpu.dtype(), gpu.shape());
+  auto host = Tensor::HostEmpty(gpu.dtype(), gpu.shape());
   EXPECT_TRUE(host.ok()) << host.status();
   const absl::Status status = ops::Copy(gpu, *host);
   EXPECT_TRUE(status.ok()) << status;

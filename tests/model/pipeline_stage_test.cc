@@ -225,7 +225,7 @@ TEST_P(PipelineStageTest, OwnedGradientNormsSumToTheWholeModelsNorm) {
   if (config.tie_embeddings()) {
     const Tensor& first = stages.front()->params().Get(kEmbedding).grad;
     const Tensor& last = stages.back()->params().Get(kEmbedding).grad;
-    Tensor sum = *Tensor::Zeros(DType::kF32, first.shape());
+    Tensor sum = *Tensor::HostZeros(DType::kF32, first.shape());
     ASSERT_TRUE(ops::Axpy(1.0f, first, sum).ok() && ops::Axpy(1.0f, last, sum).ok());
     ASSERT_TRUE(ops::Cast(sum, first).ok() && ops::Cast(sum, last).ok());
   }
@@ -360,7 +360,7 @@ TEST(PipelineStageInFlightTest, MicroBatchesInFlightGiveTheSameGradientsAsOneAtA
     ASSERT_TRUE(
         in_flight[1]->ForwardStage(mb, nullptr, *out, batch.targets, kFirstSample, true).ok());
     ASSERT_TRUE(in_flight[1]->BackwardStage(mb, nullptr, kLossWeight).ok());
-    Tensor grad = *Tensor::Zeros(DType::kF32, in_flight[1]->input_grad().shape());
+    Tensor grad = *Tensor::HostZeros(DType::kF32, in_flight[1]->input_grad().shape());
     ASSERT_TRUE(ops::Cast(in_flight[1]->input_grad(), grad).ok());
     grads_to_stage0.push_back(grad);
   }

@@ -83,7 +83,7 @@ inline std::vector<double> Values(const Tensor& t) {
 
 // A tensor of `dtype` and `shape` holding `values`; aborts the test on allocation failure.
 inline Tensor TensorOf(DType dtype, Shape shape, const std::vector<double>& values) {
-  auto t = Tensor::Empty(dtype, std::move(shape));
+  auto t = Tensor::HostEmpty(dtype, std::move(shape));
   if (!t.ok()) {
     ADD_FAILURE() << t.status();
     std::abort();

@@ -69,7 +69,7 @@ TEST_P(DataParallelOptimizerTest, MatchesOneAdamWOverTheSummedGradients) {
   const Case c = GetParam();
   MpiCommunicator& dp = World();
   Tensor params = *TensorFromFloats(c.dtype, {kNumel}, InitialParams());
-  Tensor grads = *Tensor::Zeros(DType::kF32, {kNumel});
+  Tensor grads = *Tensor::HostZeros(DType::kF32, {kNumel});
   auto opt = DataParallelOptimizer::Create(
       params, grads, kRanges, kAdamW, dp,
       {.bucket_elements = c.bucket_elements, .shard_optimizer = c.sharded, .hold_below = 8});
@@ -81,7 +81,7 @@ TEST_P(DataParallelOptimizerTest, MatchesOneAdamWOverTheSummedGradients) {
   EXPECT_EQ((*opt)->adamw().master().numel(), state);
 
   Tensor ref_params = *TensorFromFloats(c.dtype, {kNumel}, InitialParams());
-  Tensor ref_grads = *Tensor::Zeros(DType::kF32, {kNumel});
+  Tensor ref_grads = *Tensor::HostZeros(DType::kF32, {kNumel});
   auto ref = optim::MixedPrecisionAdamW::Create(ref_params, ref_grads, kRanges, kAdamW);
   ASSERT_TRUE(ref.ok()) << ref.status();
   ASSERT_TRUE(ref->InitializeMasterFromModel().ok());
@@ -118,7 +118,7 @@ TEST_P(DataParallelOptimizerTest, SquaredNormSharesAddUpToTheWholeNorm) {
   const Case c = GetParam();
   MpiCommunicator& dp = World();
   Tensor params = *TensorFromFloats(c.dtype, {kNumel}, InitialParams());
-  Tensor grads = *Tensor::Zeros(DType::kF32, {kNumel});
+  Tensor grads = *Tensor::HostZeros(DType::kF32, {kNumel});
   auto opt = DataParallelOptimizer::Create(
       params, grads, kRanges, kAdamW, dp,
       {.bucket_elements = c.bucket_elements, .shard_optimizer = c.sharded});
@@ -129,13 +129,13 @@ TEST_P(DataParallelOptimizerTest, SquaredNormSharesAddUpToTheWholeNorm) {
                                                  {.offset = 50, .length = 19}};
   auto share = (*opt)->SquaredGradNorm(counted);
   ASSERT_TRUE(share.ok()) << share.status();
-  Tensor total = *Tensor::Zeros(DType::kF64, {1});
+  Tensor total = *Tensor::HostZeros(DType::kF64, {1});
   total.data<double>()[0] = *share;
   if (c.sharded) {
     ASSERT_TRUE(dp.AllReduce(total, ReduceOp::kSum).ok());
   }
 
-  Tensor summed = *Tensor::Zeros(DType::kF32, {kNumel});
+  Tensor summed = *Tensor::HostZeros(DType::kF32, {kNumel});
   FillGrads(summed, -1, 1, dp.size());
   const std::vector<float> g = *ToFloatVector(summed);
   double expected = 0.0;

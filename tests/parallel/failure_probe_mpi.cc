@@ -54,7 +54,7 @@ int StopParticipating(const std::string& op, double seconds) {
   auto groups = CreateProcessGroups({.tp = 2}, options);
   if (!groups.ok()) return Fail(groups.status());
   Communicator& tp = *groups->tp;
-  auto tensor = Tensor::Zeros(DType::kF32, {4});
+  auto tensor = Tensor::HostZeros(DType::kF32, {4});
   if (!tensor.ok()) return Fail(tensor.status());
   SetCurrentStep(6);
   if (absl::Status s = tp.AllReduce(*tensor, ReduceOp::kSum); !s.ok()) return Fail(s);

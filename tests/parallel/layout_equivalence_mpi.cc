@@ -213,7 +213,7 @@ TEST(LayoutEquivalenceTest, EveryVariantTrainsLikeTheSingleRankRun) {
                                   MaxParamDifference(*chunk, reference_params, topology.tp_rank()));
     }
     // The worst over all ranks, for the table in docs/parallelism.md.
-    Tensor worst = *Tensor::Zeros(DType::kF64, {1});
+    Tensor worst = *Tensor::HostZeros(DType::kF64, {1});
     worst.data<double>()[0] = param_difference;
     ASSERT_TRUE(groups->world->AllReduce(worst, parallel::ReduceOp::kMax).ok());
     if (topology.world_rank() == 0) {

@@ -269,7 +269,7 @@ class NcclCommunicatorGpuTest : public ::testing::Test {
   // The values of a device tensor, read after everything issued on the compute stream.
   std::vector<double> DeviceValues(const Tensor& device) {
     EXPECT_EQ(cudaStreamSynchronize(compute_), cudaSuccess);
-    auto host = Tensor::Empty(device.dtype(), device.shape());
+    auto host = Tensor::HostEmpty(device.dtype(), device.shape());
     EXPECT_TRUE(host.ok()) << host.status();
     EXPECT_EQ(
         cudaMemcpy(host->raw_data(), device.raw_data(), device.nbytes(), cudaMemcpyDeviceToHost),

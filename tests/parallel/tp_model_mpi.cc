@@ -160,7 +160,7 @@ TEST_P(TensorParallelModelTest, ReplicatedGradientsAgreeBitwiseAndCountOnceInThe
   for (const ParamTable::Entry& e : (*shard)->params().entries()) {
     if (e.spec.sharding != Sharding::kReplicated) continue;
     ++replicated;
-    Tensor all = *Tensor::Zeros(DType::kF32, {tp.size() * e.grad.numel()});
+    Tensor all = *Tensor::HostZeros(DType::kF32, {tp.size() * e.grad.numel()});
     ASSERT_TRUE(tp.AllGather(*e.grad.Reshape({e.grad.numel()}), all).ok());
     const std::vector<float> gathered = *ToFloatVector(all);
     for (int r = 1; r < tp.size(); ++r) {
@@ -171,7 +171,7 @@ TEST_P(TensorParallelModelTest, ReplicatedGradientsAgreeBitwiseAndCountOnceInThe
     }
   }
   EXPECT_GT(replicated, 10);
-  Tensor norm = *Tensor::Zeros(DType::kF64, {1});
+  Tensor norm = *Tensor::HostZeros(DType::kF64, {1});
   norm.data<double>()[0] = *(*shard)->params().OwnedSquaredGradNorm();
   ASSERT_TRUE(tp.AllReduce(norm, parallel::ReduceOp::kSum).ok());
   const double whole_norm = *(*whole)->params().OwnedSquaredGradNorm();
