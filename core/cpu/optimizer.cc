@@ -1,8 +1,11 @@
-// Optimizer and mixed-precision kernels on the CPU: AdamW on fp32 master weights, gradient
-// unscaling with the non-finite check, and squared norms for clipping.
+// Optimizer and mixed-precision kernels on the CPU: AdamW on fp32 master weights and the check
+// that its update would stay finite in the model dtype (one element function for both,
+// core/adamw_update.h), gradient unscaling with the non-finite check, and squared norms for
+// clipping.
 #include <atomic>
 #include <cmath>
 
+#include "core/adamw_update.h"
 #include "core/cpu/cpu_backend.h"
 #include "core/cpu/kernel_util.h"
 
@@ -13,20 +16,42 @@ absl::Status CpuBackend::AdamWStep(const ops::AdamWArgs& args) {
   const float* g = args.grads.data<float>();
   float* m = args.exp_avg.data<float>();
   float* v = args.exp_avg_sq.data<float>();
-  const double t = static_cast<double>(args.step);
-  const float bias_correction1 = static_cast<float>(1.0 - std::pow(args.beta1, t));
-  const float bias_correction2 = static_cast<float>(1.0 - std::pow(args.beta2, t));
-  const float step_size = args.lr / bias_correction1;
-  const float inv_sqrt_bc2 = 1.0f / std::sqrt(bias_correction2);
-  const float decay = args.lr * args.weight_decay;
+  const AdamWConstants k = MakeAdamWConstants(args.lr, args.beta1, args.beta2, args.eps,
+                                              args.weight_decay, args.step);
   ParallelFor(args.params.numel(), 12, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
-      m[i] = args.beta1 * m[i] + (1.0f - args.beta1) * g[i];
-      v[i] = args.beta2 * v[i] + (1.0f - args.beta2) * g[i] * g[i];
-      const float denom = std::sqrt(v[i]) * inv_sqrt_bc2 + args.eps;
-      p[i] -= decay * p[i] + step_size * m[i] / denom;
+      const AdamWElement e = AdamWUpdateElement(k, p[i], g[i], m[i], v[i]);
+      p[i] = e.param;
+      m[i] = e.exp_avg;
+      v[i] = e.exp_avg_sq;
     }
   });
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::AdamWWouldOverflow(const ops::AdamWArgs& args, float grad_scale,
+                                            DType model_dtype, const Tensor& found) {
+  const float* p = args.params.data<float>();
+  const float* g = args.grads.data<float>();
+  const float* m = args.exp_avg.data<float>();
+  const float* v = args.exp_avg_sq.data<float>();
+  const AdamWConstants k = MakeAdamWConstants(args.lr, args.beta1, args.beta2, args.eps,
+                                              args.weight_decay, args.step);
+  std::atomic<bool> overflow{false};
+  DispatchFloat(model_dtype, [&]<typename T>() {
+    ParallelFor(args.params.numel(), 14, [&](int64_t begin, int64_t end) {
+      bool local = false;
+      for (int64_t i = begin; i < end; ++i) {
+        // grad_scale * g is what ops::Scale leaves in the grads before AdamWStep reads them.
+        const AdamWElement e = AdamWUpdateElement(k, p[i], grad_scale * g[i], m[i], v[i]);
+        // Through the cast ops::Cast applies to the master: inf exactly when the model's is.
+        local |= !std::isfinite(ToFloat(FromFloat<T>(e.param))) || !std::isfinite(e.exp_avg) ||
+                 !std::isfinite(e.exp_avg_sq);
+      }
+      if (local) overflow.store(true, std::memory_order_relaxed);
+    });
+  });
+  if (overflow.load()) found.data<float>()[0] = 1.0f;
   return absl::OkStatus();
 }
 

@@ -66,6 +66,8 @@ class CudaBackend final : public ops::Backend {
                                     const Tensor& dlogits) override;
 
   absl::Status AdamWStep(const ops::AdamWArgs& args) override;
+  absl::Status AdamWWouldOverflow(const ops::AdamWArgs& args, float grad_scale, DType model_dtype,
+                                  const Tensor& found) override;
   absl::Status UnscaleAndCheck(const Tensor& grads, float inv_scale,
                                const Tensor& found_nonfinite) override;
   absl::Status SquaredNorm(const Tensor& x, const Tensor& out) override;

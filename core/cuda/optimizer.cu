@@ -1,8 +1,11 @@
-// Optimizer and mixed-precision kernels on the GPU: AdamW on fp32 master weights, gradient
-// unscaling with the non-finite check, and squared norms for clipping (a fixed two-pass tree,
-// so the norm repeats bit for bit run to run).
+// Optimizer and mixed-precision kernels on the GPU: AdamW on fp32 master weights and the check
+// that its update would stay finite in the model dtype (one element function for both, shared
+// with the CPU backend: core/adamw_update.h), gradient unscaling with the non-finite check, and
+// squared norms for clipping (a fixed two-pass tree, so the norm repeats bit for bit run to
+// run).
 #include <cmath>
 
+#include "core/adamw_update.h"
 #include "core/cuda/cuda_backend.h"
 #include "core/cuda/kernel_util.cuh"
 
@@ -11,21 +14,31 @@ namespace {
 
 constexpr int kNormBlocks = 1024;  // partial sums of the first pass (the second sums them)
 
-struct AdamWConstants {
-  float beta1, beta2, eps, step_size, inv_sqrt_bias_correction2, decay;
-};
-
 __global__ void AdamWKernel(float* p, const float* g, float* m, float* v, int64_t n,
                             AdamWConstants k) {
   NF_GRID_STRIDE_LOOP(i, n) {
-    const float grad = g[i];
-    const float m_i = k.beta1 * m[i] + (1.0f - k.beta1) * grad;
-    const float v_i = k.beta2 * v[i] + (1.0f - k.beta2) * grad * grad;
-    m[i] = m_i;
-    v[i] = v_i;
-    const float denom = sqrtf(v_i) * k.inv_sqrt_bias_correction2 + k.eps;
-    p[i] -= k.decay * p[i] + k.step_size * m_i / denom;
+    const AdamWElement e = AdamWUpdateElement(k, p[i], g[i], m[i], v[i]);
+    p[i] = e.param;
+    m[i] = e.exp_avg;
+    v[i] = e.exp_avg_sq;
   }
+}
+
+// T: the model's element type; the new master goes through the same FromFloat<T> as the
+// master -> model CastKernel.
+template <typename T>
+__global__ void AdamWWouldOverflowKernel(const float* p, const float* g, const float* m,
+                                         const float* v, int64_t n, AdamWConstants k,
+                                         float grad_scale, float* found) {
+  bool overflow = false;
+  NF_GRID_STRIDE_LOOP(i, n) {
+    // grad_scale * g is what ScaleKernel leaves in the grads before AdamWKernel reads them.
+    const AdamWElement e = AdamWUpdateElement(k, p[i], grad_scale * g[i], m[i], v[i]);
+    overflow |= !isfinite(ToFloat(FromFloat<T>(e.param))) || !isfinite(e.exp_avg) ||
+                !isfinite(e.exp_avg_sq);
+  }
+  // Every writer stores the same value, so the race is benign.
+  if (__any_sync(0xffffffffu, overflow) && (threadIdx.x & 31) == 0) *found = 1.0f;
 }
 
 __global__ void UnscaleAndCheckKernel(float* g, int64_t n, float inv_scale, float* found) {
@@ -64,18 +77,26 @@ __global__ void AddPartials(const double* partial, int count, float* out) {
 absl::Status CudaBackend::AdamWStep(const ops::AdamWArgs& args) {
   const int64_t n = args.params.numel();
   if (n == 0) return absl::OkStatus();
-  const double t = static_cast<double>(args.step);
-  const float bias_correction1 = static_cast<float>(1.0 - std::pow(args.beta1, t));
-  const float bias_correction2 = static_cast<float>(1.0 - std::pow(args.beta2, t));
-  const AdamWConstants k{args.beta1,
-                         args.beta2,
-                         args.eps,
-                         args.lr / bias_correction1,
-                         1.0f / std::sqrt(bias_correction2),
-                         args.lr * args.weight_decay};
+  const AdamWConstants k = MakeAdamWConstants(args.lr, args.beta1, args.beta2, args.eps,
+                                              args.weight_decay, args.step);
   AdamWKernel<<<GridFor(n), kThreads, 0, stream()>>>(
       args.params.data<float>(), args.grads.data<float>(), args.exp_avg.data<float>(),
       args.exp_avg_sq.data<float>(), n, k);
+  NF_CUDA_RETURN_IF_LAUNCH_FAILED();
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::AdamWWouldOverflow(const ops::AdamWArgs& args, float grad_scale,
+                                             DType model_dtype, const Tensor& found) {
+  const int64_t n = args.params.numel();
+  if (n == 0) return absl::OkStatus();
+  const AdamWConstants k = MakeAdamWConstants(args.lr, args.beta1, args.beta2, args.eps,
+                                              args.weight_decay, args.step);
+  DispatchFloat(model_dtype, [&]<typename T>() {
+    AdamWWouldOverflowKernel<T><<<GridFor(n), kThreads, 0, stream()>>>(
+        args.params.data<float>(), args.grads.data<float>(), args.exp_avg.data<float>(),
+        args.exp_avg_sq.data<float>(), n, k, grad_scale, found.data<float>());
+  });
   NF_CUDA_RETURN_IF_LAUNCH_FAILED();
   return absl::OkStatus();
 }

@@ -60,6 +60,8 @@ class Backend {
                                             const Tensor& dlogits) = 0;
 
   virtual absl::Status AdamWStep(const AdamWArgs& args) = 0;
+  virtual absl::Status AdamWWouldOverflow(const AdamWArgs& args, float grad_scale,
+                                          DType model_dtype, const Tensor& found) = 0;
   virtual absl::Status UnscaleAndCheck(const Tensor& grads, float inv_scale,
                                        const Tensor& found_nonfinite) = 0;
   virtual absl::Status SquaredNorm(const Tensor& x, const Tensor& out) = 0;

@@ -544,8 +544,9 @@ absl::Status CrossEntropyBackward(const CrossEntropyArgs& args, const Tensor& ro
 
 // ---- Optimizer and mixed precision -------------------------------------------------------------
 
-absl::Status AdamWStep(const AdamWArgs& args) {
-  constexpr absl::string_view op = "AdamWStep";
+namespace {
+
+absl::Status CheckAdamWArgs(absl::string_view op, const AdamWArgs& args) {
   NF_RETURN_IF_ERROR(CheckSameDevice(op, {{"params", args.params},
                                           {"grads", args.grads},
                                           {"exp_avg", args.exp_avg},
@@ -562,8 +563,34 @@ absl::Status AdamWStep(const AdamWArgs& args) {
                      ", betas=(", args.beta1, ", ", args.beta2, "), eps=", args.eps,
                      "); step >= 1, betas in [0, 1), eps > 0 and a finite lr are required"));
   }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status AdamWStep(const AdamWArgs& args) {
+  NF_RETURN_IF_ERROR(CheckAdamWArgs("AdamWStep", args));
   NF_BACKEND(args.params);
   return backend->AdamWStep(args);
+}
+
+absl::Status AdamWWouldOverflow(const AdamWArgs& args, float grad_scale, DType model_dtype,
+                                const Tensor& found) {
+  constexpr absl::string_view op = "AdamWWouldOverflow";
+  NF_RETURN_IF_ERROR(CheckAdamWArgs(op, args));
+  NF_RETURN_IF_ERROR(CheckSameDevice(op, {{"params", args.params}, {"found", found}}));
+  NF_RETURN_IF_ERROR(CheckDType(op, {"found", found}, DType::kF32));
+  NF_RETURN_IF_ERROR(CheckShape(op, {"found", found}, {1}));
+  if (!IsFloating(model_dtype)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(op, ": model_dtype must be floating, got ", DTypeName(model_dtype)));
+  }
+  if (!std::isfinite(grad_scale)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(op, ": grad_scale must be finite, got ", grad_scale));
+  }
+  NF_BACKEND(args.params);
+  return backend->AdamWWouldOverflow(args, grad_scale, model_dtype, found);
 }
 
 absl::Status UnscaleAndCheck(const Tensor& grads, float inv_scale, const Tensor& found_nonfinite) {

@@ -216,6 +216,15 @@ struct AdamWArgs {
   int64_t step = 1;
 };
 absl::Status AdamWStep(const AdamWArgs& args);
+// Whether AdamWStep(args), with the grads first multiplied by grad_scale (1, or the clipping
+// coefficient ops::Scale would apply), would write a state that is not finite: found fp32 [1]
+// is set to 1 when any new parameter, cast to model_dtype as ops::Cast does, is inf or NaN
+// (fp16: |p| >= 65520; bf16: past its largest finite value once rounded; f32: inf or NaN), or
+// any new moment is (left unchanged otherwise). Computes each element with the same
+// arithmetic as AdamWStep (core/adamw_update.h) and writes nothing else: the check an update
+// that cannot be undone needs beforehand.
+absl::Status AdamWWouldOverflow(const AdamWArgs& args, float grad_scale, DType model_dtype,
+                                const Tensor& found);
 
 // grads *= inv_scale; found_nonfinite fp32 [1] is set to 1 if any result is inf or NaN
 // (left unchanged otherwise, so one flag can collect several buffers).
