@@ -168,6 +168,10 @@ absl::StatusOr<double> DataParallelOptimizer::SquaredGradNorm(
   return static_cast<double>(host.data<float>()[0]);
 }
 
+absl::StatusOr<bool> DataParallelOptimizer::UpdateWouldOverflow(float lr, double grad_norm) {
+  return adamw_->UpdateWouldOverflow(lr, grad_norm);
+}
+
 absl::Status DataParallelOptimizer::Update(float lr, double grad_norm) {
   NF_RETURN_IF_ERROR(adamw_->Update(lr, grad_norm));
   if (!sharded()) return absl::OkStatus();

@@ -19,6 +19,7 @@
 //   FinishGradReduction()                                               remaining buckets, wait
 //   found = UnscaleAndCheck(scale)          [max over the world]
 //   sq = SquaredGradNorm(counted ranges)    [sum over model parallel (and dp when sharded)]
+//   overflow = UpdateWouldOverflow(lr, sqrt(sq))   [max over the world]
 //   Update(lr, sqrt(sq))                    AdamW (+ all-gather when sharded)
 #pragma once
 
@@ -81,6 +82,10 @@ class DataParallelOptimizer {
   // OwnedNormRanges) that this rank holds: all of them, or those in its shard. Summed over the
   // model-parallel group, plus the dp group when sharded, it is the global squared norm.
   absl::StatusOr<double> SquaredGradNorm(absl::Span<const optim::FlatRange> counted) const;
+  // Whether Update(lr, grad_norm) would leave a parameter this rank updates (all of them, or
+  // its shard) that the model dtype cannot hold (MixedPrecisionAdamW::UpdateWouldOverflow);
+  // writes nothing. A max over the world of the flag gives every rank the same decision.
+  absl::StatusOr<bool> UpdateWouldOverflow(float lr, double grad_norm);
   // Clip, AdamW, master -> parameters; when sharded, all-gathers the updated parameters.
   absl::Status Update(float lr, double grad_norm);
 

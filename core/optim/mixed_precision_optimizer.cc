@@ -93,6 +93,18 @@ absl::StatusOr<float> ReadScalar(const Tensor& scalar) {
 
 }  // namespace
 
+absl::string_view SkipReasonName(SkipReason reason) {
+  switch (reason) {
+    case SkipReason::kNone:
+      return "none";
+    case SkipReason::kNonFiniteGradients:
+      return "nonfinite_grads";
+    case SkipReason::kUpdateOverflow:
+      return "update_overflow";
+  }
+  return "unknown";
+}
+
 absl::Status Validate(const AdamWConfig& c) {
   auto invalid = [](absl::string_view message) {
     return absl::InvalidArgumentError(absl::StrCat("AdamWConfig: ", message));
@@ -201,32 +213,64 @@ absl::StatusOr<double> MixedPrecisionAdamW::SquaredGradNorm() {
   return static_cast<double>(sum);
 }
 
-absl::Status MixedPrecisionAdamW::Update(float lr, double grad_norm) {
+absl::Status MixedPrecisionAdamW::CheckUpdateArgs(absl::string_view stage, float lr,
+                                                  double grad_norm) const {
   if (!std::isfinite(lr) || lr < 0) {
-    return Invalid(absl::StrCat("Update: lr must be finite and >= 0, got ", lr));
+    return Invalid(absl::StrCat(stage, ": lr must be finite and >= 0, got ", lr));
   }
   if (!std::isfinite(grad_norm) || grad_norm < 0) {
-    return Invalid(absl::StrCat("Update: grad_norm must be finite and >= 0, got ", grad_norm,
+    return Invalid(absl::StrCat(stage, ": grad_norm must be finite and >= 0, got ", grad_norm,
                                 " (skip the step when gradients are not finite)"));
   }
+  return absl::OkStatus();
+}
+
+float MixedPrecisionAdamW::ClipCoefficient(double grad_norm) const {
   if (config_.clip_grad > 0 && grad_norm > config_.clip_grad) {
     // Megatron's and fairseq's coefficient; the 1e-6 keeps it below 1 for norms a hair above
     // the threshold.
-    const float coef = static_cast<float>(config_.clip_grad / (grad_norm + 1e-6));
+    return static_cast<float>(config_.clip_grad / (grad_norm + 1e-6));
+  }
+  return 1.0f;
+}
+
+ops::AdamWArgs MixedPrecisionAdamW::AdamWArgsOf(const DecayGroup& g, float lr,
+                                                int64_t step) const {
+  return {.params = g.master,
+          .grads = g.grads,
+          .exp_avg = g.exp_avg,
+          .exp_avg_sq = g.exp_avg_sq,
+          .lr = lr,
+          .beta1 = config_.beta1,
+          .beta2 = config_.beta2,
+          .eps = config_.eps,
+          .weight_decay = g.weight_decay ? config_.weight_decay : 0.0f,
+          .step = step};
+}
+
+absl::StatusOr<bool> MixedPrecisionAdamW::UpdateWouldOverflow(float lr, double grad_norm) {
+  NF_RETURN_IF_ERROR(CheckUpdateArgs("UpdateWouldOverflow", lr, grad_norm));
+  // Update scales the grads by this factor in place (when it is not 1) before AdamW reads
+  // them; the check multiplies as it reads instead, which rounds identically.
+  const float coef = ClipCoefficient(grad_norm);
+  NF_RETURN_IF_ERROR(ops::Fill(scalar_, 0.0f));
+  for (const DecayGroup& g : groups_) {
+    NF_RETURN_IF_ERROR(ops::AdamWWouldOverflow(AdamWArgsOf(g, lr, updates_ + 1), coef,
+                                               model_params_.dtype(), scalar_));
+  }
+  NF_ASSIGN_OR_RETURN(const float flag, ReadScalar(scalar_));
+  return flag != 0.0f;
+}
+
+absl::Status MixedPrecisionAdamW::Update(float lr, double grad_norm) {
+  NF_RETURN_IF_ERROR(CheckUpdateArgs("Update", lr, grad_norm));
+  const float coef = ClipCoefficient(grad_norm);
+  if (coef != 1.0f) {
     for (const Span& s : spans_) NF_RETURN_IF_ERROR(ops::Scale(s.grads, coef));
   }
   ++updates_;
   for (const DecayGroup& g : groups_) {
-    NF_RETURN_IF_ERROR(ops::AdamWStep({.params = g.master,
-                                       .grads = g.grads,
-                                       .exp_avg = g.exp_avg,
-                                       .exp_avg_sq = g.exp_avg_sq,
-                                       .lr = lr,
-                                       .beta1 = config_.beta1,
-                                       .beta2 = config_.beta2,
-                                       .eps = config_.eps,
-                                       .weight_decay = g.weight_decay ? config_.weight_decay : 0.0f,
-                                       .step = updates_}));
+    NF_RETURN_IF_ERROR(ops::AdamWStep(AdamWArgsOf(g, lr, updates_)));
   }
   if (!master_is_model_) {
     for (const Span& s : spans_) NF_RETURN_IF_ERROR(ops::Cast(s.master, s.model));
@@ -237,12 +281,21 @@ absl::Status MixedPrecisionAdamW::Update(float lr, double grad_norm) {
 absl::StatusOr<StepResult> MixedPrecisionAdamW::Step(float lr, float loss_scale) {
   NF_ASSIGN_OR_RETURN(const bool nonfinite, UnscaleAndCheck(loss_scale));
   if (nonfinite) {
-    return StepResult{.skipped = true, .grad_norm = std::numeric_limits<double>::quiet_NaN()};
+    return StepResult{.skipped = true,
+                      .reason = SkipReason::kNonFiniteGradients,
+                      .grad_norm = std::numeric_limits<double>::quiet_NaN()};
   }
   NF_ASSIGN_OR_RETURN(const double squared, SquaredGradNorm());
   const double norm = std::sqrt(squared);
   // Finite gradients whose squares overflow the fp32 accumulator: as good as an overflow.
-  if (!std::isfinite(norm)) return StepResult{.skipped = true, .grad_norm = norm};
+  if (!std::isfinite(norm)) {
+    return StepResult{
+        .skipped = true, .reason = SkipReason::kNonFiniteGradients, .grad_norm = norm};
+  }
+  NF_ASSIGN_OR_RETURN(const bool overflow, UpdateWouldOverflow(lr, norm));
+  if (overflow) {
+    return StepResult{.skipped = true, .reason = SkipReason::kUpdateOverflow, .grad_norm = norm};
+  }
   NF_RETURN_IF_ERROR(Update(lr, norm));
   return StepResult{.skipped = false, .grad_norm = norm};
 }

@@ -8,13 +8,16 @@
 // weight decay; elements outside every range (alignment padding) are never read or written.
 //
 // One step, split so that distributed code can interpose reductions between the stages:
-//   found = UnscaleAndCheck(loss_scale)   // grads /= loss_scale; [all-reduce found]
+//   found = UnscaleAndCheck(loss_scale)           // grads /= loss_scale; [all-reduce found]
 //   if (!found) {
-//     sq = SquaredGradNorm()              // [all-reduce sq]
-//     Update(lr, sqrt(sq))                // clip, AdamW, master -> model params
+//     sq = SquaredGradNorm()                      // [all-reduce sq]
+//     overflow = UpdateWouldOverflow(lr, sqrt(sq))  // writes nothing; [all-reduce overflow]
+//     if (!overflow) Update(lr, sqrt(sq))         // clip, AdamW, master -> model params
 //   }
-// Step() runs the three on one rank. Everything is allocated by Create; the stages allocate
-// nothing.
+// Step() runs the four on one rank. An AdamW update cannot be undone exactly, so whether it
+// would leave a weight the model dtype cannot hold (fp16 overflows to inf at |w| >= 65520) is
+// checked before it is applied; such a step is skipped like one with non-finite gradients.
+// Everything is allocated by Create; the stages allocate nothing.
 #pragma once
 
 #include <cstdint>
@@ -22,7 +25,9 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "core/allocator.h"
+#include "core/ops/ops.h"
 #include "core/tensor.h"
 
 namespace nf::optim {
@@ -55,8 +60,18 @@ struct AdamWConfig {
 // OK, or InvalidArgument with a one-line message naming the offending setting.
 absl::Status Validate(const AdamWConfig& config);
 
+// Why a step was skipped (nothing updated, the loss scaler told `skipped`).
+enum class SkipReason {
+  kNone,                // not skipped
+  kNonFiniteGradients,  // a gradient, or the fp32 sum of their squares, is inf or NaN
+  kUpdateOverflow,      // the update would take a weight (or a moment) past the model dtype
+};
+// "none", "nonfinite_grads", "update_overflow": the spelling of logs.
+absl::string_view SkipReasonName(SkipReason reason);
+
 struct StepResult {
-  bool skipped;  // non-finite gradients (or an fp32-overflowing norm): nothing was updated
+  bool skipped;  // nothing was updated (see reason)
+  SkipReason reason = SkipReason::kNone;
   // L2 norm of the unscaled, unclipped gradients; NaN when a gradient was not finite, inf
   // when only the norm overflowed.
   double grad_norm;
@@ -94,10 +109,16 @@ class MixedPrecisionAdamW {
   // with learning rate lr (finite, >= 0) on the master weights, and master -> model params.
   // Arguments are checked before anything changes.
   absl::Status Update(float lr, double grad_norm);
-  // The three stages on one rank. A non-finite gradient, or a norm that overflows fp32, skips
-  // the update entirely (master, model params, moments and updates() untouched; the grads
-  // stay divided by loss_scale until the next step zeroes them); feed `skipped` to
-  // DynamicLossScaler::Update.
+  // Whether Update(lr, grad_norm) would write a new master weight that the model dtype cannot
+  // hold (its cast is inf or NaN: fp16 |w| >= 65520, bf16 past its largest finite value, f32
+  // inf or NaN) or a non-finite moment. Computes every updated value with exactly the float
+  // operations of Update (clipping included) and writes nothing: grads, master, moments, model
+  // params and updates() stay as they are. Same arguments, and checks, as Update.
+  absl::StatusOr<bool> UpdateWouldOverflow(float lr, double grad_norm);
+  // The four stages on one rank. A non-finite gradient, a norm that overflows fp32, or an
+  // update that would overflow the model dtype skips the update entirely (master, model
+  // params, moments and updates() untouched; the grads stay divided by loss_scale until the
+  // next step zeroes them); feed `skipped` to DynamicLossScaler::Update.
   absl::StatusOr<StepResult> Step(float lr, float loss_scale);
 
   // Buffers for checkpoints (flat [n] each; master() is model_params() for f32 models).
@@ -129,9 +150,15 @@ class MixedPrecisionAdamW {
   };
 
   MixedPrecisionAdamW() = default;
+  // The argument checks of Update and UpdateWouldOverflow (`stage` names the caller).
+  absl::Status CheckUpdateArgs(absl::string_view stage, float lr, double grad_norm) const;
+  // The factor clipping multiplies the grads by (1 when it does not apply).
+  float ClipCoefficient(double grad_norm) const;
+  // The AdamW arguments of decay group g for bias-correction step `step`.
+  ops::AdamWArgs AdamWArgsOf(const DecayGroup& g, float lr, int64_t step) const;
 
   Tensor model_params_, grads_, master_, exp_avg_, exp_avg_sq_;
-  Tensor scalar_;  // f32 [1]: the non-finite flag, then the squared norm
+  Tensor scalar_;  // f32 [1]: the non-finite flag, the squared norm, the overflow flag
   AdamWConfig config_{};
   std::vector<ParamRange> merged_ranges_;
   std::vector<DecayGroup> groups_;

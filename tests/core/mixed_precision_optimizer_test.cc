@@ -1,12 +1,15 @@
 // MixedPrecisionAdamW against a float64 AdamW written here: decay and no-decay ranges, padding
-// the optimizer must not touch, clipping by clip / norm, skipped steps on non-finite gradients,
-// fp16 / bf16 model params as the rounded fp32 master, the fp32 master aliasing the model,
+// the optimizer must not touch, clipping by clip / norm, skipped steps on non-finite gradients
+// and on updates that would overflow the model dtype (checked before anything is written, in
+// agreement with the update at the fp16 and bf16 boundaries), fp16 / bf16 model params as the
+// rounded fp32 master, the fp32 master aliasing the model,
 // checkpoint restore, and the rejections of Create and the stages.
 //
 // The layout of most tests: 44 elements, ranges [0, 12) decay, [12, 20) no decay, [20, 33) and
 // [33, 40) decay (touching: merged), [40, 44) uncovered padding.
 #include "core/optim/mixed_precision_optimizer.h"
 
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -476,6 +479,194 @@ TEST(MixedPrecisionAdamWTest, StagesRejectBadArgumentsAndChangeNothing) {
   EXPECT_EQ(Bytes(model), model0);
   EXPECT_EQ(Bytes(grads), grads0);
   EXPECT_EQ(Bytes(opt.master()), master0);
+}
+
+
+// Every buffer the optimizer owns or writes, as bytes.
+struct Snapshot {
+  std::vector<uint8_t> model, grads, master, exp_avg, exp_avg_sq;
+  int64_t updates;
+
+  static Snapshot Of(const MixedPrecisionAdamW& opt) {
+    return {Bytes(opt.model_params()), Bytes(opt.grads()),      Bytes(opt.master()),
+            Bytes(opt.exp_avg()),      Bytes(opt.exp_avg_sq()), opt.updates()};
+  }
+  void ExpectUnchanged(const MixedPrecisionAdamW& opt) const {
+    EXPECT_EQ(Bytes(opt.model_params()), model);
+    EXPECT_EQ(Bytes(opt.grads()), grads);
+    EXPECT_EQ(Bytes(opt.master()), master);
+    EXPECT_EQ(Bytes(opt.exp_avg()), exp_avg);
+    EXPECT_EQ(Bytes(opt.exp_avg_sq()), exp_avg_sq);
+    EXPECT_EQ(opt.updates(), updates);
+  }
+};
+
+// The finding this guards against: an fp16 update with lr 1e6 pushed weights of ~1 to ~1e6,
+// past fp16's 65504, and the model's copies became inf while the step counted as taken.
+TEST(MixedPrecisionAdamWTest, UpdateThatWouldOverflowTheModelDTypeSkipsTheStep) {
+  for (const float clip : {0.0f, 0.5f}) {  // the check must clip like Update, without writing
+    SCOPED_TRACE(absl::StrCat("clip_grad ", clip));
+    AdamWConfig config = kConfig;
+    config.clip_grad = clip;
+    const Tensor model = MakeTensor(DType::kF16, {kNumel}, RandomFloats(kNumel, 11, -2.0f, 2.0f));
+    const Tensor grads = MakeZeros(DType::kF32, {kNumel});
+    MixedPrecisionAdamW opt = MakeOptimizer(model, grads, config);
+
+    // A normal step: checked, not skipped, applied.
+    SetScaledGrads(grads, SignedGrads(1));
+    const Snapshot before_normal = Snapshot::Of(opt);
+    const absl::StatusOr<StepResult> normal = opt.Step(1e-2f, kLossScale);
+    NF_ASSERT_OK(normal);
+    EXPECT_FALSE(normal->skipped);
+    EXPECT_EQ(normal->reason, SkipReason::kNone);
+    EXPECT_EQ(opt.updates(), 1);
+    EXPECT_NE(Bytes(opt.model_params()), before_normal.model);
+    EXPECT_NE(Bytes(opt.master()), before_normal.master);
+
+    // lr 1e6: every weight would move by ~1e6. Skipped, for that reason, and nothing moved.
+    SetScaledGrads(grads, SignedGrads(2));
+    const Snapshot before = Snapshot::Of(opt);
+    const absl::StatusOr<StepResult> huge = opt.Step(1e6f, kLossScale);
+    NF_ASSERT_OK(huge);
+    EXPECT_TRUE(huge->skipped);
+    EXPECT_EQ(huge->reason, SkipReason::kUpdateOverflow);
+    EXPECT_EQ(SkipReasonName(huge->reason), "update_overflow");
+    EXPECT_TRUE(std::isfinite(huge->grad_norm));  // the gradients were fine
+    EXPECT_EQ(Bytes(opt.model_params()), before.model);
+    EXPECT_EQ(Bytes(opt.master()), before.master);
+    EXPECT_EQ(Bytes(opt.exp_avg()), before.exp_avg);
+    EXPECT_EQ(Bytes(opt.exp_avg_sq()), before.exp_avg_sq);
+    EXPECT_EQ(opt.updates(), 1);
+    for (const double p : ToDoubles(opt.model_params())) EXPECT_TRUE(std::isfinite(p));
+
+    // The stage alone writes nothing at all, grads included (no in-place clipping), and says
+    // the same with the norm a distributed caller would pass.
+    const Snapshot stage = Snapshot::Of(opt);
+    const absl::StatusOr<bool> would = opt.UpdateWouldOverflow(1e6f, huge->grad_norm);
+    NF_ASSERT_OK(would);
+    EXPECT_TRUE(*would);
+    stage.ExpectUnchanged(opt);
+    const absl::StatusOr<bool> fine = opt.UpdateWouldOverflow(1e-2f, huge->grad_norm);
+    NF_ASSERT_OK(fine);
+    EXPECT_FALSE(*fine);
+    stage.ExpectUnchanged(opt);
+
+    // And the next normal step goes through.
+    SetScaledGrads(grads, SignedGrads(3));
+    const absl::StatusOr<StepResult> after = opt.Step(1e-2f, kLossScale);
+    NF_ASSERT_OK(after);
+    EXPECT_FALSE(after->skipped);
+    EXPECT_EQ(opt.updates(), 2);
+  }
+}
+
+TEST(MixedPrecisionAdamWTest, UpdateOverflowIsPerModelDType) {
+  // bf16 holds 1e6 easily; its limit (~3.4e38) takes an lr near fp32's own.
+  {
+    const Tensor model = MakeTensor(DType::kBF16, {kNumel}, RandomFloats(kNumel, 12, -2.0f, 2.0f));
+    const Tensor grads = MakeTensor(DType::kF32, {kNumel}, SignedGrads(1));
+    MixedPrecisionAdamW opt = MakeOptimizer(model, grads);
+    const Snapshot before = Snapshot::Of(opt);
+    const absl::StatusOr<bool> million = opt.UpdateWouldOverflow(1e6f, 1.0);
+    NF_ASSERT_OK(million);
+    EXPECT_FALSE(*million);
+    // lr / (1 - b1) = 1e38 / 0.1 overflows fp32 in the step size itself.
+    const absl::StatusOr<bool> huge = opt.UpdateWouldOverflow(1e38f, 1.0);
+    NF_ASSERT_OK(huge);
+    EXPECT_TRUE(*huge);
+    before.ExpectUnchanged(opt);
+  }
+  // fp32 models: the master is the model; a non-finite new master is the overflow.
+  {
+    const Tensor model = MakeTensor(DType::kF32, {kNumel}, RandomFloats(kNumel, 13, -2.0f, 2.0f));
+    const Tensor grads = MakeZeros(DType::kF32, {kNumel});
+    MixedPrecisionAdamW opt = MakeOptimizer(model, grads);
+    SetScaledGrads(grads, SignedGrads(1));
+    const Snapshot before_huge = Snapshot::Of(opt);
+    const absl::StatusOr<StepResult> huge = opt.Step(1e38f, kLossScale);
+    NF_ASSERT_OK(huge);
+    EXPECT_TRUE(huge->skipped);
+    EXPECT_EQ(huge->reason, SkipReason::kUpdateOverflow);
+    EXPECT_EQ(Bytes(opt.master()), before_huge.master);
+    EXPECT_EQ(opt.updates(), 0);
+    const absl::StatusOr<bool> fine = opt.UpdateWouldOverflow(1e6f, huge->grad_norm);
+    NF_ASSERT_OK(fine);
+    EXPECT_FALSE(*fine);  // 1e6 is nothing to fp32
+  }
+  // The stage's arguments are checked like Update's.
+  const Tensor model = MakeTensor(DType::kF16, {kNumel}, RandomFloats(kNumel, 14));
+  const Tensor grads = MakeTensor(DType::kF32, {kNumel}, SignedGrads(1));
+  MixedPrecisionAdamW opt = MakeOptimizer(model, grads);
+  const float inf = std::numeric_limits<float>::infinity();
+  ExpectInvalidArgument(opt.UpdateWouldOverflow(-1.0f, 1.0).status(), "MixedPrecisionAdamW",
+                        "UpdateWouldOverflow: lr must be finite and >= 0");
+  ExpectInvalidArgument(opt.UpdateWouldOverflow(1e-3f, double{inf}).status(),
+                        "MixedPrecisionAdamW", "UpdateWouldOverflow: grad_norm must be finite");
+}
+
+// One element whose master starts at `start` (written directly, as a checkpoint restore does)
+// and whose single AdamW step moves it by lr in the direction of -grad: at step 1 with
+// m = (1 - b1) g and v = (1 - b2) g^2 the step is lr (1 + O(1e-7)), which fp32 rounds to
+// exactly one grid step when lr is one ulp of the result (or 1 at 65504, where the ulp is
+// 1/256). Returns (UpdateWouldOverflow, then after Update: the master, the model as float).
+struct BoundaryCase {
+  bool would_overflow;
+  float master, model;
+};
+
+BoundaryCase StepOneElement(DType dtype, float start, float grad, float lr) {
+  const AdamWConfig config = {
+      .beta1 = 0.9f, .beta2 = 0.98f, .eps = 1e-8f, .weight_decay = 0.0f, .clip_grad = 0.0f};
+  const Tensor model = MakeZeros(dtype, {1});
+  const Tensor grads = MakeTensor(DType::kF32, {1}, {grad});
+  MixedPrecisionAdamW opt =
+      MakeOptimizer(model, grads, config, {{.offset = 0, .length = 1, .weight_decay = false}});
+  EXPECT_TRUE(CopyFromFloats(opt.master(), std::vector<float>{start}).ok());
+  BoundaryCase result{};
+  const absl::StatusOr<bool> would = opt.UpdateWouldOverflow(lr, std::abs(grad));
+  EXPECT_TRUE(would.ok()) << would.status();
+  result.would_overflow = would.ok() && *would;
+  NF_EXPECT_OK(opt.Update(lr, std::abs(grad)));
+  result.master = static_cast<float>(ToDoubles(opt.master())[0]);
+  result.model = static_cast<float>(ToDoubles(opt.model_params())[0]);
+  return result;
+}
+
+TEST(MixedPrecisionAdamWTest, OverflowCheckAgreesWithTheUpdateAtTheBoundary) {
+  const float largest_half = 65504.0f;
+  const float half_inf_from = 65520.0f;  // halfway to 2^16: rounds (to even) up to inf
+  const float below = std::nextafter(half_inf_from, 0.0f);
+  struct Case {
+    DType dtype;
+    float start, grad, lr;
+    float master;  // where the update lands, exactly
+    bool overflow;
+  };
+  // bf16: largest finite 0x7F7F0000; 0x7F7F8000 is halfway to 2^128 and rounds (to even) to
+  // inf; the fp32 ulp there is 2^104.
+  const auto bits = [](uint32_t b) { return std::bit_cast<float>(b); };
+  const float ulp = 0x1p104f;
+  const std::vector<Case> cases = {
+      {DType::kF16, largest_half - 1, -1.0f, 1.0f, largest_half, false},
+      {DType::kF16, below - 1, -1.0f, 1.0f, below, false},  // the model rounds it to 65504
+      {DType::kF16, half_inf_from - 1, -1.0f, 1.0f, half_inf_from, true},
+      {DType::kF16, -(largest_half - 1), 1.0f, 1.0f, -largest_half, false},
+      {DType::kF16, -(half_inf_from - 1), 1.0f, 1.0f, -half_inf_from, true},
+      {DType::kBF16, bits(0x7F7EFFFFu), -1.0f, ulp, bits(0x7F7F0000u), false},
+      {DType::kBF16, bits(0x7F7F7FFEu), -1.0f, ulp, bits(0x7F7F7FFFu), false},
+      {DType::kBF16, bits(0x7F7F7FFFu), -1.0f, ulp, bits(0x7F7F8000u), true},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(absl::StrCat(DTypeName(c.dtype), " from ", c.start, " to ", c.master));
+    const BoundaryCase got = StepOneElement(c.dtype, c.start, c.grad, c.lr);
+    ASSERT_EQ(got.master, c.master);  // the case lands where it says
+    EXPECT_EQ(got.would_overflow, c.overflow);
+    // What the check said is what the update did to the model.
+    EXPECT_EQ(got.would_overflow, std::isinf(got.model)) << got.model;
+    if (!c.overflow) {
+      EXPECT_EQ(std::abs(got.model), c.dtype == DType::kF16 ? largest_half : bits(0x7F7F0000u));
+    }
+  }
 }
 
 }  // namespace
