@@ -454,7 +454,24 @@ absl::StatusOr<StepStats> Trainer::TrainStep(bool block_grad_norms) {
   const double norm = std::sqrt(squared);
   // Finite gradients whose squares overflow the fp32 accumulator: as good as an overflow.
   skipped = skipped || !std::isfinite(norm);
+  optim::SkipReason skip_reason =
+      skipped ? optim::SkipReason::kNonFiniteGradients : optim::SkipReason::kNone;
   const float lr = optim::LearningRate(schedule_, optimizers_.front()->adamw().updates() + 1);
+  // An update that would take a weight past the model dtype (fp16: inf) cannot be undone, so
+  // every rank checks its part first (its shard with ZeRO-1) and the step is skipped everywhere
+  // when any rank's would overflow: a max over the world, like the non-finite flag.
+  if (!skipped) {
+    NF_ASSIGN_OR_RETURN(const Tensor overflow, ops::Zeros(DType::kF32, {1}, Device::Cpu()));
+    for (const auto& optimizer : optimizers_) {
+      NF_ASSIGN_OR_RETURN(const bool would, optimizer->UpdateWouldOverflow(lr, norm));
+      if (would) overflow.data<float>()[0] = 1.0f;
+    }
+    NF_RETURN_IF_ERROR(groups_->world->AllReduce(overflow, parallel::ReduceOp::kMax));
+    if (overflow.data<float>()[0] != 0.0f) {
+      skipped = true;
+      skip_reason = optim::SkipReason::kUpdateOverflow;
+    }
+  }
   std::vector<std::pair<std::string, double>> block_norms;
   // Before Update, which clips the gradients in place. `skipped` is the same on every rank.
   if (block_grad_norms && !skipped) {
@@ -479,6 +496,7 @@ absl::StatusOr<StepStats> Trainer::TrainStep(bool block_grad_norms) {
       .loss_scale = loss_scale,
       .grad_norm = norm,
       .skipped = skipped,
+      .skip_reason = skip_reason,
       .skipped_total = skipped_total_,
       .tokens = tokens,
       .seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),

@@ -42,7 +42,8 @@ struct StepStats {
   float lr = 0.0f;
   float loss_scale = 1.0f;  // 1 unless fp16
   double grad_norm = 0.0;   // before clipping; NaN/inf on a skipped step
-  bool skipped = false;     // non-finite gradients: no update
+  bool skipped = false;     // no update: non-finite gradients, or an overflowing update
+  optim::SkipReason skip_reason = optim::SkipReason::kNone;  // why, when skipped
   int64_t skipped_total = 0;
   int64_t tokens = 0;                  // tokens with a loss in the global batch of this step
   double seconds = 0.0;                // wall time of the step, of which:

@@ -548,3 +548,73 @@ TEST(RunTrainingTest, WritesResolvedConfigAndOneRecordPerStep) {
 
 }  // namespace
 }  // namespace nf::launcher
+
+namespace nf::launcher {
+namespace {
+
+// The finding "FP16 blow-up is saved as good": with lr 1e6 the first fp16 update moved the
+// weights by ~1e6, past fp16's largest finite value 65504, and the model's copies became inf
+// while the step counted as taken. Now such an update is checked before it is applied: every
+// step is skipped as an overflow in the update (the gradients are fine: 4096 does not overflow
+// them, see RunTrainingTest), nothing the model computes with or the optimizer holds changes,
+// every parameter stays finite, and the loss scaler backs off as for non-finite gradients.
+TEST(TrainerTest, Fp16UpdateThatWouldOverflowIsSkippedAndTheScaleBacksOff) {
+  constexpr float kInitialScale = 0x1p12f;
+  TrainConfig config = SmallConfig(TrainOptions::FP16, 4);
+  config.mutable_train()->mutable_optimizer()->set_lr(1e6f);
+  config.mutable_train()->mutable_lr_schedule()->set_warmup_iters(0);  // lr 1e6 from step 1
+  LossScaleConfig& loss_scale = *config.mutable_train()->mutable_loss_scale();
+  loss_scale.set_initial_scale(kInitialScale);
+  loss_scale.set_hysteresis(1);  // back off at every skipped step
+  std::unique_ptr<Trainer> trainer = MakeTrainer(config);
+  ASSERT_NE(trainer->loss_scaler(), nullptr);
+  const optim::DynamicLossScaler& scaler = *trainer->loss_scaler();
+  const optim::MixedPrecisionAdamW& adamw = trainer->optimizer(0).adamw();
+  const Tensor& params = trainer->chunks().front()->params().params();
+  ASSERT_EQ(params.dtype(), DType::kF16);
+  const std::vector<uint8_t> params0 = Bytes(params), master0 = Bytes(adamw.master()),
+                             exp_avg0 = Bytes(adamw.exp_avg()),
+                             exp_avg_sq0 = Bytes(adamw.exp_avg_sq());
+
+  float scale = kInitialScale;
+  for (int step = 1; step <= 4; ++step) {
+    SCOPED_TRACE(absl::StrCat("step ", step));
+    absl::StatusOr<StepStats> stats = trainer->TrainStep();
+    NF_ASSERT_OK(stats);
+    EXPECT_TRUE(stats->skipped);
+    EXPECT_EQ(stats->skip_reason, optim::SkipReason::kUpdateOverflow);
+    EXPECT_TRUE(std::isfinite(stats->grad_norm)) << "the gradients themselves are finite";
+    EXPECT_GT(stats->grad_norm, 0.0);
+    EXPECT_TRUE(std::isfinite(stats->loss));
+    EXPECT_EQ(stats->loss_scale, scale);
+    EXPECT_EQ(stats->skipped_total, step);
+    scale /= 2;
+    EXPECT_EQ(scaler.scale(), scale) << "backed off";
+    EXPECT_EQ(scaler.skipped_steps(), step);
+    EXPECT_EQ(adamw.updates(), 0);
+    EXPECT_TRUE(Bytes(params) == params0);
+    EXPECT_TRUE(Bytes(adamw.master()) == master0);
+    EXPECT_TRUE(Bytes(adamw.exp_avg()) == exp_avg0);
+    EXPECT_TRUE(Bytes(adamw.exp_avg_sq()) == exp_avg_sq0);
+    for (const auto& chunk : trainer->chunks()) {
+      const std::vector<double> values = nf::testing::ToDoubles(chunk->params().params());
+      EXPECT_EQ(std::count_if(values.begin(), values.end(),
+                              [](double v) { return !std::isfinite(v); }),
+                0);
+    }
+  }
+
+  // The same run at lr 1e-2 takes its steps: the check does not skip ordinary updates.
+  config.mutable_train()->mutable_optimizer()->set_lr(1e-2f);
+  std::unique_ptr<Trainer> ordinary = MakeTrainer(config);
+  for (int step = 1; step <= 4; ++step) {
+    absl::StatusOr<StepStats> stats = ordinary->TrainStep();
+    NF_ASSERT_OK(stats);
+    EXPECT_FALSE(stats->skipped) << "step " << step;
+    EXPECT_EQ(stats->skip_reason, optim::SkipReason::kNone) << "step " << step;
+  }
+  EXPECT_EQ(ordinary->optimizer(0).adamw().updates(), 4);
+}
+
+}  // namespace
+}  // namespace nf::launcher
