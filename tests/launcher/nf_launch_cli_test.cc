@@ -285,10 +285,11 @@ TEST_F(NfLaunchCliTest, ASecondRunInALiveRunDirectoryIsRefused) {
 }
 
 // fp32 gradients that are not finite cannot recover: the run stops at once with exit code 1,
-// saying why and which checkpoint is the last good one, and saves nothing more.
+// saying why and which checkpoint is the last good one, and saves nothing more. lr 1e37 makes
+// step 1's update huge but finite (~1e37, saved at step 1), so step 2's gradients overflow.
 TEST_F(NfLaunchCliTest, NonFiniteGradientsStopTheRunKeepingTheLastCheckpoint) {
   const Outcome outcome = Launch({"--config", TinyConfig(), "--set", "train.train_iters=6", "--set",
-                                  "checkpoint.save_interval=1", "--set", "train.optimizer.lr=1e38",
+                                  "checkpoint.save_interval=1", "--set", "train.optimizer.lr=1e37",
                                   "--run-dir", (dir_ / "run").string()});
   EXPECT_EQ(outcome.exit_code, 1);
   const std::vector<std::string> err = Lines(outcome.err);
@@ -297,6 +298,25 @@ TEST_F(NfLaunchCliTest, NonFiniteGradientsStopTheRunKeepingTheLastCheckpoint) {
   EXPECT_THAT(err[0], HasSubstr("(FP32): stopping; the last good checkpoint is "));
   const std::string latest = ReadFile(dir_ / "run" / "checkpoints" / "latest");
   EXPECT_THAT(err[0], HasSubstr(latest.substr(0, latest.size() - 1)));
+}
+
+// An update that would itself overflow (lr 1e38: the step size lr / (1 - beta1) is inf in fp32)
+// is skipped before it writes anything: with fp32 the run stops at that step, saying so, and
+// saves no checkpoint of infinities; the log names the reason.
+TEST_F(NfLaunchCliTest, AnOverflowingUpdateStopsTheRunBeforeItIsApplied) {
+  const Outcome outcome = Launch({"--config", TinyConfig(), "--set", "train.train_iters=6", "--set",
+                                  "checkpoint.save_interval=1", "--set", "train.optimizer.lr=1e38",
+                                  "--run-dir", (dir_ / "run").string()});
+  EXPECT_EQ(outcome.exit_code, 1);
+  const std::vector<std::string> err = Lines(outcome.err);
+  ASSERT_EQ(err.size(), 1u) << outcome.err;
+  EXPECT_THAT(err[0], HasSubstr("an update overflowing the model dtype at step 1 (FP32): "
+                                "stopping; the last good checkpoint is (none"));
+  EXPECT_FALSE(std::filesystem::exists(dir_ / "run" / "checkpoints" / "iter_0000001"));
+  const std::vector<std::string> log = Lines(ReadFile(dir_ / "run" / "log.jsonl"));
+  ASSERT_EQ(log.size(), 1u);
+  EXPECT_THAT(log[0], HasSubstr("\"skipped\":true"));
+  EXPECT_THAT(log[0], HasSubstr("\"skip_reason\":\"update_overflow\""));
 }
 
 // --dry-run plans without training: the resolved configuration, the layout, FLOPs and one
