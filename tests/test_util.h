@@ -90,7 +90,7 @@ inline Tensor MakeIds(Shape shape, const std::vector<int32_t>& ids) {
 // The tensor's values as doubles (floating dtypes).
 inline std::vector<double> ToDoubles(const Tensor& t) {
   auto floats = ToFloatVector(t);
-  EXPECT_TRUE(floats.ok()) << floats.status();
+  NF_EXPECT_OK(floats);
   return std::vector<double>(floats->begin(), floats->end());
 }
 

@@ -78,7 +78,7 @@ TEST_P(SoftmaxDTypeTest, ForwardAndBackwardMatchReference) {
   const Input x(dtype, rows * cols, 1, -4.0f, 4.0f), dy(dtype, rows * cols, 2);
   Tensor tx = MakeTensor(dtype, {rows, cols}, x.f);
   Tensor ty = MakeZeros(dtype, {rows, cols});
-  ASSERT_TRUE(ops::SoftmaxForward(tx, ty).ok());
+  NF_ASSERT_OK(ops::SoftmaxForward(tx, ty));
   const std::vector<double> y_ref = ReferenceSoftmax(x.d, rows, cols);
   // The kernel forms x - max in fp32: |x - max| < 8 here, so within half an ulp, 4 u32, of the
   // exponent; the rest is double. Numerator and sum are then within 4 u32 relative each, and the
@@ -90,7 +90,7 @@ TEST_P(SoftmaxDTypeTest, ForwardAndBackwardMatchReference) {
   // Backward from the kernel's own y, as in training, against d/dx sum(softmax(x) * dy).
   Tensor tdy = MakeTensor(dtype, {rows, cols}, dy.f);
   Tensor tdx = MakeZeros(dtype, {rows, cols});
-  ASSERT_TRUE(ops::SoftmaxBackward(ty, tdy, tdx).ok());
+  NF_ASSERT_OK(ops::SoftmaxBackward(ty, tdy, tdx));
   const auto loss = [&](const std::vector<double>& v) {
     const std::vector<double> y = ReferenceSoftmax(v, rows, cols);
     double sum = 0.0;
@@ -114,7 +114,7 @@ TEST_P(SoftmaxDTypeTest, MaskedRowsGiveZerosAndFiniteProbabilities) {
                                 -kInf, -kInf, 0.5f,  -kInf};
   Tensor tx = MakeTensor(dtype, {3, cols}, x);
   Tensor ty = MakeZeros(dtype, {3, cols});
-  ASSERT_TRUE(ops::SoftmaxForward(tx, ty).ok());
+  NF_ASSERT_OK(ops::SoftmaxForward(tx, ty));
   const std::vector<double> y = ToDoubles(ty);
   const double p2 = 1.0 / (1.0 + std::exp(-1.0));  // softmax(1, 2) = (1 - p2, p2)
   // exp(-inf) is exactly 0 and a lone finite logit has probability exactly 1; the two-way
@@ -125,7 +125,7 @@ TEST_P(SoftmaxDTypeTest, MaskedRowsGiveZerosAndFiniteProbabilities) {
   // Gradients through masked entries vanish: y = 0 there, and the whole first row is zero.
   Tensor tdy = MakeTensor(dtype, {3, cols}, RandomFloats(3 * cols, 3));
   Tensor tdx = MakeZeros(dtype, {3, cols});
-  ASSERT_TRUE(ops::SoftmaxBackward(ty, tdy, tdx).ok());
+  NF_ASSERT_OK(ops::SoftmaxBackward(ty, tdy, tdx));
   const std::vector<double> dx = ToDoubles(tdx);
   for (int i : {0, 1, 2, 3, 4, 7, 8, 9, 11}) EXPECT_EQ(dx[i], 0.0) << i;
   // A lone probability of 1 has zero gradient: dy - 1 * dy, exact in fp32.
@@ -140,7 +140,7 @@ TEST(SoftmaxTest, HugeLogitsStayFinite) {
                                 3e38f,  -3e38f, 1.0f,   -1.0f};  // near the fp32 limit
   Tensor tx = MakeTensor(DType::kF32, {3, 4}, x);
   Tensor ty = MakeZeros(DType::kF32, {3, 4});
-  ASSERT_TRUE(ops::SoftmaxForward(tx, ty).ok());
+  NF_ASSERT_OK(ops::SoftmaxForward(tx, ty));
   const std::vector<double> y = ToDoubles(ty);
   for (size_t i = 0; i < y.size(); ++i) EXPECT_TRUE(std::isfinite(y[i])) << i;
   // Every expected value is 0, 1/2, 1/4 or 1: exact in fp32 through the kernel's double exp
@@ -156,12 +156,12 @@ TEST(SoftmaxTest, ChunkedRowsMatchReference) {
   const int64_t rows = 400, cols = 16;
   const Input x(DType::kF32, rows * cols, 4, -4.0f, 4.0f), dy(DType::kF32, rows * cols, 5);
   Tensor ty = MakeZeros(DType::kF32, {rows, cols});
-  ASSERT_TRUE(ops::SoftmaxForward(MakeTensor(DType::kF32, {rows, cols}, x.f), ty).ok());
+  NF_ASSERT_OK(ops::SoftmaxForward(MakeTensor(DType::kF32, {rows, cols}, x.f), ty));
   const std::vector<double> y_ref = ReferenceSoftmax(x.d, rows, cols);
   const double y_rtol = 16 * kU32;
   ExpectAllClose(ToDoubles(ty), y_ref, 0.0, y_rtol, "chunked softmax y");
   Tensor tdx = MakeZeros(DType::kF32, {rows, cols});
-  ASSERT_TRUE(ops::SoftmaxBackward(ty, MakeTensor(DType::kF32, {rows, cols}, dy.f), tdx).ok());
+  NF_ASSERT_OK(ops::SoftmaxBackward(ty, MakeTensor(DType::kF32, {rows, cols}, dy.f), tdx));
   std::vector<double> dx_ref(rows * cols);
   for (int64_t r = 0; r < rows; ++r) {
     double dot = 0.0;
@@ -249,7 +249,7 @@ AttentionResult RunAttention(DType dtype, const Dims& n, float scale, const ops:
   fwd.scale = scale;
   fwd.dropout = spec;
   const absl::Status forward = ops::AttentionForward(fwd);
-  EXPECT_TRUE(forward.ok()) << forward;
+  NF_EXPECT_OK(forward);
   ops::AttentionBackwardArgs bwd;
   bwd.q = fwd.q;
   bwd.k = fwd.k;
@@ -263,7 +263,7 @@ AttentionResult RunAttention(DType dtype, const Dims& n, float scale, const ops:
   bwd.scale = scale;
   bwd.dropout = spec;
   const absl::Status backward = ops::AttentionBackward(bwd);
-  EXPECT_TRUE(backward.ok()) << backward;
+  NF_EXPECT_OK(backward);
   return {ToDoubles(fwd.out), ToDoubles(fwd.lse), ToDoubles(bwd.dq), ToDoubles(bwd.dk),
           ToDoubles(bwd.dv)};
 }
@@ -567,7 +567,7 @@ TEST(AttentionTest, RejectsInconsistentArguments) {
   good.v = f32(n.shape());
   good.out = f32(n.shape());
   good.lse = f32({1, 2, 3});
-  ASSERT_TRUE(ops::AttentionForward(good).ok());
+  NF_ASSERT_OK(ops::AttentionForward(good));
   const auto expect_invalid = [](const absl::Status& status, const std::string& what) {
     EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
     EXPECT_THAT(std::string(status.message()), HasSubstr(what)) << status;
@@ -597,7 +597,7 @@ TEST(AttentionTest, RejectsInconsistentArguments) {
   ops::AttentionBackwardArgs b;
   b.q = b.k = b.v = b.out = b.dout = b.dq = b.dk = b.dv = f32(n.shape());
   b.lse = f32({1, 2, 3});
-  ASSERT_TRUE(ops::AttentionBackward(b).ok());
+  NF_ASSERT_OK(ops::AttentionBackward(b));
   b.dk = f32({1, 2, 3, 5});
   expect_invalid(ops::AttentionBackward(b), "dk");
   b.dk = f32(n.shape());

@@ -17,6 +17,7 @@
 #include "core/dtype.h"
 #include "core/half.h"
 #include "gtest/gtest.h"
+#include "tests/assert_ok.h"
 
 namespace nf {
 namespace {
@@ -403,7 +404,7 @@ TEST(DTypeTest, NameRoundTrip) {
   for (const auto& c : kCases) {
     EXPECT_EQ(DTypeName(c.dtype), c.name);
     auto parsed = ParseDType(DTypeName(c.dtype));
-    ASSERT_TRUE(parsed.ok()) << parsed.status();
+    NF_ASSERT_OK(parsed);
     EXPECT_EQ(*parsed, c.dtype) << c.name;
     EXPECT_EQ(IsFloating(c.dtype), c.floating) << c.name;
   }
@@ -419,7 +420,7 @@ TEST(DTypeTest, ParseAliases) {
   };
   for (const auto& a : kAliases) {
     auto parsed = ParseDType(a.name);
-    ASSERT_TRUE(parsed.ok()) << a.name << ": " << parsed.status();
+    NF_ASSERT_OK(parsed) << a.name;
     EXPECT_EQ(*parsed, a.dtype) << a.name;
   }
 }

@@ -71,7 +71,7 @@ TEST(AddBiasTest, AddsBiasToEveryRow) {
       const std::vector<float> x = RandomFloats(6 * 17, ++seed, -4.0f, 4.0f);
       const std::vector<float> bias = RandomFloats(17, ++seed);
       const Tensor tx = MakeTensor(x_dtype, shape, x);
-      ASSERT_TRUE(ops::AddBias(tx, MakeTensor(b_dtype, {17}, bias)).ok());
+      NF_ASSERT_OK(ops::AddBias(tx, MakeTensor(b_dtype, {17}, bias)));
       const std::vector<double> rx = Rounded(x_dtype, x), rb = Rounded(b_dtype, bias);
       std::vector<double> expected(rx.size());
       for (size_t i = 0; i < rx.size(); ++i) expected[i] = rx[i] + rb[i % 17];
@@ -86,13 +86,13 @@ TEST(AddBiasTest, AddsBiasToEveryRow) {
 TEST(AddBiasTest, EdgeShapes) {
   // One row, one column, a 1-D x (one row), and empty tensors.
   const Tensor one = MakeTensor(DType::kF32, {1, 1}, {1.5f});
-  ASSERT_TRUE(ops::AddBias(one, MakeTensor(DType::kF16, {1}, {0.25f})).ok());
+  NF_ASSERT_OK(ops::AddBias(one, MakeTensor(DType::kF16, {1}, {0.25f})));
   EXPECT_EQ(ToDoubles(one), std::vector<double>{1.75});  // exact in fp32
   const Tensor vec = MakeTensor(DType::kBF16, {3}, {1, 2, 3});
-  ASSERT_TRUE(ops::AddBias(vec, MakeTensor(DType::kF32, {3}, {10, 20, 30})).ok());
+  NF_ASSERT_OK(ops::AddBias(vec, MakeTensor(DType::kF32, {3}, {10, 20, 30})));
   EXPECT_EQ(ToDoubles(vec), (std::vector<double>{11, 22, 33}));  // exact in bf16
-  EXPECT_TRUE(ops::AddBias(MakeZeros(DType::kF32, {0, 4}), MakeZeros(DType::kF32, {4})).ok());
-  EXPECT_TRUE(ops::AddBias(MakeZeros(DType::kF16, {4, 0}), MakeZeros(DType::kF16, {0})).ok());
+  NF_EXPECT_OK(ops::AddBias(MakeZeros(DType::kF32, {0, 4}), MakeZeros(DType::kF32, {4})));
+  NF_EXPECT_OK(ops::AddBias(MakeZeros(DType::kF16, {4, 0}), MakeZeros(DType::kF16, {0})));
 }
 
 TEST(AddBiasTest, RejectsBadArguments) {
@@ -118,8 +118,8 @@ TEST(BiasBackwardTest, AccumulatesColumnSumsInFp32) {
       const Tensor dbias = MakeTensor(DType::kF32, {cols}, start);
       const Tensor tdy = MakeTensor(dtype, {rows, cols}, dy);
       // Twice: the second call must add to the first (gradient accumulation).
-      ASSERT_TRUE(ops::BiasBackward(tdy, dbias).ok());
-      ASSERT_TRUE(ops::BiasBackward(tdy, dbias).ok());
+      NF_ASSERT_OK(ops::BiasBackward(tdy, dbias));
+      NF_ASSERT_OK(ops::BiasBackward(tdy, dbias));
       const std::vector<double> rdy = Rounded(dtype, dy);
       const std::vector<double> actual = ToDoubles(dbias);
       for (int64_t c = 0; c < cols; ++c) {
@@ -139,7 +139,7 @@ TEST(BiasBackwardTest, AccumulatesColumnSumsInFp32) {
 
 TEST(BiasBackwardTest, EmptyAndBadArguments) {
   const Tensor dbias = MakeTensor(DType::kF32, {3}, {1, 2, 3});
-  ASSERT_TRUE(ops::BiasBackward(MakeZeros(DType::kBF16, {0, 3}), dbias).ok());
+  NF_ASSERT_OK(ops::BiasBackward(MakeZeros(DType::kBF16, {0, 3}), dbias));
   EXPECT_EQ(ToDoubles(dbias), (std::vector<double>{1, 2, 3}));  // nothing added
   ExpectInvalidArgument(
       ops::BiasBackward(MakeZeros(DType::kF16, {2, 3}), MakeZeros(DType::kF16, {3})),
@@ -209,14 +209,14 @@ TEST_P(ActivationTest, ForwardMatchesDoubleReference) {
     const std::vector<float> x = ActivationInputs(4 * 129, ++seed);
     const Tensor tx = MakeTensor(dtype, {4, 129}, x);
     const Tensor ty = MakeZeros(dtype, {4, 129});
-    ASSERT_TRUE(ops::ActivationForward(act, tx, ty).ok());
+    NF_ASSERT_OK(ops::ActivationForward(act, tx, ty));
     std::vector<double> expected;
     for (double v : Rounded(dtype, x)) expected.push_back(ReferenceActivation(act, v));
     // fp32 evaluation (kForward*) then the output rounding (half ulp relative, subnormal step).
     ExpectAllClose(ToDoubles(ty), expected, kForwardAbs + SubnormalHalfStep(dtype),
                    kForwardRel + HalfUlp(dtype), "y");
     // The same values computed in place.
-    ASSERT_TRUE(ops::ActivationForward(act, tx, tx).ok());
+    NF_ASSERT_OK(ops::ActivationForward(act, tx, tx));
     ExpectSameValues(tx, ty, "in place");
   }
 }
@@ -232,7 +232,7 @@ TEST_P(ActivationTest, BackwardMatchesFiniteDifferences) {
     const Tensor tx = MakeTensor(dtype, {3, 67}, x);
     const Tensor tdy = MakeTensor(dtype, {3, 67}, dy);
     const Tensor tdx = MakeZeros(dtype, {3, 67});
-    ASSERT_TRUE(ops::ActivationBackward(act, tx, tdy, tdx).ok());
+    NF_ASSERT_OK(ops::ActivationBackward(act, tx, tdy, tdx));
     const std::vector<double> rx = Rounded(dtype, x), rdy = Rounded(dtype, dy);
     std::vector<double> expected(n);
     for (int64_t i = 0; i < n; ++i) {
@@ -244,7 +244,7 @@ TEST_P(ActivationTest, BackwardMatchesFiniteDifferences) {
     ExpectAllClose(ToDoubles(tdx), expected, kBackwardAbs + SubnormalHalfStep(dtype),
                    kBackwardRel + HalfUlp(dtype), "dx");
     // In place: dx written over dy.
-    ASSERT_TRUE(ops::ActivationBackward(act, tx, tdy, tdy).ok());
+    NF_ASSERT_OK(ops::ActivationBackward(act, tx, tdy, tdy));
     ExpectSameValues(tdy, tdx, "in place");
   }
 }
@@ -253,13 +253,13 @@ TEST_P(ActivationTest, EdgeShapes) {
   const ops::Activation act = GetParam();
   for (const Shape& shape : {Shape{0}, Shape{0, 7}, Shape{7, 0}}) {
     const Tensor empty = MakeZeros(DType::kBF16, shape);
-    EXPECT_TRUE(ops::ActivationForward(act, empty, empty).ok());
-    EXPECT_TRUE(ops::ActivationBackward(act, empty, empty, empty).ok());
+    NF_EXPECT_OK(ops::ActivationForward(act, empty, empty));
+    NF_EXPECT_OK(ops::ActivationBackward(act, empty, empty, empty));
   }
   // A single element in a [1, 1, 1] tensor: x = 2.
   const Tensor x = MakeTensor(DType::kF32, {1, 1, 1}, {2.0f});
   const Tensor y = MakeZeros(DType::kF32, {1, 1, 1});
-  ASSERT_TRUE(ops::ActivationForward(act, x, y).ok());
+  NF_ASSERT_OK(ops::ActivationForward(act, x, y));
   // Within the forward allowance above.
   EXPECT_NEAR(ToDoubles(y)[0], ReferenceActivation(act, 2.0), kForwardAbs + kForwardRel * 4);
 }
@@ -289,8 +289,8 @@ TEST(GeluTest, ExactAndTanhFormsDiffer) {
   // beyond the forward allowance, so each kernel is pinned to its own formula.
   const Tensor x = MakeTensor(DType::kF32, {1}, {-3.0f});
   const Tensor exact = MakeZeros(DType::kF32, {1}), approx = MakeZeros(DType::kF32, {1});
-  ASSERT_TRUE(ops::ActivationForward(ops::Activation::kGelu, x, exact).ok());
-  ASSERT_TRUE(ops::ActivationForward(ops::Activation::kGeluTanh, x, approx).ok());
+  NF_ASSERT_OK(ops::ActivationForward(ops::Activation::kGelu, x, exact));
+  NF_ASSERT_OK(ops::ActivationForward(ops::Activation::kGeluTanh, x, approx));
   EXPECT_GT(std::abs(ToDoubles(exact)[0] - ToDoubles(approx)[0]), 4e-4);
 }
 
@@ -318,7 +318,7 @@ Tensor RunDropout(DType dtype, Shape shape, const std::vector<float>& x,
   const Tensor tx = MakeTensor(dtype, shape, x);
   const Tensor ty = MakeZeros(dtype, shape);
   const absl::Status status = ops::Dropout(tx, ty, spec);
-  EXPECT_TRUE(status.ok()) << status;
+  NF_EXPECT_OK(status);
   return ty;
 }
 
@@ -330,7 +330,7 @@ TEST(DropoutTest, ZeroProbabilityIsIdentity) {
     spec.p = 0.0f;
     spec.seed = 7;
     ExpectSameValues(RunDropout(dtype, {5, 9}, x, spec), tx, "p = 0");
-    ASSERT_TRUE(ops::Dropout(tx, tx, spec).ok());  // in place
+    NF_ASSERT_OK(ops::Dropout(tx, tx, spec));  // in place
     ExpectSameValues(tx, MakeTensor(dtype, {5, 9}, x), "p = 0 in place");
   }
 }
@@ -433,7 +433,7 @@ TEST(DropoutTest, BackwardOnGradientReproducesTheMask) {
     const std::vector<double> y = ToDoubles(RunDropout(dtype, {12, 21}, x, spec));
     // The backward is the same call on dy, here in place.
     const Tensor tdy = MakeTensor(dtype, {12, 21}, dy);
-    ASSERT_TRUE(ops::Dropout(tdy, tdy, spec).ok());
+    NF_ASSERT_OK(ops::Dropout(tdy, tdy, spec));
     const std::vector<double> dx = ToDoubles(tdy);
     const std::vector<double> rdy = Rounded(dtype, dy);
     for (size_t i = 0; i < y.size(); ++i) {
@@ -495,10 +495,8 @@ TEST(DropoutTest, ShardsDrawTheFullTensorsMask) {
 
 TEST(DropoutTest, EmptyAndLengthOneShapes) {
   const ops::DropoutSpec spec{.p = 0.5f, .seed = 3, .site = 1, .first_sample = 0, .seq_len = 1};
-  EXPECT_TRUE(
-      ops::Dropout(MakeZeros(DType::kF16, {0, 8}), MakeZeros(DType::kF16, {0, 8}), spec).ok());
-  EXPECT_TRUE(
-      ops::Dropout(MakeZeros(DType::kF32, {8, 0}), MakeZeros(DType::kF32, {8, 0}), spec).ok());
+  NF_EXPECT_OK(ops::Dropout(MakeZeros(DType::kF16, {0, 8}), MakeZeros(DType::kF16, {0, 8}), spec));
+  NF_EXPECT_OK(ops::Dropout(MakeZeros(DType::kF32, {8, 0}), MakeZeros(DType::kF32, {8, 0}), spec));
   // One column over many one-token samples: element t has sample t, row 0, column 0.
   const std::vector<float> x = NonzeroInputs(64, 4);
   const std::vector<double> y = ToDoubles(RunDropout(DType::kBF16, {64, 1}, x, spec));
@@ -585,7 +583,7 @@ TEST(CastTest, AllFloatPairsRoundToNearestEven) {
       SCOPED_TRACE(absl::StrCat(DTypeName(src), " -> ", DTypeName(dst)));
       const Tensor tsrc = MakeTensor(src, {n}, values);
       const Tensor tdst = MakeZeros(dst, {n});
-      ASSERT_TRUE(ops::Cast(tsrc, tdst).ok());
+      NF_ASSERT_OK(ops::Cast(tsrc, tdst));
       const std::vector<double> source = ToDoubles(tsrc);  // the values as stored in src
       const std::vector<double> actual = ToDoubles(tdst);
       for (int64_t i = 0; i < n; ++i) {
@@ -607,8 +605,8 @@ TEST(CastTest, TiesRoundToEven) {
   const Tensor src = MakeTensor(
       DType::kF32, {4}, {1.0f + 0x1p-11f, 1.0f + 3 * 0x1p-11f, 1.0f + 0x1p-8f, 1.0f + 3 * 0x1p-8f});
   const Tensor f16 = MakeZeros(DType::kF16, {4}), bf16 = MakeZeros(DType::kBF16, {4});
-  ASSERT_TRUE(ops::Cast(src, f16).ok());
-  ASSERT_TRUE(ops::Cast(src, bf16).ok());
+  NF_ASSERT_OK(ops::Cast(src, f16));
+  NF_ASSERT_OK(ops::Cast(src, bf16));
   // fp16 (10 bits): the first two are ties, the last two exact.
   EXPECT_EQ(ToDoubles(f16),
             (std::vector<double>{1.0, 1.0 + 0x1p-9, 1.0 + 0x1p-8, 1.0 + 3 * 0x1p-8}));
@@ -620,11 +618,11 @@ TEST(CastTest, ShapesViewsAndErrors) {
   // Same element count under another shape; a tensor cast onto itself; empty tensors.
   const Tensor src = MakeTensor(DType::kF32, {2, 3}, {1, 2, 3, 4, 5, 6});
   const Tensor dst = MakeZeros(DType::kBF16, {6});
-  ASSERT_TRUE(ops::Cast(src, dst).ok());
+  NF_ASSERT_OK(ops::Cast(src, dst));
   EXPECT_EQ(ToDoubles(dst), (std::vector<double>{1, 2, 3, 4, 5, 6}));
-  ASSERT_TRUE(ops::Cast(src, src).ok());
+  NF_ASSERT_OK(ops::Cast(src, src));
   EXPECT_EQ(ToDoubles(src), (std::vector<double>{1, 2, 3, 4, 5, 6}));
-  EXPECT_TRUE(ops::Cast(MakeZeros(DType::kF16, {0, 3}), MakeZeros(DType::kF32, {0})).ok());
+  NF_EXPECT_OK(ops::Cast(MakeZeros(DType::kF16, {0, 3}), MakeZeros(DType::kF32, {0})));
   ExpectInvalidArgument(ops::Cast(src, MakeZeros(DType::kF16, {5})), "Cast",
                         "dst is f16[5] on cpu, expected 6 elements like src");
   ExpectInvalidArgument(ops::Cast(src, MakeZeros(DType::kI32, {6})), "Cast", "dst is i32[6]");
@@ -638,13 +636,13 @@ TEST(FillTest, FloatDTypesGetTheRoundedValue) {
     SCOPED_TRACE(DTypeName(dtype));
     for (float value : {0.1f, -3.0f, 70000.0f, -INFINITY}) {
       const Tensor x = MakeTensor(dtype, {3, 5}, RandomFloats(15, 1));
-      ASSERT_TRUE(ops::Fill(x, value).ok());
+      NF_ASSERT_OK(ops::Fill(x, value));
       // Exactly the value rounded to nearest even into dtype (70000 is inf in fp16).
       const double expected = ReferenceCast(dtype, value);
       for (double v : ToDoubles(x)) ASSERT_EQ(v, expected) << value;
     }
     const Tensor x = MakeZeros(dtype, {4});
-    ASSERT_TRUE(ops::Fill(x, std::numeric_limits<float>::quiet_NaN()).ok());
+    NF_ASSERT_OK(ops::Fill(x, std::numeric_limits<float>::quiet_NaN()));
     for (double v : ToDoubles(x)) EXPECT_TRUE(std::isnan(v));
   }
 }
@@ -653,7 +651,7 @@ template <typename T>
 void ExpectFilledWith(DType dtype, float value, T expected) {
   SCOPED_TRACE(absl::StrCat(DTypeName(dtype), " ", value));
   const Tensor x = MakeZeros(dtype, {2, 3});
-  ASSERT_TRUE(ops::Fill(x, value).ok());
+  NF_ASSERT_OK(ops::Fill(x, value));
   for (int64_t i = 0; i < x.numel(); ++i) ASSERT_EQ(x.data<T>()[i], expected) << i;
 }
 
@@ -670,9 +668,9 @@ TEST(FillTest, IntegerDTypes) {
 TEST(FillTest, ViewsEmptyAndUndefined) {
   // Filling a view writes exactly its elements.
   const Tensor storage = MakeTensor(DType::kF16, {10}, std::vector<float>(10, 2.0f));
-  ASSERT_TRUE(ops::Fill(*storage.View(3, {2, 2}), -1.0f).ok());
+  NF_ASSERT_OK(ops::Fill(*storage.View(3, {2, 2}), -1.0f));
   EXPECT_EQ(ToDoubles(storage), (std::vector<double>{2, 2, 2, -1, -1, -1, -1, 2, 2, 2}));
-  EXPECT_TRUE(ops::Fill(MakeZeros(DType::kI32, {0, 4}), 1.0f).ok());
+  NF_EXPECT_OK(ops::Fill(MakeZeros(DType::kI32, {0, 4}), 1.0f));
   ExpectInvalidArgument(ops::Fill(Tensor(), 1.0f), "Fill", "x is missing");
 }
 
@@ -683,7 +681,7 @@ TEST(ScaleTest, MultipliesInPlace) {
       SCOPED_TRACE(absl::StrCat(DTypeName(dtype), " alpha=", alpha));
       const std::vector<float> x = RandomFloats(7 * 19, ++seed, -8.0f, 8.0f);
       const Tensor tx = MakeTensor(dtype, {7, 19}, x);
-      ASSERT_TRUE(ops::Scale(tx, alpha).ok());
+      NF_ASSERT_OK(ops::Scale(tx, alpha));
       std::vector<double> expected;
       for (double v : Rounded(dtype, x)) expected.push_back(alpha * v);
       // One fp32 product (u) then the output rounding: |fl16(fl32(p)) - p| <= (half ulp)(1+u)|p|
@@ -692,7 +690,7 @@ TEST(ScaleTest, MultipliesInPlace) {
                      "alpha x");
     }
   }
-  EXPECT_TRUE(ops::Scale(MakeZeros(DType::kBF16, {0}), 2.0f).ok());
+  NF_EXPECT_OK(ops::Scale(MakeZeros(DType::kBF16, {0}), 2.0f));
   ExpectInvalidArgument(ops::Scale(MakeZeros(DType::kI32, {3}), 2.0f), "Scale", "x is i32[3]");
 }
 
@@ -706,7 +704,7 @@ TEST(AxpyTest, MixedDTypes) {
       const std::vector<float> y = RandomFloats(5 * 13, ++seed, -4.0f, 4.0f);
       // x [5, 13] into y [65]: only the element count must match.
       const Tensor ty = MakeTensor(y_dtype, {65}, y);
-      ASSERT_TRUE(ops::Axpy(alpha, MakeTensor(x_dtype, {5, 13}, x), ty).ok());
+      NF_ASSERT_OK(ops::Axpy(alpha, MakeTensor(x_dtype, {5, 13}, x), ty));
       const std::vector<double> rx = Rounded(x_dtype, x), ry = Rounded(y_dtype, y);
       const std::vector<double> actual = ToDoubles(ty);
       for (size_t i = 0; i < rx.size(); ++i) {
@@ -724,7 +722,7 @@ TEST(AxpyTest, MixedDTypes) {
 }
 
 TEST(AxpyTest, EmptyAndBadArguments) {
-  EXPECT_TRUE(ops::Axpy(2.0f, MakeZeros(DType::kF16, {0}), MakeZeros(DType::kF32, {0, 3})).ok());
+  NF_EXPECT_OK(ops::Axpy(2.0f, MakeZeros(DType::kF16, {0}), MakeZeros(DType::kF32, {0, 3})));
   ExpectInvalidArgument(ops::Axpy(1.0f, MakeZeros(DType::kF16, {4}), MakeZeros(DType::kF32, {5})),
                         "Axpy", "y is f32[5] on cpu, expected 4 elements like x");
   ExpectInvalidArgument(ops::Axpy(1.0f, MakeZeros(DType::kF16, {4}), MakeZeros(DType::kI32, {4})),
@@ -736,7 +734,7 @@ TEST(AxpyTest, EmptyAndBadArguments) {
 TEST(CopyTest, CopiesAnyDTypeAndRefusesMismatches) {
   const Tensor ids = testing::MakeIds({3}, {7, -2, 40000});
   const Tensor out = MakeZeros(DType::kI32, {1, 3});
-  ASSERT_TRUE(ops::Copy(ids, out).ok());
+  NF_ASSERT_OK(ops::Copy(ids, out));
   EXPECT_EQ(out.data<int32_t>()[2], 40000);
   ExpectInvalidArgument(ops::Copy(ids, MakeZeros(DType::kF32, {3})), "Copy", "dst is f32[3]");
   ExpectInvalidArgument(ops::Copy(ids, MakeZeros(DType::kI32, {4})), "Copy", "dst is i32[4]");
@@ -744,10 +742,10 @@ TEST(CopyTest, CopiesAnyDTypeAndRefusesMismatches) {
 
 TEST(ZerosTest, HostTensorsAndTheirHostView) {
   auto zeros = ops::Zeros(DType::kBF16, {2, 5}, Device::Cpu());
-  ASSERT_TRUE(zeros.ok()) << zeros.status();
+  NF_ASSERT_OK(zeros);
   EXPECT_EQ(ToDoubles(*zeros), std::vector<double>(10, 0.0));
   auto host = ops::OnHost(*zeros);
-  ASSERT_TRUE(host.ok());
+  NF_ASSERT_OK(host);
   EXPECT_TRUE(host->SharesStorageWith(*zeros)) << "a host tensor is its own host view";
 }
 

@@ -54,7 +54,7 @@ TEST_P(EmbeddingDTypeTest, ForwardCopiesRows) {
   Tensor t = MakeTensor(dtype, {vocab, width}, std::vector<float>(table.begin(), table.end()));
   const std::vector<int32_t> ids = {0, 3, 6, 3, 1};
   Tensor out = MakeZeros(dtype, {5, width});
-  ASSERT_TRUE(ops::EmbeddingForward({MakeIds({5}, ids), t, out}).ok());
+  NF_ASSERT_OK(ops::EmbeddingForward({MakeIds({5}, ids), t, out}));
   std::vector<double> expected;
   for (int32_t id : ids) {
     expected.insert(expected.end(), table.begin() + id * width, table.begin() + (id + 1) * width);
@@ -71,11 +71,9 @@ TEST_P(EmbeddingDTypeTest, BackwardAccumulatesRepeatedIds) {
   const std::vector<double> dout = Rounded(dtype, RandomFloats(tokens * width, 2));
   const std::vector<float> start = RandomFloats(vocab * width, 3);
   Tensor dtable = MakeTensor(DType::kF32, {vocab, width}, start);
-  ASSERT_TRUE(ops::EmbeddingBackward(
-                  MakeIds({tokens}, ids),
-                  MakeTensor(dtype, {tokens, width}, std::vector<float>(dout.begin(), dout.end())),
-                  dtable, 0)
-                  .ok());
+  NF_ASSERT_OK(ops::EmbeddingBackward(
+      MakeIds({tokens}, ids),
+      MakeTensor(dtype, {tokens, width}, std::vector<float>(dout.begin(), dout.end())), dtable, 0));
   std::vector<double> expected(start.begin(), start.end());
   for (int64_t t = 0; t < tokens; ++t) {
     for (int64_t c = 0; c < width; ++c) expected[ids[t] * width + c] += dout[t * width + c];
@@ -101,7 +99,7 @@ TEST(EmbeddingTest, VocabParallelSlicesSumToFullTable) {
   const int64_t tokens = ids.size();
   Tensor tids = MakeIds({tokens}, ids);
   Tensor out_full = MakeZeros(DType::kF32, {tokens, width});
-  ASSERT_TRUE(ops::EmbeddingForward({tids, full, out_full}).ok());
+  NF_ASSERT_OK(ops::EmbeddingForward({tids, full, out_full}));
 
   const Tensor slices[2] = {*full.View(0, {split, width}),
                             *full.View(split * width, {vocab - split, width})};
@@ -110,7 +108,7 @@ TEST(EmbeddingTest, VocabParallelSlicesSumToFullTable) {
   for (int s = 0; s < 2; ++s) {
     Tensor out = MakeTensor(DType::kF32, {tokens, width},
                             std::vector<float>(tokens * width, 123.0f));  // overwritten
-    ASSERT_TRUE(ops::EmbeddingForward({tids, slices[s], out, offsets[s], vocab}).ok());
+    NF_ASSERT_OK(ops::EmbeddingForward({tids, slices[s], out, offsets[s], vocab}));
     const std::vector<double> got = ToDoubles(out);
     for (int64_t t = 0; t < tokens; ++t) {
       const bool mine = ids[t] >= offsets[s] && ids[t] < offsets[s] + slices[s].dim(0);
@@ -130,14 +128,14 @@ TEST(EmbeddingTest, VocabParallelSlicesSumToFullTable) {
   const std::vector<float> start = RandomFloats(vocab * width, 6);
   Tensor tdout = MakeTensor(DType::kF32, {tokens, width}, dout);
   Tensor dfull = MakeTensor(DType::kF32, {vocab, width}, start);
-  ASSERT_TRUE(ops::EmbeddingBackward(tids, tdout, dfull, 0).ok());
+  NF_ASSERT_OK(ops::EmbeddingBackward(tids, tdout, dfull, 0));
   const std::vector<double> dfull_d = ToDoubles(dfull);
   for (int s = 0; s < 2; ++s) {
     const int64_t rows = slices[s].dim(0);
     Tensor dslice = MakeTensor(DType::kF32, {rows, width},
                                std::vector<float>(start.begin() + offsets[s] * width,
                                                   start.begin() + (offsets[s] + rows) * width));
-    ASSERT_TRUE(ops::EmbeddingBackward(tids, tdout, dslice, offsets[s]).ok());
+    NF_ASSERT_OK(ops::EmbeddingBackward(tids, tdout, dslice, offsets[s]));
     ExpectAllClose(ToDoubles(dslice),
                    std::vector<double>(dfull_d.begin() + offsets[s] * width,
                                        dfull_d.begin() + (offsets[s] + rows) * width),
@@ -155,8 +153,7 @@ TEST(EmbeddingTest, ChunkedWorkMatchesReference) {
   for (int64_t t = 0; t < tokens; ++t) ids[t] = static_cast<int32_t>((t * 37 + t / 7) % vocab);
   Tensor tids = MakeIds({tokens}, ids);
   Tensor out = MakeZeros(DType::kF32, {tokens, width});
-  ASSERT_TRUE(
-      ops::EmbeddingForward({tids, MakeTensor(DType::kF32, {vocab, width}, table), out}).ok());
+  NF_ASSERT_OK(ops::EmbeddingForward({tids, MakeTensor(DType::kF32, {vocab, width}, table), out}));
   std::vector<double> expected;
   for (int32_t id : ids) {
     expected.insert(expected.end(), table.begin() + id * width, table.begin() + (id + 1) * width);
@@ -165,8 +162,8 @@ TEST(EmbeddingTest, ChunkedWorkMatchesReference) {
 
   const std::vector<float> dout = RandomFloats(tokens * width, 14);
   Tensor dtable = MakeZeros(DType::kF32, {vocab, width});
-  ASSERT_TRUE(
-      ops::EmbeddingBackward(tids, MakeTensor(DType::kF32, {tokens, width}, dout), dtable, 0).ok());
+  NF_ASSERT_OK(
+      ops::EmbeddingBackward(tids, MakeTensor(DType::kF32, {tokens, width}, dout), dtable, 0));
   std::vector<double> sums(vocab * width, 0.0), magnitude(vocab * width, 0.0);
   std::vector<int64_t> hits(vocab, 0);
   for (int64_t t = 0; t < tokens; ++t) {
@@ -195,7 +192,7 @@ TEST(EmbeddingTest, OutOfRangeIdIsAnErrorNamingTheId) {
   ExpectInvalidArgument(ops::EmbeddingForward({MakeIds({3}, {1, 10, 3}), table, out}), "10");
   // In a slice, ids are checked against the global vocabulary, not the slice.
   Tensor slice = *table.View(6 * width, {4, width});
-  EXPECT_TRUE(ops::EmbeddingForward({MakeIds({3}, {1, 9, 0}), slice, out, 6, vocab}).ok());
+  NF_EXPECT_OK(ops::EmbeddingForward({MakeIds({3}, {1, 9, 0}), slice, out, 6, vocab}));
   ExpectInvalidArgument(ops::EmbeddingForward({MakeIds({3}, {1, 11, 0}), slice, out, 6, vocab}),
                         "11");
 }
@@ -205,7 +202,7 @@ TEST(EmbeddingTest, RejectsInconsistentArguments) {
   Tensor table = MakeZeros(DType::kF32, {vocab, width});
   Tensor ids = MakeIds({3}, {0, 1, 2});
   Tensor out = MakeZeros(DType::kF32, {3, width});
-  ASSERT_TRUE(ops::EmbeddingForward({ids, table, out}).ok());
+  NF_ASSERT_OK(ops::EmbeddingForward({ids, table, out}));
   ExpectInvalidArgument(ops::EmbeddingForward({MakeZeros(DType::kI64, {3}), table, out}), "ids");
   ExpectInvalidArgument(ops::EmbeddingForward({MakeIds({3, 1}, {0, 1, 2}), table, out}), "ids");
   ExpectInvalidArgument(ops::EmbeddingForward({ids, table, MakeZeros(DType::kF32, {3, width + 1})}),
@@ -217,7 +214,7 @@ TEST(EmbeddingTest, RejectsInconsistentArguments) {
   ExpectInvalidArgument(ops::EmbeddingForward({ids, table, out, -1, 12}), "vocab_offset");
   // A last slice [8, 18) of a padded table over a real vocabulary of 12 is fine: rows 12..17
   // are padding no id reaches.
-  EXPECT_TRUE(ops::EmbeddingForward({ids, table, out, 8, 12}).ok());
+  NF_EXPECT_OK(ops::EmbeddingForward({ids, table, out, 8, 12}));
   ExpectInvalidArgument(ops::EmbeddingBackward(ids, out, MakeZeros(DType::kF16, {vocab, width}), 0),
                         "dtable");
   ExpectInvalidArgument(ops::EmbeddingBackward(ids, MakeZeros(DType::kF32, {4, width}), table, 0),
@@ -256,11 +253,11 @@ LossResult RunCrossEntropy(const Tensor& logits, const std::vector<int32_t>& tar
   Tensor sum_exp = MakeZeros(DType::kF32, {rows});
   Tensor loss = MakeZeros(DType::kF32, {rows});
   const absl::Status forward = ops::CrossEntropyForward(args, row_max, sum_exp, loss);
-  EXPECT_TRUE(forward.ok()) << forward;
+  NF_EXPECT_OK(forward);
   Tensor dlogits = MakeZeros(logits.dtype(), logits.shape());
   const absl::Status backward = ops::CrossEntropyBackward(
       args, row_max, sum_exp, MakeTensor(DType::kF32, {rows}, dloss), dlogits);
-  EXPECT_TRUE(backward.ok()) << backward;
+  NF_EXPECT_OK(backward);
   return {ToDoubles(loss), ToDoubles(dlogits)};
 }
 
@@ -303,10 +300,9 @@ TEST_P(CrossEntropyDTypeTest, MatchesReferenceAndFiniteDifferences) {
   Tensor row_max = MakeZeros(DType::kF32, {rows});
   Tensor sum_exp = MakeZeros(DType::kF32, {rows});
   Tensor loss = MakeZeros(DType::kF32, {rows});
-  ASSERT_TRUE(ops::CrossEntropyForward(args, row_max, sum_exp, loss).ok());
-  ASSERT_TRUE(
-      ops::CrossEntropyBackward(args, row_max, sum_exp, MakeTensor(DType::kF32, {rows}, dloss), t)
-          .ok());
+  NF_ASSERT_OK(ops::CrossEntropyForward(args, row_max, sum_exp, loss));
+  NF_ASSERT_OK(
+      ops::CrossEntropyBackward(args, row_max, sum_exp, MakeTensor(DType::kF32, {rows}, dloss), t));
   ExpectAllClose(ToDoubles(t), got.dlogits, 0.0, 0.0, "in-place dlogits");
 }
 
@@ -446,7 +442,7 @@ TEST_P(CrossEntropySplitTest, SlicesMatchUnsplitLossAndGradient) {
     }
     args.push_back({MakeTensor(DType::kF32, {rows, width}, block), ttargets, begin, valid});
     local_max.push_back(MakeZeros(DType::kF32, {rows}));
-    ASSERT_TRUE(ops::CrossEntropyRowMax(args.back(), local_max.back()).ok());
+    NF_ASSERT_OK(ops::CrossEntropyRowMax(args.back(), local_max.back()));
     for (int64_t r = 0; r < rows; ++r) {
       global_max[r] = std::max(global_max[r], local_max.back().data<float>()[r]);
     }
@@ -460,9 +456,9 @@ TEST_P(CrossEntropySplitTest, SlicesMatchUnsplitLossAndGradient) {
   std::vector<float> target_b(rows, 0.0f);
   for (int64_t s = 0; s < slices; ++s) {
     Tensor sum = MakeZeros(DType::kF32, {rows}), target = MakeZeros(DType::kF32, {rows});
-    ASSERT_TRUE(ops::CrossEntropySumExp(args[s], gmax, sum, target).ok());
+    NF_ASSERT_OK(ops::CrossEntropySumExp(args[s], gmax, sum, target));
     Tensor lsum = MakeZeros(DType::kF32, {rows}), ltarget = MakeZeros(DType::kF32, {rows});
-    ASSERT_TRUE(ops::CrossEntropySumExp(args[s], local_max[s], lsum, ltarget).ok());
+    NF_ASSERT_OK(ops::CrossEntropySumExp(args[s], local_max[s], lsum, ltarget));
     for (int64_t r = 0; r < rows; ++r) {
       sum_a[r] += sum.data<float>()[r];
       target_a[r] += target.data<float>()[r];
@@ -487,9 +483,8 @@ TEST_P(CrossEntropySplitTest, SlicesMatchUnsplitLossAndGradient) {
     SCOPED_TRACE(name);
     Tensor gsum = MakeTensor(DType::kF32, {rows}, sums);
     Tensor loss = MakeZeros(DType::kF32, {rows});
-    ASSERT_TRUE(
-        ops::CrossEntropyLoss(ttargets, gmax, gsum, MakeTensor(DType::kF32, {rows}, target_a), loss)
-            .ok());
+    NF_ASSERT_OK(ops::CrossEntropyLoss(ttargets, gmax, gsum,
+                                       MakeTensor(DType::kF32, {rows}, target_a), loss));
     // The split sum_exp has one fp32 rounding per slice partial and per all-reduce addition
     // (re-basing: a few more), against one for the unsplit sum: within (slices + 3) u32
     // relative, i.e. absolute on log(sum_exp); both losses are then rounded to fp32 (2 u32).
@@ -498,9 +493,8 @@ TEST_P(CrossEntropySplitTest, SlicesMatchUnsplitLossAndGradient) {
     for (int64_t s = 0; s < slices; ++s) {
       const int64_t begin = split.bounds[s], width = split.bounds[s + 1] - begin;
       Tensor dlogits = MakeZeros(DType::kF32, {rows, width});
-      ASSERT_TRUE(ops::CrossEntropyBackward(args[s], gmax, gsum,
-                                            MakeTensor(DType::kF32, {rows}, dloss), dlogits)
-                      .ok());
+      NF_ASSERT_OK(ops::CrossEntropyBackward(args[s], gmax, gsum,
+                                             MakeTensor(DType::kF32, {rows}, dloss), dlogits));
       std::vector<double> expected;
       for (int64_t r = 0; r < rows; ++r) {
         expected.insert(expected.end(), full.dlogits.begin() + r * vocab + begin,
@@ -541,11 +535,10 @@ TEST(CrossEntropyTest, OutOfVocabularyTargetIsAnErrorNamingIt) {
       ops::CrossEntropyForward({logits, MakeIds({rows}, {0, 1, -2})}, row_max, sum_exp, loss),
       "target -2 of row 2");
   // A vocab slice accepts targets held by other slices when valid_vocab is the global size.
-  EXPECT_TRUE(
+  NF_EXPECT_OK(
       ops::CrossEntropyForward({MakeTensor(DType::kF32, {rows, 4}, RandomFloats(rows * 4, 22)),
                                 MakeIds({rows}, {6, 0, -1}), 0, 7},
-                               row_max, sum_exp, loss)
-          .ok());
+                               row_max, sum_exp, loss));
 }
 
 // The step's loss accumulates over micro-batches on the device: ignored rows add nothing, and
@@ -553,10 +546,10 @@ TEST(CrossEntropyTest, OutOfVocabularyTargetIsAnErrorNamingIt) {
 TEST(AccumulateLossTest, AddsTheLossAndCountOfRowsWithATarget) {
   Tensor totals = MakeZeros(DType::kF64, {2});
   const Tensor loss = MakeTensor(DType::kF32, {4}, {0.5f, 2.25f, 7.0f, 1.125f});
-  ASSERT_TRUE(ops::AccumulateLoss(loss, MakeIds({4}, {3, -1, 0, 2}), totals).ok());
+  NF_ASSERT_OK(ops::AccumulateLoss(loss, MakeIds({4}, {3, -1, 0, 2}), totals));
   EXPECT_EQ(totals.data<double>()[0], 0.5 + 7.0 + 1.125);
   EXPECT_EQ(totals.data<double>()[1], 3.0);
-  ASSERT_TRUE(ops::AccumulateLoss(loss, MakeIds({4}, {-1, 1, -1, -1}), totals).ok());
+  NF_ASSERT_OK(ops::AccumulateLoss(loss, MakeIds({4}, {-1, 1, -1, -1}), totals));
   EXPECT_EQ(totals.data<double>()[0], 0.5 + 7.0 + 1.125 + 2.25);
   EXPECT_EQ(totals.data<double>()[1], 4.0);
   ExpectInvalidArgument(
@@ -569,7 +562,7 @@ TEST(CrossEntropyTest, RejectsInconsistentArguments) {
   const auto f32 = [](Shape s) { return MakeZeros(DType::kF32, s); };
   const ops::CrossEntropyArgs good{f32({rows, vocab}), MakeIds({rows}, {0, 1, -1})};
   Tensor row_max = f32({rows}), sum_exp = f32({rows}), loss = f32({rows});
-  ASSERT_TRUE(ops::CrossEntropyForward(good, row_max, sum_exp, loss).ok());
+  NF_ASSERT_OK(ops::CrossEntropyForward(good, row_max, sum_exp, loss));
   ops::CrossEntropyArgs a = good;
   a.logits = f32({1, rows, vocab});
   ExpectInvalidArgument(ops::CrossEntropyRowMax(a, row_max), "logits");

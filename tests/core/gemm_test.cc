@@ -135,7 +135,7 @@ void CheckGemm(const GemmCase& gc, uint32_t seed, float c_init_fill = 0.0f,
   const Tensor c = MakeTensor(gc.c, c_shape, c_values);
   const Expected expected = ReferenceGemm(gc, Rounded(gc.ab, a_values), Rounded(gc.ab, b_values),
                                           Rounded(gc.c, c_values));
-  ASSERT_TRUE(ops::Gemm({a, b, c, gc.trans_a, gc.trans_b, gc.alpha, gc.beta}).ok());
+  NF_ASSERT_OK(ops::Gemm({a, b, c, gc.trans_a, gc.trans_b, gc.alpha, gc.beta}));
   ExpectWithinBound(ToDoubles(c), expected, "C");
 }
 
@@ -236,7 +236,7 @@ TEST(GemmTest, ReducedPrecisionOutputIsRoundedToNearest) {
   // (1 + 2^-10) 1.75 = 1.75 + 7 2^-12; fp16 spacing in [1, 2) is 2^-10 = 4 2^-12: 1.75 ulp
   // above 1.75, so the nearest fp16 is 1.75 + 2 2^-10.
   const Tensor c16 = MakeZeros(DType::kF16, {1, 1});
-  ASSERT_TRUE(ops::Gemm({a16, b, c16}).ok());
+  NF_ASSERT_OK(ops::Gemm({a16, b, c16}));
   EXPECT_EQ(ToDoubles(c16)[0], 1.75 + 0x1p-9);
 
   const Tensor b_bf = MakeTensor(DType::kBF16, {1, 1}, {1.75f});
@@ -244,11 +244,11 @@ TEST(GemmTest, ReducedPrecisionOutputIsRoundedToNearest) {
   // (1 + 2^-7) 1.75 = 1.75 + 7 2^-9; bf16 spacing in [1, 2) is 2^-7 = 4 2^-9: the nearest bf16
   // is 1.75 + 2 2^-7.
   const Tensor c_bf = MakeZeros(DType::kBF16, {1, 1});
-  ASSERT_TRUE(ops::Gemm({a_bf, b_bf, c_bf}).ok());
+  NF_ASSERT_OK(ops::Gemm({a_bf, b_bf, c_bf}));
   EXPECT_EQ(ToDoubles(c_bf)[0], 1.75 + 0x1p-6);
   // With fp32 C the same product is exact.
   const Tensor c32 = MakeZeros(DType::kF32, {1, 1});
-  ASSERT_TRUE(ops::Gemm({a_bf, b_bf, c32}).ok());
+  NF_ASSERT_OK(ops::Gemm({a_bf, b_bf, c32}));
   EXPECT_EQ(ToDoubles(c32)[0], 1.75 + 7 * 0x1p-9);
 }
 
@@ -287,10 +287,9 @@ TEST(GemmTest, BetaOneAccumulatesIntoFp32) {
   for (const auto* pair : {&x0, &x1}) {
     const std::vector<float>& x = *pair;
     const std::vector<float>& dy = pair == &x0 ? dy0 : dy1;
-    ASSERT_TRUE(ops::Gemm({MakeTensor(DType::kBF16, {tokens, in}, x),
-                           MakeTensor(DType::kBF16, {tokens, out}, dy), grad,
-                           /*trans_a=*/true, /*trans_b=*/false, 1.0f, 1.0f})
-                    .ok());
+    NF_ASSERT_OK(ops::Gemm({MakeTensor(DType::kBF16, {tokens, in}, x),
+                            MakeTensor(DType::kBF16, {tokens, out}, dy), grad,
+                            /*trans_a=*/true, /*trans_b=*/false, 1.0f, 1.0f}));
   }
   const std::vector<double> rx0 = Rounded(DType::kBF16, x0), rdy0 = Rounded(DType::kBF16, dy0);
   const std::vector<double> rx1 = Rounded(DType::kBF16, x1), rdy1 = Rounded(DType::kBF16, dy1);
@@ -358,7 +357,7 @@ TEST(GemmTest, EmptyOutputsAreNoOps) {
     const Tensor a = MakeTensor(DType::kF32, {m, k}, RandomFloats(m * k, 1));
     const Tensor b = MakeTensor(DType::kF32, {k, n}, RandomFloats(k * n, 2));
     const Tensor c = *c_storage.View(4, {m, n});
-    ASSERT_TRUE(ops::Gemm({a, b, c, false, false, 1.0f, 1.0f}).ok());
+    NF_ASSERT_OK(ops::Gemm({a, b, c, false, false, 1.0f, 1.0f}));
     for (double v : ToDoubles(c_storage)) ASSERT_EQ(v, 42.0);
   }
   // An empty batch, with 3-D and with shared 2-D operands.
@@ -366,8 +365,8 @@ TEST(GemmTest, EmptyOutputsAreNoOps) {
   const Tensor b3 = MakeZeros(DType::kF16, {0, 2, 4});
   const Tensor b2 = MakeZeros(DType::kF16, {2, 4});
   const Tensor c3 = MakeZeros(DType::kF16, {0, 3, 4});
-  EXPECT_TRUE(ops::Gemm({a3, b3, c3}).ok());
-  EXPECT_TRUE(ops::Gemm({a3, b2, c3}).ok()) << ops::Gemm({a3, b2, c3});
+  NF_EXPECT_OK(ops::Gemm({a3, b3, c3}));
+  NF_EXPECT_OK(ops::Gemm({a3, b2, c3}));
 }
 
 TEST(GemmTest, WritesOnlyItsViewOfAFlatBuffer) {
@@ -378,9 +377,8 @@ TEST(GemmTest, WritesOnlyItsViewOfAFlatBuffer) {
   const Tensor storage = MakeTensor(DType::kF32, {static_cast<int64_t>(flat.size())}, flat);
   const Tensor c = *storage.View(2, {m, n});
   const std::vector<float> a = RandomFloats(m * k, 10), b = RandomFloats(k * n, 11);
-  ASSERT_TRUE(ops::Gemm({MakeTensor(DType::kF32, {m, k}, a), MakeTensor(DType::kF32, {k, n}, b), c,
-                         false, false, 1.0f, 1.0f})
-                  .ok());
+  NF_ASSERT_OK(ops::Gemm({MakeTensor(DType::kF32, {m, k}, a), MakeTensor(DType::kF32, {k, n}, b), c,
+                          false, false, 1.0f, 1.0f}));
   const std::vector<double> after = ToDoubles(storage);
   for (size_t i = 0; i < flat.size(); ++i) {
     if (i >= 2 && i < static_cast<size_t>(2 + m * n)) {
@@ -410,7 +408,7 @@ TEST(GemmTest, RejectsInconsistentShapes) {
   const Tensor a = MakeZeros(DType::kF32, {3, 4});
   const Tensor b = MakeZeros(DType::kF32, {4, 5});
   const Tensor c = MakeZeros(DType::kF32, {3, 5});
-  ASSERT_TRUE(ops::Gemm({a, b, c}).ok());  // the consistent baseline
+  NF_ASSERT_OK(ops::Gemm({a, b, c}));  // the consistent baseline
   // Mismatched K, with and without transposes.
   ExpectGemmError({a, MakeZeros(DType::kF32, {5, 5}), c}, "shapes do not multiply");
   ExpectGemmError({a, b, c, /*trans_a=*/true}, "(transposed)");

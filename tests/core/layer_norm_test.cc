@@ -144,7 +144,7 @@ TEST_P(LayerNormDTypeTest, ForwardMatchesFloat64Reference) {
   Tensor y = MakeZeros(c.dtype, {2, 3, c.cols});
   Tensor mean = MakeZeros(DType::kF32, {c.rows});
   Tensor rstd = MakeZeros(DType::kF32, {c.rows});
-  ASSERT_TRUE(ops::LayerNormForward({x, w, b, y, mean, rstd, kEps}).ok());
+  NF_ASSERT_OK(ops::LayerNormForward({x, w, b, y, mean, rstd, kEps}));
 
   const RefForward ref = ReferenceLayerNorm(c.xd, c.wd, c.bd, c.rows, c.cols);
   // mean and rstd come from double sums rounded once to fp32: within u32 relative; 2 * u32
@@ -166,7 +166,7 @@ TEST_P(LayerNormDTypeTest, BackwardMatchesFiniteDifferencesAndAccumulates) {
   Tensor y = MakeZeros(c.dtype, {c.rows, c.cols});
   Tensor mean = MakeZeros(DType::kF32, {c.rows});
   Tensor rstd = MakeZeros(DType::kF32, {c.rows});
-  ASSERT_TRUE(ops::LayerNormForward({x, w, b, y, mean, rstd, kEps}).ok());
+  NF_ASSERT_OK(ops::LayerNormForward({x, w, b, y, mean, rstd, kEps}));
 
   Tensor dy = MakeTensor(c.dtype, {c.rows, c.cols}, c.dy);
   Tensor dx = MakeZeros(c.dtype, {c.rows, c.cols});
@@ -174,7 +174,7 @@ TEST_P(LayerNormDTypeTest, BackwardMatchesFiniteDifferencesAndAccumulates) {
   const std::vector<float> dw0 = RandomFloats(c.cols, 5), db0 = RandomFloats(c.cols, 6);
   Tensor dweight = MakeTensor(DType::kF32, {c.cols}, dw0);
   Tensor dbias = MakeTensor(DType::kF32, {c.cols}, db0);
-  ASSERT_TRUE(ops::LayerNormBackward({dy, x, w, mean, rstd, dx, dweight, dbias}).ok());
+  NF_ASSERT_OK(ops::LayerNormBackward({dy, x, w, mean, rstd, dx, dweight, dbias}));
 
   const int64_t rows = c.rows, cols = c.cols;
   const auto loss_of_x = [&](const std::vector<double>& v) {
@@ -226,7 +226,7 @@ TEST_P(LayerNormDTypeTest, ShardedForwardMatchesUnsharded) {
   Tensor y = MakeZeros(c.dtype, {c.rows, c.cols});
   Tensor mean = MakeZeros(DType::kF32, {c.rows});
   Tensor rstd = MakeZeros(DType::kF32, {c.rows});
-  ASSERT_TRUE(ops::LayerNormForward({x, w, b, y, mean, rstd, kEps}).ok());
+  NF_ASSERT_OK(ops::LayerNormForward({x, w, b, y, mean, rstd, kEps}));
   const std::vector<double> y_full = ToDoubles(y);
   const RefForward ref = ReferenceLayerNorm(c.xd, c.wd, c.bd, c.rows, c.cols);
 
@@ -243,7 +243,7 @@ TEST_P(LayerNormDTypeTest, ShardedForwardMatchesUnsharded) {
       ws.push_back(*w.View(begin, {width}));
       bs.push_back(*b.View(begin, {width}));
       Tensor partial = MakeZeros(DType::kF64, {c.rows, 2});
-      ASSERT_TRUE(ops::LayerNormPartialStats(xs.back(), partial).ok());
+      NF_ASSERT_OK(ops::LayerNormPartialStats(xs.back(), partial));
       for (int64_t i = 0; i < c.rows * 2; ++i) stats[i] += partial.data<double>()[i];
       begin += width;
     }
@@ -280,9 +280,8 @@ TEST_P(LayerNormDTypeTest, ShardedForwardMatchesUnsharded) {
       Tensor ys = MakeZeros(c.dtype, {c.rows, width});
       Tensor means = MakeZeros(DType::kF32, {c.rows});
       Tensor rstds = MakeZeros(DType::kF32, {c.rows});
-      ASSERT_TRUE(ops::LayerNormForwardFromStats({xs[s], ws[s], bs[s], ys, means, rstds, kEps},
-                                                 global, c.cols)
-                      .ok());
+      NF_ASSERT_OK(ops::LayerNormForwardFromStats({xs[s], ws[s], bs[s], ys, means, rstds, kEps},
+                                                  global, c.cols));
       ExpectAllClose(ToDoubles(ys), ColumnBlock(y_full, c.rows, c.cols, begin, width), y_atol,
                      2 * UnitRoundoff(c.dtype), "shard y");
       // mean: both sides round nearly the same double to fp32, one ulp apart at most.
@@ -305,13 +304,13 @@ TEST_P(LayerNormDTypeTest, ShardedBackwardMatchesUnsharded) {
   // backward's split (the forward's is checked above).
   Tensor mean = MakeZeros(DType::kF32, {c.rows});
   Tensor rstd = MakeZeros(DType::kF32, {c.rows});
-  ASSERT_TRUE(ops::LayerNormForward({x, w, b, y, mean, rstd, kEps}).ok());
+  NF_ASSERT_OK(ops::LayerNormForward({x, w, b, y, mean, rstd, kEps}));
   Tensor dy = MakeTensor(c.dtype, {c.rows, c.cols}, c.dy);
   Tensor dx = MakeZeros(c.dtype, {c.rows, c.cols});
   const std::vector<float> dw0 = RandomFloats(c.cols, 7), db0 = RandomFloats(c.cols, 8);
   Tensor dweight = MakeTensor(DType::kF32, {c.cols}, dw0);
   Tensor dbias = MakeTensor(DType::kF32, {c.cols}, db0);
-  ASSERT_TRUE(ops::LayerNormBackward({dy, x, w, mean, rstd, dx, dweight, dbias}).ok());
+  NF_ASSERT_OK(ops::LayerNormBackward({dy, x, w, mean, rstd, dx, dweight, dbias}));
   const std::vector<double> dx_full = ToDoubles(dx), dw_full = ToDoubles(dweight),
                             db_full = ToDoubles(dbias);
   const RefForward ref = ReferenceLayerNorm(c.xd, c.wd, c.bd, c.rows, c.cols);
@@ -336,7 +335,7 @@ TEST_P(LayerNormDTypeTest, ShardedBackwardMatchesUnsharded) {
       a.dbias = MakeTensor(DType::kF32, {width},
                            std::vector<float>(db0.begin() + begin, db0.begin() + begin + width));
       Tensor partial = MakeZeros(DType::kF32, {c.rows, 2});
-      ASSERT_TRUE(ops::LayerNormBackwardPartialSums(a, partial).ok());
+      NF_ASSERT_OK(ops::LayerNormBackwardPartialSums(a, partial));
       for (int64_t i = 0; i < c.rows * 2; ++i) sums[i] += partial.data<float>()[i];
       args.push_back(a);
       begin += width;
@@ -353,7 +352,7 @@ TEST_P(LayerNormDTypeTest, ShardedBackwardMatchesUnsharded) {
     begin = 0;
     for (int64_t s = 0; s < shards; ++s) {
       const int64_t width = widths[s];
-      ASSERT_TRUE(ops::LayerNormBackwardFromSums(args[s], global, c.cols).ok());
+      NF_ASSERT_OK(ops::LayerNormBackwardFromSums(args[s], global, c.cols));
       ExpectAllClose(ToDoubles(args[s].dx), ColumnBlock(dx_full, c.rows, c.cols, begin, width),
                      dx_atol, 2 * UnitRoundoff(c.dtype), "shard dx");
       // Same per-column loop over the same values in the same order: bit-identical.
@@ -377,9 +376,8 @@ TEST(LayerNormTest, LargeMeanRowsKeepTheirVariance) {
   Tensor y = MakeZeros(DType::kF32, {rows, cols});
   Tensor mean = MakeZeros(DType::kF32, {rows});
   Tensor rstd = MakeZeros(DType::kF32, {rows});
-  ASSERT_TRUE(ops::LayerNormForward({tx, MakeTensor(DType::kF32, {cols}, w),
-                                     MakeTensor(DType::kF32, {cols}, b), y, mean, rstd, kEps})
-                  .ok());
+  NF_ASSERT_OK(ops::LayerNormForward({tx, MakeTensor(DType::kF32, {cols}, w),
+                                      MakeTensor(DType::kF32, {cols}, b), y, mean, rstd, kEps}));
   const std::vector<double> xd(x.begin(), x.end()), wd(w.begin(), w.end()), bd(b.begin(), b.end());
   const RefForward ref = ReferenceLayerNorm(xd, wd, bd, rows, cols);
   // Double two-pass statistics rounded once to fp32 (see ForwardMatchesFloat64Reference).
@@ -403,9 +401,8 @@ TEST(LayerNormTest, ShardedLargeMeanRowsKeepTheirVariance) {
   Tensor tw = MakeTensor(DType::kF32, {cols}, w), tb = MakeTensor(DType::kF32, {cols}, b);
   Tensor y = MakeZeros(DType::kF32, {rows, cols});
   Tensor mean = MakeZeros(DType::kF32, {rows}), rstd = MakeZeros(DType::kF32, {rows});
-  ASSERT_TRUE(
-      ops::LayerNormForward({MakeTensor(DType::kF32, {rows, cols}, x), tw, tb, y, mean, rstd, kEps})
-          .ok());
+  NF_ASSERT_OK(ops::LayerNormForward(
+      {MakeTensor(DType::kF32, {rows, cols}, x), tw, tb, y, mean, rstd, kEps}));
 
   std::vector<Tensor> shards;
   Tensor stats = MakeZeros(DType::kF64, {rows, 2});
@@ -413,17 +410,16 @@ TEST(LayerNormTest, ShardedLargeMeanRowsKeepTheirVariance) {
     shards.push_back(
         MakeTensor(DType::kF32, {rows, half}, ColumnBlock(x, rows, cols, s * half, half)));
     Tensor partial = MakeZeros(DType::kF64, {rows, 2});
-    ASSERT_TRUE(ops::LayerNormPartialStats(shards.back(), partial).ok());
+    NF_ASSERT_OK(ops::LayerNormPartialStats(shards.back(), partial));
     for (int64_t i = 0; i < rows * 2; ++i) stats.data<double>()[i] += partial.data<double>()[i];
   }
   const std::vector<double> y_full = ToDoubles(y);
   for (int64_t s = 0; s < 2; ++s) {
     Tensor ys = MakeZeros(DType::kF32, {rows, half});
     Tensor means = MakeZeros(DType::kF32, {rows}), rstds = MakeZeros(DType::kF32, {rows});
-    ASSERT_TRUE(ops::LayerNormForwardFromStats({shards[s], *tw.View(s * half, {half}),
-                                                *tb.View(s * half, {half}), ys, means, rstds, kEps},
-                                               stats, cols)
-                    .ok());
+    NF_ASSERT_OK(ops::LayerNormForwardFromStats(
+        {shards[s], *tw.View(s * half, {half}), *tb.View(s * half, {half}), ys, means, rstds, kEps},
+        stats, cols));
     // rstd from E[x^2] - mean^2 in double: sum x^2 ~ 64 * 9e8 carries ~64 u64 relative, i.e.
     // an absolute var error ~ 6e10 * 2^-53 ~ 7e-6 against var ~ 1/3: 2e-5 relative on var,
     // 1e-5 on rstd. The two fp32 means may differ by one ulp of 3e4 (2^-9), which moves
@@ -460,11 +456,11 @@ TEST(LayerNormTest, ChunkedRowsMatchSmallBlocks) {
     Tensor y = MakeZeros(c.dtype, {rows, c.cols});
     Tensor mean = MakeZeros(DType::kF32, {rows});
     Tensor rstd = MakeZeros(DType::kF32, {rows});
-    ASSERT_TRUE(ops::LayerNormForward({x, w, b, y, mean, rstd, kEps}).ok());
+    NF_ASSERT_OK(ops::LayerNormForward({x, w, b, y, mean, rstd, kEps}));
     Tensor dy = MakeTensor(c.dtype, {rows, c.cols}, part(c.dy));
     Tensor dx = MakeZeros(c.dtype, {rows, c.cols});
     Tensor dw = MakeZeros(DType::kF32, {c.cols}), db = MakeZeros(DType::kF32, {c.cols});
-    ASSERT_TRUE(ops::LayerNormBackward({dy, x, w, mean, rstd, dx, dw, db}).ok());
+    NF_ASSERT_OK(ops::LayerNormBackward({dy, x, w, mean, rstd, dx, dw, db}));
     append(out.y, y);
     append(out.mean, mean);
     append(out.rstd, rstd);
@@ -513,7 +509,7 @@ TEST(LayerNormTest, SingleColumnOutputsBias) {
   Tensor y = MakeZeros(DType::kF32, {rows, 1});
   Tensor mean = MakeZeros(DType::kF32, {rows});
   Tensor rstd = MakeZeros(DType::kF32, {rows});
-  ASSERT_TRUE(ops::LayerNormForward({x, w, b, y, mean, rstd, kEps}).ok());
+  NF_ASSERT_OK(ops::LayerNormForward({x, w, b, y, mean, rstd, kEps}));
   for (int64_t r = 0; r < rows; ++r) {
     EXPECT_EQ(y.data<float>()[r], 0.25f) << r;
     EXPECT_EQ(mean.data<float>()[r], x.data<float>()[r]) << r;
@@ -526,7 +522,7 @@ TEST(LayerNormTest, SingleColumnOutputsBias) {
   Tensor dx = MakeTensor(DType::kF32, {rows, 1}, {9.0f, 9.0f, 9.0f});
   Tensor dweight = MakeTensor(DType::kF32, {1}, {1.0f});
   Tensor dbias = MakeTensor(DType::kF32, {1}, {1.0f});
-  ASSERT_TRUE(ops::LayerNormBackward({dy, x, w, mean, rstd, dx, dweight, dbias}).ok());
+  NF_ASSERT_OK(ops::LayerNormBackward({dy, x, w, mean, rstd, dx, dweight, dbias}));
   for (int64_t r = 0; r < rows; ++r) EXPECT_EQ(dx.data<float>()[r], 0.0f) << r;
   EXPECT_EQ(dweight.data<float>()[0], 1.0f);  // + sum dy * 0
   EXPECT_EQ(dbias.data<float>()[0], 3.5f);    // 1 + (1 + 2 - 0.5), exact in fp32
@@ -540,18 +536,18 @@ TEST(LayerNormTest, ZeroRowsIsANoOp) {
   Tensor y = MakeZeros(DType::kF32, {0, cols});
   Tensor mean = MakeZeros(DType::kF32, {0});
   Tensor rstd = MakeZeros(DType::kF32, {0});
-  EXPECT_TRUE(ops::LayerNormForward({x, w, b, y, mean, rstd, kEps}).ok());
+  NF_EXPECT_OK(ops::LayerNormForward({x, w, b, y, mean, rstd, kEps}));
   Tensor stats = MakeZeros(DType::kF64, {0, 2});
-  EXPECT_TRUE(ops::LayerNormPartialStats(x, stats).ok());
-  EXPECT_TRUE(ops::LayerNormForwardFromStats({x, w, b, y, mean, rstd, kEps}, stats, 16).ok());
+  NF_EXPECT_OK(ops::LayerNormPartialStats(x, stats));
+  NF_EXPECT_OK(ops::LayerNormForwardFromStats({x, w, b, y, mean, rstd, kEps}, stats, 16));
   const std::vector<float> dw0 = RandomFloats(cols, 3), db0 = RandomFloats(cols, 4);
   Tensor dweight = MakeTensor(DType::kF32, {cols}, dw0);
   Tensor dbias = MakeTensor(DType::kF32, {cols}, db0);
   const ops::LayerNormBackwardArgs args{x, x, w, mean, rstd, y, dweight, dbias};
-  EXPECT_TRUE(ops::LayerNormBackward(args).ok());
+  NF_EXPECT_OK(ops::LayerNormBackward(args));
   Tensor sums = MakeZeros(DType::kF32, {0, 2});
-  EXPECT_TRUE(ops::LayerNormBackwardPartialSums(args, sums).ok());
-  EXPECT_TRUE(ops::LayerNormBackwardFromSums(args, sums, 16).ok());
+  NF_EXPECT_OK(ops::LayerNormBackwardPartialSums(args, sums));
+  NF_EXPECT_OK(ops::LayerNormBackwardFromSums(args, sums, 16));
   // Nothing to add: the accumulated gradients keep their values exactly.
   ExpectAllClose(ToDoubles(dweight), std::vector<double>(dw0.begin(), dw0.end()), 0, 0, "dw");
   ExpectAllClose(ToDoubles(dbias), std::vector<double>(db0.begin(), db0.end()), 0, 0, "db");
@@ -562,7 +558,7 @@ TEST(LayerNormTest, RejectsInconsistentArguments) {
   const auto f32 = [](Shape s) { return MakeZeros(DType::kF32, s); };
   const ops::LayerNormArgs good{f32({rows, cols}), f32({cols}), f32({cols}), f32({rows, cols}),
                                 f32({rows}),       f32({rows}), kEps};
-  ASSERT_TRUE(ops::LayerNormForward(good).ok());
+  NF_ASSERT_OK(ops::LayerNormForward(good));
 
   ops::LayerNormArgs a = good;
   a.weight = f32({cols + 1});
@@ -606,7 +602,7 @@ TEST(LayerNormTest, RejectsInconsistentArguments) {
   const ops::LayerNormBackwardArgs bgood{f32({rows, cols}), f32({rows, cols}), f32({cols}),
                                          f32({rows}),       f32({rows}),       f32({rows, cols}),
                                          f32({cols}),       f32({cols})};
-  ASSERT_TRUE(ops::LayerNormBackward(bgood).ok());
+  NF_ASSERT_OK(ops::LayerNormBackward(bgood));
   ops::LayerNormBackwardArgs bad = bgood;
   bad.dy = f32({rows, cols + 1});
   ExpectInvalidArgument(ops::LayerNormBackward(bad), "dy");

@@ -45,8 +45,8 @@ TEST_P(ScaleChannelsTest, ForwardAndBackwardMatchFloat64) {
   Tensor tscale = MakeTensor(DType::kF32, {c.channels}, scale);
   Tensor ty = MakeZeros(c.dtype, {n}), tdx = MakeZeros(c.dtype, {n});
   Tensor tdscale = MakeTensor(DType::kF32, {c.channels}, dscale0);
-  ASSERT_TRUE(ops::ScaleChannels(tx, tscale, c.inner, ty).ok());
-  ASSERT_TRUE(ops::ScaleChannelsBackward(tx, tscale, c.inner, tdy, tdx, tdscale).ok());
+  NF_ASSERT_OK(ops::ScaleChannels(tx, tscale, c.inner, ty));
+  NF_ASSERT_OK(ops::ScaleChannelsBackward(tx, tscale, c.inner, tdy, tdx, tdscale));
 
   std::vector<double> y(n), dx(n), dscale(dscale0.begin(), dscale0.end());
   for (int64_t i = 0; i < n; ++i) {
@@ -68,7 +68,7 @@ TEST_P(ScaleChannelsTest, ForwardAndBackwardMatchFloat64) {
 TEST(ScaleChannelsTest, InPlaceAndRejectsBadGroups) {
   Tensor x = MakeTensor(DType::kF32, {2, 6}, {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12});
   Tensor scale = MakeTensor(DType::kF32, {3}, {1, 10, 100});
-  ASSERT_TRUE(ops::ScaleChannels(x, scale, 2, x).ok());
+  NF_ASSERT_OK(ops::ScaleChannels(x, scale, 2, x));
   EXPECT_EQ(ToDoubles(x), (std::vector<double>{1, 2, 30, 40, 500, 600, 7, 8, 90, 100, 1100, 1200}));
   ExpectInvalidArgument(ops::ScaleChannels(x, scale, 5, x), "ScaleChannels", "inner");
   ExpectInvalidArgument(ops::ScaleChannels(x, scale, 0, x), "ScaleChannels", "inner");
@@ -83,7 +83,7 @@ TEST(HeadLayoutTest, SplitPlacesEveryElementAndMergeInvertsIt) {
   for (int64_t i = 0; i < n; ++i) tokens[i] = static_cast<float>(i);
   Tensor t = MakeTensor(DType::kBF16, {batch * seq, heads * dim}, tokens);
   Tensor h = MakeZeros(DType::kBF16, {batch, heads, seq, dim});
-  ASSERT_TRUE(ops::SplitHeads(t, h).ok());
+  NF_ASSERT_OK(ops::SplitHeads(t, h));
   const std::vector<double> split = ToDoubles(h);
   const std::vector<double> rounded = Rounded(DType::kBF16, tokens);
   for (int64_t b = 0; b < batch; ++b) {
@@ -98,7 +98,7 @@ TEST(HeadLayoutTest, SplitPlacesEveryElementAndMergeInvertsIt) {
     }
   }
   Tensor back = MakeZeros(DType::kBF16, {batch * seq, heads * dim});
-  ASSERT_TRUE(ops::MergeHeads(h, back).ok());
+  NF_ASSERT_OK(ops::MergeHeads(h, back));
   EXPECT_EQ(ToDoubles(back), rounded);
   ExpectInvalidArgument(ops::SplitHeads(MakeZeros(DType::kBF16, {batch * seq, heads * dim + 1}), h),
                         "SplitHeads", "tokens");

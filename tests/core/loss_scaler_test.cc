@@ -28,7 +28,7 @@ constexpr LossScalerConfig kConfig{.initial_scale = 1024.0f,
 
 DynamicLossScaler MakeScaler(const LossScalerConfig& config = kConfig) {
   auto scaler = DynamicLossScaler::Create(config);
-  EXPECT_TRUE(scaler.ok()) << scaler.status();
+  NF_EXPECT_OK(scaler);
   return *std::move(scaler);
 }
 
@@ -121,7 +121,7 @@ TEST(DynamicLossScalerTest, StateRoundTripContinuesIdentically) {
   const LossScalerState saved = original.state();
 
   DynamicLossScaler restored = MakeScaler();
-  ASSERT_TRUE(restored.SetState(saved).ok());
+  NF_ASSERT_OK(restored.SetState(saved));
   EXPECT_EQ(restored.state(), saved);
   for (bool overflow : future) {
     original.Update(overflow);

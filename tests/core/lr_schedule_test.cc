@@ -41,7 +41,7 @@ TEST(LrScheduleTest, WarmupIsLinearFromZero) {
        {LrSchedule::Decay::kLinear, LrSchedule::Decay::kCosine, LrSchedule::Decay::kConstant}) {
     LrSchedule s = kLinear;
     s.decay = decay;
-    ASSERT_TRUE(Validate(s).ok());
+    NF_ASSERT_OK(Validate(s));
     EXPECT_EQ(LearningRate(s, 0), 0.0f);   // before the first update
     EXPECT_EQ(LearningRate(s, -5), 0.0f);  // clamped to 0
     for (int64_t u = 1; u <= 4; ++u) ExpectLr(s, u, double{s.peak_lr} * u / 4);
@@ -80,7 +80,7 @@ TEST(LrScheduleTest, ConstantAfterWarmup) {
   LrSchedule s = kLinear;
   s.decay = LrSchedule::Decay::kConstant;
   s.decay_iters = 0;  // unused by a constant schedule
-  ASSERT_TRUE(Validate(s).ok());
+  NF_ASSERT_OK(Validate(s));
   for (int64_t u : {5, 12, 13, 1'000'000}) EXPECT_EQ(LearningRate(s, u), s.peak_lr) << u;
   s.warmup_iters = 0;  // no warmup: the peak from the first update
   EXPECT_EQ(LearningRate(s, 1), s.peak_lr);
@@ -90,14 +90,14 @@ TEST(LrScheduleTest, DegenerateSpans) {
   // decay_iters == warmup_iters: the peak at the end of warmup, then min_lr at once.
   LrSchedule s = kLinear;
   s.decay_iters = s.warmup_iters;
-  ASSERT_TRUE(Validate(s).ok());
+  NF_ASSERT_OK(Validate(s));
   EXPECT_EQ(LearningRate(s, 4), s.peak_lr);
   EXPECT_EQ(LearningRate(s, 5), s.min_lr);
   // No warmup: decay starts from the peak at update 0.
   s = kLinear;
   s.warmup_iters = 0;
   s.decay = LrSchedule::Decay::kCosine;
-  ASSERT_TRUE(Validate(s).ok());
+  NF_ASSERT_OK(Validate(s));
   EXPECT_EQ(LearningRate(s, 0), s.peak_lr);
   ExpectLr(s, 6, (double{s.peak_lr} + s.min_lr) / 2);
 }
@@ -136,7 +136,7 @@ TEST(LrScheduleTest, RejectsNonsense) {
   LrSchedule constant = kLinear;
   constant.decay = LrSchedule::Decay::kConstant;
   constant.decay_iters = 1;
-  EXPECT_TRUE(Validate(constant).ok());
+  NF_EXPECT_OK(Validate(constant));
 }
 
 }  // namespace

@@ -109,13 +109,13 @@ void CheckAdamAgainstReference(ops::AdamWArgs hyper, const std::vector<float>& p
   AdamReference ref(params);
   for (size_t s = 0; s < grads.size(); ++s) {
     SCOPED_TRACE(absl::StrCat("step ", hyper.step));
-    ASSERT_TRUE(CopyFromFloats(t.grads, grads[s]).ok());
+    NF_ASSERT_OK(CopyFromFloats(t.grads, grads[s]));
     ops::AdamWArgs args = hyper;
     args.params = t.params;
     args.grads = t.grads;
     args.exp_avg = t.exp_avg;
     args.exp_avg_sq = t.exp_avg_sq;
-    ASSERT_TRUE(ops::AdamWStep(args).ok());
+    NF_ASSERT_OK(ops::AdamWStep(args));
     ref.Step(grads[s], hyper);
     const std::vector<double> p = ToDoubles(t.params), m = ToDoubles(t.exp_avg),
                               v = ToDoubles(t.exp_avg_sq);
@@ -185,10 +185,10 @@ TEST(AdamWTest, FirstStepMovesEachWeightByLr) {
   const std::vector<float> params = {1.0f, -0.5f, 0.25f, 2.0f};
   const std::vector<float> grads = {0.3f, -2.0f, 1e-3f, -0.7f};
   AdamTensors t = MakeAdamTensors(params);
-  ASSERT_TRUE(CopyFromFloats(t.grads, grads).ok());
+  NF_ASSERT_OK(CopyFromFloats(t.grads, grads));
   ops::AdamWArgs args{t.params, t.grads, t.exp_avg, t.exp_avg_sq};
   args.lr = 0.01f;
-  ASSERT_TRUE(ops::AdamWStep(args).ok());
+  NF_ASSERT_OK(ops::AdamWStep(args));
   const std::vector<double> p = ToDoubles(t.params);
   for (size_t i = 0; i < p.size(); ++i) {
     const double expected = params[i] - 0.01 * (grads[i] > 0 ? 1 : -1);
@@ -206,7 +206,7 @@ TEST(AdamWTest, WeightDecayIsDecoupled) {
   ops::AdamWArgs args{t.params, t.grads, t.exp_avg, t.exp_avg_sq};
   args.lr = 0.05f;
   args.weight_decay = 0.2f;
-  for (args.step = 1; args.step <= 3; ++args.step) ASSERT_TRUE(ops::AdamWStep(args).ok());
+  for (args.step = 1; args.step <= 3; ++args.step) NF_ASSERT_OK(ops::AdamWStep(args));
   const double factor = std::pow(1.0 - static_cast<double>(args.lr) * args.weight_decay, 3);
   const std::vector<double> p = ToDoubles(t.params);
   for (size_t i = 0; i < params.size(); ++i) {
@@ -217,7 +217,7 @@ TEST(AdamWTest, WeightDecayIsDecoupled) {
   }
   // Without decay, zero gradients leave the weights bit-for-bit unchanged.
   AdamTensors still = MakeAdamTensors(params);
-  ASSERT_TRUE(ops::AdamWStep({still.params, still.grads, still.exp_avg, still.exp_avg_sq}).ok());
+  NF_ASSERT_OK(ops::AdamWStep({still.params, still.grads, still.exp_avg, still.exp_avg_sq}));
   for (size_t i = 0; i < params.size(); ++i) {
     EXPECT_EQ(Bits(still.params.data<float>()[i]), Bits(params[i])) << i;
   }
@@ -225,7 +225,7 @@ TEST(AdamWTest, WeightDecayIsDecoupled) {
 
 TEST(AdamWTest, EmptyAndLengthOne) {
   AdamTensors empty = MakeAdamTensors({});
-  EXPECT_TRUE(ops::AdamWStep({empty.params, empty.grads, empty.exp_avg, empty.exp_avg_sq}).ok());
+  NF_EXPECT_OK(ops::AdamWStep({empty.params, empty.grads, empty.exp_avg, empty.exp_avg_sq}));
   ops::AdamWArgs hyper;
   hyper.lr = 0.1f;
   hyper.weight_decay = 0.5f;
@@ -235,7 +235,7 @@ TEST(AdamWTest, EmptyAndLengthOne) {
 TEST(AdamWTest, RejectsInvalidHyperParameters) {
   const std::vector<float> params = {1.0f, 2.0f};
   AdamTensors t = MakeAdamTensors(params);
-  ASSERT_TRUE(CopyFromFloats(t.grads, std::vector<float>{0.5f, -0.5f}).ok());
+  NF_ASSERT_OK(CopyFromFloats(t.grads, std::vector<float>{0.5f, -0.5f}));
   const ops::AdamWArgs valid{t.params, t.grads, t.exp_avg, t.exp_avg_sq};
   const float nan = std::numeric_limits<float>::quiet_NaN();
   const float inf = std::numeric_limits<float>::infinity();
@@ -299,7 +299,7 @@ TEST(UnscaleAndCheckTest, ScalesFiniteGradientsAndKeepsTheFlag) {
       SCOPED_TRACE(absl::StrCat("inv_scale=", inv_scale, " flag=", initial_flag));
       const Tensor grads = MakeTensor(DType::kF32, {3, 1000}, g);
       const Tensor flag = Flag(initial_flag);
-      ASSERT_TRUE(ops::UnscaleAndCheck(grads, inv_scale, flag).ok());
+      NF_ASSERT_OK(ops::UnscaleAndCheck(grads, inv_scale, flag));
       // All finite: an unset flag stays unset, a set one stays set.
       EXPECT_EQ(FlagValue(flag), initial_flag);
       std::vector<double> expected;
@@ -323,7 +323,7 @@ TEST(UnscaleAndCheckTest, FlagsInfAndNaNAnywhere) {
       g[where] = bad;
       const Tensor grads = MakeTensor(DType::kF32, {n}, g);
       const Tensor flag = Flag(0.0f);
-      ASSERT_TRUE(ops::UnscaleAndCheck(grads, 0.5f, flag).ok());
+      NF_ASSERT_OK(ops::UnscaleAndCheck(grads, 0.5f, flag));
       EXPECT_EQ(FlagValue(flag), 1.0f);
       // The finite values are still scaled (exactly, by 1/2) and the bad one stays non-finite.
       const float* out = grads.data<float>();
@@ -337,13 +337,13 @@ TEST(UnscaleAndCheckTest, FlagsResultsThatBecomeNonFinite) {
   // The check is on the results: a finite value overflowing under the scale, and inf * 0.
   const Tensor big = MakeTensor(DType::kF32, {3}, {1.0f, 3e38f, -2.0f});
   const Tensor flag = Flag(0.0f);
-  ASSERT_TRUE(ops::UnscaleAndCheck(big, 4.0f, flag).ok());
+  NF_ASSERT_OK(ops::UnscaleAndCheck(big, 4.0f, flag));
   EXPECT_EQ(FlagValue(flag), 1.0f);
   EXPECT_TRUE(std::isinf(big.data<float>()[1]));
 
   const Tensor with_inf = MakeTensor(DType::kF32, {2}, {1.0f, INFINITY});
   const Tensor flag2 = Flag(0.0f);
-  ASSERT_TRUE(ops::UnscaleAndCheck(with_inf, 0.0f, flag2).ok());
+  NF_ASSERT_OK(ops::UnscaleAndCheck(with_inf, 0.0f, flag2));
   EXPECT_EQ(FlagValue(flag2), 1.0f);
   EXPECT_TRUE(std::isnan(with_inf.data<float>()[1]));
 }
@@ -353,15 +353,15 @@ TEST(UnscaleAndCheckTest, OneFlagCollectsSeveralBuffers) {
   const Tensor clean1 = MakeTensor(DType::kF32, {4}, {1, 2, 3, 4});
   const Tensor dirty = MakeTensor(DType::kF32, {2}, {NAN, 1});
   const Tensor clean2 = MakeTensor(DType::kF32, {1, 1}, {5});
-  ASSERT_TRUE(ops::UnscaleAndCheck(clean1, 0.5f, flag).ok());
+  NF_ASSERT_OK(ops::UnscaleAndCheck(clean1, 0.5f, flag));
   EXPECT_EQ(FlagValue(flag), 0.0f);
-  ASSERT_TRUE(ops::UnscaleAndCheck(dirty, 0.5f, flag).ok());
+  NF_ASSERT_OK(ops::UnscaleAndCheck(dirty, 0.5f, flag));
   EXPECT_EQ(FlagValue(flag), 1.0f);
-  ASSERT_TRUE(ops::UnscaleAndCheck(clean2, 0.5f, flag).ok());  // a later clean buffer
+  NF_ASSERT_OK(ops::UnscaleAndCheck(clean2, 0.5f, flag));  // a later clean buffer
   EXPECT_EQ(FlagValue(flag), 1.0f);
   EXPECT_EQ(ToDoubles(clean2), std::vector<double>{2.5});
   // An empty buffer changes nothing.
-  ASSERT_TRUE(ops::UnscaleAndCheck(MakeZeros(DType::kF32, {0}), 0.5f, flag).ok());
+  NF_ASSERT_OK(ops::UnscaleAndCheck(MakeZeros(DType::kF32, {0}), 0.5f, flag));
   EXPECT_EQ(FlagValue(flag), 1.0f);
 }
 
@@ -404,10 +404,10 @@ TEST(SquaredNormTest, AccumulatesSumOfSquares) {
     const Tensor tx = MakeTensor(dtype, {3, 333}, x);
     const double sum = SumOfSquares(Rounded(dtype, x));
     const Tensor out = MakeTensor(DType::kF32, {1}, {1.5f});
-    ASSERT_TRUE(ops::SquaredNorm(tx, out).ok());
+    NF_ASSERT_OK(ops::SquaredNorm(tx, out));
     EXPECT_NEAR(ToDoubles(out)[0], 1.5 + sum, NormTolerance(1.5 + sum, x.size()));
     // A second call adds again (+=), e.g. the next parameter's contribution.
-    ASSERT_TRUE(ops::SquaredNorm(tx, out).ok());
+    NF_ASSERT_OK(ops::SquaredNorm(tx, out));
     // Two calls: twice the per-call bound.
     EXPECT_NEAR(ToDoubles(out)[0], 1.5 + 2 * sum, 2 * NormTolerance(1.5 + 2 * sum, x.size()));
   }
@@ -418,7 +418,7 @@ TEST(SquaredNormTest, ReducedPrecisionValuesAreReadExactly) {
   const std::vector<float> x = {1.5f, -0.25f, 3.0f, 0.0f, -2.0f};  // squares: 2.25 + 0.0625 + 9 + 4
   for (DType dtype : {DType::kF16, DType::kBF16}) {
     const Tensor out = MakeZeros(DType::kF32, {1});
-    ASSERT_TRUE(ops::SquaredNorm(MakeTensor(dtype, {5}, x), out).ok());
+    NF_ASSERT_OK(ops::SquaredNorm(MakeTensor(dtype, {5}, x), out));
     EXPECT_EQ(ToDoubles(out)[0], 15.3125) << DTypeName(dtype);
   }
 }
@@ -435,7 +435,7 @@ TEST(SquaredNormTest, LargeInputIsAccurateAndReproducible) {
     uint32_t first_bits = 0;
     for (int repeat = 0; repeat < 3; ++repeat) {
       const Tensor out = MakeZeros(DType::kF32, {1});
-      ASSERT_TRUE(ops::SquaredNorm(tx, out).ok());
+      NF_ASSERT_OK(ops::SquaredNorm(tx, out));
       const float result = out.data<float>()[0];
       EXPECT_NEAR(result, expected, NormTolerance(expected, n));
       // Bitwise identical on every call (deterministic block order, whatever the scheduling).
@@ -447,17 +447,16 @@ TEST(SquaredNormTest, LargeInputIsAccurateAndReproducible) {
 
 TEST(SquaredNormTest, NonFiniteAndEdgeCases) {
   const Tensor out = MakeTensor(DType::kF32, {1}, {2.0f});
-  ASSERT_TRUE(ops::SquaredNorm(MakeZeros(DType::kF16, {0, 5}), out).ok());
+  NF_ASSERT_OK(ops::SquaredNorm(MakeZeros(DType::kF16, {0, 5}), out));
   EXPECT_EQ(ToDoubles(out)[0], 2.0);  // empty: += 0
-  ASSERT_TRUE(ops::SquaredNorm(MakeTensor(DType::kBF16, {1, 1}, {-3.0f}), out).ok());
+  NF_ASSERT_OK(ops::SquaredNorm(MakeTensor(DType::kBF16, {1, 1}, {-3.0f}), out));
   EXPECT_EQ(ToDoubles(out)[0], 11.0);  // length 1: 2 + 9, exact
   // A non-finite value makes the norm non-finite (so gradient clipping sees it).
   const Tensor inf_out = MakeZeros(DType::kF32, {1});
-  ASSERT_TRUE(
-      ops::SquaredNorm(MakeTensor(DType::kF16, {3}, {1.0f, -INFINITY, 2.0f}), inf_out).ok());
+  NF_ASSERT_OK(ops::SquaredNorm(MakeTensor(DType::kF16, {3}, {1.0f, -INFINITY, 2.0f}), inf_out));
   EXPECT_TRUE(std::isinf(ToDoubles(inf_out)[0]));
   const Tensor nan_out = MakeZeros(DType::kF32, {1});
-  ASSERT_TRUE(ops::SquaredNorm(MakeTensor(DType::kF32, {2}, {NAN, 2.0f}), nan_out).ok());
+  NF_ASSERT_OK(ops::SquaredNorm(MakeTensor(DType::kF32, {2}, {NAN, 2.0f}), nan_out));
   EXPECT_TRUE(std::isnan(ToDoubles(nan_out)[0]));
 }
 

@@ -12,6 +12,7 @@
 #include "core/allocator.h"
 #include "core/half.h"
 #include "gtest/gtest.h"
+#include "tests/assert_ok.h"
 
 namespace nf {
 namespace {
@@ -33,7 +34,7 @@ void ExpectError(const absl::Status& status, absl::StatusCode code,
 
 Tensor MustEmpty(DType dtype, Shape shape) {
   auto t = Tensor::HostEmpty(dtype, std::move(shape));
-  EXPECT_TRUE(t.ok()) << t.status();
+  NF_EXPECT_OK(t);
   return t.ok() ? *std::move(t) : Tensor();
 }
 
@@ -63,7 +64,7 @@ TEST(TensorTest, DefaultIsUndefined) {
 
 TEST(TensorTest, EmptyHasShapeDtypeAndSize) {
   auto t = Tensor::HostEmpty(DType::kBF16, {2, 3, 5});
-  ASSERT_TRUE(t.ok()) << t.status();
+  NF_ASSERT_OK(t);
   EXPECT_TRUE(t->defined());
   EXPECT_EQ(t->dtype(), DType::kBF16);
   EXPECT_EQ(t->shape(), (Shape{2, 3, 5}));
@@ -80,7 +81,7 @@ TEST(TensorTest, EmptyHasShapeDtypeAndSize) {
   EXPECT_EQ(t->DebugString(), "bf16[2, 3, 5] on cpu");
   // Scalar: rank 0, one element.
   auto scalar = Tensor::HostEmpty(DType::kI64, {});
-  ASSERT_TRUE(scalar.ok()) << scalar.status();
+  NF_ASSERT_OK(scalar);
   EXPECT_EQ(scalar->rank(), 0);
   EXPECT_EQ(scalar->numel(), 1);
   EXPECT_EQ(scalar->nbytes(), 8u);
@@ -92,11 +93,11 @@ TEST(TensorTest, ZerosIsZeroFilled) {
     // Dirty the heap first so that zero-filling is not a coincidence of fresh pages.
     {
       auto dirty = Tensor::HostEmpty(DType::kU8, {4099});
-      ASSERT_TRUE(dirty.ok());
+      NF_ASSERT_OK(dirty);
       std::memset(dirty->raw_data(), 0xAB, dirty->nbytes());
     }
     auto t = Tensor::HostZeros(dtype, {3, 1365});
-    ASSERT_TRUE(t.ok()) << t.status();
+    NF_ASSERT_OK(t);
     const auto* bytes = static_cast<const unsigned char*>(t->raw_data());
     size_t nonzero = 0;
     for (size_t i = 0; i < t->nbytes(); ++i) nonzero += bytes[i] != 0;
@@ -109,7 +110,7 @@ TEST(TensorTest, CpuAllocationsAre64ByteAligned) {
   for (int64_t n : {0, 1, 2, 3, 7, 63, 64, 65, 127, 129, 1000, 4097, 65537, 1000003}) {
     for (DType dtype : {DType::kU8, DType::kF16, DType::kF32, DType::kI64}) {
       auto t = Tensor::HostEmpty(dtype, {n});
-      ASSERT_TRUE(t.ok()) << t.status();
+      NF_ASSERT_OK(t);
       EXPECT_NE(t->raw_data(), nullptr) << n;  // non-null even for 0 bytes
       EXPECT_TRUE(IsAligned(t->raw_data(), 64)) << n << " x " << DTypeName(dtype);
       // The whole block is usable (ASan reports an overflow here if it is short).
@@ -120,7 +121,7 @@ TEST(TensorTest, CpuAllocationsAre64ByteAligned) {
   // The allocator directly, including 0 bytes.
   for (size_t bytes : {size_t{0}, size_t{1}, size_t{33}, size_t{64}, size_t{100}}) {
     auto ptr = CpuAllocator().Allocate(bytes);
-    ASSERT_TRUE(ptr.ok()) << ptr.status();
+    NF_ASSERT_OK(ptr);
     EXPECT_NE(*ptr, nullptr);
     EXPECT_TRUE(IsAligned(*ptr, kCpuAlignment)) << bytes;
     CpuAllocator().Deallocate(*ptr, bytes);
@@ -144,7 +145,7 @@ TEST(TensorTest, NegativeDimensionsAreRejected) {
 TEST(TensorTest, ViewSharesStorageAtOffset) {
   Tensor base = Iota({4, 6});
   auto view = base.View(5, {3, 2});
-  ASSERT_TRUE(view.ok()) << view.status();
+  NF_ASSERT_OK(view);
   EXPECT_TRUE(view->SharesStorageWith(base));
   EXPECT_EQ(view->offset(), 5);
   EXPECT_EQ(view->shape(), (Shape{3, 2}));
@@ -156,14 +157,14 @@ TEST(TensorTest, ViewSharesStorageAtOffset) {
   EXPECT_EQ(base.data<float>()[5], -1.0f);
   // A view of a view accumulates offsets, and its bounds are the inner view's.
   auto inner = view->View(2, {4});
-  ASSERT_TRUE(inner.ok()) << inner.status();
+  NF_ASSERT_OK(inner);
   EXPECT_EQ(inner->offset(), 7);
   EXPECT_EQ(inner->data<float>()[0], 7.0f);
   EXPECT_TRUE(inner->SharesStorageWith(base));
   EXPECT_FALSE(view->View(2, {5}).ok());  // 2 + 5 > 6 elements of the view
   // The full extent and an empty view at the end are fine.
-  EXPECT_TRUE(base.View(0, {24}).ok());
-  EXPECT_TRUE(base.View(24, {0}).ok());
+  NF_EXPECT_OK(base.View(0, {24}));
+  NF_EXPECT_OK(base.View(24, {0}));
   // A different tensor does not share storage.
   EXPECT_FALSE(Iota({4, 6}).SharesStorageWith(base));
   // Views keep the storage alive after the base handle is gone.
@@ -191,21 +192,21 @@ TEST(TensorTest, ViewOutOfRangeIsAnError) {
 TEST(TensorTest, ReshapeSharesStorage) {
   Tensor base = Iota({2, 3, 4});
   auto r = base.Reshape({6, 4});
-  ASSERT_TRUE(r.ok()) << r.status();
+  NF_ASSERT_OK(r);
   EXPECT_EQ(r->shape(), (Shape{6, 4}));
   EXPECT_TRUE(r->SharesStorageWith(base));
   EXPECT_EQ(r->raw_data(), base.raw_data());
   auto flat = base.Reshape({24});
-  ASSERT_TRUE(flat.ok());
+  NF_ASSERT_OK(flat);
   EXPECT_EQ(flat->data<float>()[23], 23.0f);
   auto scalar_like = Iota({1}).Reshape({});
-  ASSERT_TRUE(scalar_like.ok()) << scalar_like.status();
+  NF_ASSERT_OK(scalar_like);
   EXPECT_EQ(scalar_like->rank(), 0);
   // Reshape of a slice keeps the slice's offset.
   auto slice = base.Slice(1, 1);
-  ASSERT_TRUE(slice.ok());
+  NF_ASSERT_OK(slice);
   auto reshaped = slice->Reshape({12});
-  ASSERT_TRUE(reshaped.ok()) << reshaped.status();
+  NF_ASSERT_OK(reshaped);
   EXPECT_EQ(reshaped->offset(), 12);
   EXPECT_EQ(reshaped->data<float>()[0], 12.0f);
 }
@@ -222,33 +223,33 @@ TEST(TensorTest, BadReshapeIsAnError) {
 TEST(TensorTest, SliceSharesStorageAtRowOffset) {
   Tensor base = Iota({5, 2, 3});
   auto s = base.Slice(2, 2);
-  ASSERT_TRUE(s.ok()) << s.status();
+  NF_ASSERT_OK(s);
   EXPECT_EQ(s->shape(), (Shape{2, 2, 3}));
   EXPECT_EQ(s->offset(), 12);
   EXPECT_TRUE(s->SharesStorageWith(base));
   for (int i = 0; i < 12; ++i) EXPECT_EQ(s->data<float>()[i], 12.0f + i);
   // Slicing a slice: offsets add up.
   auto ss = s->Slice(1, 1);
-  ASSERT_TRUE(ss.ok()) << ss.status();
+  NF_ASSERT_OK(ss);
   EXPECT_EQ(ss->offset(), 18);
   EXPECT_EQ(ss->data<float>()[0], 18.0f);
   // Empty slices at either end, and the whole tensor.
   auto empty = base.Slice(5, 0);
-  ASSERT_TRUE(empty.ok()) << empty.status();
+  NF_ASSERT_OK(empty);
   EXPECT_EQ(empty->numel(), 0);
-  EXPECT_TRUE(base.Slice(0, 0).ok());
+  NF_EXPECT_OK(base.Slice(0, 0));
   auto all = base.Slice(0, 5);
-  ASSERT_TRUE(all.ok());
+  NF_ASSERT_OK(all);
   EXPECT_EQ(all->shape(), base.shape());
   // A tensor with zero rows can be sliced empty.
   Tensor no_rows = MustEmpty(DType::kF32, {0, 4});
   auto none = no_rows.Slice(0, 0);
-  ASSERT_TRUE(none.ok()) << none.status();
+  NF_ASSERT_OK(none);
   EXPECT_EQ(none->shape(), (Shape{0, 4}));
   // Slices of other dtypes step in elements, not bytes.
   Tensor halves = MustEmpty(DType::kF16, {4, 3});
   auto hs = halves.Slice(3, 1);
-  ASSERT_TRUE(hs.ok());
+  NF_ASSERT_OK(hs);
   EXPECT_EQ(hs->raw_data(), static_cast<void*>(halves.data<Half>() + 9));
 }
 
@@ -297,11 +298,11 @@ TEST(TensorFloatsTest, F32RoundTripIsExact) {
       0.0f,        -0.0f,  1.0f,   -2.5f,
       3.14159265f, 1e-30f, -1e30f, std::numeric_limits<float>::denorm_min()};
   auto t = TensorFromFloats(DType::kF32, {2, 4}, values);
-  ASSERT_TRUE(t.ok()) << t.status();
+  NF_ASSERT_OK(t);
   EXPECT_EQ(t->dtype(), DType::kF32);
   EXPECT_EQ(t->shape(), (Shape{2, 4}));
   auto back = ToFloatVector(*t);
-  ASSERT_TRUE(back.ok()) << back.status();
+  NF_ASSERT_OK(back);
   ASSERT_EQ(back->size(), values.size());
   for (size_t i = 0; i < values.size(); ++i) {
     EXPECT_EQ(std::bit_cast<uint32_t>((*back)[i]), std::bit_cast<uint32_t>(values[i])) << i;
@@ -315,10 +316,10 @@ TEST(TensorFloatsTest, HalfAndBFloat16RoundTrip) {
                                      1e-6f, 65504.0f, 70000.0f, -1e-9f, 1.00048828125f};
   for (DType dtype : {DType::kF16, DType::kBF16}) {
     auto t = TensorFromFloats(dtype, {static_cast<int64_t>(values.size())}, values);
-    ASSERT_TRUE(t.ok()) << t.status();
+    NF_ASSERT_OK(t);
     EXPECT_EQ(t->dtype(), dtype);
     auto back = ToFloatVector(*t);
-    ASSERT_TRUE(back.ok()) << back.status();
+    NF_ASSERT_OK(back);
     ASSERT_EQ(back->size(), values.size());
     for (size_t i = 0; i < values.size(); ++i) {
       const float expected = dtype == DType::kF16 ? ToFloat(FromFloat<Half>(values[i]))
@@ -349,17 +350,17 @@ TEST(TensorFloatsTest, HalfAndBFloat16RoundTrip) {
 TEST(TensorFloatsTest, CopyFromFloatsIntoASliceTouchesOnlyTheSlice) {
   for (DType dtype : {DType::kF32, DType::kF16, DType::kBF16}) {
     auto base = Tensor::HostZeros(dtype, {4, 3});
-    ASSERT_TRUE(base.ok()) << base.status();
+    NF_ASSERT_OK(base);
     auto rows = base->Slice(1, 2);
-    ASSERT_TRUE(rows.ok());
+    NF_ASSERT_OK(rows);
     const std::vector<float> values = {1, 2, 3, 4, 5, 6};
-    ASSERT_TRUE(CopyFromFloats(*rows, values).ok());
+    NF_ASSERT_OK(CopyFromFloats(*rows, values));
     auto all = ToFloatVector(*base);
-    ASSERT_TRUE(all.ok()) << all.status();
+    NF_ASSERT_OK(all);
     const std::vector<float> expected = {0, 0, 0, 1, 2, 3, 4, 5, 6, 0, 0, 0};
     EXPECT_EQ(*all, expected) << DTypeName(dtype);
     auto part = ToFloatVector(*rows);
-    ASSERT_TRUE(part.ok());
+    NF_ASSERT_OK(part);
     EXPECT_EQ(*part, values) << DTypeName(dtype);
   }
 }
@@ -371,7 +372,7 @@ TEST(TensorFloatsTest, IntegerTensorsAreRejected) {
     ExpectError(TensorFromFloats(dtype, {3}, values).status(), absl::StatusCode::kInvalidArgument,
                 {name + "[3]"});
     auto t = Tensor::HostZeros(dtype, {3});
-    ASSERT_TRUE(t.ok());
+    NF_ASSERT_OK(t);
     ExpectError(ToFloatVector(*t).status(), absl::StatusCode::kInvalidArgument, {name + "[3]"});
     ExpectError(CopyFromFloats(*t, values), absl::StatusCode::kInvalidArgument, {name + "[3]"});
     // Nothing was written.
@@ -385,7 +386,7 @@ TEST(TensorFloatsTest, SizeMismatchIsAnError) {
   ExpectError(TensorFromFloats(DType::kF32, {2, 3}, values).status(),
               absl::StatusCode::kInvalidArgument, {"5", "f32[2, 3]"});
   auto t = Tensor::HostZeros(DType::kF16, {4});
-  ASSERT_TRUE(t.ok());
+  NF_ASSERT_OK(t);
   ExpectError(CopyFromFloats(*t, values), absl::StatusCode::kInvalidArgument, {"f16[4]"});
   ExpectError(TensorFromFloats(DType::kF32, {-5}, values).status(),
               absl::StatusCode::kInvalidArgument, {"[-5]"});
@@ -401,9 +402,9 @@ TEST(TensorFloatsTest, UndefinedTensorIsAnError) {
 
 TEST(TensorFloatsTest, EmptyTensorsConvert) {
   auto t = TensorFromFloats(DType::kBF16, {0, 7}, std::vector<float>{});
-  ASSERT_TRUE(t.ok()) << t.status();
+  NF_ASSERT_OK(t);
   auto back = ToFloatVector(*t);
-  ASSERT_TRUE(back.ok()) << back.status();
+  NF_ASSERT_OK(back);
   EXPECT_TRUE(back->empty());
 }
 
