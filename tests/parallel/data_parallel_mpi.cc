@@ -3,7 +3,8 @@
 // gradients, computed locally from everyone's contributions. The contributions are multiples
 // of 1/4 below 4 in magnitude, so their sums are exact in any order, and AdamW is elementwise:
 // the replicated and the ZeRO-1 sharded optimizer must give bit-identical parameters to the
-// reference (clipping off; the norm is checked separately with a tolerance).
+// reference (clipping off; the norm is checked separately with a tolerance). The check for an
+// update that would overflow the model dtype, maxed over the ranks, is the reference's.
 #include <cmath>
 #include <cstdint>
 #include <vector>
@@ -145,6 +146,71 @@ TEST_P(DataParallelOptimizerTest, SquaredNormSharesAddUpToTheWholeNorm) {
   // Squares of multiples of 1/4 below 4 * ranks in magnitude, summed in fp32 (partial sums
   // below 2^16, in steps of 2^-4: exact while below 2^20), so the shares are exact.
   EXPECT_EQ(total.data<double>()[0], expected);
+}
+
+// One no-decay element (65) sits near the model dtype's largest finite value, pointed so that
+// AdamW pushes it outwards: at the large lr its update overflows, nobody else's does. Each rank
+// checks what it updates (everything replicated, its shard sharded: then only the element's
+// owner sees it), and the max over dp, as the trainer takes it over the world, is the answer of
+// one AdamW over the summed gradients on every rank. The checks write nothing.
+TEST_P(DataParallelOptimizerTest, OverflowCheckMaxedOverRanksMatchesOneAdamW) {
+  const Case c = GetParam();
+  MpiCommunicator& dp = World();
+  constexpr int64_t kHot = 65;
+  Tensor summed = *Tensor::HostZeros(DType::kF32, {kNumel});
+  FillGrads(summed, -1, 0, dp.size());
+  const float g_hot = summed.data<float>()[kHot];
+  ASSERT_NE(g_hot, 0.0f);
+  // |hot| representable in the dtype, and an lr that carries it past the largest finite value
+  // (fp16 65504; bf16 and f32 ~3.39e38 and ~3.40e38) while every other weight stays far below.
+  const float hot = c.dtype == DType::kF16 ? 64992.0f : (c.dtype == DType::kBF16 ? 0x1.FCp127f
+                                                                                 : 3.4e38f);
+  // bf16: lands near 3.401e38, finite in fp32 but past bf16's rounding limit 3.3962e38.
+  const float lr_over =
+      c.dtype == DType::kF16 ? 1000.0f : (c.dtype == DType::kBF16 ? 2.5e36f : 1e37f);
+  std::vector<float> init = InitialParams();
+  init[kHot] = g_hot > 0 ? -hot : hot;  // AdamW's first step moves it by ~lr against g
+  Tensor params = *TensorFromFloats(c.dtype, {kNumel}, init);
+  Tensor grads = *Tensor::HostZeros(DType::kF32, {kNumel});
+  auto opt = DataParallelOptimizer::Create(
+      params, grads, kRanges, kAdamW, dp,
+      {.bucket_elements = c.bucket_elements, .shard_optimizer = c.sharded});
+  NF_ASSERT_OK(opt);
+  NF_ASSERT_OK((*opt)->InitializeMasterFromModel());
+  Tensor ref_params = *TensorFromFloats(c.dtype, {kNumel}, init);
+  auto ref = optim::MixedPrecisionAdamW::Create(ref_params, summed, kRanges, kAdamW);
+  NF_ASSERT_OK(ref);
+  NF_ASSERT_OK(ref->InitializeMasterFromModel());
+
+  FillGrads(grads, dp.rank(), 0, dp.size());
+  NF_ASSERT_OK((*opt)->FinishGradReduction());
+  auto found = (*opt)->UnscaleAndCheck(1.0f);
+  NF_ASSERT_OK(found);
+  ASSERT_FALSE(*found);
+  const std::vector<float> params0 = *ToFloatVector(params), grads0 = *ToFloatVector(grads);
+  const std::vector<float> master0 = *ToFloatVector((*opt)->adamw().master());
+  for (const float lr : {1e-2f, lr_over}) {
+    SCOPED_TRACE(lr);
+    auto local = (*opt)->UpdateWouldOverflow(lr, 0.0);
+    NF_ASSERT_OK(local);
+    Tensor flag = *Tensor::HostZeros(DType::kF32, {1});
+    flag.data<float>()[0] = *local ? 1.0f : 0.0f;
+    Tensor ranks_seeing = *Tensor::HostZeros(DType::kF32, {1});
+    ranks_seeing.data<float>()[0] = flag.data<float>()[0];
+    NF_ASSERT_OK(dp.AllReduce(flag, ReduceOp::kMax));
+    NF_ASSERT_OK(dp.AllReduce(ranks_seeing, ReduceOp::kSum));
+    auto expected = ref->UpdateWouldOverflow(lr, 0.0);
+    NF_ASSERT_OK(expected);
+    EXPECT_EQ(*expected, lr == lr_over);
+    EXPECT_EQ(flag.data<float>()[0] != 0.0f, *expected);
+    if (*expected) {
+      EXPECT_EQ(ranks_seeing.data<float>()[0], c.sharded ? 1.0f : static_cast<float>(dp.size()));
+    }
+    EXPECT_EQ(*ToFloatVector(params), params0);
+    EXPECT_EQ(*ToFloatVector(grads), grads0);
+    EXPECT_EQ(*ToFloatVector((*opt)->adamw().master()), master0);
+    EXPECT_EQ((*opt)->adamw().updates(), 0);
+  }
 }
 
 TEST(GradBucketsTest, CarvesFromTheTopInMultiplesOfTheDataParallelSize) {
