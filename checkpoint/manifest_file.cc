@@ -67,11 +67,14 @@ bool ShardElements(const TensorRecord& record, const Piece& piece, int64_t& elem
 }  // namespace
 
 std::string EncodeManifest(const Manifest& manifest) {
-  const std::string payload = manifest.SerializeAsString();
+  return FrameManifestPayload(manifest.SerializeAsString());
+}
+
+std::string FrameManifestPayload(absl::string_view payload) {
   std::string out(kMagic, sizeof(kMagic));
   PutLittleEndian(payload.size(), 8, out);
   PutLittleEndian(Crc32c(payload.data(), payload.size()), 4, out);
-  out += payload;
+  out.append(payload.data(), payload.size());
   return out;
 }
 

@@ -24,6 +24,8 @@ inline constexpr int kFormatVersion = 2;
 
 // The file's bytes for `manifest` (its format_version must be kFormatVersion).
 std::string EncodeManifest(const Manifest& manifest);
+// The file's bytes for a payload given as bytes: the header, then `payload`.
+std::string FrameManifestPayload(absl::string_view payload);
 
 // The manifest in `bytes`, or DataLoss naming `where` (the file) and what is wrong: bad magic,
 // length, checksum, an unparsable payload, an inconsistent manifest; FailedPrecondition for
