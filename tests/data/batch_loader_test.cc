@@ -46,7 +46,7 @@ GptSamples MustBuild(std::shared_ptr<const DocumentSource> source, int64_t num_s
   absl::StatusOr<GptSamples> samples = GptSamples::Build(
       std::move(source),
       {.documents = all, .seq_len = kSeqLen, .num_samples = num_samples, .seed = seed});
-  EXPECT_TRUE(samples.ok()) << samples.status();
+  NF_EXPECT_OK(samples);
   if (!samples.ok()) std::abort();
   return *std::move(samples);
 }
@@ -59,7 +59,7 @@ struct Stream {
 
 Stream MakeStream(uint32_t seed = 17) {
   absl::StatusOr<Blending> blending = Blending::Build(std::vector<double>{0.7, 0.3}, kStream);
-  EXPECT_TRUE(blending.ok()) << blending.status();
+  NF_EXPECT_OK(blending);
   if (!blending.ok()) std::abort();
   std::vector<GptSamples> datasets;
   datasets.push_back(
@@ -81,7 +81,7 @@ BatchLoaderConfig Config(int64_t global, int64_t micro, int64_t dp, int64_t rank
 BatchLoader MustCreate(Stream stream, const BatchLoaderConfig& config) {
   absl::StatusOr<BatchLoader> loader =
       BatchLoader::Create(std::move(stream.datasets), std::move(stream.blending), config);
-  EXPECT_TRUE(loader.ok()) << loader.status();
+  NF_EXPECT_OK(loader);
   if (!loader.ok()) std::abort();
   return *std::move(loader);
 }
@@ -112,7 +112,7 @@ Rows GlobalBatchInputs(int64_t step, int64_t global, int64_t micro, int64_t dp) 
     EXPECT_EQ(loader.micro_batches_per_step(), global / (dp * micro));
     for (int64_t m = 0; m < loader.micro_batches_per_step(); ++m) {
       const absl::StatusOr<int64_t> first = loader.Load(step * global, m);
-      EXPECT_TRUE(first.ok()) << first.status();
+      NF_EXPECT_OK(first);
       // Rank d's slice of the global batch, micro-batch by micro-batch.
       EXPECT_EQ(*first, step * global + rank * (global / dp) + m * micro);
       AppendRows(loader.inputs(), rows);
@@ -144,7 +144,7 @@ TEST(BatchLoaderTest, TargetsAreInputsShiftedByOneToken) {
   BatchLoader loader = MustCreate(MakeStream(), Config(8, 4, 1, 0));
   for (int64_t m = 0; m < 2; ++m) {
     const absl::StatusOr<int64_t> first = loader.Load(16, m);
-    ASSERT_TRUE(first.ok()) << first.status();
+    NF_ASSERT_OK(first);
     Rows inputs, targets;
     AppendRows(loader.inputs(), inputs);
     AppendRows(loader.targets(), targets);
@@ -164,7 +164,7 @@ MicroBatches RunSteps(BatchLoader& loader, int64_t steps) {
   MicroBatches out;
   for (int64_t n = 0; n < steps * loader.micro_batches_per_step(); ++n) {
     const absl::StatusOr<int64_t> first = loader.Next();
-    EXPECT_TRUE(first.ok()) << first.status();
+    NF_EXPECT_OK(first);
     Rows rows;
     AppendRows(loader.inputs(), rows);
     out.emplace_back(*first, std::move(rows));
@@ -223,7 +223,7 @@ TEST(BatchLoaderTest, TokenOutsideTheVocabularyNamesDatasetDocumentAndToken) {
   const auto source = std::make_shared<InMemoryDocumentSource>(
       "bad", std::vector<std::vector<int32_t>>{{1, 2, 3, 4}, {5, 6, 7}, {8, 7777, 9}, {10, 11}});
   absl::StatusOr<Blending> blending = Blending::Build(std::vector<double>{1.0}, 2);
-  ASSERT_TRUE(blending.ok());
+  NF_ASSERT_OK(blending);
   std::vector<GptSamples> datasets;
   datasets.push_back(MustBuild(source, 2, 1));
   BatchLoader loader = MustCreate(
@@ -240,7 +240,7 @@ TEST(BatchLoaderTest, TokenOutsideTheVocabularyNamesDatasetDocumentAndToken) {
   const auto negative = std::make_shared<InMemoryDocumentSource>(
       "neg", std::vector<std::vector<int32_t>>{{1, 2, 3, -4, 5, 6, 7, 8}});
   absl::StatusOr<Blending> one = Blending::Build(std::vector<double>{1.0}, 1);
-  ASSERT_TRUE(one.ok());
+  NF_ASSERT_OK(one);
   std::vector<GptSamples> negative_datasets;
   negative_datasets.push_back(MustBuild(negative, 1, 1));
   BatchLoader negative_loader = MustCreate(
@@ -251,7 +251,7 @@ TEST(BatchLoaderTest, TokenOutsideTheVocabularyNamesDatasetDocumentAndToken) {
 
 TEST(BatchLoaderTest, ReadingPastTheStreamIsOutOfRange) {
   BatchLoader loader = MustCreate(MakeStream(), Config(12, 3, 2, 1));
-  ASSERT_TRUE(loader.Load(kStream - 12, 1).ok());
+  NF_ASSERT_OK(loader.Load(kStream - 12, 1));
   const absl::Status status = loader.Load(kStream - 6, 1).status();
   EXPECT_EQ(status.code(), absl::StatusCode::kOutOfRange) << status;
   EXPECT_THAT(std::string(status.message()), HasSubstr("training stream of 96"));

@@ -18,7 +18,7 @@ using ::nf::testing::ExpectInvalidArgument;
 
 Blending MustBlend(const std::vector<double>& weights, int64_t size) {
   absl::StatusOr<Blending> blending = Blending::Build(weights, size);
-  EXPECT_TRUE(blending.ok()) << blending.status();
+  NF_EXPECT_OK(blending);
   if (!blending.ok()) std::abort();
   return *std::move(blending);
 }

@@ -24,11 +24,11 @@ std::string WriteTemp(const std::string& name, const std::string& contents) {
 std::vector<std::string> ReadAll(const std::string& path, InputFormat format,
                                  const std::string& key = "text") {
   auto reader = DocumentReader::Open(path, format, key);
-  EXPECT_TRUE(reader.ok()) << reader.status();
+  NF_EXPECT_OK(reader);
   std::vector<std::string> documents;
   while (true) {
     auto next = (*reader)->Next();
-    EXPECT_TRUE(next.ok()) << next.status();
+    NF_EXPECT_OK(next);
     if (!next.ok() || !next->has_value()) break;
     documents.push_back(**next);
   }
@@ -39,11 +39,11 @@ TEST(JsonStringFieldTest, FindsTheFieldAndDecodesEscapes) {
   auto v = JsonStringField(
       R"({"id": 3, "meta": {"a": [1, 2.5e-3, null, true]}, "text": "a\"b\\c\n\u00e9\ud83d\ude00"})",
       "text");
-  ASSERT_TRUE(v.ok()) << v.status();
+  NF_ASSERT_OK(v);
   ASSERT_TRUE(v->has_value());
   EXPECT_EQ(**v, "a\"b\\c\n\xC3\xA9\xF0\x9F\x98\x80");  // é, 😀 as UTF-8
   auto missing = JsonStringField(R"({"title": "x"})", "text");
-  ASSERT_TRUE(missing.ok());
+  NF_ASSERT_OK(missing);
   EXPECT_FALSE(missing->has_value());
   auto other_key = JsonStringField(R"({"title": "x", "text": "y"})", "title");
   EXPECT_EQ(**other_key, "x");
@@ -69,8 +69,8 @@ TEST(DocumentReaderTest, JsonlSkipsBlankLinesAndEmptyTextsAndNamesBadLines) {
 
   const std::string bad = WriteTemp("b.jsonl", "{\"text\": \"ok\"}\n{\"text\": oops}\n");
   auto reader = DocumentReader::Open(bad, InputFormat::kJsonl, "text");
-  ASSERT_TRUE(reader.ok());
-  ASSERT_TRUE((*reader)->Next().ok());
+  NF_ASSERT_OK(reader);
+  NF_ASSERT_OK((*reader)->Next());
   auto error = (*reader)->Next();
   ASSERT_FALSE(error.ok());
   EXPECT_NE(error.status().message().find(bad + ":2:"), std::string::npos) << error.status();

@@ -118,7 +118,7 @@ ToyFiles MakeToy(const std::vector<std::string>& merges, const std::vector<std::
 std::unique_ptr<Gpt2Bpe> MakeBpe(const ToyFiles& toy) {
   absl::StatusOr<std::unique_ptr<Gpt2Bpe>> bpe =
       Gpt2Bpe::FromContents(toy.vocab_json, toy.merges_txt);
-  EXPECT_TRUE(bpe.ok()) << bpe.status();
+  NF_EXPECT_OK(bpe);
   if (!bpe.ok()) std::abort();
   return *std::move(bpe);
 }
@@ -155,10 +155,10 @@ class Gpt2BpeToyTest : public ::testing::Test {
 
   Ids Encode(const std::string& text) {
     absl::StatusOr<Ids> ids = bpe_->Encode(text);
-    EXPECT_TRUE(ids.ok()) << ids.status();
+    NF_EXPECT_OK(ids);
     if (ids.ok()) {
       absl::StatusOr<std::string> decoded = bpe_->Decode(*ids);
-      EXPECT_TRUE(decoded.ok()) << decoded.status();
+      NF_EXPECT_OK(decoded);
       if (decoded.ok()) {
         EXPECT_EQ(*decoded, text);
       }
@@ -290,7 +290,7 @@ TEST_F(Gpt2BpeToyTest, EndOfTextInTheTextIsOrdinaryText) {
   const Ids ids = Encode("<|endoftext|>");
   EXPECT_EQ(std::count(ids.begin(), ids.end(), 274), 0);
   absl::StatusOr<std::string> decoded = bpe_->Decode(Ids{274});
-  ASSERT_TRUE(decoded.ok()) << decoded.status();
+  NF_ASSERT_OK(decoded);
   EXPECT_EQ(*decoded, "<|endoftext|>");
 }
 
@@ -304,10 +304,10 @@ TEST_F(Gpt2BpeToyTest, RandomBytesRoundTrip) {
       c = rng() % 3 == 0 ? static_cast<char>(rng()) : interesting[rng() % interesting.size()];
     }
     absl::StatusOr<Ids> ids = bpe_->Encode(text);
-    ASSERT_TRUE(ids.ok()) << ids.status();
+    NF_ASSERT_OK(ids);
     for (int32_t id : *ids) ASSERT_TRUE(id >= 0 && id < bpe_->vocab_size()) << id;
     absl::StatusOr<std::string> decoded = bpe_->Decode(*ids);
-    ASSERT_TRUE(decoded.ok()) << decoded.status();
+    NF_ASSERT_OK(decoded);
     ASSERT_EQ(*decoded, text);
   }
 }
@@ -400,7 +400,7 @@ TEST(Gpt2BpeTest, MergeOrderMatchesEncoderPyOnRandomMergeTables) {
         expected.push_back(toy.ids.at(symbol));
       }
       absl::StatusOr<Ids> ids = bpe->Encode(word);
-      ASSERT_TRUE(ids.ok()) << ids.status();
+      NF_ASSERT_OK(ids);
       ASSERT_EQ(*ids, expected) << "word " << word << " merges " << absl::StrJoin(merges, ", ");
     }
   }
@@ -412,7 +412,7 @@ TEST(Gpt2BpeTest, LongPreTokenIsFast) {
   std::string digits;
   for (int i = 0; i < 500000; ++i) digits += "12";
   absl::StatusOr<Ids> ids = bpe->Encode(digits);
-  ASSERT_TRUE(ids.ok()) << ids.status();
+  NF_ASSERT_OK(ids);
   EXPECT_EQ(ids->size(), 500000u / 4);
 }
 
@@ -440,7 +440,7 @@ TEST(UnicodeClassTest, SpotChecks) {
 TEST(VocabJsonTest, EscapesAndSurrogatePairs) {
   absl::StatusOr<absl::flat_hash_map<std::string, int32_t>> vocab =
       ParseVocabJson(R"({"\u0120the": 0, "\ud83d\ude00": 1, "a\"\\\/\n": 2, "é": 3})", "v.json");
-  ASSERT_TRUE(vocab.ok()) << vocab.status();
+  NF_ASSERT_OK(vocab);
   EXPECT_EQ(vocab->at("\xC4\xA0the"), 0);  // U+0120, GPT-2's space symbol
   EXPECT_EQ(vocab->at("😀"), 1);
   EXPECT_EQ(vocab->at("a\"\\/\n"), 2);
@@ -495,10 +495,10 @@ TEST_F(Gpt2BpeLoadTest, LoadsFiles) {
   const ToyFiles toy = MakeToy(ToyMerges(), {});
   absl::StatusOr<std::unique_ptr<Gpt2Bpe>> bpe =
       Gpt2Bpe::Load(Write("vocab.json", toy.vocab_json), Write("merges.txt", toy.merges_txt));
-  ASSERT_TRUE(bpe.ok()) << bpe.status();
+  NF_ASSERT_OK(bpe);
   EXPECT_EQ((*bpe)->end_of_document(), std::nullopt);  // no "<|endoftext|>" in this one
   absl::StatusOr<Ids> ids = (*bpe)->Encode("hello world");
-  ASSERT_TRUE(ids.ok()) << ids.status();
+  NF_ASSERT_OK(ids);
   EXPECT_THAT(*ids, ElementsAre(259, 264));
 }
 
@@ -541,7 +541,7 @@ TEST_F(Gpt2BpeLoadTest, BadMerges) {
   ExpectInvalidArgument(MergesError("#version: 0.2\nl l\nl l\n"),
                         "m.txt:3: duplicate merge \"l l\" (first on line 2)");
   // Without a final newline the last merge still counts.
-  EXPECT_TRUE(MergesError("#version: 0.2\nl l").ok());
+  NF_EXPECT_OK(MergesError("#version: 0.2\nl l"));
 }
 
 }  // namespace

@@ -49,7 +49,7 @@ std::shared_ptr<const DocumentSource> MakeSource(const std::string& name = "numb
 
 GptSamples MustBuild(std::shared_ptr<const DocumentSource> source, const GptSamplesSpec& spec) {
   absl::StatusOr<GptSamples> samples = GptSamples::Build(std::move(source), spec);
-  EXPECT_TRUE(samples.ok()) << samples.status();
+  NF_EXPECT_OK(samples);
   if (!samples.ok()) std::abort();
   return *std::move(samples);
 }
@@ -411,10 +411,10 @@ TEST_F(CacheTest, ReaderChecksDescriptionAndShape) {
   const std::string path = SampleIndexCachePath(dir_ + "/p", "description");
   EXPECT_EQ(ReadSampleIndexCache(path, "description", shape).status().code(),
             absl::StatusCode::kNotFound);
-  ASSERT_TRUE(WriteSampleIndexCache(path, "description", indices).ok());
+  NF_ASSERT_OK(WriteSampleIndexCache(path, "description", indices));
 
   const absl::StatusOr<GptSampleIndices> read = ReadSampleIndexCache(path, "description", shape);
-  ASSERT_TRUE(read.ok()) << read.status();
+  NF_ASSERT_OK(read);
   EXPECT_EQ(read->num_epochs, 2);
   EXPECT_EQ(read->separate_from, 1);
   EXPECT_EQ(read->document_index, indices.document_index);

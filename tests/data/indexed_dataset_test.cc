@@ -76,7 +76,7 @@ void WriteFileBytes(const std::string& path, const Bytes& bytes) {
 
 IndexedDatasetWriter MakeWriter(const std::string& prefix, TokenDType dtype) {
   absl::StatusOr<IndexedDatasetWriter> writer = IndexedDatasetWriter::Create(prefix, dtype);
-  EXPECT_TRUE(writer.ok()) << writer.status();
+  NF_EXPECT_OK(writer);
   if (!writer.ok()) std::abort();
   return *std::move(writer);
 }
@@ -84,13 +84,13 @@ IndexedDatasetWriter MakeWriter(const std::string& prefix, TokenDType dtype) {
 void WriteDataset(const std::string& prefix, TokenDType dtype,
                   const std::vector<std::vector<int32_t>>& documents) {
   IndexedDatasetWriter writer = MakeWriter(prefix, dtype);
-  for (const auto& document : documents) ASSERT_TRUE(writer.AddDocument(document).ok());
-  ASSERT_TRUE(writer.Finish().ok());
+  for (const auto& document : documents) NF_ASSERT_OK(writer.AddDocument(document));
+  NF_ASSERT_OK(writer.Finish());
 }
 
 std::unique_ptr<IndexedDataset> OpenOrDie(const std::string& prefix) {
   absl::StatusOr<std::unique_ptr<IndexedDataset>> dataset = IndexedDataset::Open(prefix);
-  EXPECT_TRUE(dataset.ok()) << dataset.status();
+  NF_EXPECT_OK(dataset);
   if (!dataset.ok()) std::abort();
   return *std::move(dataset);
 }
@@ -594,7 +594,7 @@ TEST(IndexedDatasetWriterTest, NothingAppearsWithoutFinish) {
   const std::string prefix = dir.Prefix("unfinished");
   {
     IndexedDatasetWriter writer = MakeWriter(prefix, TokenDType::kU16);
-    ASSERT_TRUE(writer.AddDocument(std::vector<int32_t>{1, 2, 3}).ok());
+    NF_ASSERT_OK(writer.AddDocument(std::vector<int32_t>{1, 2, 3}));
     // Work in progress lives under temporary names only.
     for (const std::string& name : dir.Files()) {
       EXPECT_THAT(name, HasSubstr(".tmp-"));
@@ -616,7 +616,7 @@ TEST(IndexedDatasetWriterTest, ExistingPairIsReplacedOnlyAtFinish) {
   // An abandoned rewrite leaves the old pair as it was.
   {
     IndexedDatasetWriter writer = MakeWriter(prefix, TokenDType::kI32);
-    for (const auto& d : new_documents) ASSERT_TRUE(writer.AddDocument(d).ok());
+    for (const auto& d : new_documents) NF_ASSERT_OK(writer.AddDocument(d));
     ExpectHolds(*OpenOrDie(prefix), old_documents);
   }
   EXPECT_EQ(dir.Files(), (std::set<std::string>{"pair.bin", "pair.idx"}));
@@ -624,9 +624,9 @@ TEST(IndexedDatasetWriterTest, ExistingPairIsReplacedOnlyAtFinish) {
 
   // A finished one replaces it, and only at Finish.
   IndexedDatasetWriter writer = MakeWriter(prefix, TokenDType::kI32);
-  for (const auto& d : new_documents) ASSERT_TRUE(writer.AddDocument(d).ok());
+  for (const auto& d : new_documents) NF_ASSERT_OK(writer.AddDocument(d));
   ExpectHolds(*OpenOrDie(prefix), old_documents);
-  ASSERT_TRUE(writer.Finish().ok());
+  NF_ASSERT_OK(writer.Finish());
   EXPECT_EQ(dir.Files(), (std::set<std::string>{"pair.bin", "pair.idx"}));
   const auto dataset = OpenOrDie(prefix);
   EXPECT_EQ(dataset->dtype(), TokenDType::kI32);
@@ -648,14 +648,14 @@ TEST(IndexedDatasetWriterTest, OutOfRangeTokensAreRejectedNamingDocumentAndToken
   ScratchDir dir;
   const std::string prefix = dir.Prefix("range");
   IndexedDatasetWriter writer = MakeWriter(prefix, TokenDType::kU16);
-  ASSERT_TRUE(writer.AddDocument(std::vector<int32_t>{1, 2}).ok());
+  NF_ASSERT_OK(writer.AddDocument(std::vector<int32_t>{1, 2}));
   nf::testing::ExpectInvalidArgument(writer.AddDocument(std::vector<int32_t>{5, 6, 65536}),
                                      "document 1 token 2 is 65536, outside the uint16 range");
   // A rejected document is not written and takes no document number.
   nf::testing::ExpectInvalidArgument(writer.AddDocument(std::vector<int32_t>{-1}),
                                      "document 1 token 0 is -1");
-  ASSERT_TRUE(writer.AddDocument(std::vector<int32_t>{65535, 0}).ok());
-  ASSERT_TRUE(writer.Finish().ok());
+  NF_ASSERT_OK(writer.AddDocument(std::vector<int32_t>{65535, 0}));
+  NF_ASSERT_OK(writer.Finish());
   ExpectHolds(*OpenOrDie(prefix), {{1, 2}, {65535, 0}});
 }
 
@@ -663,7 +663,7 @@ TEST(IndexedDatasetWriterTest, MisuseIsAnErrorNotACrash) {
   ScratchDir dir;
   const std::string prefix = dir.Prefix("misuse");
   IndexedDatasetWriter writer = MakeWriter(prefix, TokenDType::kU16);
-  ASSERT_TRUE(writer.Finish().ok());
+  NF_ASSERT_OK(writer.Finish());
   EXPECT_EQ(writer.Finish().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(writer.AddDocument(std::vector<int32_t>{1}).code(),
             absl::StatusCode::kFailedPrecondition);
@@ -671,7 +671,7 @@ TEST(IndexedDatasetWriterTest, MisuseIsAnErrorNotACrash) {
   IndexedDatasetWriter moved = MakeWriter(dir.Prefix("moved"), TokenDType::kU16);
   IndexedDatasetWriter target = std::move(moved);
   EXPECT_EQ(moved.Finish().code(), absl::StatusCode::kFailedPrecondition);  // NOLINT
-  ASSERT_TRUE(target.Finish().ok());
+  NF_ASSERT_OK(target.Finish());
   EXPECT_EQ(OpenOrDie(dir.Prefix("moved"))->num_sequences(), 0);
 }
 
@@ -690,11 +690,11 @@ TEST(IndexedDatasetWriterTest, TwoWritersOfOnePrefixDoNotShareTemporaries) {
   const std::string prefix = dir.Prefix("twice");
   IndexedDatasetWriter first = MakeWriter(prefix, TokenDType::kU16);
   IndexedDatasetWriter second = MakeWriter(prefix, TokenDType::kU16);
-  ASSERT_TRUE(first.AddDocument(std::vector<int32_t>{1}).ok());
-  ASSERT_TRUE(second.AddDocument(std::vector<int32_t>{2, 2}).ok());
-  ASSERT_TRUE(first.Finish().ok());
+  NF_ASSERT_OK(first.AddDocument(std::vector<int32_t>{1}));
+  NF_ASSERT_OK(second.AddDocument(std::vector<int32_t>{2, 2}));
+  NF_ASSERT_OK(first.Finish());
   ExpectHolds(*OpenOrDie(prefix), {{1}});
-  ASSERT_TRUE(second.Finish().ok());
+  NF_ASSERT_OK(second.Finish());
   ExpectHolds(*OpenOrDie(prefix), {{2, 2}});
   EXPECT_EQ(dir.Files(), (std::set<std::string>{"twice.bin", "twice.idx"}));
 }

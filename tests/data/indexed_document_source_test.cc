@@ -80,7 +80,7 @@ class IndexedDocumentSourceTest : public ::testing::Test {
   std::shared_ptr<IndexedDocumentSource> Open() {
     absl::StatusOr<std::shared_ptr<IndexedDocumentSource>> source =
         IndexedDocumentSource::Open(prefix_);
-    EXPECT_TRUE(source.ok()) << source.status();
+    NF_EXPECT_OK(source);
     if (!source.ok()) std::abort();
     return *source;
   }
@@ -107,7 +107,7 @@ TEST_F(IndexedDocumentSourceTest, SequencesAreDocumentsAndSplitsFollowTheDocumen
 
   const auto sequences_of = [&](int64_t begin, int64_t end) {
     absl::StatusOr<DocumentRange> range = source->SequencesOf({.begin = begin, .end = end});
-    EXPECT_TRUE(range.ok()) << range.status();
+    NF_EXPECT_OK(range);
     return range.ok() ? *range : DocumentRange{.begin = -1, .end = -1};
   };
   EXPECT_EQ(sequences_of(0, 4), (DocumentRange{.begin = 0, .end = 10}));
@@ -127,20 +127,20 @@ TEST_F(IndexedDocumentSourceTest, SampleIndicesAreCachedBesideTheData) {
       .documents = {.begin = 1, .end = 9}, .seq_len = 5, .num_samples = 30, .seed = 8};
 
   absl::StatusOr<GptSamples> built = GptSamples::Build(Open(), spec);
-  ASSERT_TRUE(built.ok()) << built.status();
+  NF_ASSERT_OK(built);
   EXPECT_FALSE(built->loaded_from_cache());
   EXPECT_THAT(built->cache_path(), MatchesRegex(prefix_ + "_gpt_[0-9a-f]{16}\\.samples"));
   EXPECT_TRUE(std::filesystem::exists(built->cache_path()));
 
   // Another run (a fresh mapping of the files) loads the indices instead of building them.
   absl::StatusOr<GptSamples> loaded = GptSamples::Build(Open(), spec);
-  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  NF_ASSERT_OK(loaded);
   EXPECT_TRUE(loaded->loaded_from_cache());
 
   // The same documents in memory give the same samples.
   absl::StatusOr<GptSamples> in_memory =
       GptSamples::Build(std::make_shared<InMemoryDocumentSource>("memory", sequences), spec);
-  ASSERT_TRUE(in_memory.ok()) << in_memory.status();
+  NF_ASSERT_OK(in_memory);
   for (int64_t i = 0; i < spec.num_samples; ++i) {
     std::vector<int32_t> a(spec.seq_len + 1), b(spec.seq_len + 1), c(spec.seq_len + 1);
     built->Sample(i, a.data());

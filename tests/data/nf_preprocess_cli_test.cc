@@ -98,11 +98,11 @@ TEST_F(NfPreprocessCliTest, TrainsATokenizerAndWritesADatasetThatReadsBack) {
   ASSERT_EQ(outcome.exit_code, 0) << outcome.err;
   EXPECT_THAT(outcome.out, HasSubstr("400 documents"));
   auto dataset = IndexedDataset::Open(Path("out"));
-  ASSERT_TRUE(dataset.ok()) << dataset.status();
+  NF_ASSERT_OK(dataset);
   EXPECT_EQ((*dataset)->num_sequences(), 400);
   EXPECT_EQ((*dataset)->dtype(), TokenDType::kU16);
   auto tokenizer = SentencePieceTokenizer::Load(Path("out.spm.model"));
-  ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
+  NF_ASSERT_OK(tokenizer);
   // Document 3 reads back as its text followed by the end-of-document token.
   std::vector<int32_t> tokens((*dataset)->sequence_length(3));
   (*dataset)->ReadTokens(3, 0, tokens.size(), tokens.data());

@@ -8,6 +8,7 @@
 #include "data/indexed_dataset.h"
 #include "data/preprocess.h"
 #include "gtest/gtest.h"
+#include "tests/assert_ok.h"
 
 namespace nf::data {
 namespace {
@@ -51,7 +52,7 @@ class PreprocessTest : public ::testing::Test {
   }
   std::vector<std::string> Documents(const std::string& prefix) {
     auto dataset = IndexedDataset::Open(prefix);
-    EXPECT_TRUE(dataset.ok()) << dataset.status();
+    NF_EXPECT_OK(dataset);
     std::vector<std::string> docs;
     for (int64_t i = 0; i < (*dataset)->num_sequences(); ++i) {
       std::vector<int32_t> tokens((*dataset)->sequence_length(i));
@@ -80,7 +81,7 @@ TEST_F(PreprocessTest, OutputIsInInputOrderForAnyWorkerCount) {
     auto jsonl_done = Preprocess(
         {.inputs = {a}, .output_prefix = prefix, .workers = workers, .documents_per_batch = 7},
         ByteTokenizer(), {});
-    ASSERT_TRUE(jsonl_done.ok()) << jsonl_done.status();
+    NF_ASSERT_OK(jsonl_done);
     EXPECT_EQ(jsonl_done->documents, 1000);
     EXPECT_EQ(Documents(prefix), expected);
     std::ifstream bin(prefix + ".bin", std::ios::binary);
@@ -89,12 +90,11 @@ TEST_F(PreprocessTest, OutputIsInInputOrderForAnyWorkerCount) {
   EXPECT_EQ(outputs[0], outputs[1]);  // byte-identical whatever the worker count
 
   const std::string lines = (dir_ / "lines").string();
-  ASSERT_TRUE(Preprocess({.inputs = {b, b},
-                          .format = InputFormat::kLines,
-                          .output_prefix = lines,
-                          .append_end_of_document = false},
-                         ByteTokenizer(), {})
-                  .ok());
+  NF_ASSERT_OK(Preprocess({.inputs = {b, b},
+                           .format = InputFormat::kLines,
+                           .output_prefix = lines,
+                           .append_end_of_document = false},
+                          ByteTokenizer(), {}));
   EXPECT_EQ(Documents(lines),
             (std::vector<std::string>{"tail one", "tail two", "tail one", "tail two"}));
 }
@@ -104,10 +104,9 @@ TEST_F(PreprocessTest, TokenDTypeFollowsTheVocabularySize) {
   for (const auto& [vocab, dtype] : std::vector<std::pair<int64_t, TokenDType>>{
            {257, TokenDType::kU16}, {65499, TokenDType::kU16}, {65500, TokenDType::kI32}}) {
     const std::string prefix = (dir_ / ("v" + std::to_string(vocab))).string();
-    ASSERT_TRUE(
+    NF_ASSERT_OK(
         Preprocess({.inputs = {input}, .format = InputFormat::kLines, .output_prefix = prefix},
-                   ByteTokenizer(vocab), {})
-            .ok());
+                   ByteTokenizer(vocab), {}));
     EXPECT_EQ((*IndexedDataset::Open(prefix))->dtype(), dtype) << vocab;
   }
 }

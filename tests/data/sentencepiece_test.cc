@@ -66,7 +66,7 @@ class SentencePieceTest : public ::testing::Test {
     ASSERT_TRUE(train_status_->ok()) << *train_status_;
     absl::StatusOr<std::unique_ptr<SentencePieceTokenizer>> model =
         SentencePieceTokenizer::Load(Path("toy.model"));
-    ASSERT_TRUE(model.ok()) << model.status();
+    NF_ASSERT_OK(model);
     model_ = *std::move(model);
   }
 
@@ -90,18 +90,18 @@ TEST_F(SentencePieceTest, RoundTrip) {
   for (int i = 0; i < 200; ++i) {
     const std::string text = Sentence(rng);
     absl::StatusOr<std::vector<int32_t>> ids = model_->Encode(text);
-    ASSERT_TRUE(ids.ok()) << ids.status();
+    NF_ASSERT_OK(ids);
     ASSERT_FALSE(ids->empty());
     for (int32_t id : *ids) {
       ASSERT_TRUE(id > 2 && id < 200) << id << " in " << text;  // no control or unknown ids
     }
     absl::StatusOr<std::string> decoded = model_->Decode(*ids);
-    ASSERT_TRUE(decoded.ok()) << decoded.status();
+    NF_ASSERT_OK(decoded);
     EXPECT_EQ(*decoded, text);
   }
   // Frequent syllables became pieces: far fewer ids than characters.
   absl::StatusOr<std::vector<int32_t>> ids = model_->Encode("kalomi nerusa tovi");
-  ASSERT_TRUE(ids.ok()) << ids.status();
+  NF_ASSERT_OK(ids);
   EXPECT_LT(ids->size(), 10u);
 }
 
@@ -109,16 +109,16 @@ TEST_F(SentencePieceTest, UnknownCharactersAndInvalidUtf8DoNotFail) {
   // Characters never seen in training map to <unk> (id 0); broken UTF-8 is not an error.
   for (const std::string& text : {std::string("漢字 ka"), std::string("ka\xff\xfe lo\xc3")}) {
     absl::StatusOr<std::vector<int32_t>> ids = model_->Encode(text);
-    ASSERT_TRUE(ids.ok()) << ids.status();
+    NF_ASSERT_OK(ids);
     EXPECT_NE(std::find(ids->begin(), ids->end(), 0), ids->end()) << text;
-    EXPECT_TRUE(model_->Decode(*ids).ok());
+    NF_EXPECT_OK(model_->Decode(*ids));
   }
 }
 
 TEST_F(SentencePieceTest, ConcurrentEncodingAgrees) {
   const std::string text = "kalomi nerusa tovi strche bago.";
   absl::StatusOr<std::vector<int32_t>> expected = model_->Encode(text);
-  ASSERT_TRUE(expected.ok()) << expected.status();
+  NF_ASSERT_OK(expected);
   std::vector<int> mismatches(4, 0);
   std::vector<std::thread> threads;
   for (int t = 0; t < 4; ++t) {

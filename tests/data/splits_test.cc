@@ -19,7 +19,7 @@ using ::testing::ElementsAre;
 
 std::vector<DocumentRange> MustSplit(const std::string& split, int64_t num_documents) {
   absl::StatusOr<std::vector<DocumentRange>> ranges = ParseSplit(split, num_documents);
-  EXPECT_TRUE(ranges.ok()) << ranges.status();
+  NF_EXPECT_OK(ranges);
   return ranges.ok() ? *ranges : std::vector<DocumentRange>{};
 }
 
@@ -27,12 +27,12 @@ DocumentRange R(int64_t begin, int64_t end) { return {.begin = begin, .end = end
 
 TEST(SplitsTest, ParsesAndNormalisesWeights) {
   const absl::StatusOr<std::vector<double>> weights = ParseSplitWeights("969,30,1");
-  ASSERT_TRUE(weights.ok()) << weights.status();
+  NF_ASSERT_OK(weights);
   EXPECT_THAT(*weights, ElementsAre(DoubleNear(0.969, 1e-15), DoubleNear(0.030, 1e-15),
                                     DoubleNear(0.001, 1e-15)));
   // Whitespace around parts, fractions and exponents are numbers too.
   const absl::StatusOr<std::vector<double>> spaced = ParseSplitWeights(" 0.5 , 1e0,0.5 ");
-  ASSERT_TRUE(spaced.ok()) << spaced.status();
+  NF_ASSERT_OK(spaced);
   EXPECT_THAT(*spaced, ElementsAre(0.25, 0.5, 0.25));
 }
 

@@ -21,7 +21,7 @@ constexpr uint32_t kSeed = 1234;
 
 SyntheticCorpus MakeCorpus(int64_t vocab, int branching, uint32_t seed) {
   absl::StatusOr<SyntheticCorpus> corpus = SyntheticCorpus::Create(vocab, branching, seed);
-  EXPECT_TRUE(corpus.ok()) << corpus.status();
+  NF_EXPECT_OK(corpus);
   if (!corpus.ok()) std::abort();
   return *std::move(corpus);
 }
@@ -196,7 +196,7 @@ TEST(SyntheticCorpusTest, RejectsBranchingOutsideOneToVocabulary) {
   for (const int branching : {1, static_cast<int>(kVocab)}) {
     const absl::StatusOr<SyntheticCorpus> corpus =
         SyntheticCorpus::Create(kVocab, branching, kSeed);
-    ASSERT_TRUE(corpus.ok()) << corpus.status();
+    NF_ASSERT_OK(corpus);
     EXPECT_EQ(corpus->branching(), branching);
     EXPECT_EQ(corpus->vocab_size(), kVocab);
   }
