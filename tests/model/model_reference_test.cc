@@ -77,7 +77,7 @@ std::unique_ptr<NormFormerModel> MakeModel(const ModelConfig& config, bool recom
                                                 .seq_len = kSeq,
                                                 .activation_recompute = recompute,
                                                 .seed = kSeed});
-  EXPECT_TRUE(model.ok()) << model.status();
+  NF_EXPECT_OK(model);
   return *std::move(model);
 }
 
@@ -100,7 +100,7 @@ TEST_P(ModelReferenceTest, ForwardMatchesFloat64Reference) {
   const Batch batch = MakeBatch(config.vocab_size());
   auto loss = model->Forward(MakeIds({kBatch, kSeq}, batch.inputs),
                              MakeIds({kBatch, kSeq}, batch.targets), kFirstSample, true);
-  ASSERT_TRUE(loss.ok()) << loss.status();
+  NF_ASSERT_OK(loss);
   EXPECT_EQ(loss->tokens, kBatch * kSeq - 1);
 
   const ReferenceModel ref(config, model->params(), kBatch, kSeq, kSeed, kFirstSample, true);
@@ -124,11 +124,9 @@ TEST_P(ModelReferenceTest, EveryGradientMatchesFiniteDifferences) {
   const ModelConfig config = TinyConfig(GetParam());
   auto model = MakeModel(config);
   const Batch batch = MakeBatch(config.vocab_size());
-  ASSERT_TRUE(model
-                  ->Forward(MakeIds({kBatch, kSeq}, batch.inputs),
-                            MakeIds({kBatch, kSeq}, batch.targets), kFirstSample, true)
-                  .ok());
-  ASSERT_TRUE(model->Backward(1.0f).ok());  // gradient of the summed loss
+  NF_ASSERT_OK(model->Forward(MakeIds({kBatch, kSeq}, batch.inputs),
+                              MakeIds({kBatch, kSeq}, batch.targets), kFirstSample, true));
+  NF_ASSERT_OK(model->Backward(1.0f));  // gradient of the summed loss
 
   ReferenceModel ref(config, model->params(), kBatch, kSeq, kSeed, kFirstSample, true);
   for (const ParamTable::Entry& e : model->params().entries()) {
@@ -186,8 +184,8 @@ TEST(ModelTest, ActivationRecomputeGivesBitIdenticalLossAndGradients) {
     auto model = MakeModel(config, recompute == 1);
     auto loss = model->Forward(MakeIds({kBatch, kSeq}, batch.inputs),
                                MakeIds({kBatch, kSeq}, batch.targets), kFirstSample, true);
-    ASSERT_TRUE(loss.ok());
-    ASSERT_TRUE(model->Backward(0.25f).ok());
+    NF_ASSERT_OK(loss);
+    NF_ASSERT_OK(model->Backward(0.25f));
     losses[recompute] = loss->sum;
     grads[recompute] = *ToFloatVector(model->params().grads());
   }
@@ -201,11 +199,11 @@ TEST(ModelTest, GradientsAccumulateOverMicroBatches) {
   auto model = MakeModel(config);
   const Tensor inputs = MakeIds({kBatch, kSeq}, batch.inputs);
   const Tensor targets = MakeIds({kBatch, kSeq}, batch.targets);
-  ASSERT_TRUE(model->Forward(inputs, targets, kFirstSample, true).ok());
-  ASSERT_TRUE(model->Backward(1.0f).ok());
+  NF_ASSERT_OK(model->Forward(inputs, targets, kFirstSample, true));
+  NF_ASSERT_OK(model->Backward(1.0f));
   const std::vector<float> once = *ToFloatVector(model->params().grads());
-  ASSERT_TRUE(model->Forward(inputs, targets, kFirstSample, true).ok());
-  ASSERT_TRUE(model->Backward(1.0f).ok());
+  NF_ASSERT_OK(model->Forward(inputs, targets, kFirstSample, true));
+  NF_ASSERT_OK(model->Backward(1.0f));
   const std::vector<float> twice = *ToFloatVector(model->params().grads());
   // The second pass adds its pieces (bias sums, GEMM products, LayerNorm partials) onto the
   // first's totals instead of onto zero, so the fp32 roundings differ: within a few ulps of the
@@ -215,7 +213,7 @@ TEST(ModelTest, GradientsAccumulateOverMicroBatches) {
   for (size_t i = 0; i < once.size(); ++i) {
     ASSERT_NEAR(twice[i], 2 * once[i], 8 * 0x1p-24 * 2 * largest) << i;
   }
-  ASSERT_TRUE(model->params().ZeroGrads().ok());
+  NF_ASSERT_OK(model->params().ZeroGrads());
   const std::vector<float> zeroed = *ToFloatVector(model->params().grads());
   for (float g : zeroed) ASSERT_EQ(g, 0.0f);
 }

@@ -114,13 +114,13 @@ TEST(NormFormerParamSpecsTest, SwitchesAddExactlyTheirParameters) {
 TEST(ParamTableTest, InitialisationDoesNotDependOnTheTensorParallelLayout) {
   const std::vector<ParamSpec> specs = NormFormerParamSpecs(Config(true), 512);
   auto full = ParamTable::Create(specs, DType::kF32, 0, 1);
-  ASSERT_TRUE(full.ok()) << full.status();
-  ASSERT_TRUE(full->Initialize(7).ok());
+  NF_ASSERT_OK(full);
+  NF_ASSERT_OK(full->Initialize(7));
   const int tp = 2;
   for (int rank = 0; rank < tp; ++rank) {
     auto shard = ParamTable::Create(specs, DType::kF32, rank, tp);
-    ASSERT_TRUE(shard.ok()) << shard.status();
-    ASSERT_TRUE(shard->Initialize(7).ok());
+    NF_ASSERT_OK(shard);
+    NF_ASSERT_OK(shard->Initialize(7));
     for (const ParamTable::Entry& e : shard->entries()) {
       const std::vector<float> local = *ToFloatVector(e.value);
       const std::vector<float> global = *ToFloatVector(full->Get(e.spec.name).value);
@@ -146,8 +146,8 @@ TEST(ParamTableTest, InitialisationFollowsFairseqDistributions) {
   config.set_d_model(64);
   config.set_ffn_dim(256);
   auto table = ParamTable::Create(NormFormerParamSpecs(config, 512), DType::kF32, 0, 1);
-  ASSERT_TRUE(table.ok());
-  ASSERT_TRUE(table->Initialize(3).ok());
+  NF_ASSERT_OK(table);
+  NF_ASSERT_OK(table->Initialize(3));
   auto values = [&](const std::string& name) { return *ToFloatVector(table->Get(name).value); };
   // Embedding N(0, 1/sqrt(64) = 0.125): 32768 draws; the sample std is within 2% (its standard
   // error is 0.125 / sqrt(2 * 32768) = 0.4%: 5 standard errors), the mean within 5 errors.
@@ -190,7 +190,9 @@ TEST(ParamTableTest, SameSeedSameValuesOtherSeedOtherValues) {
   auto a = ParamTable::Create(specs, DType::kBF16, 0, 1);
   auto b = ParamTable::Create(specs, DType::kBF16, 0, 1);
   auto c = ParamTable::Create(specs, DType::kBF16, 0, 1);
-  ASSERT_TRUE(a->Initialize(1).ok() && b->Initialize(1).ok() && c->Initialize(2).ok());
+  NF_ASSERT_OK(a->Initialize(1));
+  NF_ASSERT_OK(b->Initialize(1));
+  NF_ASSERT_OK(c->Initialize(2));
   const std::vector<float> va = *ToFloatVector(a->params()), vb = *ToFloatVector(b->params()),
                            vc = *ToFloatVector(c->params());
   EXPECT_EQ(va, vb);
@@ -199,7 +201,7 @@ TEST(ParamTableTest, SameSeedSameValuesOtherSeedOtherValues) {
 
 TEST(ParamTableTest, FlatBuffersViewsAndDecayRanges) {
   auto table = ParamTable::Create(NormFormerParamSpecs(Config(true), 384), DType::kF16, 0, 1);
-  ASSERT_TRUE(table.ok());
+  NF_ASSERT_OK(table);
   EXPECT_EQ(table->params().dtype(), DType::kF16);
   EXPECT_EQ(table->grads().dtype(), DType::kF32);
   int64_t expected_offset = 0;

@@ -100,7 +100,7 @@ std::vector<std::unique_ptr<NormFormerModel>> MakeStages(const ModelConfig& conf
                                                                   .num_stages = split.num_stages,
                                                                   .layer_begin = ranges[s].first,
                                                                   .layer_end = ranges[s].second}));
-    EXPECT_TRUE(stage.ok()) << stage.status();
+    NF_EXPECT_OK(stage);
     if (!stage.ok()) return {};
     stages.push_back(*std::move(stage));
   }
@@ -114,16 +114,16 @@ NormFormerModel::LossSum RunChained(std::vector<std::unique_ptr<NormFormerModel>
   for (size_t s = 0; s < stages.size(); ++s) {
     auto out = stages[s]->ForwardStage(/*micro_batch=*/0, s == 0 ? &batch.inputs : nullptr, hidden,
                                        batch.targets, kFirstSample, /*train=*/true);
-    EXPECT_TRUE(out.ok()) << out.status();
+    NF_EXPECT_OK(out);
     if (!out.ok()) return {};
     hidden = *out;
   }
   const absl::StatusOr<NormFormerModel::LossSum> loss = stages.back()->TakeLossSum();
-  EXPECT_TRUE(loss.ok()) << loss.status();
+  NF_EXPECT_OK(loss);
   const Tensor* grad = nullptr;
   for (size_t s = stages.size(); s-- > 0;) {
     const absl::Status status = stages[s]->BackwardStage(/*micro_batch=*/0, grad, kLossWeight);
-    EXPECT_TRUE(status.ok()) << status;
+    NF_EXPECT_OK(status);
     grad = &stages[s]->input_grad();
   }
   return loss.value_or(NormFormerModel::LossSum{});
@@ -144,7 +144,7 @@ INSTANTIATE_TEST_SUITE_P(
 TEST_P(PipelineStageTest, StagesHoldTheWholeModelsParametersWithItsInitialValues) {
   const ModelConfig config = TinyConfig(GetParam());
   auto whole = NormFormerModel::Create(config, Options(GetParam().recompute));
-  ASSERT_TRUE(whole.ok()) << whole.status();
+  NF_ASSERT_OK(whole);
   auto stages = MakeStages(config, GetParam());
   ASSERT_EQ(stages.size(), static_cast<size_t>(GetParam().num_stages));
   std::vector<std::string> held;
@@ -169,10 +169,10 @@ TEST_P(PipelineStageTest, ChainedStagesGiveTheWholeModelsLossAndGradients) {
   const ModelConfig config = TinyConfig(GetParam());
   const Batch batch = MakeBatch(config.vocab_size());
   auto whole = NormFormerModel::Create(config, Options(GetParam().recompute));
-  ASSERT_TRUE(whole.ok()) << whole.status();
+  NF_ASSERT_OK(whole);
   auto whole_loss = (*whole)->Forward(batch.inputs, batch.targets, kFirstSample, true);
-  ASSERT_TRUE(whole_loss.ok()) << whole_loss.status();
-  ASSERT_TRUE((*whole)->Backward(kLossWeight).ok());
+  NF_ASSERT_OK(whole_loss);
+  NF_ASSERT_OK((*whole)->Backward(kLossWeight));
 
   auto stages = MakeStages(config, GetParam());
   ASSERT_EQ(stages.size(), static_cast<size_t>(GetParam().num_stages));
@@ -216,9 +216,9 @@ TEST_P(PipelineStageTest, OwnedGradientNormsSumToTheWholeModelsNorm) {
   const ModelConfig config = TinyConfig(GetParam());
   const Batch batch = MakeBatch(config.vocab_size());
   auto whole = NormFormerModel::Create(config, Options(GetParam().recompute));
-  ASSERT_TRUE(whole.ok()) << whole.status();
-  ASSERT_TRUE((*whole)->Forward(batch.inputs, batch.targets, kFirstSample, true).ok());
-  ASSERT_TRUE((*whole)->Backward(kLossWeight).ok());
+  NF_ASSERT_OK(whole);
+  NF_ASSERT_OK((*whole)->Forward(batch.inputs, batch.targets, kFirstSample, true));
+  NF_ASSERT_OK((*whole)->Backward(kLossWeight));
   auto stages = MakeStages(config, GetParam());
   ASSERT_EQ(stages.size(), static_cast<size_t>(GetParam().num_stages));
   RunChained(stages, batch);
@@ -226,8 +226,10 @@ TEST_P(PipelineStageTest, OwnedGradientNormsSumToTheWholeModelsNorm) {
     const Tensor& first = stages.front()->params().Get(kEmbedding).grad;
     const Tensor& last = stages.back()->params().Get(kEmbedding).grad;
     Tensor sum = *Tensor::HostZeros(DType::kF32, first.shape());
-    ASSERT_TRUE(ops::Axpy(1.0f, first, sum).ok() && ops::Axpy(1.0f, last, sum).ok());
-    ASSERT_TRUE(ops::Cast(sum, first).ok() && ops::Cast(sum, last).ok());
+    NF_ASSERT_OK(ops::Axpy(1.0f, first, sum));
+    NF_ASSERT_OK(ops::Axpy(1.0f, last, sum));
+    NF_ASSERT_OK(ops::Cast(sum, first));
+    NF_ASSERT_OK(ops::Cast(sum, last));
   }
   double total = 0.0;
   for (const auto& stage : stages) total += *stage->OwnedSquaredGradNorm();
@@ -258,25 +260,24 @@ TEST_P(PipelineStageTest, TheLastStageTotalsItsForwardsLossesUntilTaken) {
   const ModelConfig config = TinyConfig(GetParam());
   const Batch batch = MakeBatch(config.vocab_size());
   auto whole = NormFormerModel::Create(config, Options(GetParam().recompute));
-  ASSERT_TRUE(whole.ok()) << whole.status();
+  NF_ASSERT_OK(whole);
   NormFormerModel& model = **whole;
   auto first = model.Forward(batch.inputs, batch.targets, kFirstSample, true);
   auto second = model.Forward(batch.inputs, batch.targets, kFirstSample + kBatch, true);
-  ASSERT_TRUE(first.ok() && second.ok());
+  NF_ASSERT_OK(first);
+  NF_ASSERT_OK(second);
   ASSERT_NE(first->sum, second->sum);
   for (int mb = 0; mb < 2; ++mb) {
-    ASSERT_TRUE(model
-                    .ForwardStage(mb, &batch.inputs, nullptr, batch.targets,
-                                  kFirstSample + mb * kBatch, true)
-                    .ok());
+    NF_ASSERT_OK(model.ForwardStage(mb, &batch.inputs, nullptr, batch.targets,
+                                    kFirstSample + mb * kBatch, true));
   }
   auto total = model.TakeLossSum();
-  ASSERT_TRUE(total.ok()) << total.status();
+  NF_ASSERT_OK(total);
   // Each forward adds its row-order double sum to the total: the same two additions.
   EXPECT_EQ(total->sum, first->sum + second->sum);
   EXPECT_EQ(total->tokens, first->tokens + second->tokens);
   auto taken = model.TakeLossSum();
-  ASSERT_TRUE(taken.ok()) << taken.status();
+  NF_ASSERT_OK(taken);
   EXPECT_EQ(taken->sum, 0.0);
   EXPECT_EQ(taken->tokens, 0);
 }
@@ -327,7 +328,7 @@ TEST(PipelineStageRefusalTest, AStageRefusesTheWholeModelCallsAndMissingInputs) 
   EXPECT_EQ(not_in_flight.message(),
             "NormFormerModel::BackwardStage: micro-batch 3 is not in flight on pipeline stage 0 "
             "(no ForwardStage, or its backward already ran)");
-  ASSERT_TRUE(stages[0]->ForwardStage(3, &batch.inputs, nullptr, batch.targets, 0, true).ok());
+  NF_ASSERT_OK(stages[0]->ForwardStage(3, &batch.inputs, nullptr, batch.targets, 0, true));
   const absl::Status no_grad = stages[0]->BackwardStage(3, nullptr, 1.0f);
   EXPECT_FALSE(no_grad.ok());
   EXPECT_NE(no_grad.message().find("needs output_grad (none)"), absl::string_view::npos) << no_grad;
@@ -356,24 +357,21 @@ TEST(PipelineStageInFlightTest, MicroBatchesInFlightGiveTheSameGradientsAsOneAtA
   for (int mb = 0; mb < kMicroBatches; ++mb) {
     auto out =
         in_flight[0]->ForwardStage(mb, &batch.inputs, nullptr, batch.targets, kFirstSample, true);
-    ASSERT_TRUE(out.ok()) << out.status();
-    ASSERT_TRUE(
-        in_flight[1]->ForwardStage(mb, nullptr, *out, batch.targets, kFirstSample, true).ok());
-    ASSERT_TRUE(in_flight[1]->BackwardStage(mb, nullptr, kLossWeight).ok());
+    NF_ASSERT_OK(out);
+    NF_ASSERT_OK(in_flight[1]->ForwardStage(mb, nullptr, *out, batch.targets, kFirstSample, true));
+    NF_ASSERT_OK(in_flight[1]->BackwardStage(mb, nullptr, kLossWeight));
     Tensor grad = *Tensor::HostZeros(DType::kF32, in_flight[1]->input_grad().shape());
-    ASSERT_TRUE(ops::Cast(in_flight[1]->input_grad(), grad).ok());
+    NF_ASSERT_OK(ops::Cast(in_flight[1]->input_grad(), grad));
     grads_to_stage0.push_back(grad);
   }
   EXPECT_EQ(in_flight[0]->in_flight(), kMicroBatches);
   std::vector<int64_t> done_from;
   for (int mb = 0; mb < kMicroBatches; ++mb) {
-    ASSERT_TRUE(in_flight[0]
-                    ->BackwardStage(mb, &grads_to_stage0[mb], kLossWeight,
-                                    [&](int64_t offset) {
-                                      done_from.push_back(offset);
-                                      return absl::OkStatus();
-                                    })
-                    .ok());
+    NF_ASSERT_OK(
+        in_flight[0]->BackwardStage(mb, &grads_to_stage0[mb], kLossWeight, [&](int64_t offset) {
+          done_from.push_back(offset);
+          return absl::OkStatus();
+        }));
   }
   EXPECT_EQ(in_flight[0]->in_flight(), 0);
   EXPECT_EQ(in_flight[0]->peak_in_flight(), kMicroBatches);
