@@ -11,6 +11,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "monitoring/scrape_client.h"
+#include "tests/assert_ok.h"
 
 namespace nf::monitoring {
 namespace {
@@ -151,7 +152,7 @@ TEST(RankMetricsTest, ServesMetricsOnBasePlusLocalRankAndNothingElse) {
   config.set_bind_address("127.0.0.1");
   config.set_port_base(FreePort() - 2);
   auto metrics = RankMetrics::Serve(config, Identity(), /*local_rank=*/2);
-  ASSERT_TRUE(metrics.ok()) << metrics.status();
+  NF_ASSERT_OK(metrics);
   EXPECT_EQ((*metrics)->port(), config.port_base() + 2);
   (*metrics)->RecordValidation(3.5);
   const std::string page = HttpGet((*metrics)->port(), "/metrics");
