@@ -4,6 +4,8 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 
 #define NF_CONCAT_INNER(a, b) a##b
 #define NF_CONCAT(a, b) NF_CONCAT_INNER(a, b)
@@ -22,3 +24,15 @@
   auto statusor = (expr);                             \
   if (!statusor.ok()) return statusor.status();       \
   lhs = std::move(statusor).value()
+
+namespace nf {
+
+// `status` with "<context>: " before its message, its code kept: an error from deep inside
+// (a kernel's shape check) says where it happened (which layer, which micro-batch). Callers
+// build the context only on failure: `if (!s.ok()) return WithContext(s, StrCat(...));`.
+inline absl::Status WithContext(const absl::Status& status, absl::string_view context) {
+  if (status.ok()) return status;
+  return absl::Status(status.code(), absl::StrCat(context, ": ", status.message()));
+}
+
+}  // namespace nf

@@ -100,6 +100,9 @@ class DecoderLayer {
                parallel::Communicator* tp)
       : index_(index), params_(std::move(params)), shape_(shape), options_(options), tp_(tp) {}
 
+  // The layer's index in the whole model (errors name it).
+  int index() const { return index_; }
+
   // Where a micro-batch sits in the global computation, and whether dropout is on.
   struct Step {
     uint64_t first_sample = 0;

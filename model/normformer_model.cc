@@ -353,8 +353,11 @@ void NormFormerModel::DiscardForward(int micro_batch) {
 
 absl::Status NormFormerModel::LayersForward(InFlight& mb) {
   for (size_t l = 0; l < layers_.size(); ++l) {
-    NF_RETURN_IF_ERROR(layers_[l].Forward(mb.hidden[l], mb.hidden[l + 1], mb.step,
-                                          ActivationsOf(mb, static_cast<int>(l)), scratch_));
+    const absl::Status status = layers_[l].Forward(
+        mb.hidden[l], mb.hidden[l + 1], mb.step, ActivationsOf(mb, static_cast<int>(l)), scratch_);
+    if (!status.ok()) {
+      return WithContext(status, absl::StrCat("decoder layer ", layers_[l].index(), " forward"));
+    }
   }
   return absl::OkStatus();
 }
@@ -364,13 +367,17 @@ absl::Status NormFormerModel::LayersForward(InFlight& mb) {
 absl::Status NormFormerModel::LayersBackward(InFlight& mb, const GradsDoneFrom& grads_done_from) {
   for (int l = static_cast<int>(layers_.size()) - 1; l >= 0; --l) {
     LayerActivations& acts = ActivationsOf(mb, l);
+    absl::Status status;
     if (options_.activation_recompute) {
       // Re-run the forward from the kept input; it rewrites hidden[l + 1] with equal values.
-      NF_RETURN_IF_ERROR(
-          layers_[l].Forward(mb.hidden[l], mb.hidden[l + 1], mb.step, acts, scratch_));
+      status = layers_[l].Forward(mb.hidden[l], mb.hidden[l + 1], mb.step, acts, scratch_);
     }
-    NF_RETURN_IF_ERROR(
-        layers_[l].Backward(mb.hidden[l], grad_a_, grad_b_, mb.step, acts, scratch_));
+    if (status.ok()) {
+      status = layers_[l].Backward(mb.hidden[l], grad_a_, grad_b_, mb.step, acts, scratch_);
+    }
+    if (!status.ok()) {
+      return WithContext(status, absl::StrCat("decoder layer ", layers_[l].index(), " backward"));
+    }
     std::swap(grad_a_, grad_b_);
     if (grads_done_from) NF_RETURN_IF_ERROR(grads_done_from(layer_grad_offsets_[l]));
   }
