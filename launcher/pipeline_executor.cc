@@ -1,47 +1,211 @@
 #include "launcher/pipeline_executor.h"
 
+#include <algorithm>
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
-#include "core/ops/ops.h"
 #include "core/status.h"
 
 namespace nf::launcher {
 
 using parallel::Action;
 
-absl::StatusOr<PipelineExecutor> PipelineExecutor::Create(
-    std::vector<model::NormFormerModel*> chunks, parallel::Communicator& pp,
-    parallel::ScheduleKind kind, int micro_batches) {
-  NF_ASSIGN_OR_RETURN(std::vector<Action> schedule,
-                      parallel::BuildSchedule(kind, pp.size(), pp.rank(), micro_batches,
-                                              static_cast<int>(chunks.size())));
-  PipelineExecutor executor(std::move(chunks), pp, std::move(schedule));
-  const model::NormFormerModel& any = *executor.chunks_.front();
-  const int64_t tokens = any.options().micro_batch * any.options().seq_len;
-  NF_ASSIGN_OR_RETURN(executor.received_,
-                      Tensor::Zeros(any.options().dtype, {tokens, any.config().d_model()}));
+namespace {
+
+// A buffer the executor allocated for `stage` must be on its device: NCCL refuses anything
+// else, and the MPI communicator would silently stage it through the host.
+absl::Status CheckOnDevice(const Tensor& buffer, const PipelineStage& stage) {
+  if (buffer.device() == stage.device()) return absl::OkStatus();
+  return absl::InternalError(absl::StrCat("pipeline stage ", stage.stage(), " on ",
+                                          stage.device().ToString(), " got a buffer on ",
+                                          buffer.device().ToString()));
+}
+
+}  // namespace
+
+absl::StatusOr<PipelineExecutor> PipelineExecutor::Create(std::vector<PipelineStage*> stages,
+                                                          parallel::Communicator& pp,
+                                                          parallel::ScheduleKind kind,
+                                                          int micro_batches) {
+  if (stages.empty()) return absl::InvalidArgumentError("a pipeline rank needs a model chunk");
+  const int p = pp.size(), r = pp.rank(), v = static_cast<int>(stages.size());
+  PipelineExecutor executor(std::move(stages), pp);
+  NF_ASSIGN_OR_RETURN(executor.schedule_, parallel::BuildSchedule(kind, p, r, micro_batches, v));
+  NF_ASSIGN_OR_RETURN(executor.forward_only_,
+                      parallel::BuildForwardOnlySchedule(p, r, micro_batches, v));
+  executor.window_ = parallel::SendWindow(kind, p, r, v);
+  for (const PipelineStage* stage : executor.stages_) {
+    NF_ASSIGN_OR_RETURN(Tensor received,
+                        stage->Zeros(stage->activation_dtype(), stage->activation_shape()));
+    NF_RETURN_IF_ERROR(CheckOnDevice(received, *stage));
+    executor.received_.push_back(std::move(received));
+  }
   return executor;
 }
 
-bool PipelineExecutor::IsFirstStage(int chunk) const { return chunks_[chunk]->placement().first(); }
+absl::StatusOr<PipelineExecutor> PipelineExecutor::Create(
+    std::vector<model::NormFormerModel*> chunks, parallel::Communicator& pp,
+    parallel::ScheduleKind kind, int micro_batches) {
+  std::vector<std::unique_ptr<PipelineStage>> owned;
+  std::vector<PipelineStage*> stages;
+  for (model::NormFormerModel* chunk : chunks) {
+    owned.push_back(std::make_unique<ModelStage>(*chunk));
+    stages.push_back(owned.back().get());
+  }
+  NF_ASSIGN_OR_RETURN(PipelineExecutor executor,
+                      Create(std::move(stages), pp, kind, micro_batches));
+  executor.owned_ = std::move(owned);  // the adapters stay where stages_ points
+  return executor;
+}
 
-bool PipelineExecutor::IsLastStage(int chunk) const { return chunks_[chunk]->placement().last(); }
+absl::Status PipelineExecutor::Annotate(const absl::Status& status, const Action& a) const {
+  if (status.ok()) return status;
+  std::string what;
+  switch (a.kind) {
+    case Action::kForward:
+      what = "forward";
+      break;
+    case Action::kBackward:
+      what = "backward";
+      break;
+    case Action::kSendActivation:
+      what = absl::StrCat("send of the activation to rank ", a.peer);
+      break;
+    case Action::kSendGrad:
+      what = absl::StrCat("send of the gradient to rank ", a.peer);
+      break;
+    case Action::kRecvActivation:
+      what = absl::StrCat("receive of the activation from rank ", a.peer);
+      break;
+    case Action::kRecvGrad:
+      what = absl::StrCat("receive of the gradient from rank ", a.peer);
+      break;
+  }
+  return absl::Status(status.code(),
+                      absl::StrCat("stage ", stages_[a.model_chunk]->stage(), " ", what,
+                                   " of micro-batch ", a.micro_batch, ": ", status.message()));
+}
 
-absl::Status PipelineExecutor::WaitActivationSend(int micro_batch, int chunk) {
-  for (PendingSend& send : sends_) {
-    if (send.handle && send.action.kind == Action::kSendActivation &&
-        send.action.micro_batch == micro_batch && send.action.model_chunk == chunk) {
-      NF_RETURN_IF_ERROR(send.handle->Wait());
-      send.handle.reset();
-    }
+absl::Status PipelineExecutor::CompleteSend(size_t index, bool train) {
+  PendingSend send = std::move(sends_[index]);
+  sends_.erase(sends_.begin() + static_cast<std::ptrdiff_t>(index));
+  const absl::Status status = send.handle->Wait();
+  live_send_bytes_ -= static_cast<int64_t>(send.buffer.nbytes());
+  if (send.action.kind == Action::kSendGrad) {
+    grad_pool_.push_back(std::move(send.buffer));
+  } else if (!train) {
+    // Evaluation keeps a forward only until its output has gone.
+    stages_[send.action.model_chunk]->DiscardForward(send.action.micro_batch);
+  }
+  return Annotate(status, send.action);
+}
+
+absl::Status PipelineExecutor::CompleteSendsAbove(int window, bool train) {
+  while (!sends_.empty() && static_cast<int>(sends_.size()) >= window) {
+    NF_RETURN_IF_ERROR(CompleteSend(0, train));
   }
   return absl::OkStatus();
 }
 
-absl::StatusOr<PipelineExecutor::Result> PipelineExecutor::Run(const PipelineStep& step,
-                                                               BatchSource& batches,
-                                                               const GradsDoneFn& grads_done) {
+absl::StatusOr<Tensor> PipelineExecutor::GradBuffer(const PipelineStage& stage) {
+  for (auto it = grad_pool_.begin(); it != grad_pool_.end(); ++it) {
+    if (it->device() == stage.device() && it->dtype() == stage.activation_dtype() &&
+        it->shape() == stage.activation_shape()) {
+      Tensor buffer = std::move(*it);
+      grad_pool_.erase(it);
+      return buffer;
+    }
+  }
+  NF_ASSIGN_OR_RETURN(Tensor buffer,
+                      stage.Zeros(stage.activation_dtype(), stage.activation_shape()));
+  NF_RETURN_IF_ERROR(CheckOnDevice(buffer, stage));
+  ++grad_buffers_;
+  return buffer;
+}
+
+absl::Status PipelineExecutor::RunAction(const Action& a, bool train, const PipelineStep& step,
+                                         BatchSource& batches, const GradsDoneFn& grads_done,
+                                         std::vector<int>& backwards_left, const Tensor*& input,
+                                         Result& result) {
+  PipelineStage& stage = *stages_[a.model_chunk];
+  switch (a.kind) {
+    case Action::kRecvActivation:
+    case Action::kRecvGrad:
+      NF_RETURN_IF_ERROR(pp_->Recv(received_[a.model_chunk], a.peer));
+      input = &received_[a.model_chunk];
+      return absl::OkStatus();
+    case Action::kForward: {
+      const int64_t global_micro_batch = step.first_micro_batch + a.micro_batch;
+      const uint64_t first_sample =
+          static_cast<uint64_t>(step.batch_start + global_micro_batch * step.micro_batch_size);
+      const bool first = stage.first(), last = stage.last();
+      if (first || last) {
+        const auto load_start = std::chrono::steady_clock::now();
+        NF_ASSIGN_OR_RETURN(const int64_t loaded,
+                            batches.Load(step.batch_start, global_micro_batch));
+        result.data_seconds +=
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count();
+        if (static_cast<uint64_t>(loaded) != first_sample) {
+          return absl::InternalError(absl::StrCat("micro-batch ", global_micro_batch, " of step ",
+                                                  step.step, " starts at sample ", loaded,
+                                                  ", expected ", first_sample));
+        }
+      }
+      NF_ASSIGN_OR_RETURN(
+          const Tensor* const output,
+          stage.Forward(a.micro_batch, first ? &batches.inputs() : nullptr, first ? nullptr : input,
+                        last ? batches.targets() : Tensor(), first_sample, train));
+      input = nullptr;
+      if (!last) {
+        // Sent by the next action; valid until this micro-batch's backward on the chunk, or
+        // in evaluation until the send completes.
+        outputs_[{a.micro_batch, a.model_chunk}] = *output;
+      } else if (!train) {
+        stage.DiscardForward(a.micro_batch);  // nothing to send, no backward
+      }
+      return absl::OkStatus();
+    }
+    case Action::kSendActivation:
+    case Action::kSendGrad: {
+      Tensor buffer;
+      if (a.kind == Action::kSendActivation) {
+        const auto output = outputs_.find({a.micro_batch, a.model_chunk});
+        if (output == outputs_.end()) {
+          return absl::InternalError(absl::StrCat(a.ToString(), " before its forward"));
+        }
+        buffer = std::move(output->second);
+        outputs_.erase(output);
+      } else {
+        NF_ASSIGN_OR_RETURN(buffer, GradBuffer(stage));
+        // The input gradient is overwritten by the chunk's next backward: send a copy.
+        NF_RETURN_IF_ERROR(stage.CopyInputGrad(buffer));
+      }
+      NF_ASSIGN_OR_RETURN(std::unique_ptr<parallel::CommHandle> handle,
+                          pp_->SendAsync(buffer, a.peer));
+      live_send_bytes_ += static_cast<int64_t>(buffer.nbytes());
+      sends_.push_back({.action = a, .buffer = std::move(buffer), .handle = std::move(handle)});
+      result.peak_live_sends = std::max(result.peak_live_sends, static_cast<int>(sends_.size()));
+      result.peak_send_bytes = std::max(result.peak_send_bytes, live_send_bytes_);
+      return absl::OkStatus();
+    }
+    case Action::kBackward: {
+      const bool final_backward = --backwards_left[a.model_chunk] == 0;
+      model::NormFormerModel::GradsDoneFrom done;
+      if (final_backward && grads_done) {
+        done = [&, c = a.model_chunk](int64_t offset) { return grads_done(c, offset); };
+      }
+      NF_RETURN_IF_ERROR(
+          stage.Backward(a.micro_batch, stage.last() ? nullptr : input, step.loss_weight, done));
+      input = nullptr;
+      return absl::OkStatus();
+    }
+  }
+  return absl::InternalError(absl::StrCat("unknown action ", a.ToString()));
+}
+
+absl::StatusOr<PipelineExecutor::Result> PipelineExecutor::RunSchedule(
+    const std::vector<Action>& schedule, int window, bool train, const PipelineStep& step,
+    BatchSource& batches, const GradsDoneFn& grads_done) {
   Result result;
   // The pipeline group's wait seconds (communicator.h) grow only by this schedule's sends and
   // receives while it runs.
@@ -50,94 +214,46 @@ absl::StatusOr<PipelineExecutor::Result> PipelineExecutor::Run(const PipelineSte
            pp_->stats().seconds_of(parallel::CommOp::kRecv);
   };
   const double waited_before = pipeline_waited();
-  std::vector<int> backwards_left(chunks_.size(), 0);
-  for (const Action& a : schedule_) {
+  std::vector<int> backwards_left(stages_.size(), 0);
+  for (const Action& a : schedule) {
     if (a.kind == Action::kBackward) ++backwards_left[a.model_chunk];
   }
   const Tensor* input = nullptr;  // the activation or gradient just received
-  for (const Action& a : schedule_) {
-    model::NormFormerModel& chunk = *chunks_[a.model_chunk];
-    switch (a.kind) {
-      case Action::kRecvActivation:
-      case Action::kRecvGrad:
-        NF_RETURN_IF_ERROR(pp_->Recv(received_, a.peer));
-        input = &received_;
-        break;
-      case Action::kForward: {
-        const int64_t global_micro_batch = step.first_micro_batch + a.micro_batch;
-        const uint64_t first_sample = static_cast<uint64_t>(
-            step.step * step.global_batch_size + global_micro_batch * step.micro_batch_size);
-        const bool first = IsFirstStage(a.model_chunk), last = IsLastStage(a.model_chunk);
-        if (first || last) {
-          const auto load_start = std::chrono::steady_clock::now();
-          NF_ASSIGN_OR_RETURN(const int64_t loaded, batches.Load(step.step, global_micro_batch));
-          result.data_seconds +=
-              std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count();
-          if (static_cast<uint64_t>(loaded) != first_sample) {
-            return absl::InternalError(absl::StrCat("micro-batch ", global_micro_batch, " of step ",
-                                                    step.step, " starts at sample ", loaded,
-                                                    ", expected ", first_sample));
-          }
+  for (const Action& a : schedule) {
+    // The waits SimulateSchedules models with send_windows, and no others.
+    if (a.is_send()) NF_RETURN_IF_ERROR(CompleteSendsAbove(window, train));
+    if (a.kind == Action::kBackward) {
+      // Its activation send read the activations the backward releases.
+      for (size_t k = 0; k < sends_.size(); ++k) {
+        const Action& sent = sends_[k].action;
+        if (sent.kind == Action::kSendActivation && sent.micro_batch == a.micro_batch &&
+            sent.model_chunk == a.model_chunk) {
+          NF_RETURN_IF_ERROR(CompleteSend(k, train));
+          break;
         }
-        NF_ASSIGN_OR_RETURN(
-            const Tensor* const output,
-            chunk.ForwardStage(a.micro_batch, first ? &batches.inputs() : nullptr,
-                               first ? nullptr : input, last ? batches.targets() : Tensor(),
-                               first_sample, true));
-        input = nullptr;
-        // Sent by a later action; valid until this micro-batch's backward on the chunk.
-        if (!last) outputs_[{a.micro_batch, a.model_chunk}] = *output;
-        break;
-      }
-      case Action::kSendActivation: {
-        const auto output = outputs_.find({a.micro_batch, a.model_chunk});
-        if (output == outputs_.end()) {
-          return absl::InternalError(absl::StrCat(a.ToString(), " before its forward"));
-        }
-        NF_ASSIGN_OR_RETURN(std::unique_ptr<parallel::CommHandle> handle,
-                            pp_->SendAsync(output->second, a.peer));
-        sends_.push_back({.action = a, .buffer = output->second, .handle = std::move(handle)});
-        outputs_.erase(output);
-        break;
-      }
-      case Action::kBackward: {
-        NF_RETURN_IF_ERROR(WaitActivationSend(a.micro_batch, a.model_chunk));
-        const bool final_backward = --backwards_left[a.model_chunk] == 0;
-        model::NormFormerModel::GradsDoneFrom done;
-        if (final_backward && grads_done) {
-          done = [&, c = a.model_chunk](int64_t offset) { return grads_done(c, offset); };
-        }
-        NF_RETURN_IF_ERROR(chunk.BackwardStage(
-            a.micro_batch, IsLastStage(a.model_chunk) ? nullptr : input, step.loss_weight, done));
-        input = nullptr;
-        break;
-      }
-      case Action::kSendGrad: {
-        Tensor buffer;
-        if (grad_pool_.empty()) {
-          NF_ASSIGN_OR_RETURN(buffer, Tensor::Zeros(received_.dtype(), received_.shape()));
-        } else {
-          buffer = std::move(grad_pool_.back());
-          grad_pool_.pop_back();
-        }
-        // input_grad() is overwritten by the chunk's next backward: send a copy.
-        NF_RETURN_IF_ERROR(ops::Cast(chunk.input_grad(), buffer));
-        NF_ASSIGN_OR_RETURN(std::unique_ptr<parallel::CommHandle> handle,
-                            pp_->SendAsync(buffer, a.peer));
-        sends_.push_back({.action = a, .buffer = buffer, .handle = std::move(handle)});
-        break;
       }
     }
+    NF_RETURN_IF_ERROR(
+        Annotate(RunAction(a, train, step, batches, grads_done, backwards_left, input, result), a));
   }
   absl::Status status;
-  for (PendingSend& send : sends_) {
-    if (send.handle) status.Update(send.handle->Wait());
-    if (send.action.kind == Action::kSendGrad) grad_pool_.push_back(std::move(send.buffer));
-  }
-  sends_.clear();
+  while (!sends_.empty()) status.Update(CompleteSend(0, train));
   NF_RETURN_IF_ERROR(status);
+  result.send_buffers = grad_buffers_;
   result.pipeline_wait_seconds = pipeline_waited() - waited_before;
   return result;
+}
+
+absl::StatusOr<PipelineExecutor::Result> PipelineExecutor::Run(const PipelineStep& step,
+                                                               BatchSource& batches,
+                                                               const GradsDoneFn& grads_done) {
+  return RunSchedule(schedule_, window_, /*train=*/true, step, batches, grads_done);
+}
+
+absl::StatusOr<PipelineExecutor::Result> PipelineExecutor::RunForwardOnly(const PipelineStep& step,
+                                                                          BatchSource& batches) {
+  return RunSchedule(forward_only_, parallel::kForwardOnlySendWindow, /*train=*/false, step,
+                     batches, nullptr);
 }
 
 }  // namespace nf::launcher

@@ -1,10 +1,29 @@
-// Runs one training step's pipeline schedule (parallel/pipeline_schedule.h) on this pipeline
-// rank: its model chunks' forwards and backwards, in the schedule's order, with activations
-// and gradients exchanged over the pipeline group. Receives are blocking and placed by the
-// schedule right before the computation that needs them; sends are non-blocking, their buffers
-// kept until the send completes, which is what lets every rank's list run without deadlock
-// (CheckSchedulePairing and SimulateSchedules prove it for each schedule). Messages between two
-// ranks match in order on one tag, as the pairing check guarantees.
+// Runs this pipeline rank's part of a pipeline schedule (parallel/pipeline_schedule.h): a
+// training step's forwards and backwards (Run), or evaluation's forwards only (RunForwardOnly),
+// of its model chunks in the schedule's order, with activations and gradients exchanged over
+// the pipeline group. One walker for both, so training and evaluation place, send and wait alike.
+//
+// Transfers. Receives are blocking and placed by the schedule right before the computation
+// that needs them; sends are non-blocking. Messages between two ranks match in order on one
+// tag, as CheckSchedulePairing guarantees. A send's buffer stays untouched until the send is
+// waited for: an activation send's is the chunk's output (a view of the activations the chunk
+// keeps until that micro-batch's backward, or, in evaluation, until the send completes, when
+// the forward is discarded), a gradient send's a copy of the chunk's input gradient in a
+// pooled buffer.
+//
+// Bounded sends. The executor waits for its sends as the schedule goes, not only at its end:
+// before issuing a send while SendWindow(kind, p, r, v) sends are pending (kForwardOnlySendWindow
+// in evaluation), it waits for the oldest; before a micro-batch's backward on a chunk, for that
+// chunk's activation send of it; at the end, for all. So a rank holds at most a window of send
+// buffers, p - r under 1F1B, whatever the number of micro-batches, and the gradient pool never
+// grows beyond it. Waiting for a send means waiting until the peer has reached its receive;
+// SimulateSchedules models exactly these waits under rendezvous transfers, and
+// pipeline_schedule_test proves them deadlock-free for every small layout, without delaying any
+// rank in the unit-time model.
+//
+// Devices. Every buffer the executor allocates (the receive buffer, gradient send buffers) is
+// on its chunk's device (PipelineStage::Zeros: ops::Zeros on the model's device), as NCCL
+// requires. Errors of an action name it: "stage 2 forward of micro-batch 5: ...".
 //
 // Micro-batch i of this data-parallel rank is micro-batch first_micro_batch + i of the global
 // batch: the first stage loads its ids, the last stage its targets, and every stage keys its
@@ -12,13 +31,16 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <functional>
+#include <memory>
 #include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "launcher/batch_source.h"
+#include "launcher/pipeline_stage.h"
 #include "model/normformer_model.h"
 #include "parallel/communicator.h"
 #include "parallel/pipeline_schedule.h"
@@ -26,18 +48,23 @@
 namespace nf::launcher {
 
 struct PipelineStep {
-  int64_t step = 0;               // 0-based
+  int64_t step = 0;               // 0-based, for messages
+  int64_t batch_start = 0;        // stream index of the global batch's first sample
   int64_t first_micro_batch = 0;  // of this data-parallel rank, in the global batch
   int64_t micro_batch_size = 1;
-  int64_t global_batch_size = 1;
   float loss_weight = 1.0f;  // loss_scale / tokens in the global batch
 };
 
 class PipelineExecutor {
  public:
-  // chunks[c] is this rank's model chunk c (model stage c * p + pipeline rank); `pp` the
+  // stages[c] is this rank's model chunk c (model stage c * p + pipeline rank); `pp` the
   // pipeline group (a group of one without pipelining); both must outlive the executor.
-  // Builds this rank's schedule, refusing invalid combinations with BuildSchedule's advice.
+  // Builds this rank's training schedule and its forward-only schedule, refusing invalid
+  // combinations with BuildSchedule's advice, and allocates each chunk's receive buffer.
+  static absl::StatusOr<PipelineExecutor> Create(std::vector<PipelineStage*> stages,
+                                                 parallel::Communicator& pp,
+                                                 parallel::ScheduleKind kind, int micro_batches);
+  // The same for model chunks, each wrapped in a ModelStage the executor owns.
   static absl::StatusOr<PipelineExecutor> Create(std::vector<model::NormFormerModel*> chunks,
                                                  parallel::Communicator& pp,
                                                  parallel::ScheduleKind kind, int micro_batches);
@@ -49,36 +76,67 @@ class PipelineExecutor {
   struct Result {
     double data_seconds = 0.0;           // spent in BatchSource::Load
     double pipeline_wait_seconds = 0.0;  // waited for the pipeline's sends and receives
+    // The most sends pending at once during the run, and their bytes (activation views and
+    // gradient buffers alike): bounded by the send window, not by the micro-batches.
+    int peak_live_sends = 0;
+    int64_t peak_send_bytes = 0;
+    // Gradient send buffers allocated so far (the pool and those in flight).
+    int send_buffers = 0;
   };
-  // Runs the schedule once. The last model stage's losses accumulate in its chunk
-  // (NormFormerModel::TakeLossSum).
+  // Runs the training schedule once (forward with dropout, backward). The last model stage's
+  // losses accumulate in its chunk (NormFormerModel::TakeLossSum).
   absl::StatusOr<Result> Run(const PipelineStep& step, BatchSource& batches,
                              const GradsDoneFn& grads_done);
+  // Runs the forward-only schedule once: every micro-batch's forward without dropout
+  // (train = false), its activations discarded once its output has been sent; losses
+  // accumulate as in Run. step.loss_weight is unused.
+  absl::StatusOr<Result> RunForwardOnly(const PipelineStep& step, BatchSource& batches);
 
   const std::vector<parallel::Action>& schedule() const { return schedule_; }
+  const std::vector<parallel::Action>& forward_only_schedule() const { return forward_only_; }
+  int send_window() const { return window_; }
 
  private:
-  PipelineExecutor(std::vector<model::NormFormerModel*> chunks, parallel::Communicator& pp,
-                   std::vector<parallel::Action> schedule)
-      : chunks_(std::move(chunks)), pp_(&pp), schedule_(std::move(schedule)) {}
+  PipelineExecutor(std::vector<PipelineStage*> stages, parallel::Communicator& pp)
+      : stages_(std::move(stages)), pp_(&pp) {}
 
   struct PendingSend {
     parallel::Action action;
-    Tensor buffer;  // owned by the send until it completes (gradients), or a view (activations)
+    Tensor buffer;  // a pooled gradient buffer, or the chunk's output (a view)
     std::unique_ptr<parallel::CommHandle> handle;
   };
-  bool IsFirstStage(int chunk) const;
-  bool IsLastStage(int chunk) const;
-  absl::Status WaitActivationSend(int micro_batch, int chunk);
+  // Runs `schedule` with at most `window` sends pending; forwards with `train`, and no
+  // backward in the schedule unless train.
+  absl::StatusOr<Result> RunSchedule(const std::vector<parallel::Action>& schedule, int window,
+                                     bool train, const PipelineStep& step, BatchSource& batches,
+                                     const GradsDoneFn& grads_done);
+  absl::Status RunAction(const parallel::Action& a, bool train, const PipelineStep& step,
+                         BatchSource& batches, const GradsDoneFn& grads_done,
+                         std::vector<int>& backwards_left, const Tensor*& input, Result& result);
+  // Waits for the pending send at `index` and releases its buffer: a gradient buffer back to
+  // the pool; in evaluation, the forward an activation send read.
+  absl::Status CompleteSend(size_t index, bool train);
+  // Waits for the oldest pending sends until fewer than `window` are pending.
+  absl::Status CompleteSendsAbove(int window, bool train);
+  // A gradient send buffer on `stage`'s device, from the pool or newly allocated.
+  absl::StatusOr<Tensor> GradBuffer(const PipelineStage& stage);
+  // "stage 2 forward of micro-batch 5: " + the status's message, its code kept.
+  absl::Status Annotate(const absl::Status& status, const parallel::Action& a) const;
 
-  std::vector<model::NormFormerModel*> chunks_;
+  std::vector<std::unique_ptr<PipelineStage>> owned_;  // ModelStage adapters, when made for models
+  std::vector<PipelineStage*> stages_;
   parallel::Communicator* pp_;
   std::vector<parallel::Action> schedule_;
-  Tensor received_;  // [T, d]: the last received activation or gradient
+  std::vector<parallel::Action> forward_only_;
+  int window_ = 1;  // SendWindow of the training schedule
+  // [T, d] per chunk, on its device: the last activation or gradient received for it.
+  std::vector<Tensor> received_;
   // Forward outputs not sent yet, by (micro-batch, chunk).
   absl::flat_hash_map<std::pair<int, int>, Tensor> outputs_;
-  std::vector<Tensor> grad_pool_;   // [T, d] send buffers for input gradients, reused
-  std::vector<PendingSend> sends_;  // in flight
+  std::vector<Tensor> grad_pool_;  // [T, d] gradient send buffers, free for reuse
+  int grad_buffers_ = 0;           // allocated: free ones plus those in flight
+  std::deque<PendingSend> sends_;  // pending, oldest first
+  int64_t live_send_bytes_ = 0;
 };
 
 }  // namespace nf::launcher

@@ -222,6 +222,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainConfig& conf
                         optim::DynamicLossScaler::Create(ScalerConfigOf(train.loss_scale())));
   }
   NF_ASSIGN_OR_RETURN(t->batches_, MakeBatchSource(config));
+  t->stream_samples_ = DefaultStreamSize(config, DataSplit::kTrain);
   for (const model::ParamSpec& spec : model::NormFormerParamSpecs(
            config.model(), model::PaddedVocabSize(config.model().vocab_size(), topology.tp()))) {
     t->num_global_params_ += NumElements(spec.global_shape);
@@ -290,7 +291,8 @@ checkpoint::RankState Trainer::CheckpointState() {
 
 checkpoint::RunProgress Trainer::Progress() const {
   checkpoint::RunProgress progress{.step = step_,
-                                   .consumed_samples = step_ * config_.train().global_batch_size(),
+                                   .consumed_samples = consumed_samples_,
+                                   .data_stream_samples = stream_samples_,
                                    .optimizer_updates = optimizers_.front()->adamw().updates(),
                                    .skipped_total = skipped_total_,
                                    .loss_scaler = std::nullopt};
@@ -298,15 +300,46 @@ checkpoint::RunProgress Trainer::Progress() const {
   return progress;
 }
 
+absl::Status Trainer::ContinueDataStream(const checkpoint::RunProgress& progress) {
+  const TrainOptions& train = config_.train();
+  const int64_t remaining_steps = std::max<int64_t>(0, train.train_iters() - progress.step);
+  const int64_t needed = progress.consumed_samples + remaining_steps * train.global_batch_size();
+  const int64_t recorded = progress.data_stream_samples;
+  const int64_t size = std::max(recorded, needed);
+  if (size != stream_samples_) {
+    NF_ASSIGN_OR_RETURN(batches_, MakeBatchSource(config_, DataSplit::kTrain, size));
+    stream_samples_ = size;
+  }
+  if (size == recorded) return absl::OkStatus();
+  // A longer stream than the run began with: it continues the samples read so far only if
+  // every dataset's samples span as many epochs as before (batch_source.h).
+  NF_ASSIGN_OR_RETURN(const std::unique_ptr<BatchSource> begun,
+                      MakeBatchSource(config_, DataSplit::kTrain, recorded));
+  if (begun->StreamEpochs() == batches_->StreamEpochs()) return absl::OkStatus();
+  const int64_t most_steps =
+      progress.step + (recorded - progress.consumed_samples) / train.global_batch_size();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "resuming after step ", progress.step, " (", progress.consumed_samples,
+      " samples consumed): ", remaining_steps, " more steps of train.global_batch_size ",
+      train.global_batch_size(), " need a data stream of ", needed,
+      " samples, but this run's stream holds ", recorded,
+      " and a longer one is shuffled differently (it spans more epochs of the data), so the "
+      "samples read so far would not be continued exactly; set train.train_iters to at most ",
+      most_steps, ", or lower train.global_batch_size"));
+}
+
 absl::Status Trainer::Restore(const checkpoint::RunProgress& progress) {
-  if (progress.step < 0 || progress.optimizer_updates < 0 || progress.skipped_total < 0) {
+  if (progress.step < 0 || progress.optimizer_updates < 0 || progress.skipped_total < 0 ||
+      progress.consumed_samples < 0 || progress.data_stream_samples < 0) {
     return absl::InvalidArgumentError("a checkpoint's progress counters must be >= 0");
   }
+  NF_RETURN_IF_ERROR(ContinueDataStream(progress));
   for (const auto& optimizer : optimizers_) {
     NF_RETURN_IF_ERROR(optimizer->adamw().SetUpdates(progress.optimizer_updates));
   }
   if (scaler_ && progress.loss_scaler) NF_RETURN_IF_ERROR(scaler_->SetState(*progress.loss_scaler));
   step_ = progress.step;
+  consumed_samples_ = progress.consumed_samples;
   skipped_total_ = progress.skipped_total;
   return absl::OkStatus();
 }
@@ -320,7 +353,7 @@ absl::StatusOr<model::NormFormerModel::LossSum> Trainer::GlobalLoss() {
     local.tokens += taken.tokens;
   }
   const bool reports = chunks_.back()->placement().last() && groups_->topology.tp_rank() == 0;
-  NF_ASSIGN_OR_RETURN(const Tensor loss, Tensor::Zeros(DType::kF64, {2}));
+  NF_ASSIGN_OR_RETURN(const Tensor loss, Tensor::HostZeros(DType::kF64, {2}));
   if (reports) {
     loss.data<double>()[0] = local.sum;
     loss.data<double>()[1] = static_cast<double>(local.tokens);
@@ -330,45 +363,21 @@ absl::StatusOr<model::NormFormerModel::LossSum> Trainer::GlobalLoss() {
                                          .tokens = static_cast<int64_t>(loss.data<double>()[1])};
 }
 
-// Forward-only, one micro-batch at a time through the model stages in order: the rank of
-// stage s receives its input from stage s - 1's rank, runs it and sends the output on
-// (blocking sends: a stage only waits for the stage after it, which is never waiting for it).
+// Forward-only through the same executor as training (its forward-only schedule), one
+// validation global batch per call, the losses summed in the last stage's chunk.
 absl::StatusOr<double> Trainer::Evaluate() {
   const TrainOptions& train = config_.train();
   if (validation_ == nullptr) {
     NF_ASSIGN_OR_RETURN(validation_, MakeBatchSource(config_, DataSplit::kValidation));
-    const model::NormFormerModel& any = *chunks_.front();
-    NF_ASSIGN_OR_RETURN(received_, ops::Zeros(any.options().dtype,
-                                              {int64_t{train.micro_batch_size()} * train.seq_len(),
-                                               config_.model().d_model()},
-                                              device_));
   }
-  constexpr int kEvalKey = -1;
-  const parallel::Topology& topology = groups_->topology;
-  const int p = topology.pp(), stages = p * static_cast<int>(chunks_.size());
-  parallel::Communicator& pp = *DeviceGroup(GroupKind::kPipeline);
   for (int64_t iter = 0; iter < train.eval_iters(); ++iter) {
-    for (int mb = 0; mb < micro_batches_; ++mb) {
-      const int64_t global_micro_batch = int64_t{topology.dp_rank()} * micro_batches_ + mb;
-      for (int stage = 0; stage < stages; ++stage) {
-        if (stage % p != topology.pp_rank()) continue;
-        model::NormFormerModel& chunk = *chunks_[stage / p];
-        const bool first = stage == 0, last = stage == stages - 1;
-        uint64_t first_sample = 0;
-        if (first || last) {
-          NF_ASSIGN_OR_RETURN(const int64_t loaded, validation_->Load(iter, global_micro_batch));
-          first_sample = static_cast<uint64_t>(loaded);
-        }
-        if (!first) NF_RETURN_IF_ERROR(pp.Recv(received_, (stage - 1) % p));
-        NF_ASSIGN_OR_RETURN(
-            const Tensor* const output,
-            chunk.ForwardStage(kEvalKey, first ? &validation_->inputs() : nullptr,
-                               first ? nullptr : &received_,
-                               last ? validation_->targets() : Tensor(), first_sample, false));
-        if (!last) NF_RETURN_IF_ERROR(pp.Send(*output, (stage + 1) % p));
-        chunk.DiscardForward(kEvalKey);
-      }
-    }
+    const PipelineStep step = {
+        .step = iter,
+        .batch_start = iter * train.global_batch_size(),
+        .first_micro_batch = int64_t{groups_->topology.dp_rank()} * micro_batches_,
+        .micro_batch_size = train.micro_batch_size(),
+        .loss_weight = 0.0f};
+    NF_RETURN_IF_ERROR(executor_->RunForwardOnly(step, *validation_).status());
   }
   NF_ASSIGN_OR_RETURN(const model::NormFormerModel::LossSum global, GlobalLoss());
   return global.tokens > 0 ? global.sum / static_cast<double>(global.tokens) : 0.0;
@@ -385,7 +394,7 @@ absl::Status Trainer::ReduceEmbeddingGradients() {
 }
 
 absl::StatusOr<double> Trainer::GlobalSquaredNorm(float loss_scale, bool& skipped) {
-  NF_ASSIGN_OR_RETURN(const Tensor found, Tensor::Zeros(DType::kF32, {1}));
+  NF_ASSIGN_OR_RETURN(const Tensor found, Tensor::HostZeros(DType::kF32, {1}));
   for (const auto& optimizer : optimizers_) {
     NF_ASSIGN_OR_RETURN(const bool nonfinite, optimizer->UnscaleAndCheck(loss_scale));
     if (nonfinite) found.data<float>()[0] = 1.0f;
@@ -393,7 +402,7 @@ absl::StatusOr<double> Trainer::GlobalSquaredNorm(float loss_scale, bool& skippe
   NF_RETURN_IF_ERROR(groups_->world->AllReduce(found, parallel::ReduceOp::kMax));
   skipped = found.data<float>()[0] != 0.0f;
   if (skipped) return std::numeric_limits<double>::quiet_NaN();
-  NF_ASSIGN_OR_RETURN(const Tensor squared, Tensor::Zeros(DType::kF64, {1}));
+  NF_ASSIGN_OR_RETURN(const Tensor squared, Tensor::HostZeros(DType::kF64, {1}));
   for (size_t c = 0; c < chunks_.size(); ++c) {
     NF_ASSIGN_OR_RETURN(const double share,
                         optimizers_[c]->SquaredGradNorm(chunks_[c]->OwnedNormRanges()));
@@ -409,7 +418,7 @@ absl::StatusOr<double> Trainer::GlobalSquaredNorm(float loss_scale, bool& skippe
 absl::StatusOr<std::vector<std::pair<std::string, double>>> Trainer::BlockGradNorms() {
   const int layers = config_.model().num_layers();
   // [num_layers + 2]: embedding, layers 0 .. L-1, head (block + 1).
-  NF_ASSIGN_OR_RETURN(const Tensor squares, Tensor::Zeros(DType::kF64, {layers + 2}));
+  NF_ASSIGN_OR_RETURN(const Tensor squares, Tensor::HostZeros(DType::kF64, {layers + 2}));
   for (size_t c = 0; c < chunks_.size(); ++c) {
     for (const auto& [block, ranges] : chunks_[c]->OwnedNormRangesByBlock()) {
       NF_ASSIGN_OR_RETURN(const double share, optimizers_[c]->SquaredGradNorm(ranges));
@@ -436,9 +445,9 @@ absl::StatusOr<StepStats> Trainer::TrainStep(bool block_grad_norms) {
   const int64_t batch_tokens = int64_t{train.global_batch_size()} * train.seq_len();
   const PipelineStep step = {
       .step = step_,
+      .batch_start = consumed_samples_,
       .first_micro_batch = int64_t{groups_->topology.dp_rank()} * micro_batches_,
       .micro_batch_size = train.micro_batch_size(),
-      .global_batch_size = train.global_batch_size(),
       .loss_weight = loss_scale / static_cast<float>(batch_tokens)};
 
   for (const auto& chunk : chunks_) NF_RETURN_IF_ERROR(chunk->params().ZeroGrads());
@@ -483,6 +492,7 @@ absl::StatusOr<StepStats> Trainer::TrainStep(bool block_grad_norms) {
   if (scaler_) scaler_->Update(skipped);
   if (skipped) ++skipped_total_;
   ++step_;
+  consumed_samples_ += train.global_batch_size();
 
   // Once per step: waits for the device and reports a bad token id or target a kernel met.
   NF_RETURN_IF_ERROR(ops::Synchronize(device_));
@@ -502,6 +512,8 @@ absl::StatusOr<StepStats> Trainer::TrainStep(bool block_grad_norms) {
       .seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
       .data_seconds = run.data_seconds,
       .pipeline_wait_seconds = run.pipeline_wait_seconds,
+      .peak_pipeline_sends = run.peak_live_sends,
+      .peak_pipeline_send_bytes = run.peak_send_bytes,
       .block_grad_norms = std::move(block_norms)};
 }
 

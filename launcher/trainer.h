@@ -49,6 +49,10 @@ struct StepStats {
   double seconds = 0.0;                // wall time of the step, of which:
   double data_seconds = 0.0;           // waiting for the data loader
   double pipeline_wait_seconds = 0.0;  // waiting for pipeline peers (sends and receives)
+  // The pipeline's most sends pending at once during the step, and their bytes
+  // (PipelineExecutor::Result): bounded by the pipeline's depth.
+  int peak_pipeline_sends = 0;
+  int64_t peak_pipeline_send_bytes = 0;
   // Gradient norm of each block ("embedding", "0" .. "L-1", "head"), unscaled and before
   // clipping, when the step was asked for them and was not skipped.
   std::vector<std::pair<std::string, double>> block_grad_norms;
@@ -68,7 +72,8 @@ class Trainer {
   absl::StatusOr<StepStats> TrainStep(bool block_grad_norms = false);
 
   // The mean token loss over train.eval_iters global batches of the validation split, forward
-  // only (no dropout), the same on every rank. Collective over the world.
+  // only (no dropout; the executor's forward-only schedule), the same on every rank.
+  // Collective over the world.
   absl::StatusOr<double> Evaluate();
 
   int64_t step() const { return step_; }
@@ -83,8 +88,13 @@ class Trainer {
   // What a checkpoint saves of this rank (views into the trainer) and the run's progress.
   checkpoint::RankState CheckpointState();
   checkpoint::RunProgress Progress() const;
-  // Continues from a loaded checkpoint's progress: the next TrainStep is step progress.step + 1.
+  // Continues from a loaded checkpoint's progress: the next TrainStep is step progress.step + 1,
+  // reading the data stream from progress.consumed_samples on, whatever global batch size the
+  // checkpoint was written with (FailedPrecondition when this config's steps cannot continue
+  // that stream exactly).
   absl::Status Restore(const checkpoint::RunProgress& progress);
+  // Samples of the training stream the steps so far have read.
+  int64_t consumed_samples() const { return consumed_samples_; }
 
   // Parameters of the whole model (every layer and the embedding once).
   int64_t num_global_params() const { return num_global_params_; }
@@ -99,6 +109,9 @@ class Trainer {
   // The communicator for device tensors of `kind` (tp, dp, pp, embedding): the NCCL one of a
   // multi-process GPU job, else the process group (MPI, or a group of one).
   parallel::Communicator* DeviceGroup(parallel::GroupKind kind) const;
+  // Resizes the training stream for a resumed run: long enough for the remaining steps, and
+  // the stream the checkpoint's run read (its size is recorded), or refused.
+  absl::Status ContinueDataStream(const checkpoint::RunProgress& progress);
   absl::Status ReduceEmbeddingGradients();
   // Per-block gradient norms of the reduced, unscaled gradients, the same on every rank:
   // collective over the group GlobalSquaredNorm reduces over.
@@ -124,10 +137,11 @@ class Trainer {
   std::optional<optim::DynamicLossScaler> scaler_;  // fp16 only
   std::unique_ptr<BatchSource> batches_;
   std::unique_ptr<BatchSource> validation_;  // made by the first Evaluate
-  Tensor received_;                          // [T, d]: Evaluate's received activations
   int micro_batches_ = 1;                    // per data-parallel rank and step
   int64_t num_global_params_ = 0;
   int64_t step_ = 0;
+  int64_t consumed_samples_ = 0;   // of the training stream
+  int64_t stream_samples_ = 0;     // the training stream's size (batch_source.h)
   Device device_ = Device::Cpu();  // train.device resolved: where the model lives
   int64_t skipped_total_ = 0;
 };
