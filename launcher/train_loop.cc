@@ -400,7 +400,13 @@ class TrainingRun {
     const bool fp16 = train.precision() == TrainOptions::FP16;
     const int64_t limit = fp16 ? std::max(1, train.max_consecutive_skipped()) : 1;
     if (consecutive_skipped_ < limit) return absl::OkStatus();
-    absl::StatusOr<std::filesystem::path> latest = checkpoint::LatestCheckpoint(checkpoints_);
+    // The checkpoint a rerun would resume from (every checkpoint holds finite state).
+    const absl::StatusOr<checkpoint::ResumePoint> good = checkpoint::FindResumePoint(checkpoints_);
+    std::string named = "(none: the run has not saved one)";
+    if (good.ok()) named = good->dir.string();
+    if (!good.ok() && !absl::IsNotFound(good.status())) {
+      named = absl::StrCat("(none: ", good.status().message(), ")");
+    }
     return absl::FailedPreconditionError(absl::StrFormat(
         "%s at step %d (%s%s): stopping; the last good checkpoint is %s",
         stats.skip_reason == optim::SkipReason::kUpdateOverflow
@@ -410,7 +416,7 @@ class TrainingRun {
         fp16 ? absl::StrFormat(", %d consecutive skipped steps, loss scale %g",
                                consecutive_skipped_, stats.loss_scale)
              : "",
-        latest.ok() ? latest->string() : std::string("(none: the run has not saved one)")));
+        named));
   }
 
   TrainConfig config_;
