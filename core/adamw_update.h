@@ -1,12 +1,15 @@
 // The arithmetic of one AdamW element update, shared by the CPU and CUDA kernels of
 // ops::AdamWStep and of the check that runs before it (ops::AdamWWouldOverflow): both call
 // these functions, so the check sees exactly the values the update would write (the same float
-// operations in the same order; neither backend is built with fast-math).
+// operations in the same order; neither backend is built with fast-math), and judges them by
+// the model dtype's overflow threshold, which is exactly where its rounding cast gives inf.
 #pragma once
 
 #include <cmath>
 #include <cstdint>
+#include <limits>
 
+#include "core/dtype.h"
 #include "core/host_device.h"
 
 namespace nf {
@@ -41,6 +44,30 @@ NF_HOST_DEVICE inline AdamWElement AdamWUpdateElement(const AdamWConstants& k, f
   const float v_new = k.beta2 * v + (1.0f - k.beta2) * g * g;
   const float denom = sqrtf(v_new) * k.inv_sqrt_bias_correction2 + k.eps;
   return {p - (k.decay * p + k.step_size * m_new / denom), m_new, v_new};
+}
+
+// The smallest fp32 magnitude that the round-to-nearest-even cast to `dtype` (ops::Cast, on
+// either backend) turns into inf: fp16 65520, halfway from its largest finite 65504 to 2^16
+// (the tie goes to the even 2^16, inf); bf16 0x7F7F8000, halfway from its largest finite
+// 0x7F7F0000 to 2^128 (likewise); f32 inf. A cast is inf or NaN exactly when
+// !(|x| < threshold), NaN included.
+inline float AdamWOverflowThreshold(DType dtype) {
+  switch (dtype) {
+    case DType::kF16:
+      return 65520.0f;
+    case DType::kBF16:
+      return 0x1.FFp127f;  // 0x7F7F8000
+    default:
+      return std::numeric_limits<float>::infinity();
+  }
+}
+
+// Whether an updated element leaves the model dtype's range (param past `threshold`, see
+// AdamWOverflowThreshold) or has a non-finite moment. Branch-free.
+NF_HOST_DEVICE inline bool AdamWElementOverflows(const AdamWElement& e, float threshold) {
+  constexpr float kFloatMax = 0x1.fffffep127f;
+  return !(fabsf(e.param) < threshold) | !(fabsf(e.exp_avg) <= kFloatMax) |
+         !(fabsf(e.exp_avg_sq) <= kFloatMax);
 }
 
 }  // namespace nf

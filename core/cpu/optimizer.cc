@@ -37,19 +37,16 @@ absl::Status CpuBackend::AdamWWouldOverflow(const ops::AdamWArgs& args, float gr
   const float* v = args.exp_avg_sq.data<float>();
   const AdamWConstants k = MakeAdamWConstants(args.lr, args.beta1, args.beta2, args.eps,
                                               args.weight_decay, args.step);
+  const float threshold = AdamWOverflowThreshold(model_dtype);
   std::atomic<bool> overflow{false};
-  DispatchFloat(model_dtype, [&]<typename T>() {
-    ParallelFor(args.params.numel(), 14, [&](int64_t begin, int64_t end) {
-      bool local = false;
-      for (int64_t i = begin; i < end; ++i) {
-        // grad_scale * g is what ops::Scale leaves in the grads before AdamWStep reads them.
-        const AdamWElement e = AdamWUpdateElement(k, p[i], grad_scale * g[i], m[i], v[i]);
-        // Through the cast ops::Cast applies to the master: inf exactly when the model's is.
-        local |= !std::isfinite(ToFloat(FromFloat<T>(e.param))) || !std::isfinite(e.exp_avg) ||
-                 !std::isfinite(e.exp_avg_sq);
-      }
-      if (local) overflow.store(true, std::memory_order_relaxed);
-    });
+  ParallelFor(args.params.numel(), 14, [&](int64_t begin, int64_t end) {
+    bool local = false;
+    for (int64_t i = begin; i < end; ++i) {
+      // grad_scale * g is what ops::Scale leaves in the grads before AdamWStep reads them.
+      local |= AdamWElementOverflows(
+          AdamWUpdateElement(k, p[i], grad_scale * g[i], m[i], v[i]), threshold);
+    }
+    if (local) overflow.store(true, std::memory_order_relaxed);
   });
   if (overflow.load()) found.data<float>()[0] = 1.0f;
   return absl::OkStatus();

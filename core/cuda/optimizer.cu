@@ -24,18 +24,14 @@ __global__ void AdamWKernel(float* p, const float* g, float* m, float* v, int64_
   }
 }
 
-// T: the model's element type; the new master goes through the same FromFloat<T> as the
-// master -> model CastKernel.
-template <typename T>
 __global__ void AdamWWouldOverflowKernel(const float* p, const float* g, const float* m,
                                          const float* v, int64_t n, AdamWConstants k,
-                                         float grad_scale, float* found) {
+                                         float grad_scale, float threshold, float* found) {
   bool overflow = false;
   NF_GRID_STRIDE_LOOP(i, n) {
     // grad_scale * g is what ScaleKernel leaves in the grads before AdamWKernel reads them.
-    const AdamWElement e = AdamWUpdateElement(k, p[i], grad_scale * g[i], m[i], v[i]);
-    overflow |= !isfinite(ToFloat(FromFloat<T>(e.param))) || !isfinite(e.exp_avg) ||
-                !isfinite(e.exp_avg_sq);
+    overflow |= AdamWElementOverflows(AdamWUpdateElement(k, p[i], grad_scale * g[i], m[i], v[i]),
+                                      threshold);
   }
   // Every writer stores the same value, so the race is benign.
   if (__any_sync(0xffffffffu, overflow) && (threadIdx.x & 31) == 0) *found = 1.0f;
@@ -92,11 +88,10 @@ absl::Status CudaBackend::AdamWWouldOverflow(const ops::AdamWArgs& args, float g
   if (n == 0) return absl::OkStatus();
   const AdamWConstants k = MakeAdamWConstants(args.lr, args.beta1, args.beta2, args.eps,
                                               args.weight_decay, args.step);
-  DispatchFloat(model_dtype, [&]<typename T>() {
-    AdamWWouldOverflowKernel<T><<<GridFor(n), kThreads, 0, stream()>>>(
-        args.params.data<float>(), args.grads.data<float>(), args.exp_avg.data<float>(),
-        args.exp_avg_sq.data<float>(), n, k, grad_scale, found.data<float>());
-  });
+  AdamWWouldOverflowKernel<<<GridFor(n), kThreads, 0, stream()>>>(
+      args.params.data<float>(), args.grads.data<float>(), args.exp_avg.data<float>(),
+      args.exp_avg_sq.data<float>(), n, k, grad_scale, AdamWOverflowThreshold(model_dtype),
+      found.data<float>());
   NF_CUDA_RETURN_IF_LAUNCH_FAILED();
   return absl::OkStatus();
 }

@@ -20,6 +20,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "core/adamw_update.h"
 #include "core/allocator.h"
 #include "core/tensor.h"
 #include "gtest/gtest.h"
@@ -602,6 +603,29 @@ TEST(MixedPrecisionAdamWTest, UpdateOverflowIsPerModelDType) {
                         "UpdateWouldOverflow: lr must be finite and >= 0");
   ExpectInvalidArgument(opt.UpdateWouldOverflow(1e-3f, double{inf}).status(),
                         "MixedPrecisionAdamW", "UpdateWouldOverflow: grad_norm must be finite");
+}
+
+// The check compares against one threshold per model dtype; it must be exactly where the
+// model's cast (ops::Cast: round to nearest even) starts giving inf.
+TEST(MixedPrecisionAdamWTest, OverflowThresholdIsWhereTheCastGivesInf) {
+  for (const DType dtype : {DType::kF16, DType::kBF16}) {
+    SCOPED_TRACE(DTypeName(dtype));
+    const float t = AdamWOverflowThreshold(dtype);
+    const float below = std::nextafter(t, 0.0f);
+    const std::vector<double> cast = Rounded(dtype, {t, -t, below, -below});
+    EXPECT_TRUE(std::isinf(cast[0]) && cast[0] > 0);
+    EXPECT_TRUE(std::isinf(cast[1]) && cast[1] < 0);
+    EXPECT_TRUE(std::isfinite(cast[2])) << below;
+    EXPECT_TRUE(std::isfinite(cast[3])) << -below;
+  }
+  EXPECT_TRUE(std::isinf(AdamWOverflowThreshold(DType::kF32)));
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float inf = std::numeric_limits<float>::infinity();
+  EXPECT_TRUE(AdamWElementOverflows({nan, 0.0f, 0.0f}, 65520.0f));
+  EXPECT_TRUE(AdamWElementOverflows({0.0f, inf, 0.0f}, 65520.0f));
+  EXPECT_TRUE(AdamWElementOverflows({0.0f, 0.0f, nan}, 65520.0f));
+  EXPECT_FALSE(AdamWElementOverflows({-65519.99f, 3e38f, 3e38f}, 65520.0f));
+  EXPECT_TRUE(AdamWElementOverflows({inf, 0.0f, 0.0f}, inf));
 }
 
 // One element whose master starts at `start` (written directly, as a checkpoint restore does)
