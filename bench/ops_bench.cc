@@ -175,6 +175,21 @@ void BM_AdamW(benchmark::State& state) {
   });
 }
 
+// The check before an update (ops::AdamWWouldOverflow): the same arithmetic, reads params,
+// grads, m, v and writes nothing (16 bytes per parameter); its time next to adamw_f32's is what
+// the overflow check adds to an optimizer step. The model dtype is a template argument.
+template <DType kModel>
+void BM_AdamWWouldOverflow(benchmark::State& state) {
+  const int64_t n = state.range(0);
+  ops::AdamWArgs args{.params = Random(DType::kF32, {n}),
+                      .grads = Random(DType::kF32, {n}),
+                      .exp_avg = Zeros(DType::kF32, {n}),
+                      .exp_avg_sq = Zeros(DType::kF32, {n}),
+                      .weight_decay = 0.01f};
+  const Tensor found = Zeros(DType::kF32, {1});
+  Run(state, 0, 16.0 * n, [&] { return ops::AdamWWouldOverflow(args, 1.0f, kModel, found); });
+}
+
 // Registered after the ceilings are measured; names read "<op>_<dtype>/<shape>".
 void RegisterAll() {
   auto add = [](const std::string& name, auto fn, std::vector<int64_t> args) {
@@ -198,6 +213,9 @@ void RegisterAll() {
   add("attention_bwd_f32/b/h/s/d", BM_AttentionBackward<DType::kF32>, {4, 12, 256, 64});
   add("attention_fwd_bf16/b/h/s/d", BM_AttentionForward<DType::kBF16>, {4, 12, 256, 64});
   add("adamw_f32/params", BM_AdamW, {16 << 20});
+  add("adamw_overflow_check_f16/params", BM_AdamWWouldOverflow<DType::kF16>, {16 << 20});
+  add("adamw_overflow_check_bf16/params", BM_AdamWWouldOverflow<DType::kBF16>, {16 << 20});
+  add("adamw_overflow_check_f32/params", BM_AdamWWouldOverflow<DType::kF32>, {16 << 20});
 }
 
 }  // namespace
