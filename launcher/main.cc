@@ -35,7 +35,8 @@ Trains a NormFormer language model as FILE.pbtxt (protobuf text format, schema
 launcher/train_config.proto) describes, writing into DIR:
   config.pbtxt  the resolved configuration, every field written out
   log.jsonl     one JSON object per step: step, loss, ppl, lr, loss_scale,
-                grad_norm, skipped, skipped_total, tokens, seconds
+                grad_norm, skipped, skipped_total, tokens, seconds; a skipped
+                step adds skip_reason: nonfinite_grads or update_overflow
 
 Under mpirun every rank trains its share (parallel.tensor_parallel,
 parallel.pipeline_parallel; data parallelism takes the remaining ranks) and
@@ -61,8 +62,10 @@ The Pre-LN GPT baseline of any config: --set model.normformer.scale_attn=false
 Stopping early: SIGTERM or SIGUSR1 (e.g. Slurm's --signal), train.exit_duration_mins or
 train.exit_interval make every rank stop at the next step boundary, save a checkpoint and
 exit with code 3; running the same command again resumes from RUN/checkpoints/latest.
-Non-finite gradients stop the run (fp16: after train.max_consecutive_skipped in a row)
-without saving, so the last checkpoint stays the last good state.
+Non-finite gradients, and updates that would overflow the model dtype (fp16: a weight
+past 65504, e.g. from too large an lr), skip the step without changing anything and stop
+the run (fp16: after train.max_consecutive_skipped in a row) without saving, so the last
+checkpoint stays the last good state.
 
 exit codes: 0 done, 1 runtime error, 2 bad command line, configuration or run directory
 (unwritable, or in use by another nf-launch), 3 stopped early with a checkpoint: run the

@@ -9,6 +9,8 @@
 //   tied embedding gradient   sum over the embedding group (first and last pipeline stage)
 //   gradients                 sum over dp (buckets during the last backward; ZeRO: scattered)
 //   non-finite flag           max over the world (every rank skips or steps together)
+//   update overflow flag      max over the world (an update that would overflow the model
+//                             dtype on any rank's part, its shard with ZeRO-1, skips it)
 //   squared gradient norm     sum over mp (tp x pp: each parameter counted once; TP duplicates
 //                             and the tied copy excluded), and over dp too when sharded
 //   loss and tokens           sum over the world of the last stage's tp rank 0 shares

@@ -40,7 +40,8 @@ RankMetrics::RankMetrics(const RankIdentity& id)
   steps_ = counter("normformer_steps_total", "Optimizer steps finished (skipped ones included).");
   tokens_ = counter("normformer_tokens_total", "Tokens with a loss trained on, whole job.");
   skipped_ = counter("normformer_skipped_steps_total",
-                     "Steps skipped for non-finite gradients (fp16 loss scaling).");
+                     "Steps skipped for non-finite gradients or an update that would overflow the "
+                     "model dtype.");
   data_wait_ =
       counter("normformer_data_wait_seconds_total", "Time this rank waited for the data loader.");
   train_loss_ = gauge("normformer_train_loss", "Mean token loss of the last step (nats).");

@@ -29,7 +29,8 @@ struct LossScalerState {
   float scale;
   int64_t growth_tracker;      // finite steps since the last growth or non-finite step
   int64_t hysteresis_tracker;  // non-finite steps left before backing off (may go below 0)
-  int64_t skipped_steps;       // optimizer steps skipped for non-finite gradients, ever
+  int64_t skipped_steps;       // optimizer steps skipped (non-finite gradients, or an update
+                               // that would overflow the model dtype), ever
 
   bool operator==(const LossScalerState&) const = default;
 };
@@ -42,7 +43,8 @@ class DynamicLossScaler {
   int64_t skipped_steps() const { return state_.skipped_steps; }
   const LossScalerConfig& config() const { return config_; }
 
-  // After every optimizer step (taken or skipped):
+  // After every optimizer step (taken or skipped); found_nonfinite is true for every skipped
+  // step, an update that would overflow the model dtype included:
   //   non-finite: growth_tracker = 0; --hysteresis_tracker; if it is <= 0,
   //               scale = max(scale * backoff_factor, min_scale). The step counts as skipped.
   //   finite:     ++growth_tracker; when it reaches growth_interval, growth_tracker = 0,
