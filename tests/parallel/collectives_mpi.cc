@@ -78,7 +78,7 @@ TEST(MpiCommunicatorTest, AllReduceSumAndMaxInEveryDtype) {
       SCOPED_TRACE(::testing::Message()
                    << DTypeName(dtype) << (op == ReduceOp::kSum ? " sum" : " max"));
       const Tensor t = TensorOf(dtype, {3, 5}, Contributions(dtype, world.rank(), 15));
-      ASSERT_TRUE(world.AllReduce(t, op).ok());
+      NF_ASSERT_OK(world.AllReduce(t, op));
       EXPECT_THAT(Values(t), ElementsAreArray(Reduced(dtype, world.size(), 15, op)));
     }
   }
@@ -99,17 +99,17 @@ TEST(MpiCommunicatorTest, HalfPrecisionIsReducedInFp32AndRoundedOnce) {
     const bool first = world.rank() == 0;
     const Tensor t =
         TensorOf(c.dtype, {2}, {first ? c.big : c.small[0], first ? c.big : c.small[1]});
-    ASSERT_TRUE(world.AllReduce(t, ReduceOp::kSum).ok());
+    NF_ASSERT_OK(world.AllReduce(t, ReduceOp::kSum));
     const std::vector<double> expected =
         Values(TensorOf(c.dtype, {2}, {c.big + others * c.small[0], c.big + others * c.small[1]}));
     EXPECT_THAT(Values(t), ElementsAreArray(expected));
   }
   if (world.size() == 4) {
     const Tensor h = TensorOf(DType::kF16, {1}, {world.rank() == 0 ? 1024.0 : 0.5});
-    ASSERT_TRUE(world.AllReduce(h, ReduceOp::kSum).ok());
+    NF_ASSERT_OK(world.AllReduce(h, ReduceOp::kSum));
     EXPECT_EQ(Values(h)[0], 1026.0);
     const Tensor b = TensorOf(DType::kBF16, {1}, {world.rank() == 0 ? 256.0 : 1.0});
-    ASSERT_TRUE(world.AllReduce(b, ReduceOp::kSum).ok());
+    NF_ASSERT_OK(world.AllReduce(b, ReduceOp::kSum));
     EXPECT_EQ(Values(b)[0], 260.0);
   }
 }
@@ -121,13 +121,13 @@ TEST(MpiCommunicatorTest, ReduceScatterGivesEachRankItsSliceOfTheSum) {
     SCOPED_TRACE(DTypeName(dtype));
     const Tensor input = TensorOf(dtype, {n, 4}, Contributions(dtype, r, 4 * n));
     const Tensor output = TensorOf(dtype, {2, 2}, {0, 0, 0, 0});
-    ASSERT_TRUE(world.ReduceScatter(input, output).ok());
+    NF_ASSERT_OK(world.ReduceScatter(input, output));
     EXPECT_EQ(output.shape(), Shape({2, 2}));
     EXPECT_THAT(Values(output), ElementsAreArray(Reduced(dtype, n, 4, ReduceOp::kSum, 4 * r)));
     // The output may be this rank's slice of the input (reduced through a scratch).
     const Tensor again = TensorOf(dtype, {4 * n}, Contributions(dtype, r, 4 * n));
     const Tensor slice = *again.View(4 * r, {4});
-    ASSERT_TRUE(world.ReduceScatter(again, slice).ok());
+    NF_ASSERT_OK(world.ReduceScatter(again, slice));
     EXPECT_THAT(Values(slice), ElementsAreArray(Reduced(dtype, n, 4, ReduceOp::kSum, 4 * r)));
   }
 }
@@ -149,19 +149,19 @@ TEST(MpiCommunicatorTest, AllGatherConcatenatesInRankOrder) {
     }
     const Tensor input = TensorOf(dtype, {2, 3}, part(r));
     const Tensor output = TensorOf(dtype, {2 * n, 3}, std::vector<double>(6 * n, 99));
-    ASSERT_TRUE(world.AllGather(input, output).ok());
+    NF_ASSERT_OK(world.AllGather(input, output));
     EXPECT_THAT(Values(output), ElementsAreArray(expected));
 
     // In place: the input is this rank's block of the output.
     const Tensor gathered = TensorOf(dtype, {6 * n}, std::vector<double>(6 * n, 99));
     testing::SetValues(*gathered.View(6 * r, {6}), part(r));
-    ASSERT_TRUE(world.AllGather(*gathered.View(6 * r, {6}), gathered).ok());
+    NF_ASSERT_OK(world.AllGather(*gathered.View(6 * r, {6}), gathered));
     EXPECT_THAT(Values(gathered), ElementsAreArray(expected));
 
     // Overlapping the output elsewhere (rank 0's block for every rank): gathered from a copy.
     const Tensor overlapped = TensorOf(dtype, {6 * n}, std::vector<double>(6 * n, 99));
     testing::SetValues(*overlapped.View(0, {6}), part(r));
-    ASSERT_TRUE(world.AllGather(*overlapped.View(0, {6}), overlapped).ok());
+    NF_ASSERT_OK(world.AllGather(*overlapped.View(0, {6}), overlapped));
     EXPECT_THAT(Values(overlapped), ElementsAreArray(expected));
   }
 }
@@ -174,7 +174,7 @@ TEST(MpiCommunicatorTest, BroadcastCopiesTheRootsTensor) {
     const std::vector<double> values = {3, 1, 4, 1, 5};
     const Tensor t =
         TensorOf(dtype, {5}, world.rank() == root ? values : std::vector<double>(5, 0));
-    ASSERT_TRUE(world.Broadcast(t, root).ok());
+    NF_ASSERT_OK(world.Broadcast(t, root));
     EXPECT_THAT(Values(t), ElementsAreArray(values));
   }
 }
@@ -187,10 +187,10 @@ TEST(MpiCommunicatorTest, SetupHelpersBroadcastBytesAndTakeTheMaxUncounted) {
   const CommStats before = world.stats();
   std::vector<uint8_t> bytes(5, 0);
   if (world.rank() == root) bytes = {1, 2, 3, 250, 5};
-  ASSERT_TRUE(world.BroadcastBytes(absl::MakeSpan(bytes), root).ok());
+  NF_ASSERT_OK(world.BroadcastBytes(absl::MakeSpan(bytes), root));
   EXPECT_THAT(bytes, ElementsAreArray({1, 2, 3, 250, 5}));
   const absl::StatusOr<int> max = world.MaxOverGroup(world.rank() * 3 - 1);
-  ASSERT_TRUE(max.ok()) << max.status();
+  NF_ASSERT_OK(max);
   EXPECT_EQ(*max, root * 3 - 1);
   EXPECT_EQ(world.stats().bytes, before.bytes);
   EXPECT_EQ(world.stats().calls, before.calls);
@@ -205,11 +205,11 @@ TEST(MpiCommunicatorTest, SendRecvAroundTheRing) {
   const Tensor out = TensorOf(DType::kBF16, {3}, message(r));
   const Tensor in = TensorOf(DType::kBF16, {3}, {0, 0, 0});
   if (r % 2 == 0) {
-    ASSERT_TRUE(world.Send(out, next).ok());
-    ASSERT_TRUE(world.Recv(in, prev).ok());
+    NF_ASSERT_OK(world.Send(out, next));
+    NF_ASSERT_OK(world.Recv(in, prev));
   } else {
-    ASSERT_TRUE(world.Recv(in, prev).ok());
-    ASSERT_TRUE(world.Send(out, next).ok());
+    NF_ASSERT_OK(world.Recv(in, prev));
+    NF_ASSERT_OK(world.Send(out, next));
   }
   EXPECT_THAT(Values(in), ElementsAreArray(Values(TensorOf(DType::kBF16, {3}, message(prev)))));
 
@@ -223,11 +223,14 @@ TEST(MpiCommunicatorTest, SendRecvAroundTheRing) {
   auto recv_b = world.RecvAsync(b_in, prev);
   auto send_a = world.SendAsync(a_out, next);
   auto send_b = world.SendAsync(b_out, next);
-  ASSERT_TRUE(recv_a.ok() && recv_b.ok() && send_a.ok() && send_b.ok());
-  EXPECT_TRUE((*send_b)->Wait().ok());
-  EXPECT_TRUE((*recv_b)->Wait().ok());
-  EXPECT_TRUE((*send_a)->Wait().ok());
-  EXPECT_TRUE((*recv_a)->Wait().ok());
+  NF_ASSERT_OK(recv_a);
+  NF_ASSERT_OK(recv_b);
+  NF_ASSERT_OK(send_a);
+  NF_ASSERT_OK(send_b);
+  NF_EXPECT_OK((*send_b)->Wait());
+  NF_EXPECT_OK((*recv_b)->Wait());
+  NF_EXPECT_OK((*send_a)->Wait());
+  NF_EXPECT_OK((*recv_a)->Wait());
   EXPECT_THAT(Values(a_in), ElementsAreArray({1.0 * prev, 100.0 + prev}));
   EXPECT_THAT(Values(b_in), ElementsAreArray({2.0 * prev, 200.0 + prev}));
 }
@@ -236,8 +239,8 @@ TEST(MpiCommunicatorTest, RecvChecksTheMessageSize) {
   MpiCommunicator& world = World();
   if (world.rank() == 0) {
     const Tensor six = TensorOf(DType::kF32, {6}, {1, 2, 3, 4, 5, 6});
-    ASSERT_TRUE(world.Send(six, 1).ok());
-    ASSERT_TRUE(world.Send(six, 1).ok());
+    NF_ASSERT_OK(world.Send(six, 1));
+    NF_ASSERT_OK(world.Send(six, 1));
   } else if (world.rank() == 1) {
     const Tensor eight = TensorOf(DType::kF32, {8}, std::vector<double>(8, 0));
     ExpectInvalidArgument(world.Recv(eight, 0), "recv on group world",
@@ -250,7 +253,7 @@ TEST(MpiCommunicatorTest, RecvChecksTheMessageSize) {
                 HasSubstr("recv on group world: tensor f32[4] on cpu: MPI error: "))
         << truncated;
   }
-  ASSERT_TRUE(world.Barrier().ok());
+  NF_ASSERT_OK(world.Barrier());
 }
 
 TEST(MpiCommunicatorTest, AsyncAllReducesCompleteInAnyOrder) {
@@ -261,14 +264,15 @@ TEST(MpiCommunicatorTest, AsyncAllReducesCompleteInAnyOrder) {
   const Tensor c = TensorOf(DType::kI32, {3}, Contributions(DType::kI32, r, 3));
   auto ha = world.AllReduceAsync(a, ReduceOp::kSum);
   auto hb = world.AllReduceAsync(b, ReduceOp::kMax);
-  ASSERT_TRUE(ha.ok() && hb.ok());
+  NF_ASSERT_OK(ha);
+  NF_ASSERT_OK(hb);
   {
     // Dropped without Wait(): the destructor waits, so `c` is reduced once it is gone.
     auto hc = world.AllReduceAsync(c, ReduceOp::kSum);
-    ASSERT_TRUE(hc.ok());
+    NF_ASSERT_OK(hc);
   }
-  ASSERT_TRUE((*hb)->Wait().ok());
-  ASSERT_TRUE((*ha)->Wait().ok());
+  NF_ASSERT_OK((*hb)->Wait());
+  NF_ASSERT_OK((*ha)->Wait());
   EXPECT_THAT(Values(a), ElementsAreArray(Reduced(DType::kF32, n, 7, ReduceOp::kSum)));
   EXPECT_THAT(Values(b), ElementsAreArray(Reduced(DType::kBF16, n, 5, ReduceOp::kMax)));
   EXPECT_THAT(Values(c), ElementsAreArray(Reduced(DType::kI32, n, 3, ReduceOp::kSum)));
@@ -282,31 +286,26 @@ TEST(MpiCommunicatorTest, CountsThePayloadOfEachCallExactly) {
   MpiCommunicator& world = World();
   const int n = world.size(), r = world.rank();
   world.ResetStats();
-  ASSERT_TRUE(
-      world.AllReduce(TensorOf(DType::kF32, {10}, std::vector<double>(10, 1)),
-                      ReduceOp::kSum)
-          .ok());  // 40 bytes
+  NF_ASSERT_OK(world.AllReduce(TensorOf(DType::kF32, {10}, std::vector<double>(10, 1)),
+                               ReduceOp::kSum));  // 40 bytes
   auto pending = world.AllReduceAsync(TensorOf(DType::kBF16, {6}, std::vector<double>(6, 1)),
                                       ReduceOp::kMax);  // 12 bytes, counted when issued
-  ASSERT_TRUE(pending.ok());
+  NF_ASSERT_OK(pending);
   EXPECT_EQ(Bytes(world.stats(), CommOp::kAllReduce), 52);
-  ASSERT_TRUE((*pending)->Wait().ok());
-  ASSERT_TRUE(world
-                  .ReduceScatter(TensorOf(DType::kF32, {3 * n}, std::vector<double>(3 * n, 1)),
-                                 TensorOf(DType::kF32, {3}, {0, 0, 0}))
-                  .ok());  // input: 12 n bytes
-  ASSERT_TRUE(world
-                  .AllGather(TensorOf(DType::kI64, {2}, {1, 2}),
-                             TensorOf(DType::kI64, {2 * n}, std::vector<double>(2 * n, 0)))
-                  .ok());  // output: 16 n bytes
-  ASSERT_TRUE(world.Broadcast(TensorOf(DType::kF16, {5}, std::vector<double>(5, 0)), 0).ok());
+  NF_ASSERT_OK((*pending)->Wait());
+  NF_ASSERT_OK(world.ReduceScatter(TensorOf(DType::kF32, {3 * n}, std::vector<double>(3 * n, 1)),
+                                   TensorOf(DType::kF32, {3}, {0, 0, 0})));  // input: 12 n bytes
+  NF_ASSERT_OK(world.AllGather(
+      TensorOf(DType::kI64, {2}, {1, 2}),
+      TensorOf(DType::kI64, {2 * n}, std::vector<double>(2 * n, 0))));  // output: 16 n bytes
+  NF_ASSERT_OK(world.Broadcast(TensorOf(DType::kF16, {5}, std::vector<double>(5, 0)), 0));
   const Tensor message = TensorOf(DType::kF32, {7}, std::vector<double>(7, 0));  // 28 bytes
   if (r % 2 == 0 && r + 1 < n) {
-    ASSERT_TRUE(world.Send(message, r + 1).ok());
+    NF_ASSERT_OK(world.Send(message, r + 1));
   } else if (r % 2 == 1) {
-    ASSERT_TRUE(world.Recv(message, r - 1).ok());
+    NF_ASSERT_OK(world.Recv(message, r - 1));
   }
-  ASSERT_TRUE(world.Barrier().ok());
+  NF_ASSERT_OK(world.Barrier());
 
   const CommStats& s = world.stats();
   EXPECT_EQ(Bytes(s, CommOp::kAllReduce), 52);
@@ -331,10 +330,10 @@ TEST(MpiCommunicatorTest, CountsTheSecondsEachRankWaitedForItsPeers) {
   const int n = world.size(), r = world.rank();
   ASSERT_GE(n, 2) << "run with 2 or more ranks";
   constexpr double kLate = 0.3, kSkew = 0.05;
-  ASSERT_TRUE(world.Barrier().ok());
+  NF_ASSERT_OK(world.Barrier());
   world.ResetStats();
   if (r == 0) absl::SleepFor(absl::Seconds(kLate));
-  ASSERT_TRUE(world.AllReduce(TensorOf(DType::kF32, {4}, {1, 2, 3, 4}), ReduceOp::kSum).ok());
+  NF_ASSERT_OK(world.AllReduce(TensorOf(DType::kF32, {4}, {1, 2, 3, 4}), ReduceOp::kSum));
   const double all_reduce = world.stats().seconds_of(CommOp::kAllReduce);
   if (r == 0) {
     EXPECT_LT(all_reduce, kLate - kSkew);
@@ -343,14 +342,14 @@ TEST(MpiCommunicatorTest, CountsTheSecondsEachRankWaitedForItsPeers) {
   }
   EXPECT_EQ(world.stats().seconds_of(CommOp::kSend), 0.0);
 
-  ASSERT_TRUE(world.Barrier().ok());
+  NF_ASSERT_OK(world.Barrier());
   const Tensor message = TensorOf(DType::kF32, {3}, {0, 0, 0});
   if (r == 0) {
-    ASSERT_TRUE(world.Recv(message, 1).ok());
+    NF_ASSERT_OK(world.Recv(message, 1));
     EXPECT_GE(world.stats().seconds_of(CommOp::kRecv), kLate - kSkew);
   } else if (r == 1) {
     absl::SleepFor(absl::Seconds(kLate));
-    ASSERT_TRUE(world.Send(message, 0).ok());
+    NF_ASSERT_OK(world.Send(message, 0));
   }
 }
 
@@ -393,7 +392,7 @@ TEST(MpiCommunicatorTest, SplitFormsGroupsByColorOrderedByKey) {
   const int n = world.size(), r = world.rank();
   // Reverse order within each parity: key = -rank.
   auto parity = world.Split(r % 2, -r, "parity");
-  ASSERT_TRUE(parity.ok()) << parity.status();
+  NF_ASSERT_OK(parity);
   ASSERT_NE(*parity, nullptr);
   std::vector<int> members;
   for (int k = n - 1; k >= 0; --k) {
@@ -403,16 +402,16 @@ TEST(MpiCommunicatorTest, SplitFormsGroupsByColorOrderedByKey) {
   EXPECT_EQ((*parity)->name(), "parity");
   EXPECT_EQ((*parity)->world_ranks()[(*parity)->rank()], r);
   const Tensor t = TensorOf(DType::kI64, {1}, {static_cast<double>(r)});
-  ASSERT_TRUE((*parity)->AllReduce(t, ReduceOp::kSum).ok());
+  NF_ASSERT_OK((*parity)->AllReduce(t, ReduceOp::kSum));
   EXPECT_EQ(Values(t)[0], std::accumulate(members.begin(), members.end(), 0));
 
   auto only_zero = world.Split(r == 0 ? 0 : MpiCommunicator::kNoGroup, 0, "solo");
-  ASSERT_TRUE(only_zero.ok()) << only_zero.status();
+  NF_ASSERT_OK(only_zero);
   EXPECT_EQ(*only_zero == nullptr, r != 0);
   if (r == 0) {
     EXPECT_EQ((*only_zero)->size(), 1);
-    ASSERT_TRUE((*only_zero)->AllReduce(t, ReduceOp::kMax).ok());
-    ASSERT_TRUE((*only_zero)->Barrier().ok());
+    NF_ASSERT_OK((*only_zero)->AllReduce(t, ReduceOp::kMax));
+    NF_ASSERT_OK((*only_zero)->Barrier());
   }
 }
 

@@ -48,7 +48,7 @@ void FillGrads(const Tensor& grads, int rank, int step, int ranks) {
     if (rank >= 0 && r != rank) continue;
     for (int64_t i = 0; i < kNumel; ++i) g[i] += Grad(r, step, i);
   }
-  ASSERT_TRUE(CopyFromFloats(grads, g).ok());
+  NF_ASSERT_OK(CopyFromFloats(grads, g));
 }
 
 struct Case {
@@ -74,8 +74,8 @@ TEST_P(DataParallelOptimizerTest, MatchesOneAdamWOverTheSummedGradients) {
   auto opt = DataParallelOptimizer::Create(
       params, grads, kRanges, kAdamW, dp,
       {.bucket_elements = c.bucket_elements, .shard_optimizer = c.sharded, .hold_below = 8});
-  ASSERT_TRUE(opt.ok()) << opt.status();
-  ASSERT_TRUE((*opt)->InitializeMasterFromModel().ok());
+  NF_ASSERT_OK(opt);
+  NF_ASSERT_OK((*opt)->InitializeMasterFromModel());
   // Sharding divides the optimizer state by dp.
   const int64_t state = c.sharded ? kNumel / dp.size() : kNumel;
   EXPECT_EQ((*opt)->adamw().exp_avg().numel(), state);
@@ -84,22 +84,23 @@ TEST_P(DataParallelOptimizerTest, MatchesOneAdamWOverTheSummedGradients) {
   Tensor ref_params = *TensorFromFloats(c.dtype, {kNumel}, InitialParams());
   Tensor ref_grads = *Tensor::HostZeros(DType::kF32, {kNumel});
   auto ref = optim::MixedPrecisionAdamW::Create(ref_params, ref_grads, kRanges, kAdamW);
-  ASSERT_TRUE(ref.ok()) << ref.status();
-  ASSERT_TRUE(ref->InitializeMasterFromModel().ok());
+  NF_ASSERT_OK(ref);
+  NF_ASSERT_OK(ref->InitializeMasterFromModel());
 
   for (int step = 0; step < 3; ++step) {
     FillGrads(grads, dp.rank(), step, dp.size());
     dp.ResetStats();
     // A backward finishing gradients from the top down, in uneven steps.
-    for (int64_t offset : {60, 41, 40, 7, 0}) ASSERT_TRUE((*opt)->GradsDoneFrom(offset).ok());
-    ASSERT_TRUE((*opt)->FinishGradReduction().ok());
+    for (int64_t offset : {60, 41, 40, 7, 0}) NF_ASSERT_OK((*opt)->GradsDoneFrom(offset));
+    NF_ASSERT_OK((*opt)->FinishGradReduction());
     const CommStats& stats = dp.stats();
     const int reduce = static_cast<int>(c.sharded ? CommOp::kReduceScatter : CommOp::kAllReduce);
     EXPECT_EQ(stats.bytes[reduce], kNumel * 4);  // every gradient once, fp32
     EXPECT_EQ(stats.calls[reduce], static_cast<int64_t>((*opt)->buckets().size()));
     auto found = (*opt)->UnscaleAndCheck(2.0f);
-    ASSERT_TRUE(found.ok() && !*found);
-    ASSERT_TRUE((*opt)->Update(1e-2f, 0.0).ok());
+    NF_ASSERT_OK(found);
+    ASSERT_FALSE(*found);
+    NF_ASSERT_OK((*opt)->Update(1e-2f, 0.0));
     if (c.sharded) {  // the parameters are gathered back, in the model dtype
       EXPECT_EQ(stats.bytes[static_cast<int>(CommOp::kAllGather)],
                 kNumel * static_cast<int64_t>(SizeOf(c.dtype)));
@@ -107,8 +108,9 @@ TEST_P(DataParallelOptimizerTest, MatchesOneAdamWOverTheSummedGradients) {
 
     FillGrads(ref_grads, -1, step, dp.size());
     auto ref_found = ref->UnscaleAndCheck(2.0f);
-    ASSERT_TRUE(ref_found.ok() && !*ref_found);
-    ASSERT_TRUE(ref->Update(1e-2f, 0.0).ok());
+    NF_ASSERT_OK(ref_found);
+    ASSERT_FALSE(*ref_found);
+    NF_ASSERT_OK(ref->Update(1e-2f, 0.0));
     EXPECT_EQ(*ToFloatVector(params), *ToFloatVector(ref_params)) << "step " << step;
   }
 }
@@ -123,17 +125,17 @@ TEST_P(DataParallelOptimizerTest, SquaredNormSharesAddUpToTheWholeNorm) {
   auto opt = DataParallelOptimizer::Create(
       params, grads, kRanges, kAdamW, dp,
       {.bucket_elements = c.bucket_elements, .shard_optimizer = c.sharded});
-  ASSERT_TRUE(opt.ok()) << opt.status();
+  NF_ASSERT_OK(opt);
   FillGrads(grads, dp.rank(), 1, dp.size());
-  ASSERT_TRUE((*opt)->FinishGradReduction().ok());
+  NF_ASSERT_OK((*opt)->FinishGradReduction());
   const std::vector<optim::FlatRange> counted = {{.offset = 3, .length = 30},
                                                  {.offset = 50, .length = 19}};
   auto share = (*opt)->SquaredGradNorm(counted);
-  ASSERT_TRUE(share.ok()) << share.status();
+  NF_ASSERT_OK(share);
   Tensor total = *Tensor::HostZeros(DType::kF64, {1});
   total.data<double>()[0] = *share;
   if (c.sharded) {
-    ASSERT_TRUE(dp.AllReduce(total, ReduceOp::kSum).ok());
+    NF_ASSERT_OK(dp.AllReduce(total, ReduceOp::kSum));
   }
 
   Tensor summed = *Tensor::HostZeros(DType::kF32, {kNumel});
@@ -215,7 +217,7 @@ TEST_P(DataParallelOptimizerTest, OverflowCheckMaxedOverRanksMatchesOneAdamW) {
 
 TEST(GradBucketsTest, CarvesFromTheTopInMultiplesOfTheDataParallelSize) {
   auto buckets = MakeGradBuckets(22, 5, 2, 1);
-  ASSERT_TRUE(buckets.ok()) << buckets.status();
+  NF_ASSERT_OK(buckets);
   // Buckets of 6 (5 rounded up to a multiple of 2) from the top; the lowest holds the rest.
   ASSERT_EQ(buckets->size(), 4u);
   const int64_t begins[] = {0, 4, 10, 16}, ends[] = {4, 10, 16, 22};

@@ -106,7 +106,7 @@ std::vector<double> Train(Trainer& trainer) {
   std::vector<double> losses;
   for (int s = 0; s < kSteps; ++s) {
     absl::StatusOr<StepStats> stats = trainer.TrainStep();
-    EXPECT_TRUE(stats.ok()) << stats.status();
+    NF_EXPECT_OK(stats);
     if (!stats.ok()) std::abort();  // the other ranks would wait forever
     EXPECT_FALSE(stats->skipped);
     losses.push_back(stats->loss);
@@ -167,13 +167,13 @@ double MaxParamDifference(const model::NormFormerModel& chunk, const model::Para
 TEST(LayoutEquivalenceTest, EveryVariantTrainsLikeTheSingleRankRun) {
   const int tp = EnvInt("NF_TEST_TP", 1), pp = EnvInt("NF_TEST_PP", 1);
   auto groups = parallel::CreateProcessGroups({.tp = tp, .pp = pp, .dp = 0});
-  ASSERT_TRUE(groups.ok()) << groups.status();
+  NF_ASSERT_OK(groups);
   const parallel::Topology& topology = groups->topology;
 
   const TrainConfig base = TinyConfig();
-  ASSERT_TRUE(ValidateTrainConfig(base).ok()) << ValidateTrainConfig(base);
+  NF_ASSERT_OK(ValidateTrainConfig(base));
   auto reference = Trainer::Create(base);
-  ASSERT_TRUE(reference.ok()) << reference.status();
+  NF_ASSERT_OK(reference);
   const std::vector<double> expected = Train(**reference);
   const model::ParamTable& reference_params = (*reference)->chunks().front()->params();
 
@@ -186,9 +186,9 @@ TEST(LayoutEquivalenceTest, EveryVariantTrainsLikeTheSingleRankRun) {
     parallel.set_pipeline_schedule(variant.schedule);
     parallel.set_virtual_stages(variant.virtual_stages);
     parallel.set_distributed_optimizer(variant.distributed_optimizer);
-    ASSERT_TRUE(ValidateTrainConfig(config).ok()) << ValidateTrainConfig(config);
+    NF_ASSERT_OK(ValidateTrainConfig(config));
     auto trainer = Trainer::Create(config, *groups);
-    ASSERT_TRUE(trainer.ok()) << trainer.status();
+    NF_ASSERT_OK(trainer);
     const std::vector<double> losses = Train(**trainer);
     // Activations held at once: 1F1B keeps at most p - r micro-batches in flight on pipeline
     // rank r, GPipe all m of them.
@@ -215,7 +215,7 @@ TEST(LayoutEquivalenceTest, EveryVariantTrainsLikeTheSingleRankRun) {
     // The worst over all ranks, for the table in docs/parallelism.md.
     Tensor worst = *Tensor::HostZeros(DType::kF64, {1});
     worst.data<double>()[0] = param_difference;
-    ASSERT_TRUE(groups->world->AllReduce(worst, parallel::ReduceOp::kMax).ok());
+    NF_ASSERT_OK(groups->world->AllReduce(worst, parallel::ReduceOp::kMax));
     if (topology.world_rank() == 0) {
       std::printf("| %d | %d | %d | %s | %.1e | %.1e | %.4f -> %.4f |\n", tp, pp, topology.dp(),
                   variant.name.c_str(), loss_difference, worst.data<double>()[0], losses.front(),
@@ -230,14 +230,14 @@ TEST(LayoutEquivalenceTest, EveryVariantTrainsLikeTheSingleRankRun) {
 TEST(LayoutRefusalTest, TheGlobalBatchMustSplitOverTheDataParallelRanks) {
   const int tp = EnvInt("NF_TEST_TP", 1), pp = EnvInt("NF_TEST_PP", 1);
   auto groups = parallel::CreateProcessGroups({.tp = tp, .pp = pp, .dp = 0});
-  ASSERT_TRUE(groups.ok()) << groups.status();
+  NF_ASSERT_OK(groups);
   TrainConfig config = TinyConfig();
   config.mutable_train()->set_global_batch_size(6);
   config.mutable_parallel()->set_tensor_parallel(tp);
   config.mutable_parallel()->set_pipeline_parallel(pp);
   auto trainer = Trainer::Create(config, *groups);
   if (groups->topology.dp() == 1) {
-    EXPECT_TRUE(trainer.ok()) << trainer.status();
+    NF_EXPECT_OK(trainer);
     return;
   }
   ASSERT_FALSE(trainer.ok());

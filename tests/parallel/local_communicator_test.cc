@@ -29,25 +29,25 @@ TEST(LocalCommunicatorTest, CollectivesAreIdentities) {
        {DType::kF32, DType::kF64, DType::kF16, DType::kBF16, DType::kI32, DType::kI64}) {
     SCOPED_TRACE(DTypeName(dtype));
     const Tensor x = TensorOf(dtype, {2, 2}, {1, -2, 3, 4});
-    ASSERT_TRUE(comm.AllReduce(x, ReduceOp::kSum).ok());
-    ASSERT_TRUE(comm.AllReduce(x, ReduceOp::kMax).ok());
+    NF_ASSERT_OK(comm.AllReduce(x, ReduceOp::kSum));
+    NF_ASSERT_OK(comm.AllReduce(x, ReduceOp::kMax));
     auto handle = comm.AllReduceAsync(x, ReduceOp::kSum);
-    ASSERT_TRUE(handle.ok()) << handle.status();
-    ASSERT_TRUE((*handle)->Wait().ok());
-    ASSERT_TRUE(comm.Broadcast(x, 0).ok());
+    NF_ASSERT_OK(handle);
+    NF_ASSERT_OK((*handle)->Wait());
+    NF_ASSERT_OK(comm.Broadcast(x, 0));
     EXPECT_THAT(Values(x), ElementsAre(1, -2, 3, 4));
 
     const Tensor gathered = TensorOf(dtype, {4}, {0, 0, 0, 0});
-    ASSERT_TRUE(comm.AllGather(x, gathered).ok());
+    NF_ASSERT_OK(comm.AllGather(x, gathered));
     EXPECT_THAT(Values(gathered), ElementsAre(1, -2, 3, 4));
     const Tensor scattered = TensorOf(dtype, {4}, {0, 0, 0, 0});
-    ASSERT_TRUE(comm.ReduceScatter(x, scattered).ok());
+    NF_ASSERT_OK(comm.ReduceScatter(x, scattered));
     EXPECT_THAT(Values(scattered), ElementsAre(1, -2, 3, 4));
   }
-  ASSERT_TRUE(comm.Barrier().ok());
+  NF_ASSERT_OK(comm.Barrier());
   // AllGather copies any dtype, including in place.
   const Tensor bytes = TensorOf(DType::kU8, {3}, {7, 8, 9});
-  ASSERT_TRUE(comm.AllGather(bytes, bytes).ok());
+  NF_ASSERT_OK(comm.AllGather(bytes, bytes));
   EXPECT_THAT(Values(bytes), ElementsAre(7, 8, 9));
 }
 
@@ -94,12 +94,12 @@ TEST(LocalCommunicatorTest, CountsThePayloadOfEachCall) {
   LocalCommunicator comm;
   const Tensor x = TensorOf(DType::kBF16, {3, 4}, std::vector<double>(12, 1.0));  // 24 bytes
   const Tensor y = TensorOf(DType::kBF16, {12}, std::vector<double>(12, 0.0));
-  ASSERT_TRUE(comm.AllReduce(x, ReduceOp::kSum).ok());
-  ASSERT_TRUE(comm.AllReduce(x, ReduceOp::kMax).ok());
-  ASSERT_TRUE(comm.ReduceScatter(x, y).ok());
-  ASSERT_TRUE(comm.AllGather(x, y).ok());
-  ASSERT_TRUE(comm.Broadcast(x, 0).ok());
-  ASSERT_TRUE(comm.Barrier().ok());
+  NF_ASSERT_OK(comm.AllReduce(x, ReduceOp::kSum));
+  NF_ASSERT_OK(comm.AllReduce(x, ReduceOp::kMax));
+  NF_ASSERT_OK(comm.ReduceScatter(x, y));
+  NF_ASSERT_OK(comm.AllGather(x, y));
+  NF_ASSERT_OK(comm.Broadcast(x, 0));
+  NF_ASSERT_OK(comm.Barrier());
   const CommStats& s = comm.stats();
   EXPECT_EQ(s.bytes[static_cast<int>(CommOp::kAllReduce)], 48);
   EXPECT_EQ(s.calls[static_cast<int>(CommOp::kAllReduce)], 2);
@@ -117,8 +117,8 @@ TEST(LocalCommunicatorTest, CountsThePayloadOfEachCall) {
 TEST(LocalCommunicatorTest, ReductionsTouchNoMemorySoTakeDeviceTensors) {
   LocalCommunicator comm("tp");
   const Tensor gpu = testing::FakeGpuTensor(DType::kF16, {8});
-  EXPECT_TRUE(comm.AllReduce(gpu, ReduceOp::kSum).ok());
-  EXPECT_TRUE(comm.Broadcast(gpu, 0).ok());
+  NF_EXPECT_OK(comm.AllReduce(gpu, ReduceOp::kSum));
+  NF_EXPECT_OK(comm.Broadcast(gpu, 0));
   EXPECT_EQ(comm.stats().total_bytes(), 32);
   ExpectInvalidArgument(comm.AllGather(TensorOf(DType::kF16, {8}, std::vector<double>(8, 0)), gpu),
                         "all_gather on group tp",

@@ -68,7 +68,7 @@ TEST(NcclHostTest, PlansCountElementsForReductionsAndBytesForCopies) {
   const NcclCaller caller = {.group = "dp", .rank = 1, .size = 4, .device = 0};
   const Tensor h = FakeGpuTensor(DType::kF16, {3, 5});
   auto all_reduce = internal::PlanAllReduce(caller, h, ReduceOp::kMax);
-  ASSERT_TRUE(all_reduce.ok()) << all_reduce.status();
+  NF_ASSERT_OK(all_reduce);
   EXPECT_EQ(all_reduce->send, h.raw_data());
   EXPECT_EQ(all_reduce->recv, h.raw_data());
   EXPECT_EQ(all_reduce->count, 15u);
@@ -79,7 +79,7 @@ TEST(NcclHostTest, PlansCountElementsForReductionsAndBytesForCopies) {
   const Tensor grads = FakeGpuTensor(DType::kBF16, {8});
   const Tensor shard = FakeGpuTensor(DType::kBF16, {2});
   auto reduce_scatter = internal::PlanReduceScatter(caller, grads, shard);
-  ASSERT_TRUE(reduce_scatter.ok()) << reduce_scatter.status();
+  NF_ASSERT_OK(reduce_scatter);
   EXPECT_EQ(reduce_scatter->count, 2u);  // NCCL counts the output
   EXPECT_EQ(reduce_scatter->type, ncclBfloat16);
   EXPECT_EQ(reduce_scatter->reduce, ncclSum);
@@ -88,25 +88,25 @@ TEST(NcclHostTest, PlansCountElementsForReductionsAndBytesForCopies) {
   const Tensor part = FakeGpuTensor(DType::kU16, {3});
   const Tensor whole = FakeGpuTensor(DType::kU16, {12});
   auto all_gather = internal::PlanAllGather(caller, part, whole);
-  ASSERT_TRUE(all_gather.ok()) << all_gather.status();
+  NF_ASSERT_OK(all_gather);
   EXPECT_EQ(all_gather->count, 6u);  // the input's bytes
   EXPECT_EQ(all_gather->type, ncclUint8);
   EXPECT_EQ(all_gather->bytes, 24);  // output.nbytes()
 
   const Tensor ids = FakeGpuTensor(DType::kI64, {5});
   auto broadcast = internal::PlanBroadcast(caller, ids, 3);
-  ASSERT_TRUE(broadcast.ok()) << broadcast.status();
+  NF_ASSERT_OK(broadcast);
   EXPECT_EQ(broadcast->count, 40u);
   EXPECT_EQ(broadcast->peer, 3);
   EXPECT_EQ(broadcast->bytes, 40);
 
   auto send = internal::PlanPointToPoint(caller, CommOp::kSend, ids, 2);
-  ASSERT_TRUE(send.ok()) << send.status();
+  NF_ASSERT_OK(send);
   EXPECT_EQ(send->send, ids.raw_data());
   EXPECT_EQ(send->count, 40u);
   EXPECT_EQ(send->peer, 2);
   auto recv = internal::PlanPointToPoint(caller, CommOp::kRecv, ids, 0);
-  ASSERT_TRUE(recv.ok()) << recv.status();
+  NF_ASSERT_OK(recv);
   EXPECT_EQ(recv->recv, ids.raw_data());
   EXPECT_EQ(recv->bytes, 40);
 }
@@ -168,11 +168,11 @@ TEST(NcclHostTest, TakesNcclsInPlaceLayoutsAndRefusesOtherOverlaps) {
   const Tensor whole = FakeGpuTensor(DType::kF32, {12});
   const Tensor block2 = *whole.View(6, {3});  // rank 2's block
   auto gather = internal::PlanAllGather(rank2, block2, whole);
-  ASSERT_TRUE(gather.ok()) << gather.status();
+  NF_ASSERT_OK(gather);
   EXPECT_EQ(gather->send, block2.raw_data());
   EXPECT_EQ(gather->recv, whole.raw_data());
   auto scatter = internal::PlanReduceScatter(rank2, whole, block2);
-  ASSERT_TRUE(scatter.ok()) << scatter.status();
+  NF_ASSERT_OK(scatter);
   EXPECT_EQ(scatter->recv, block2.raw_data());
 
   const Tensor block0 = *whole.View(0, {3});
@@ -186,7 +186,7 @@ TEST(NcclHostTest, TakesNcclsInPlaceLayoutsAndRefusesOtherOverlaps) {
                         "reduce_scatter on group dp", "output f32[3] on cuda:0 overlaps input");
   // Separate buffers in one storage are not an overlap.
   const Tensor storage = FakeGpuTensor(DType::kF32, {15});
-  EXPECT_TRUE(internal::PlanAllGather(rank2, *storage.View(12, {3}), *storage.View(0, {12})).ok());
+  NF_EXPECT_OK(internal::PlanAllGather(rank2, *storage.View(12, {3}), *storage.View(0, {12})));
 }
 
 // Whatever this machine has, device 99 is not one of its devices: every rank of the group
@@ -246,7 +246,7 @@ class NcclCommunicatorGpuTest : public ::testing::Test {
     allocator_ = std::make_unique<CudaTestAllocator>(device_);
     auto comm = NcclCommunicator::Create(World(), device_, compute_,
                                          {.watchdog = {.timeout = absl::Seconds(30)}});
-    ASSERT_TRUE(comm.ok()) << comm.status();
+    NF_ASSERT_OK(comm);
     comm_ = *std::move(comm);
   }
 
@@ -258,7 +258,7 @@ class NcclCommunicatorGpuTest : public ::testing::Test {
   // A device copy of a host tensor.
   Tensor ToDevice(const Tensor& host) {
     auto t = Tensor::Empty(host.dtype(), host.shape(), *allocator_);
-    EXPECT_TRUE(t.ok()) << t.status();
+    NF_EXPECT_OK(t);
     EXPECT_EQ(cudaMemcpy(t->raw_data(), host.raw_data(), host.nbytes(), cudaMemcpyHostToDevice),
               cudaSuccess);
     return *t;
@@ -270,7 +270,7 @@ class NcclCommunicatorGpuTest : public ::testing::Test {
   std::vector<double> DeviceValues(const Tensor& device) {
     EXPECT_EQ(cudaStreamSynchronize(compute_), cudaSuccess);
     auto host = Tensor::HostEmpty(device.dtype(), device.shape());
-    EXPECT_TRUE(host.ok()) << host.status();
+    NF_EXPECT_OK(host);
     EXPECT_EQ(
         cudaMemcpy(host->raw_data(), device.raw_data(), device.nbytes(), cudaMemcpyDeviceToHost),
         cudaSuccess);
@@ -329,12 +329,12 @@ TEST_F(NcclCommunicatorGpuTest, AllReduceSumAndMaxInEveryDtype) {
       SCOPED_TRACE(::testing::Message()
                    << DTypeName(dtype) << (op == ReduceOp::kSum ? " sum" : " max"));
       const Tensor t = DeviceOf(dtype, {3, 5}, Contributions(dtype, r, 15));
-      ASSERT_TRUE(comm_->AllReduce(t, op).ok());
+      NF_ASSERT_OK(comm_->AllReduce(t, op));
       EXPECT_THAT(DeviceValues(t), ElementsAreArray(Reduced(dtype, n, 15, op)));
       const Tensor u = DeviceOf(dtype, {7}, Contributions(dtype, r, 7));
       auto handle = comm_->AllReduceAsync(u, op);
-      ASSERT_TRUE(handle.ok()) << handle.status();
-      ASSERT_TRUE((*handle)->Wait().ok());
+      NF_ASSERT_OK(handle);
+      NF_ASSERT_OK((*handle)->Wait());
       EXPECT_THAT(DeviceValues(u), ElementsAreArray(Reduced(dtype, n, 7, op)));
     }
   }
@@ -346,15 +346,15 @@ TEST_F(NcclCommunicatorGpuTest, ReduceScatterGivesEachRankItsSliceOfTheSum) {
     SCOPED_TRACE(DTypeName(dtype));
     const Tensor input = DeviceOf(dtype, {n, 4}, Contributions(dtype, r, 4 * n));
     const Tensor output = DeviceOf(dtype, {2, 2}, {0, 0, 0, 0});
-    ASSERT_TRUE(comm_->ReduceScatter(input, output).ok());
+    NF_ASSERT_OK(comm_->ReduceScatter(input, output));
     EXPECT_THAT(DeviceValues(output),
                 ElementsAreArray(Reduced(dtype, n, 4, ReduceOp::kSum, 4 * r)));
     // In place: the output is this rank's block of the input.
     const Tensor again = DeviceOf(dtype, {4 * n}, Contributions(dtype, r, 4 * n));
     const Tensor block = *again.View(4 * r, {4});
     auto handle = comm_->ReduceScatterAsync(again, block);
-    ASSERT_TRUE(handle.ok()) << handle.status();
-    ASSERT_TRUE((*handle)->Wait().ok());
+    NF_ASSERT_OK(handle);
+    NF_ASSERT_OK((*handle)->Wait());
     EXPECT_THAT(DeviceValues(block), ElementsAreArray(Reduced(dtype, n, 4, ReduceOp::kSum, 4 * r)));
   }
 }
@@ -375,15 +375,15 @@ TEST_F(NcclCommunicatorGpuTest, AllGatherConcatenatesInRankOrder) {
     }
     const Tensor input = DeviceOf(dtype, {2, 3}, part(r));
     const Tensor output = DeviceOf(dtype, {2 * n, 3}, std::vector<double>(6 * n, 99));
-    ASSERT_TRUE(comm_->AllGather(input, output).ok());
+    NF_ASSERT_OK(comm_->AllGather(input, output));
     EXPECT_THAT(DeviceValues(output), ElementsAreArray(expected));
     // In place: the input is this rank's block of the output (ZeRO's gather).
     std::vector<double> initial(6 * n, 99);
     for (int i = 0; i < 6; ++i) initial[6 * r + i] = part(r)[i];
     const Tensor gathered = DeviceOf(dtype, {6 * n}, initial);
     auto handle = comm_->AllGatherAsync(*gathered.View(6 * r, {6}), gathered);
-    ASSERT_TRUE(handle.ok()) << handle.status();
-    ASSERT_TRUE((*handle)->Wait().ok());
+    NF_ASSERT_OK(handle);
+    NF_ASSERT_OK((*handle)->Wait());
     EXPECT_THAT(DeviceValues(gathered), ElementsAreArray(expected));
   }
 }
@@ -395,7 +395,7 @@ TEST_F(NcclCommunicatorGpuTest, BroadcastCopiesTheRootsTensor) {
     const std::vector<double> values = {3, 1, 4, 1, 5};
     const Tensor t =
         DeviceOf(dtype, {5}, comm_->rank() == root ? values : std::vector<double>(5, 0));
-    ASSERT_TRUE(comm_->Broadcast(t, root).ok());
+    NF_ASSERT_OK(comm_->Broadcast(t, root));
     EXPECT_THAT(DeviceValues(t), ElementsAreArray(values));
   }
 }
@@ -405,14 +405,14 @@ TEST_F(NcclCommunicatorGpuTest, BroadcastCopiesTheRootsTensor) {
 TEST_F(NcclCommunicatorGpuTest, CollectivesRunAfterTheComputeStreamsEarlierWork) {
   const int n = comm_->size(), r = comm_->rank();
   auto busy = Tensor::Empty(DType::kU8, {int64_t{1} << 30}, *allocator_);
-  ASSERT_TRUE(busy.ok()) << busy.status();
+  NF_ASSERT_OK(busy);
   const Tensor input = DeviceOf(DType::kU8, {1 << 20}, std::vector<double>(1 << 20, 0));
   const Tensor output = DeviceOf(DType::kU8, {n << 20}, std::vector<double>(n << 20, 0));
   for (int round = 1; round <= 3; ++round) {
     ASSERT_EQ(cudaMemsetAsync(busy->raw_data(), round, busy->nbytes(), compute_), cudaSuccess);
     ASSERT_EQ(cudaMemsetAsync(input.raw_data(), 16 * round + r, input.nbytes(), compute_),
               cudaSuccess);
-    ASSERT_TRUE(comm_->AllGather(input, output).ok());
+    NF_ASSERT_OK(comm_->AllGather(input, output));
     const std::vector<double> got = DeviceValues(output);
     for (int k = 0; k < n; ++k) {
       EXPECT_EQ(got[static_cast<size_t>(k) << 20], 16 * round + k) << "round " << round;
@@ -428,11 +428,11 @@ TEST_F(NcclCommunicatorGpuTest, CountsBytesAsTheInterfaceSays) {
   const Tensor d = DeviceOf(DType::kF64, {3}, {1, 2, 3});
   const Tensor in = DeviceOf(DType::kF32, {4 * n}, std::vector<double>(4 * n, 1));
   const Tensor out = DeviceOf(DType::kF32, {4}, std::vector<double>(4, 0));
-  ASSERT_TRUE(comm_->AllReduce(h, ReduceOp::kSum).ok());
-  ASSERT_TRUE(comm_->Broadcast(d, 0).ok());
-  ASSERT_TRUE(comm_->ReduceScatter(in, out).ok());
-  ASSERT_TRUE(comm_->AllGather(out, in).ok());
-  ASSERT_TRUE(comm_->Barrier().ok());
+  NF_ASSERT_OK(comm_->AllReduce(h, ReduceOp::kSum));
+  NF_ASSERT_OK(comm_->Broadcast(d, 0));
+  NF_ASSERT_OK(comm_->ReduceScatter(in, out));
+  NF_ASSERT_OK(comm_->AllGather(out, in));
+  NF_ASSERT_OK(comm_->Barrier());
   const CommStats& s = comm_->stats();
   EXPECT_EQ(Bytes(s, CommOp::kAllReduce), 20);
   EXPECT_EQ(Bytes(s, CommOp::kBroadcast), 24);
@@ -469,9 +469,9 @@ TEST_F(NcclCommunicatorGpuTest, RefusesBeforeIssuingAndCountsNothing) {
 TEST_F(NcclCommunicatorGpuTest, HandlesAreWaitedForOnceAndMayOutliveTheCommunicator) {
   const Tensor t = DeviceOf(DType::kF32, {4}, Contributions(DType::kF32, comm_->rank(), 4));
   auto handle = comm_->AllReduceAsync(t, ReduceOp::kSum);
-  ASSERT_TRUE(handle.ok()) << handle.status();
+  NF_ASSERT_OK(handle);
   comm_.reset();  // the handle keeps the NCCL communicator and its streams
-  ASSERT_TRUE((*handle)->Wait().ok());
+  NF_ASSERT_OK((*handle)->Wait());
   EXPECT_THAT(DeviceValues(t),
               ElementsAreArray(Reduced(DType::kF32, World().size(), 4, ReduceOp::kSum)));
   const absl::Status twice = (*handle)->Wait();
@@ -482,9 +482,9 @@ TEST_F(NcclCommunicatorGpuTest, HandlesAreWaitedForOnceAndMayOutliveTheCommunica
 // A job of one rank: every group has one member, so no NCCL communicator is made.
 TEST_F(NcclCommunicatorGpuTest, DeviceGroupsOfOneRankStayLocal) {
   auto groups = CreateProcessGroups({});
-  ASSERT_TRUE(groups.ok()) << groups.status();
+  NF_ASSERT_OK(groups);
   auto device_groups = CreateDeviceGroups(*groups, Device::Cuda(device_));
-  ASSERT_TRUE(device_groups.ok()) << device_groups.status();
+  NF_ASSERT_OK(device_groups);
   const std::pair<const char*, Communicator*> made[] = {
       {"tp", device_groups->tp.get()},
       {"dp", device_groups->dp.get()},

@@ -35,7 +35,7 @@ TEST_P(ProcessGroupsTest, EveryGroupHasTheTopologysMembers) {
   // Every layout below fits the 8 ranks CTest starts this program with.
   ASSERT_EQ(WorldSize() % (sizes.tp * sizes.pp), 0) << "run with a multiple of 4 ranks";
   auto groups = CreateProcessGroups(sizes, testing::MpiTestOptions());
-  ASSERT_TRUE(groups.ok()) << groups.status();
+  NF_ASSERT_OK(groups);
   const Topology& t = groups->topology;
   EXPECT_EQ(RankLabel(), t.ToString());
   EXPECT_EQ(groups->world->size(), WorldSize());
@@ -55,8 +55,8 @@ TEST_P(ProcessGroupsTest, EveryGroupHasTheTopologysMembers) {
     const auto& members = t.group(kind);
     const Tensor sum = TensorOf(DType::kI64, {1}, {static_cast<double>(t.world_rank())});
     const Tensor max = TensorOf(DType::kI64, {1}, {static_cast<double>(t.world_rank())});
-    ASSERT_TRUE(comm->AllReduce(sum, ReduceOp::kSum).ok());
-    ASSERT_TRUE(comm->AllReduce(max, ReduceOp::kMax).ok());
+    NF_ASSERT_OK(comm->AllReduce(sum, ReduceOp::kSum));
+    NF_ASSERT_OK(comm->AllReduce(max, ReduceOp::kMax));
     EXPECT_EQ(Values(sum)[0], std::accumulate(members.begin(), members.end(), 0));
     EXPECT_EQ(Values(max)[0], members.back());
   }
@@ -85,7 +85,7 @@ TEST(LocalRankTest, EnvironmentAndNodeSplitAgree) {
   const char* ompi = std::getenv("OMPI_COMM_WORLD_LOCAL_RANK");
   ASSERT_NE(ompi, nullptr) << "expected to run under Open MPI's mpirun";
   auto from_env = DiscoverLocalRank();
-  ASSERT_TRUE(from_env.ok()) << from_env.status();
+  NF_ASSERT_OK(from_env);
   EXPECT_EQ(*from_env, std::atoi(ompi));
   // Without the launchers' variables: the MPI_COMM_TYPE_SHARED split (collective). One node,
   // so the local rank is the world rank.
@@ -97,7 +97,7 @@ TEST(LocalRankTest, EnvironmentAndNodeSplitAgree) {
   auto from_split = DiscoverLocalRank();
   setenv("OMPI_COMM_WORLD_LOCAL_RANK", saved.c_str(), 1);
   if (slurm) setenv("SLURM_LOCALID", saved_slurm.c_str(), 1);
-  ASSERT_TRUE(from_split.ok()) << from_split.status();
+  NF_ASSERT_OK(from_split);
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   EXPECT_EQ(*from_split, rank);

@@ -22,7 +22,7 @@ using ::testing::IsEmpty;
 
 Topology Make(int world, int rank, ParallelSizes sizes) {
   auto t = Topology::Create(world, rank, sizes);
-  EXPECT_TRUE(t.ok()) << t.status();
+  NF_EXPECT_OK(t);
   return t.ok() ? *t : Topology();
 }
 
@@ -163,8 +163,8 @@ TEST(TopologyTest, RefusalsSayWhatFailsAndWhatWouldWork) {
 
 TEST(ModelDivisibilityTest, HeadsAndFfnMustDivideByTensorParallel) {
   using testing::ExpectInvalidArgument;
-  EXPECT_TRUE(CheckModelDivisibility(12, 3072, 4).ok());
-  EXPECT_TRUE(CheckModelDivisibility(6, 96, 1).ok());
+  NF_EXPECT_OK(CheckModelDivisibility(12, 3072, 4));
+  NF_EXPECT_OK(CheckModelDivisibility(6, 96, 1));
   ExpectInvalidArgument(CheckModelDivisibility(6, 3072, 4),
                         "model.num_heads (6) is not divisible by tensor_parallel (4); "
                         "tensor_parallel 1, 2, 3 or 6 would work");
@@ -205,14 +205,14 @@ TEST(LocalRankTest, ReadsOpenMpiThenSlurm) {
     ScopedEnv ompi("OMPI_COMM_WORLD_LOCAL_RANK", "3");
     ScopedEnv slurm("SLURM_LOCALID", "5");
     auto rank = DiscoverLocalRank();
-    ASSERT_TRUE(rank.ok()) << rank.status();
+    NF_ASSERT_OK(rank);
     EXPECT_EQ(*rank, 3);
   }
   {
     ScopedEnv ompi("OMPI_COMM_WORLD_LOCAL_RANK", nullptr);
     ScopedEnv slurm("SLURM_LOCALID", "5");
     auto rank = DiscoverLocalRank();
-    ASSERT_TRUE(rank.ok()) << rank.status();
+    NF_ASSERT_OK(rank);
     EXPECT_EQ(*rank, 5);
   }
   {

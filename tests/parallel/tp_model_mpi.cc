@@ -81,12 +81,14 @@ TEST_P(TensorParallelModelTest, ShardsMatchTheSingleRankModel) {
   auto whole = NormFormerModel::Create(config, {.micro_batch = kBatch, .seq_len = kSeq, .seed = 9});
   auto shard = NormFormerModel::Create(
       config, {.micro_batch = kBatch, .seq_len = kSeq, .seed = 9, .tensor_parallel = &tp});
-  ASSERT_TRUE(whole.ok() && shard.ok()) << whole.status() << shard.status();
+  NF_ASSERT_OK(whole);
+  NF_ASSERT_OK(shard);
 
   const Batch batch = MakeBatch(0);
   auto whole_loss = (*whole)->Forward(batch.inputs, batch.targets, 5, true);
   auto shard_loss = (*shard)->Forward(batch.inputs, batch.targets, 5, true);
-  ASSERT_TRUE(whole_loss.ok() && shard_loss.ok());
+  NF_ASSERT_OK(whole_loss);
+  NF_ASSERT_OK(shard_loss);
   // fp32 sums in a different order (all-reduced partial GEMMs, split LayerNorm statistics):
   // a few u32 relative per op through two layers, as in the single-rank reference test: 2e-5
   // of the loss sum (16 tokens x ~5.7).
@@ -107,8 +109,8 @@ TEST_P(TensorParallelModelTest, ShardsMatchTheSingleRankModel) {
     }
   }
 
-  ASSERT_TRUE((*whole)->Backward(1.0f).ok());
-  ASSERT_TRUE((*shard)->Backward(1.0f).ok());
+  NF_ASSERT_OK((*whole)->Backward(1.0f));
+  NF_ASSERT_OK((*shard)->Backward(1.0f));
   for (const ParamTable::Entry& e : (*shard)->params().entries()) {
     SCOPED_TRACE(e.spec.name);
     const ParamTable::Entry& w = (*whole)->params().Get(e.spec.name);
@@ -150,18 +152,19 @@ TEST_P(TensorParallelModelTest, ReplicatedGradientsAgreeBitwiseAndCountOnceInThe
   auto whole = NormFormerModel::Create(config, {.micro_batch = kBatch, .seq_len = kSeq, .seed = 4});
   auto shard = NormFormerModel::Create(
       config, {.micro_batch = kBatch, .seq_len = kSeq, .seed = 4, .tensor_parallel = &tp});
-  ASSERT_TRUE(whole.ok() && shard.ok());
+  NF_ASSERT_OK(whole);
+  NF_ASSERT_OK(shard);
   const Batch batch = MakeBatch(1);
   for (NormFormerModel* m : {whole->get(), shard->get()}) {
-    ASSERT_TRUE(m->Forward(batch.inputs, batch.targets, 0, true).ok());
-    ASSERT_TRUE(m->Backward(1.0f).ok());
+    NF_ASSERT_OK(m->Forward(batch.inputs, batch.targets, 0, true));
+    NF_ASSERT_OK(m->Backward(1.0f));
   }
   int replicated = 0;
   for (const ParamTable::Entry& e : (*shard)->params().entries()) {
     if (e.spec.sharding != Sharding::kReplicated) continue;
     ++replicated;
     Tensor all = *Tensor::HostZeros(DType::kF32, {tp.size() * e.grad.numel()});
-    ASSERT_TRUE(tp.AllGather(*e.grad.Reshape({e.grad.numel()}), all).ok());
+    NF_ASSERT_OK(tp.AllGather(*e.grad.Reshape({e.grad.numel()}), all));
     const std::vector<float> gathered = *ToFloatVector(all);
     for (int r = 1; r < tp.size(); ++r) {
       for (int64_t i = 0; i < e.grad.numel(); ++i) {
@@ -173,7 +176,7 @@ TEST_P(TensorParallelModelTest, ReplicatedGradientsAgreeBitwiseAndCountOnceInThe
   EXPECT_GT(replicated, 10);
   Tensor norm = *Tensor::HostZeros(DType::kF64, {1});
   norm.data<double>()[0] = *(*shard)->params().OwnedSquaredGradNorm();
-  ASSERT_TRUE(tp.AllReduce(norm, parallel::ReduceOp::kSum).ok());
+  NF_ASSERT_OK(tp.AllReduce(norm, parallel::ReduceOp::kSum));
   const double whole_norm = *(*whole)->params().OwnedSquaredGradNorm();
   // fp32 sums of squares in a different order, over gradients that agree to 1e-4 relative
   // (previous test): 1e-4 relative on the squared norm.
@@ -186,14 +189,15 @@ TEST_P(TensorParallelModelTest, TenOptimizerStepsKeepTheLossesTogether) {
   auto whole = NormFormerModel::Create(config, {.micro_batch = kBatch, .seq_len = kSeq, .seed = 3});
   auto shard = NormFormerModel::Create(
       config, {.micro_batch = kBatch, .seq_len = kSeq, .seed = 3, .tensor_parallel = &tp});
-  ASSERT_TRUE(whole.ok() && shard.ok());
+  NF_ASSERT_OK(whole);
+  NF_ASSERT_OK(shard);
   std::vector<optim::MixedPrecisionAdamW> optimizers;
   for (NormFormerModel* m : {whole->get(), shard->get()}) {
     // No clipping: the global gradient norm needs reductions over groups (issue 7).
     auto o = optim::MixedPrecisionAdamW::Create(
         m->params().params(), m->params().grads(), m->params().DecayRanges(),
         {.beta1 = 0.9f, .beta2 = 0.98f, .eps = 1e-8f, .weight_decay = 0.01f, .clip_grad = 0.0f});
-    ASSERT_TRUE(o.ok());
+    NF_ASSERT_OK(o);
     optimizers.push_back(*std::move(o));
   }
   for (int step = 0; step < 10; ++step) {
@@ -201,12 +205,12 @@ TEST_P(TensorParallelModelTest, TenOptimizerStepsKeepTheLossesTogether) {
     double losses[2];
     for (int k = 0; k < 2; ++k) {
       NormFormerModel& m = k == 0 ? **whole : **shard;
-      ASSERT_TRUE(m.params().ZeroGrads().ok());
+      NF_ASSERT_OK(m.params().ZeroGrads());
       auto loss = m.Forward(batch.inputs, batch.targets, step * kBatch, true);
-      ASSERT_TRUE(loss.ok());
+      NF_ASSERT_OK(loss);
       losses[k] = loss->sum / loss->tokens;
-      ASSERT_TRUE(m.Backward(1.0f / (kBatch * kSeq)).ok());
-      ASSERT_TRUE(optimizers[k].Step(1e-2f, 1.0f).ok());
+      NF_ASSERT_OK(m.Backward(1.0f / (kBatch * kSeq)));
+      NF_ASSERT_OK(optimizers[k].Step(1e-2f, 1.0f));
     }
     // Adam normalises each update, so fp32 differences of ~1e-6 in the gradients move the
     // weights by ~lr * 1e-6 / sqrt(v) per step; after 10 steps at lr 1e-2 the mean losses
@@ -220,11 +224,11 @@ TEST(TensorParallelVolumeTest, BytesPerStepMatchTheLayerFormulas) {
   const ModelConfig config = Config(false);
   auto shard = NormFormerModel::Create(
       config, {.micro_batch = kBatch, .seq_len = kSeq, .seed = 3, .tensor_parallel = &tp});
-  ASSERT_TRUE(shard.ok());
+  NF_ASSERT_OK(shard);
   const Batch batch = MakeBatch(0);
   tp.ResetStats();
-  ASSERT_TRUE((*shard)->Forward(batch.inputs, batch.targets, 0, true).ok());
-  ASSERT_TRUE((*shard)->Backward(1.0f).ok());
+  NF_ASSERT_OK((*shard)->Forward(batch.inputs, batch.targets, 0, true));
+  NF_ASSERT_OK((*shard)->Backward(1.0f));
   // All-reduce payloads of one forward and backward, T = tokens, d = d_model, L layers, fp32:
   //   embedding output           T d 4
   //   per layer forward          out_proj T d 4 + fc2 T d 4 + LN_ffn_mid stats T 2 8 (f64)

@@ -8,6 +8,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/assert_ok.h"
 
 namespace nf::parallel {
 namespace {
@@ -49,9 +50,8 @@ TEST(WatchdogTest, ReturnsWhenThePollCompletesOrFails) {
                              .peers = absl::MakeConstSpan(ranks + 1, 1)};
   int polls = 0;
   // Past the spinning phase into the sleeps, well within the deadline.
-  EXPECT_TRUE(WaitUnderWatchdog([&]() -> absl::StatusOr<bool> { return ++polls == 100; }, target,
-                                {.timeout = absl::Seconds(30)})
-                  .ok());
+  NF_EXPECT_OK(WaitUnderWatchdog([&]() -> absl::StatusOr<bool> { return ++polls == 100; }, target,
+                                 {.timeout = absl::Seconds(30)}));
   EXPECT_EQ(polls, 100);
   const absl::Status failed = WaitUnderWatchdog(
       []() -> absl::StatusOr<bool> { return absl::InternalError("MPI error: boom"); }, target,
