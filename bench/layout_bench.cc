@@ -6,6 +6,13 @@
 //
 //   mpirun -np 4 build/bench/nf-bench-layout --config deploy/configs/tiny.pbtxt
 //       --set parallel.tensor_parallel=2 --set parallel.pipeline_parallel=2 [--steps N]
+//       [--send-peaks 4,16,64]
+//
+// --send-peaks M1,M2,...: afterwards, for each M, one training step of a fresh trainer with M
+// micro-batches per data-parallel rank (the global batch scaled to match) and one evaluation,
+// printing every rank's peak of pipeline sends pending at once and their bytes
+// (PipelineExecutor::Result) next to its send window: the bound that keeps them independent
+// of M (docs/performance.md, "Pipeline send buffers").
 //
 // Bytes per step of one rank (T = micro_batch x seq_len tokens, d = d_model, s = bytes of the
 // model dtype, m = micro-batches per data-parallel rank, n_c = chunk c's padded flat buffer,
@@ -19,7 +26,8 @@
 //   dp         replicated: all-reduce 4 n_c per chunk; ZeRO-1: reduce-scatter 4 n_c and
 //              all-gather s n_c
 //   embedding  4 x the tied embedding shard (V_pad / tp x d) on the first and last stages
-//   mp, world  the squared norm 8 (mp; world with ZeRO-1), the non-finite flag 4 and the
+//   mp, world  the squared norm 8 (mp; world with ZeRO-1), the non-finite flag 4, the
+//              update-overflow flag 4 (a step not skipped for non-finite gradients) and the
 //              loss and token count 16 (world)
 #include <algorithm>
 #include <chrono>
@@ -29,8 +37,10 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/time.h"
 #include "core/status.h"
 #include "launcher/config.h"
@@ -86,7 +96,7 @@ Expected Formulas(const launcher::Trainer& trainer, const launcher::TrainConfig&
     }
   }
   e.bytes[zero ? kWorld : static_cast<int>(GroupKind::kModel)] += 8;
-  e.bytes[kWorld] += 4 + 16;
+  e.bytes[kWorld] += 4 + 4 + 16;  // the timed steps are not skipped
   return e;
 }
 
@@ -94,10 +104,55 @@ int64_t Measured(const parallel::Communicator* comm) {
   return comm == nullptr ? 0 : comm->stats().total_bytes();
 }
 
+// Prints `row` of every rank, in rank order.
+absl::Status PrintInRankOrder(const parallel::ProcessGroups& groups, const std::string& row) {
+  for (int r = 0; r < groups.topology.world_size(); ++r) {
+    NF_RETURN_IF_ERROR(groups.world->Barrier());
+    if (r == groups.topology.world_rank()) {
+      std::printf("%s\n", row.c_str());
+      std::fflush(stdout);
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Per M: a fresh trainer with M micro-batches per data-parallel rank, one training step and one
+// evaluation; every rank's peak pending pipeline sends and bytes, and its window.
+absl::Status SendPeaks(const launcher::TrainConfig& base, parallel::ProcessGroups& groups,
+                       const std::vector<int>& micro_batches) {
+  const parallel::Topology& topology = groups.topology;
+  NF_RETURN_IF_ERROR(groups.world->Barrier());  // after every rank's row above
+  if (topology.world_rank() == 0) {
+    std::printf(
+        "\n| m | rank | pp rank | window | train: peak sends | peak send bytes | eval: peak sends "
+        "| peak send bytes |\n|---|---|---|---|---|---|---|---|\n");
+    std::fflush(stdout);
+  }
+  for (const int m : micro_batches) {
+    launcher::TrainConfig config = base;
+    launcher::TrainOptions& train = *config.mutable_train();
+    train.set_global_batch_size(m * topology.dp() * train.micro_batch_size());
+    train.set_eval_iters(1);
+    NF_ASSIGN_OR_RETURN(std::unique_ptr<launcher::Trainer> trainer,
+                        launcher::Trainer::Create(config, groups));
+    NF_ASSIGN_OR_RETURN(const launcher::StepStats stats, trainer->TrainStep());
+    NF_RETURN_IF_ERROR(trainer->Evaluate().status());
+    const launcher::PipelineExecutor::Result& eval = trainer->executor().last_result();
+    NF_RETURN_IF_ERROR(PrintInRankOrder(
+        groups,
+        absl::StrFormat("| %d | %d | %d | %d | %d | %d | %d | %d |", m, topology.world_rank(),
+                        topology.pp_rank(), trainer->executor().send_window(),
+                        stats.peak_pipeline_sends, stats.peak_pipeline_send_bytes,
+                        eval.peak_live_sends, eval.peak_send_bytes)));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Run(int argc, char** argv) {
   std::string config_path = "deploy/configs/tiny.pbtxt";
   std::vector<std::string> overrides;
   int steps = 10;
+  std::vector<int> send_peaks;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
     if (flag == "--config")
@@ -106,7 +161,15 @@ absl::Status Run(int argc, char** argv) {
       overrides.push_back(argv[i + 1]);
     else if (flag == "--steps")
       steps = std::atoi(argv[i + 1]);
-    else
+    else if (flag == "--send-peaks") {
+      for (absl::string_view m : absl::StrSplit(argv[i + 1], ',')) {
+        int value = 0;
+        if (!absl::SimpleAtoi(m, &value) || value < 1) {
+          return absl::InvalidArgumentError(absl::StrCat("--send-peaks: bad count '", m, "'"));
+        }
+        send_peaks.push_back(value);
+      }
+    } else
       return absl::InvalidArgumentError("unknown flag " + flag);
   }
   NF_ASSIGN_OR_RETURN(launcher::TrainConfig config,
@@ -143,18 +206,12 @@ absl::Status Run(int argc, char** argv) {
       launcher::ParallelConfig::Schedule_Name(config.parallel().pipeline_schedule()),
       config.parallel().distributed_optimizer() ? " ZeRO-1" : "", topology.world_rank(),
       seconds[seconds.size() / 2], absl::StrJoin(cells, " | "));
-  // Every rank's row, in rank order.
-  for (int r = 0; r < topology.world_size(); ++r) {
-    NF_RETURN_IF_ERROR(groups.world->Barrier());
-    if (r == topology.world_rank()) {
-      std::printf("%s\n", row.c_str());
-      std::fflush(stdout);
-    }
-  }
+  NF_RETURN_IF_ERROR(PrintInRankOrder(groups, row));
   if (!all_match) {
     return absl::InternalError(
         absl::StrCat(topology.ToString(), ": measured bytes differ from the formulas (!)"));
   }
+  if (!send_peaks.empty()) NF_RETURN_IF_ERROR(SendPeaks(config, groups, send_peaks));
   return absl::OkStatus();
 }
 

@@ -241,6 +241,7 @@ absl::StatusOr<PipelineExecutor::Result> PipelineExecutor::RunSchedule(
   NF_RETURN_IF_ERROR(status);
   result.send_buffers = grad_buffers_;
   result.pipeline_wait_seconds = pipeline_waited() - waited_before;
+  last_result_ = result;
   return result;
 }
 

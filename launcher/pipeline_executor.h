@@ -92,6 +92,9 @@ class PipelineExecutor {
   // accumulate as in Run. step.loss_weight is unused.
   absl::StatusOr<Result> RunForwardOnly(const PipelineStep& step, BatchSource& batches);
 
+  // What the latest Run or RunForwardOnly returned.
+  const Result& last_result() const { return last_result_; }
+
   const std::vector<parallel::Action>& schedule() const { return schedule_; }
   const std::vector<parallel::Action>& forward_only_schedule() const { return forward_only_; }
   int send_window() const { return window_; }
@@ -137,6 +140,7 @@ class PipelineExecutor {
   int grad_buffers_ = 0;           // allocated: free ones plus those in flight
   std::deque<PendingSend> sends_;  // pending, oldest first
   int64_t live_send_bytes_ = 0;
+  Result last_result_;
 };
 
 }  // namespace nf::launcher
