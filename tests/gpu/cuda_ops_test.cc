@@ -320,6 +320,37 @@ TEST(CudaOptimizerTest, AdamWUnscaleAndNormMatchTheCpu) {
   ExpectTwinIdentical(found, "UnscaleAndCheck with an overflow");
 }
 
+// The check before an AdamW step says, on each backend, exactly what that backend's update then
+// does to an fp16 copy of the master: one element per case (the flag covers a whole tensor),
+// moved by ~1 (lr 1, gradient -1, step 1) to 65504 (largest finite), 65519.996 (rounds to
+// 65504), 65520 (rounds to inf) and past it, or nowhere near. The CPU and GPU agree too: the
+// step's error (~2e-7, FMA or not) is far below half an fp32 ulp at these values, so both
+// round to the same master.
+TEST(CudaOptimizerTest, AdamWOverflowCheckAgreesWithTheUpdate) {
+  NF_REQUIRE_GPU();
+  for (const float start : {65503.0f, 65519.0f - 0x1p-8f, 65519.0f, 65599.0f, 1000.5f, -65519.0f}) {
+    SCOPED_TRACE(start);
+    const float grad = start < 0 ? 1.0f : -1.0f;  // outwards
+    Twin p = MakeTwin(testing::MakeTensor(DType::kF32, {1}, {start}));
+    Twin g = MakeTwin(testing::MakeTensor(DType::kF32, {1}, {grad}));
+    Twin m = ZerosTwin(DType::kF32, {1}), v = ZerosTwin(DType::kF32, {1});
+    Twin found = ZerosTwin(DType::kF32, {1});
+    auto args = [&](auto on) {
+      return ops::AdamWArgs{on(p), on(g), on(m), on(v), 1.0f, 0.9f, 0.98f, 1e-8f, 0.0f, 1};
+    };
+    OnBoth([&](auto on) { return ops::AdamWWouldOverflow(args(on), 1.0f, DType::kF16, on(found)); });
+    ExpectTwinIdentical(found, "the verdict");
+    ExpectTwinIdentical(p, "nothing written");
+    OnBoth([&](auto on) { return ops::AdamWStep(args(on)); });
+    Twin half = ZerosTwin(DType::kF16, {1});
+    OnBoth([&](auto on) { return ops::Cast(on(p), on(half)); });
+    ExpectTwinIdentical(p, "the updated master");
+    const double verdict = testing::ToDoubles(testing::ToCpu(found.gpu))[0];
+    const double model = testing::ToDoubles(testing::ToCpu(half.gpu))[0];
+    EXPECT_EQ(verdict != 0.0, std::isinf(model)) << "model " << model;
+  }
+}
+
 TEST(CudaFaultTest, BadTokenIdIsReportedAtSynchronize) {
   NF_REQUIRE_GPU();
   Twin ids = MakeTwin(MakeIds({3}, {1, 7, 2}));
