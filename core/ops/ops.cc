@@ -646,7 +646,7 @@ absl::Status Copy(const Tensor& src, const Tensor& dst) {
 }
 
 absl::StatusOr<Tensor> Zeros(DType dtype, Shape shape, Device device) {
-  if (device.type == DeviceType::kCpu) return Tensor::Zeros(dtype, std::move(shape));
+  if (device.type == DeviceType::kCpu) return Tensor::HostZeros(dtype, std::move(shape));
   NF_ASSIGN_OR_RETURN(Allocator * allocator, AllocatorFor(device));
   NF_ASSIGN_OR_RETURN(Tensor t, Tensor::Empty(dtype, std::move(shape), *allocator));
   NF_RETURN_IF_ERROR(Fill(t, 0.0f));
@@ -655,7 +655,7 @@ absl::StatusOr<Tensor> Zeros(DType dtype, Shape shape, Device device) {
 
 absl::StatusOr<Tensor> OnHost(const Tensor& t) {
   if (t.device().type == DeviceType::kCpu) return t;
-  NF_ASSIGN_OR_RETURN(Tensor host, Tensor::Empty(t.dtype(), t.shape()));
+  NF_ASSIGN_OR_RETURN(Tensor host, Tensor::HostEmpty(t.dtype(), t.shape()));
   NF_RETURN_IF_ERROR(Copy(t, host));
   return host;
 }
