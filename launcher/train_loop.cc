@@ -217,14 +217,25 @@ class TrainingRun {
         NF_RETURN_IF_ERROR(Validate(stats.step));
       }
       const checkpoint::CheckpointConfig& saving = config_.checkpoint();
-      const bool on_interval =
-          saving.save_interval() > 0 && stats.step % saving.save_interval() == 0;
+      interval_save_due_ = interval_save_due_ || (saving.save_interval() > 0 &&
+                                                  stats.step % saving.save_interval() == 0);
       const bool last = stats.step == total;
-      if (on_interval || (last && saving.save_at_end())) NF_RETURN_IF_ERROR(Save());
+      // A skipped step changed no parameter, and a run skipping steps may be failing: its
+      // interval save waits for the next applied step, so that retention does not rotate the
+      // checkpoints from before the trouble away. The end and a stop request save regardless.
+      const bool saves = (interval_save_due_ && !stats.skipped) || (last && saving.save_at_end());
+      if (interval_save_due_ && stats.skipped && !last && writes_) {
+        console_ << absl::StrFormat("checkpoint of step %d deferred: the step was skipped\n",
+                                    stats.step);
+      }
+      if (saves) {
+        NF_RETURN_IF_ERROR(Save());
+        interval_save_due_ = false;
+      }
       if (last) break;
       NF_ASSIGN_OR_RETURN(const std::string reason, stops_.Check(stats.step, world));
       if (reason.empty()) continue;
-      if (!on_interval) NF_RETURN_IF_ERROR(Save());
+      if (!saves) NF_RETURN_IF_ERROR(Save());
       NF_RETURN_IF_ERROR(checkpointer_.Finish(world));
       if (writes_) {
         console_ << absl::StrFormat(
@@ -390,10 +401,11 @@ class TrainingRun {
     return absl::OkStatus();
   }
 
-  // Non-finite gradients skip the step everywhere (the parameters stay good); the run stops at
-  // the first with bf16 or fp32, where no loss scale can make them finite again, and after
-  // max_consecutive_skipped with fp16, without saving, so the last checkpoint stays the last
-  // good state.
+  // Non-finite gradients (or an overflowing update) skip the step everywhere (the parameters
+  // stay as they were); the run stops at the first with bf16 or fp32, where no loss scale can
+  // make them finite again, and after max_consecutive_skipped with fp16, without saving: no
+  // checkpoint is written during the skipped steps, so the newest that verifies holds the state
+  // the trouble began in.
   absl::Status CheckHealth(const StepStats& stats) {
     consecutive_skipped_ = stats.skipped ? consecutive_skipped_ + 1 : 0;
     const TrainOptions& train = config_.train();
@@ -429,6 +441,7 @@ class TrainingRun {
   StopRequests stops_;
   int64_t first_step_ = 0;
   int64_t consecutive_skipped_ = 0;
+  bool interval_save_due_ = false;  // deferred by skipped steps
   double elapsed_ = 0.0;
   double job_ceiling_flops_ = 0.0;  // the GEMM ceiling summed over ranks (MeasureCeiling)
   double flops_per_token_ = 0.0;

@@ -3,8 +3,8 @@
 #   1. one rank's shard is corrupt: the job fails naming it, and no rank prints "resumed";
 #   2. `latest` was deleted: the run resumes from the newest checkpoint that verifies, with a
 #      warning naming both, instead of starting again from step 0;
-#   3. an fp16 run whose updates overflow (lr 1e6): no checkpoint with a non-finite tensor is
-#      written, every one left verifies, and the run's last word names one that does.
+#   3. an fp16 run blowing up (lr 1e6): no checkpoint is written while its steps are skipped,
+#      every one left verifies, and the run's last word names one that does (or none).
 #
 #   resume_integrity.sh NF_LAUNCH NF_CKPT CONFIG MPIRUN...
 set -uo pipefail
@@ -58,19 +58,24 @@ rm "$run/checkpoints/latest"
   fail "'resumed from ... at step 6' not printed exactly once"
 grep -q '"step":7,' "$run/log.jsonl" || fail "the resumed run did not continue at step 7"
 
-# 3. fp16 with an absurd learning rate: every update overflows.
+# 3. The finding's command: fp16 with lr 1e6. Step 1's update (lr 1e6 / 30 in warmup) is
+# finite; from step 2 every step is skipped. No interval save happens during the skipped steps
+# (retention would rotate the earlier ones away), every checkpoint left verifies, and the
+# run's last word names one that does or none.
 fp16=$work/fp16
 "$nf_launch" --config "$config" --set train.precision=FP16 --set train.optimizer.lr=1e6 \
-  --set train.train_iters=20 --set train.lr_schedule.warmup_iters=0 --set checkpoint.save_interval=5 \
-  --set train.eval_interval=0 \
+  --set train.train_iters=30 --set checkpoint.save_interval=5 --set train.eval_interval=0 \
   --run-dir "$fp16" >"$work/fp16.log" 2>&1
 echo "fp16 run: exit status $?"
+[[ $(count "checkpoint of step 5 deferred: the step was skipped" "$work/fp16.log") == 1 ]] ||
+  fail "the interval save of a skipped step was not deferred"
 checkpoints=$(find "$fp16/checkpoints" -maxdepth 1 -name 'iter_*' -type d 2>/dev/null | sort)
 for dir in $checkpoints; do
   "$nf_ckpt" verify "$dir" >>"$work/verify.log" 2>&1 || fail "$dir does not verify"
 done
 named=$(grep -oE 'the last good checkpoint is [^ ]+' "$work/fp16.log" | tail -n 1 | awk '{print $NF}')
-if [[ -n $named && $named != "(none:" ]]; then
+[[ -n $named ]] || fail "the fp16 run did not end naming its last good checkpoint"
+if [[ $named != "(none:" ]]; then
   "$nf_ckpt" verify "$named" >>"$work/verify.log" 2>&1 || fail "the named checkpoint $named does not verify"
 fi
 echo "resume_integrity: all checks passed ($(echo $checkpoints | wc -w) fp16 checkpoints verified)"
