@@ -211,6 +211,25 @@ absl::Status CheckPeers(absl::Span<const std::vector<Action>> schedules) {
   return absl::OkStatus();
 }
 
+// The actions of one forward of `chunk` (model stage `stage`) on micro-batch `mb`: its input
+// received from the previous rank unless it is the first stage, its output sent to the next
+// unless it is the last.
+void AppendForward(int stage, int last_stage, int mb, int chunk, int previous, int next,
+                   std::vector<Action>& actions) {
+  if (stage > 0) {
+    actions.push_back({.kind = Action::kRecvActivation,
+                       .micro_batch = mb,
+                       .model_chunk = chunk,
+                       .peer = previous});
+  }
+  actions.push_back(
+      {.kind = Action::kForward, .micro_batch = mb, .model_chunk = chunk, .peer = -1});
+  if (stage < last_stage) {
+    actions.push_back(
+        {.kind = Action::kSendActivation, .micro_batch = mb, .model_chunk = chunk, .peer = next});
+  }
+}
+
 }  // namespace
 
 absl::string_view ScheduleKindName(ScheduleKind kind) {
@@ -251,20 +270,7 @@ absl::StatusOr<std::vector<Action>> BuildSchedule(ScheduleKind kind, int pipelin
     const int stage = step.chunk * p + r;
     const int mb = step.micro_batch, chunk = step.chunk;
     if (step.forward) {
-      if (stage > 0) {
-        actions.push_back({.kind = Action::kRecvActivation,
-                           .micro_batch = mb,
-                           .model_chunk = chunk,
-                           .peer = previous});
-      }
-      actions.push_back(
-          {.kind = Action::kForward, .micro_batch = mb, .model_chunk = chunk, .peer = -1});
-      if (stage < last_stage) {
-        actions.push_back({.kind = Action::kSendActivation,
-                           .micro_batch = mb,
-                           .model_chunk = chunk,
-                           .peer = next});
-      }
+      AppendForward(stage, last_stage, mb, chunk, previous, next, actions);
     } else {
       if (stage < last_stage) {
         actions.push_back(
@@ -314,21 +320,7 @@ absl::StatusOr<std::vector<Action>> BuildForwardOnlySchedule(int pipeline_size, 
   actions.reserve(3 * static_cast<size_t>(m) * v);
   for (int mb = 0; mb < m; ++mb) {
     for (int chunk = 0; chunk < v; ++chunk) {
-      const int stage = chunk * p + r;
-      if (stage > 0) {
-        actions.push_back({.kind = Action::kRecvActivation,
-                           .micro_batch = mb,
-                           .model_chunk = chunk,
-                           .peer = previous});
-      }
-      actions.push_back(
-          {.kind = Action::kForward, .micro_batch = mb, .model_chunk = chunk, .peer = -1});
-      if (stage < last_stage) {
-        actions.push_back({.kind = Action::kSendActivation,
-                           .micro_batch = mb,
-                           .model_chunk = chunk,
-                           .peer = next});
-      }
+      AppendForward(chunk * p + r, last_stage, mb, chunk, previous, next, actions);
     }
   }
   return actions;
