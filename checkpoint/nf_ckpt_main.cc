@@ -76,11 +76,13 @@ absl::Status Inspect(const fs::path& dir, const Manifest& m, bool tensors) {
   int64_t bytes = 0;
   for (const auto& f : m.files()) bytes += f.size();
   std::cout << absl::StrFormat(
-      "checkpoint %s\n  format %d, step %d, %d samples consumed, %d optimizer updates\n"
+      "checkpoint %s\n  format %d, step %d, %d samples consumed of a data stream of %d, %d "
+      "optimizer updates\n"
       "  written by tensor_parallel %d x pipeline_parallel %d x data_parallel %d "
       "(virtual stages %d%s)\n  model: %d layers, d_model %d, %d heads, ffn %d, vocab %d\n"
       "  %d shard files, %d bytes; %d tensor records\n",
-      dir.string(), m.format_version(), m.step(), m.consumed_samples(), m.optimizer_updates(),
+      dir.string(), m.format_version(), m.step(), m.consumed_samples(), m.data_stream_samples(),
+      m.optimizer_updates(),
       layout.tensor_parallel(), layout.pipeline_parallel(), layout.data_parallel(),
       layout.virtual_stages(), layout.distributed_optimizer() ? ", ZeRO-1" : "",
       m.model().num_layers(), m.model().d_model(), m.model().num_heads(), m.model().ffn_dim(),
