@@ -19,7 +19,7 @@ inline std::unique_ptr<launcher::Trainer> MakeTrainer(const launcher::TrainConfi
                                                       parallel::ProcessGroups* groups = nullptr) {
   auto trainer = groups != nullptr ? launcher::Trainer::Create(config, *groups)
                                    : launcher::Trainer::Create(config);
-  EXPECT_TRUE(trainer.ok()) << trainer.status();
+  NF_EXPECT_OK(trainer);
   if (!trainer.ok()) std::abort();
   return *std::move(trainer);
 }
@@ -29,7 +29,7 @@ inline std::vector<double> TrainSteps(launcher::Trainer& trainer, int steps) {
   std::vector<double> losses;
   for (int i = 0; i < steps; ++i) {
     auto stats = trainer.TrainStep();
-    EXPECT_TRUE(stats.ok()) << stats.status();
+    NF_EXPECT_OK(stats);
     if (!stats.ok()) std::abort();
     losses.push_back(stats->loss);
   }

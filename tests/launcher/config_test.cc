@@ -71,7 +71,7 @@ TEST(LoadTrainConfigTest, ReadsFieldsAndKeepsDefaultsForTheRest) {
     }
   )pb");
   const absl::StatusOr<TrainConfig> config = LoadTrainConfig(file.path(), {});
-  ASSERT_TRUE(config.ok()) << config.status();
+  NF_ASSERT_OK(config);
   EXPECT_EQ(config->model().num_layers(), 2);
   EXPECT_EQ(config->model().d_model(), 128);
   EXPECT_FALSE(config->model().normformer().scale_fc());
@@ -123,7 +123,7 @@ TEST(LoadTrainConfigTest, AppliesOverridesInOrderThenValidates) {
   const TempFile file("overrides.pbtxt", "train { train_iters: 1000 seq_len: 64 }\n");
   const absl::StatusOr<TrainConfig> config =
       LoadTrainConfig(file.path(), {"train.seq_len=32", "model.d_model=256", "train.seq_len=16"});
-  ASSERT_TRUE(config.ok()) << config.status();
+  NF_ASSERT_OK(config);
   EXPECT_EQ(config->train().seq_len(), 16);
   EXPECT_EQ(config->model().d_model(), 256);
 
@@ -139,7 +139,7 @@ TEST(LoadTrainConfigTest, TheSchemaDefaultsAloneDoNotValidate) {
   const TempFile file("empty.pbtxt", "");
   const absl::Status status = LoadTrainConfig(file.path(), {}).status();
   ExpectInvalidArgument(status, "train.lr_schedule.warmup_iters (750) exceeds train.train_iters");
-  EXPECT_TRUE(LoadTrainConfig(file.path(), {"train.train_iters=750"}).ok());
+  NF_EXPECT_OK(LoadTrainConfig(file.path(), {"train.train_iters=750"}));
 }
 
 // ---- Overrides ------------------------------------------------------------------------------
@@ -153,7 +153,7 @@ TEST(ApplyOverrideTest, SetsEveryScalarKindOfTheSchema) {
         "model.tie_embeddings=1", "train.precision=BF16", "model.activation=RELU_SQUARED",
         "train.lr_schedule.decay=COSINE", "model.normformer.head_scale_placement=AFTER_OUT_PROJ",
         "train.log_interval=-3"}) {
-    ASSERT_TRUE(ApplyOverride(override_text, &config).ok()) << override_text;
+    NF_ASSERT_OK(ApplyOverride(override_text, &config)) << override_text;
   }
   EXPECT_EQ(config.model().d_model(), 256);
   EXPECT_EQ(config.train().train_iters(), 123456789012);
@@ -174,20 +174,20 @@ TEST(ApplyOverrideTest, SetsEveryScalarKindOfTheSchema) {
 TEST(ApplyOverrideTest, SetsStringDoubleAndUint64Fields) {
   // The config schemas have none of these types yet; protobuf's own messages do.
   google::protobuf::FileDescriptorProto file;
-  ASSERT_TRUE(ApplyOverride("options.java_package=org.example=1", &file).ok());
+  NF_ASSERT_OK(ApplyOverride("options.java_package=org.example=1", &file));
   EXPECT_EQ(file.options().java_package(), "org.example=1");  // only the first '=' splits
-  ASSERT_TRUE(ApplyOverride("name=", &file).ok());
+  NF_ASSERT_OK(ApplyOverride("name=", &file));
   EXPECT_TRUE(file.has_name());
 
   google::protobuf::Value value;
-  ASSERT_TRUE(ApplyOverride("number_value=-2.5e-300", &value).ok());
+  NF_ASSERT_OK(ApplyOverride("number_value=-2.5e-300", &value));
   EXPECT_EQ(value.number_value(), -2.5e-300);
   // A proto3 oneof member set to its zero value must still be set.
-  ASSERT_TRUE(ApplyOverride("bool_value=false", &value).ok());
+  NF_ASSERT_OK(ApplyOverride("bool_value=false", &value));
   EXPECT_EQ(value.kind_case(), google::protobuf::Value::kBoolValue);
 
   google::protobuf::UInt64Value big;
-  ASSERT_TRUE(ApplyOverride("value=18446744073709551615", &big).ok());
+  NF_ASSERT_OK(ApplyOverride("value=18446744073709551615", &big));
   EXPECT_EQ(big.value(), 18446744073709551615u);
   ExpectInvalidArgument(ApplyOverride("value=18446744073709551616", &big),
                         "is out of range for uint64");
@@ -197,7 +197,7 @@ TEST(ApplyOverrideTest, SetsStringDoubleAndUint64Fields) {
   ExpectInvalidArgument(ApplyOverride("value=1e400", &real), "'1e400' is out of range for double");
   ExpectInvalidArgument(ApplyOverride("value=1e-400", &real),
                         "'1e-400' is out of range for double");
-  ASSERT_TRUE(ApplyOverride("value=4.9e-324", &real).ok());  // the smallest subnormal
+  NF_ASSERT_OK(ApplyOverride("value=4.9e-324", &real));  // the smallest subnormal
   EXPECT_EQ(real.value(), 4.9e-324);
 }
 
@@ -297,7 +297,7 @@ class ValidationTest : public ::testing::TestWithParam<ValidationCase> {};
 TEST_P(ValidationTest, NamesTheFieldAndWhatWouldWork) {
   TrainConfig config = ValidConfig();
   for (const std::string& override_text : GetParam().overrides) {
-    ASSERT_TRUE(ApplyOverride(override_text, &config).ok()) << override_text;
+    NF_ASSERT_OK(ApplyOverride(override_text, &config)) << override_text;
   }
   const absl::Status status = ValidateTrainConfig(config);
   ExpectInvalidArgument(status, GetParam().mentions);
@@ -423,15 +423,15 @@ TEST(ValidateTrainConfigTest, AcceptsBoundaryValues) {
         "train.global_batch_size=4", "train.lr_schedule.warmup_iters=1000",
         "train.lr_schedule.min_lr=3e-3", "train.loss_scale.min_scale=65536", "model.vocab_size=2",
         "data.synthetic.branching=1", "train.optimizer.clip_grad=0"}) {
-    ASSERT_TRUE(ApplyOverride(override_text, &config).ok()) << override_text;
+    NF_ASSERT_OK(ApplyOverride(override_text, &config)) << override_text;
   }
-  EXPECT_TRUE(ValidateTrainConfig(config).ok()) << ValidateTrainConfig(config);
+  NF_EXPECT_OK(ValidateTrainConfig(config));
 
   // A constant schedule ignores decay_iters, so it cannot cut the warmup short.
   TrainConfig constant = ValidConfig();
   constant.mutable_train()->mutable_lr_schedule()->set_decay(LrScheduleConfig::CONSTANT);
   constant.mutable_train()->mutable_lr_schedule()->set_decay_iters(10);
-  EXPECT_TRUE(ValidateTrainConfig(constant).ok()) << ValidateTrainConfig(constant);
+  NF_EXPECT_OK(ValidateTrainConfig(constant));
 }
 
 TEST(ValidateTrainConfigTest, RejectsNonFiniteValuesFromFiles) {
@@ -490,7 +490,7 @@ TEST(ResolvedConfigTextTest, RoundTripsThroughTheParser) {
         "train.optimizer.lr=6e-4", "train.optimizer.eps=1e-8", "model.dropout=0.1",
         "train.seed=4294967295", "train.precision=FP16", "model.activation=GELU_TANH",
         "train.lr_schedule.min_lr=1.17549435e-38"}) {
-    ASSERT_TRUE(ApplyOverride(override_text, &config).ok()) << override_text;
+    NF_ASSERT_OK(ApplyOverride(override_text, &config)) << override_text;
   }
   const std::string text = ResolvedConfigText(config);
   const TrainConfig parsed = Parse(text);
@@ -499,7 +499,7 @@ TEST(ResolvedConfigTextTest, RoundTripsThroughTheParser) {
   EXPECT_EQ(ResolvedConfigText(parsed), text);
   EXPECT_EQ(parsed.train().optimizer().lr(), 6e-4f);  // floats exactly, not to 6 digits
   EXPECT_EQ(parsed.train().lr_schedule().min_lr(), 1.17549435e-38f);
-  EXPECT_TRUE(ValidateTrainConfig(parsed).ok());
+  NF_EXPECT_OK(ValidateTrainConfig(parsed));
 }
 
 // ---- Padded vocabulary ----------------------------------------------------------------------

@@ -9,6 +9,7 @@
 #include "data/synthetic_corpus.h"
 #include "gtest/gtest.h"
 #include "launcher/trainer.h"
+#include "tests/assert_ok.h"
 
 namespace nf::launcher {
 namespace {
@@ -31,15 +32,15 @@ class DatasetTrainingTest : public ::testing::Test {
   std::string WriteDataset(const std::string& name, int documents, int32_t extra_token = -1) {
     const std::string prefix = (dir_ / name).string();
     auto writer = data::IndexedDatasetWriter::Create(prefix, data::TokenDType::kU16);
-    EXPECT_TRUE(writer.ok()) << writer.status();
+    NF_EXPECT_OK(writer);
     auto chain = data::SyntheticCorpus::Create(64, 2, 7);
     std::vector<int32_t> tokens(40);
     for (int d = 0; d < documents; ++d) {
       chain->Sample(d, 40, tokens.data());
       if (d == documents - 1 && extra_token >= 0) tokens.push_back(extra_token);
-      EXPECT_TRUE(writer->AddDocument(tokens).ok());
+      NF_EXPECT_OK(writer->AddDocument(tokens));
     }
-    EXPECT_TRUE(writer->Finish().ok());
+    NF_EXPECT_OK(writer->Finish());
     return prefix;
   }
 
@@ -72,11 +73,11 @@ TEST_F(DatasetTrainingTest, LearnsFromAPreprocessedDatasetReproducibly) {
   std::vector<double> losses[2];
   for (int run = 0; run < 2; ++run) {
     auto trainer = Trainer::Create(config);
-    ASSERT_TRUE(trainer.ok()) << trainer.status();
+    NF_ASSERT_OK(trainer);
     EXPECT_EQ((*trainer)->batches().Describe(), config.data().path());
     for (int s = 0; s < config.train().train_iters(); ++s) {
       auto stats = (*trainer)->TrainStep();
-      ASSERT_TRUE(stats.ok()) << stats.status();
+      NF_ASSERT_OK(stats);
       losses[run].push_back(stats->loss);
     }
   }
@@ -105,7 +106,7 @@ TEST_F(DatasetTrainingTest, TokenOutsideTheVocabularyStopsTheRunNamingTheDataset
   config.mutable_data()->set_path(WriteDataset("bad", 1, 100));
   config.mutable_data()->set_split("1");
   auto trainer = Trainer::Create(config);
-  ASSERT_TRUE(trainer.ok()) << trainer.status();
+  NF_ASSERT_OK(trainer);
   absl::Status failure;
   for (int s = 0; s < 60 && failure.ok(); ++s) failure = (*trainer)->TrainStep().status();
   ASSERT_FALSE(failure.ok());
@@ -123,8 +124,8 @@ TEST_F(DatasetTrainingTest, BlendAndMissingDataset) {
   WeightedDataset* b = config.mutable_data()->add_blend();
   b->set_path(WriteDataset("b", 100));
   auto trainer = Trainer::Create(config);
-  ASSERT_TRUE(trainer.ok()) << trainer.status();
-  EXPECT_TRUE((*trainer)->TrainStep().ok());
+  NF_ASSERT_OK(trainer);
+  NF_EXPECT_OK((*trainer)->TrainStep());
 
   config.mutable_data()->mutable_blend(1)->set_path((dir_ / "missing").string());
   auto missing = Trainer::Create(config);

@@ -26,7 +26,7 @@ std::vector<std::string> ConfigPaths() {
 TrainConfig Load(const std::string& name, const std::vector<std::string>& overrides = {}) {
   const std::string path = absl::StrCat(NF_SOURCE_DIR, "/deploy/configs/", name);
   absl::StatusOr<TrainConfig> config = LoadTrainConfig(path, overrides);
-  EXPECT_TRUE(config.ok()) << config.status();
+  NF_EXPECT_OK(config);
   return config.ok() ? *std::move(config) : TrainConfig();
 }
 
@@ -36,7 +36,7 @@ TEST(DeployConfigsTest, EveryConfigLoadsValidatesAndResolves) {
   for (const std::string& path : paths) {
     SCOPED_TRACE(path);
     const absl::StatusOr<TrainConfig> config = LoadTrainConfig(path, {});
-    ASSERT_TRUE(config.ok()) << config.status();
+    NF_ASSERT_OK(config);
     TrainConfig resolved;
     ASSERT_TRUE(
         google::protobuf::TextFormat::ParseFromString(ResolvedConfigText(*config), &resolved));
@@ -51,7 +51,7 @@ TEST(DeployConfigsTest, EveryConfigHasAPreLnBaseline) {
   for (const std::string& path : ConfigPaths()) {
     SCOPED_TRACE(path);
     const absl::StatusOr<TrainConfig> config = LoadTrainConfig(path, baseline);
-    ASSERT_TRUE(config.ok()) << config.status();
+    NF_ASSERT_OK(config);
     const nf::model::NormFormerConfig& normformer = config->model().normformer();
     EXPECT_FALSE(normformer.scale_attn() || normformer.scale_heads() || normformer.scale_fc() ||
                  normformer.scale_resids());

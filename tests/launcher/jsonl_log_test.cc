@@ -145,18 +145,18 @@ TEST(JsonlLogTest, AppendsOneFlushedLinePerRecord) {
   const TempPath file("append.jsonl");
   {
     absl::StatusOr<JsonlLog> log = JsonlLog::Open(file.path());
-    ASSERT_TRUE(log.ok()) << log.status();
+    NF_ASSERT_OK(log);
     EXPECT_EQ(log->path(), file.path());
-    ASSERT_TRUE(log->Write(JsonObject().AddInt("iter", 1)).ok());
+    NF_ASSERT_OK(log->Write(JsonObject().AddInt("iter", 1)));
     // Visible before the log is closed: nothing waits in a buffer.
     EXPECT_EQ(Contents(file.path()), "{\"iter\":1}\n");
-    ASSERT_TRUE(log->Write(JsonObject().AddString("msg", "two\nlines")).ok());
+    NF_ASSERT_OK(log->Write(JsonObject().AddString("msg", "two\nlines")));
   }
   {
     absl::StatusOr<JsonlLog> reopened = JsonlLog::Open(file.path());
-    ASSERT_TRUE(reopened.ok()) << reopened.status();
+    NF_ASSERT_OK(reopened);
     JsonlLog moved = *std::move(reopened);
-    ASSERT_TRUE(moved.Write(JsonObject()).ok());
+    NF_ASSERT_OK(moved.Write(JsonObject()));
   }
   EXPECT_EQ(Lines(file.path()),
             (std::vector<std::string>{R"({"iter":1})", R"({"msg":"two\nlines"})", "{}"}));

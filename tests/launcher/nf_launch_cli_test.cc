@@ -274,7 +274,7 @@ TEST_F(NfLaunchCliTest, ExitIntervalStopsWithACheckpointAndTheSameCommandResumes
 // A run directory another live nf-launch holds is refused at once, naming the holder.
 TEST_F(NfLaunchCliTest, ASecondRunInALiveRunDirectoryIsRefused) {
   auto held = RunDirLock::Acquire(dir_ / "busy");
-  ASSERT_TRUE(held.ok()) << held.status();
+  NF_ASSERT_OK(held);
   ExpectConfigurationError(
       Launch({"--config", TinyConfig(), "--run-dir", (dir_ / "busy").string()}),
       {absl::StrCat("run directory ", (dir_ / "busy").string(),

@@ -30,7 +30,7 @@ using ::nf::testing::TrainSteps;
 std::vector<uint8_t> Inputs(const TrainConfig& config, int64_t batch_start, int64_t micro_batch,
                             int64_t stream_size = 0) {
   auto source = MakeBatchSource(config, DataSplit::kTrain, stream_size);
-  EXPECT_TRUE(source.ok()) << source.status();
+  NF_EXPECT_OK(source);
   NF_EXPECT_OK((*source)->Load(batch_start, micro_batch));
   return Bytes((*source)->inputs());
 }
@@ -39,7 +39,7 @@ std::vector<uint8_t> Inputs(const TrainConfig& config, int64_t batch_start, int6
 fs::path TrainAndSave(const TrainConfig& config, const TempDir& dir, int steps) {
   auto trainer = MakeTrainer(config);
   TrainSteps(*trainer, steps);
-  EXPECT_TRUE(checkpoint::Save(*trainer, dir.path()).ok());
+  NF_EXPECT_OK(checkpoint::Save(*trainer, dir.path()));
   return dir.path() / checkpoint::IterationDirName(steps);
 }
 
