@@ -71,10 +71,10 @@ TrainConfig Config(int tp, int pp, int virtual_stages, bool zero) {
 
 void Load(Trainer& trainer, const fs::path& dir) {
   auto manifest = ReadManifest(dir);
-  ASSERT_TRUE(manifest.ok()) << manifest.status();
+  NF_ASSERT_OK(manifest);
   auto progress = LoadCheckpoint(dir, *manifest, trainer.CheckpointState());
-  ASSERT_TRUE(progress.ok()) << progress.status();
-  ASSERT_TRUE(trainer.Restore(*progress).ok());
+  NF_ASSERT_OK(progress);
+  NF_ASSERT_OK(trainer.Restore(*progress));
 }
 
 // A directory all ranks share: rank 0 makes it and broadcasts its name.
@@ -85,13 +85,13 @@ fs::path SharedTempDir(parallel::Communicator& world) {
     EXPECT_NE(mkdtemp(templ.data()), nullptr);
     std::memcpy(name.raw_data(), templ.data(), templ.size());
   }
-  EXPECT_TRUE(world.Broadcast(name, 0).ok());
+  NF_EXPECT_OK(world.Broadcast(name, 0));
   return fs::path(static_cast<const char*>(name.raw_data()));
 }
 
 std::unique_ptr<Trainer> MakeValidTrainer(const TrainConfig& config,
                                           parallel::ProcessGroups* groups) {
-  EXPECT_TRUE(launcher::ValidateTrainConfig(config).ok()) << launcher::ValidateTrainConfig(config);
+  NF_EXPECT_OK(launcher::ValidateTrainConfig(config));
   return MakeTrainer(config, groups);
 }
 
@@ -105,7 +105,7 @@ TEST(CheckpointReshardTest, ResumesBitExactlyAndLoadsIntoEveryLayout) {
   const int virtual_stages = EnvInt("NF_TEST_VIRTUAL", 1);
   const bool zero = EnvInt("NF_TEST_ZERO", 0) != 0;
   auto groups = parallel::CreateProcessGroups({.tp = tp, .pp = pp, .dp = 0});
-  ASSERT_TRUE(groups.ok()) << groups.status();
+  NF_ASSERT_OK(groups);
   parallel::Communicator& world = *groups->world;
   const fs::path dir = SharedTempDir(world);
   const TrainConfig config = Config(tp, pp, virtual_stages, zero);
@@ -116,7 +116,7 @@ TEST(CheckpointReshardTest, ResumesBitExactlyAndLoadsIntoEveryLayout) {
   {
     auto first = MakeValidTrainer(config, &*groups);
     TrainSteps(*first, kSaveStep);
-    ASSERT_TRUE(SaveCheckpoint(dir, first->CheckpointState(), first->Progress(), world).ok());
+    NF_ASSERT_OK(SaveCheckpoint(dir, first->CheckpointState(), first->Progress(), world));
   }
   const fs::path saved = dir / IterationDirName(kSaveStep);
 
@@ -153,7 +153,7 @@ TEST(CheckpointReshardTest, ResumesBitExactlyAndLoadsIntoEveryLayout) {
     SCOPED_TRACE(
         absl::StrCat("into tp ", target.tp, " pp ", target.pp, target.zero ? " ZeRO-1" : ""));
     auto target_groups = parallel::CreateProcessGroups({.tp = target.tp, .pp = target.pp, .dp = 0});
-    ASSERT_TRUE(target_groups.ok()) << target_groups.status();
+    NF_ASSERT_OK(target_groups);
     auto trainer = MakeValidTrainer(Config(target.tp, target.pp, 1, target.zero), &*target_groups);
     Load(*trainer, saved);
     const std::vector<double> losses = TrainSteps(*trainer, kSteps - kSaveStep);
@@ -172,7 +172,7 @@ TEST(CheckpointReshardTest, ResumesBitExactlyAndLoadsIntoEveryLayout) {
           << "step " << kSaveStep + i + 1;
     }
   }
-  ASSERT_TRUE(world.Barrier().ok());
+  NF_ASSERT_OK(world.Barrier());
   if (world.rank() == 0) fs::remove_all(dir);
 }
 

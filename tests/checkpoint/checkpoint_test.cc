@@ -88,14 +88,14 @@ TEST_P(ResumeTest, ResumedRunEqualsTheUninterruptedOneBitForBit) {
 
   auto first = MakeTrainer(config);
   TrainSteps(*first, 3);
-  ASSERT_TRUE(Save(*first, dir.path()).ok());
+  NF_ASSERT_OK(Save(*first, dir.path()));
   const fs::path saved = dir.path() / "iter_0000003";
   EXPECT_TRUE(fs::exists(saved / kManifestName));
   EXPECT_TRUE(fs::exists(saved / "rank_00000.shard"));
   EXPECT_EQ(*LatestCheckpoint(dir.path()), saved);
 
   auto resumed = MakeTrainer(config);
-  ASSERT_TRUE(Load(*resumed, saved).ok()) << Load(*resumed, saved);
+  NF_ASSERT_OK(Load(*resumed, saved));
   EXPECT_EQ(resumed->step(), 3);
   const std::vector<double> continued = TrainSteps(*resumed, 3);
   for (int i = 0; i < 3; ++i) EXPECT_EQ(continued[i], expected[3 + i]) << "step " << 4 + i;
@@ -128,19 +128,19 @@ TEST(AsyncCheckpointerTest, SavesTheSnapshotWhileTrainingGoesOn) {
                             [&](const fs::path& p) { committed.push_back(p.filename().string()); });
     auto trainer = MakeTrainer(config);
     TrainSteps(*trainer, 2);
-    ASSERT_TRUE(saver.Start(trainer->CheckpointState(), trainer->Progress(), world).ok());
+    NF_ASSERT_OK(saver.Start(trainer->CheckpointState(), trainer->Progress(), world));
     TrainSteps(*trainer, 1);  // moves every parameter while step 2's snapshot is written
-    ASSERT_TRUE(saver.Start(trainer->CheckpointState(), trainer->Progress(), world).ok());
+    NF_ASSERT_OK(saver.Start(trainer->CheckpointState(), trainer->Progress(), world));
     EXPECT_EQ(committed, std::vector<std::string>{"iter_0000002"});  // finished by Start
     TrainSteps(*trainer, 2);
-    while (saver.pending()) ASSERT_TRUE(saver.Poll(world).ok());
-    ASSERT_TRUE(saver.Finish(world).ok());
+    while (saver.pending()) NF_ASSERT_OK(saver.Poll(world));
+    NF_ASSERT_OK(saver.Finish(world));
   }
   EXPECT_EQ(committed, (std::vector<std::string>{"iter_0000002", "iter_0000003"}));
   EXPECT_EQ(*LatestCheckpoint(dir.path()), dir.path() / "iter_0000003");
   for (const char* name : {"iter_0000002", "iter_0000003"}) {
     auto resumed = MakeTrainer(config);
-    ASSERT_TRUE(Load(*resumed, dir.path() / name).ok());
+    NF_ASSERT_OK(Load(*resumed, dir.path() / name));
     const int64_t from = resumed->step();
     const std::vector<double> continued = TrainSteps(*resumed, static_cast<int>(6 - from));
     for (size_t i = 0; i < continued.size(); ++i) {
@@ -156,27 +156,26 @@ TEST(ConvertTest, RoundTripsThroughAnotherLayoutAndLoads) {
   TempDir dir;
   auto trainer = MakeTrainer(config);
   TrainSteps(*trainer, 2);
-  ASSERT_TRUE(Save(*trainer, dir.path()).ok());
+  NF_ASSERT_OK(Save(*trainer, dir.path()));
   const fs::path saved = dir.path() / "iter_0000002";
   const Manifest manifest = *ReadManifest(saved);
   const fs::path wide = dir.path() / "wide", back = dir.path() / "back";
-  ASSERT_TRUE(ConvertCheckpoint(saved, manifest,
-                                {.tensor_parallel = 2,
-                                 .pipeline_parallel = 2,
-                                 .data_parallel = 2,
-                                 .virtual_stages = 1,
-                                 .distributed_optimizer = true,
-                                 .grad_bucket_elements = 300},
-                                wide)
-                  .ok());
+  NF_ASSERT_OK(ConvertCheckpoint(saved, manifest,
+                                 {.tensor_parallel = 2,
+                                  .pipeline_parallel = 2,
+                                  .data_parallel = 2,
+                                  .virtual_stages = 1,
+                                  .distributed_optimizer = true,
+                                  .grad_bucket_elements = 300},
+                                 wide));
   const Manifest wide_manifest = *ReadManifest(wide);
   EXPECT_EQ(wide_manifest.files_size(), 8);
   EXPECT_EQ(wide_manifest.layout().tensor_parallel(), 2);
-  ASSERT_TRUE(ConvertCheckpoint(wide, wide_manifest, {}, back).ok());
+  NF_ASSERT_OK(ConvertCheckpoint(wide, wide_manifest, {}, back));
   EXPECT_EQ(*ReadWholeFile(back / "rank_00000.shard"), *ReadWholeFile(saved / "rank_00000.shard"));
 
   auto loaded = MakeTrainer(config);
-  ASSERT_TRUE(Load(*loaded, wide).ok());
+  NF_ASSERT_OK(Load(*loaded, wide));
   optim::MixedPrecisionAdamW& a = trainer->optimizer(0).adamw();
   optim::MixedPrecisionAdamW& b = loaded->optimizer(0).adamw();
   EXPECT_EQ(Bytes(trainer->chunks().front()->params().params()),
@@ -201,7 +200,7 @@ TEST(RetentionTest, KeepsTheNewestAndEveryMthForever) {
   auto trainer = MakeTrainer(config);
   for (int step = 1; step <= 7; ++step) {
     TrainSteps(*trainer, 1);
-    ASSERT_TRUE(Save(*trainer, dir.path(), {.keep_last = 2, .keep_every = 3}).ok());
+    NF_ASSERT_OK(Save(*trainer, dir.path(), {.keep_last = 2, .keep_every = 3}));
   }
   std::vector<std::string> names;
   for (const auto& entry : fs::directory_iterator(dir.path())) {
@@ -229,7 +228,7 @@ class BadCheckpointTest : public ::testing::Test {
     config_ = TinyConfig(launcher::TrainOptions::FP32);
     auto trainer = MakeTrainer(config_);
     TrainSteps(*trainer, 1);
-    ASSERT_TRUE(Save(*trainer, dir_.path()).ok());
+    NF_ASSERT_OK(Save(*trainer, dir_.path()));
     saved_ = dir_.path() / "iter_0000001";
     shard_ = saved_ / "rank_00000.shard";
   }
@@ -307,7 +306,7 @@ TEST_F(BadCheckpointTest, GarbageManifest) {
 }
 
 TEST_F(BadCheckpointTest, LatestNamingSomethingElse) {
-  ASSERT_TRUE(ReplaceFileAtomically(dir_.path() / kLatestName, "../../etc\n").ok());
+  NF_ASSERT_OK(ReplaceFileAtomically(dir_.path() / kLatestName, "../../etc\n"));
   const absl::StatusOr<fs::path> latest = LatestCheckpoint(dir_.path());
   ASSERT_FALSE(latest.ok());
   EXPECT_NE(latest.status().message().find("does not name a checkpoint ('../../etc')"),

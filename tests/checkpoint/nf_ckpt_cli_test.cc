@@ -14,6 +14,7 @@
 #include "gtest/gtest.h"
 #include "launcher/trainer.h"
 #include "parallel/local_communicator.h"
+#include "tests/assert_ok.h"
 
 namespace nf::checkpoint {
 namespace {
@@ -43,12 +44,11 @@ class NfCkptCliTest : public ::testing::Test {
     config.mutable_train()->set_global_batch_size(1);
     config.mutable_train()->mutable_lr_schedule()->set_warmup_iters(1);
     auto trainer = launcher::Trainer::Create(config);
-    ASSERT_TRUE(trainer.ok()) << trainer.status();
-    ASSERT_TRUE((*trainer)->TrainStep().ok());
+    NF_ASSERT_OK(trainer);
+    NF_ASSERT_OK((*trainer)->TrainStep());
     parallel::LocalCommunicator world;
-    ASSERT_TRUE(SaveCheckpoint(dir_ / "checkpoints", (*trainer)->CheckpointState(),
-                               (*trainer)->Progress(), world)
-                    .ok());
+    NF_ASSERT_OK(SaveCheckpoint(dir_ / "checkpoints", (*trainer)->CheckpointState(),
+                                (*trainer)->Progress(), world));
   }
   void TearDown() override { fs::remove_all(dir_); }
 
