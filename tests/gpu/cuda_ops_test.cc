@@ -17,6 +17,7 @@
 #include "core/status.h"
 #include "gmock/gmock.h"
 #include "gpu_test_util.h"
+#include "tests/assert_ok.h"
 
 namespace nf {
 namespace {
@@ -40,9 +41,9 @@ double Tol(DType dtype, double fp32_tol) { return fp32_tol + 2 * UnitRoundoff(dt
 template <typename Op>
 void OnBoth(Op&& op) {
   const absl::Status cpu = op([](const Twin& t) { return t.cpu; });
-  ASSERT_TRUE(cpu.ok()) << cpu;
+  NF_ASSERT_OK(cpu);
   const absl::Status gpu = op([](const Twin& t) { return t.gpu; });
-  ASSERT_TRUE(gpu.ok()) << gpu;
+  NF_ASSERT_OK(gpu);
 }
 
 class CudaOpsTest : public ::testing::TestWithParam<DType> {
@@ -357,10 +358,10 @@ TEST(CudaFaultTest, BadTokenIdIsReportedAtSynchronize) {
   Twin table = RandomTwin(DType::kF32, {5, 4}, 38);
   Twin out = ZerosTwin(DType::kF32, {3, 4});
   const absl::Status cpu = ops::EmbeddingForward({ids.cpu, table.cpu, out.cpu, 0, 5});
-  ASSERT_TRUE(ops::EmbeddingForward({ids.gpu, table.gpu, out.gpu, 0, 5}).ok());
+  NF_ASSERT_OK(ops::EmbeddingForward({ids.gpu, table.gpu, out.gpu, 0, 5}));
   const absl::Status gpu = ops::Synchronize(kGpu);
   EXPECT_EQ(gpu, cpu);  // the same message: "token id 7 at position 1 is outside [0, 5)"
-  EXPECT_TRUE(ops::Synchronize(kGpu).ok()) << "a reported fault is cleared";
+  NF_EXPECT_OK(ops::Synchronize(kGpu)) << "a reported fault is cleared";
 }
 
 TEST(CudaAllocatorTest, FreedBlocksAreReusedWithoutCudaMalloc) {
@@ -370,7 +371,7 @@ TEST(CudaAllocatorTest, FreedBlocksAreReusedWithoutCudaMalloc) {
   const int64_t mallocs = allocator->stats().cuda_mallocs;
   for (int i = 0; i < 10; ++i) {
     auto t = Tensor::Empty(DType::kF32, {12345}, *allocator);
-    ASSERT_TRUE(t.ok());
+    NF_ASSERT_OK(t);
   }
   EXPECT_EQ(allocator->stats().cuda_mallocs, mallocs);
 }

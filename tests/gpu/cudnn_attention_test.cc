@@ -26,6 +26,7 @@
 #include "core/cuda/attention_dispatch.h"
 #include "core/status.h"
 #include "gpu_test_util.h"
+#include "tests/assert_ok.h"
 
 namespace nf {
 namespace {
@@ -125,9 +126,9 @@ class CudnnAttentionTest : public ::testing::TestWithParam<DType> {
     NF_REQUIRE_GPU();
     // On a GPU machine cuDNN must be usable: a fallback here would pass while testing nothing.
     auto context = cuda::CudaContext::ForDevice(0);
-    ASSERT_TRUE(context.ok()) << context.status();
+    NF_ASSERT_OK(context);
     const absl::Status cudnn = cuda::CudnnAttentionStatus(**context);
-    ASSERT_TRUE(cudnn.ok()) << cudnn;
+    NF_ASSERT_OK(cudnn);
   }
   DType dtype() const { return GetParam(); }
 };
@@ -139,10 +140,10 @@ TEST_P(CudnnAttentionTest, MatchesTheCpu) {
     for (int64_t dim : {64, 128}) {
       const std::string what = "seq " + std::to_string(seq) + " head_dim " + std::to_string(dim);
       Problem p(dtype(), seq, dim, 40);
-      ASSERT_TRUE(p.Run(false).ok());
+      NF_ASSERT_OK(p.Run(false));
       const int64_t calls = cuda::CudnnAttentionCalls();
       const absl::Status status = p.Run(true);
-      ASSERT_TRUE(status.ok()) << what << ": " << status;
+      NF_ASSERT_OK(status) << what;
       EXPECT_EQ(cuda::CudnnAttentionCalls(), calls + 2) << what << ": cuDNN did not run both";
       ExpectResultsClose(p.GpuResults(), p.CpuResults(), dtype(), "cuDNN vs CPU, " + what);
     }
@@ -154,18 +155,18 @@ TEST_P(CudnnAttentionTest, MatchesTheOwnKernelAndRepeats) {
   {
     ScopedAttentionPolicy policy("own");
     const int64_t calls = cuda::CudnnAttentionCalls();
-    ASSERT_TRUE(p.Run(true).ok());
+    NF_ASSERT_OK(p.Run(true));
     EXPECT_EQ(cuda::CudnnAttentionCalls(), calls) << "NF_ATTENTION=own still used cuDNN";
   }
   const auto own = p.GpuResults();
   ScopedAttentionPolicy policy(nullptr);
-  ASSERT_TRUE(p.Run(true).ok());
+  NF_ASSERT_OK(p.Run(true));
   const auto cudnn = p.GpuResults();
   // The own kernel is within kReduction + 2 u of the CPU (cuda_ops_test.cc), so the CPU
   // tolerances hold between the two GPU paths as well.
   ExpectResultsClose(cudnn, own, dtype(), "cuDNN vs own kernel");
   // The deterministic backward: a second run is identical bit for bit.
-  ASSERT_TRUE(p.Run(true).ok());
+  NF_ASSERT_OK(p.Run(true));
   EXPECT_EQ(p.GpuResults(), cudnn) << "cuDNN attention does not repeat exactly";
 }
 
@@ -179,9 +180,9 @@ TEST_P(CudnnAttentionTest, DropoutTakesTheOwnKernel) {
                                  .col_offset = 0,
                                  .head_offset = 2};
   Problem p(dtype(), 45, 64, 60);
-  ASSERT_TRUE(p.Run(false, dropout).ok());
+  NF_ASSERT_OK(p.Run(false, dropout));
   const int64_t calls = cuda::CudnnAttentionCalls();
-  ASSERT_TRUE(p.Run(true, dropout).ok());
+  NF_ASSERT_OK(p.Run(true, dropout));
   EXPECT_EQ(cuda::CudnnAttentionCalls(), calls) << "attention dropout ran on cuDNN";
   // The own kernel draws the CPU's masks: the results agree as in cuda_ops_test.cc (a wrong
   // mask would differ by O(1)).
@@ -193,7 +194,7 @@ TEST(CudnnAttentionDispatchTest, Fp32TakesTheOwnKernel) {
   ScopedAttentionPolicy policy(nullptr);
   Problem p(DType::kF32, 45, 64, 70);
   const int64_t calls = cuda::CudnnAttentionCalls();
-  ASSERT_TRUE(p.Run(true).ok());
+  NF_ASSERT_OK(p.Run(true));
   EXPECT_EQ(cuda::CudnnAttentionCalls(), calls);
 }
 

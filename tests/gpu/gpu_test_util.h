@@ -31,18 +31,18 @@ struct Twin {
 
 inline Tensor OnGpu(const Tensor& host) {
   auto allocator = ops::AllocatorFor(kGpu);
-  EXPECT_TRUE(allocator.ok()) << allocator.status();
+  NF_EXPECT_OK(allocator);
   auto gpu = Tensor::Empty(host.dtype(), host.shape(), **allocator);
-  EXPECT_TRUE(gpu.ok()) << gpu.status();
-  EXPECT_TRUE(ops::Copy(host, *gpu).ok());
+  NF_EXPECT_OK(gpu);
+  NF_EXPECT_OK(ops::Copy(host, *gpu));
   return *gpu;
 }
 
 inline Tensor ToCpu(const Tensor& gpu) {
   auto host = Tensor::HostEmpty(gpu.dtype(), gpu.shape());
-  EXPECT_TRUE(host.ok()) << host.status();
+  NF_EXPECT_OK(host);
   const absl::Status status = ops::Copy(gpu, *host);
-  EXPECT_TRUE(status.ok()) << status;
+  NF_EXPECT_OK(status);
   return *host;
 }
 
@@ -60,7 +60,7 @@ inline Twin ZerosTwin(DType dtype, Shape shape) { return MakeTwin(MakeZeros(dtyp
 // fails on a recorded device fault.
 inline void ExpectTwinClose(const Twin& t, double tol, const std::string& what) {
   const absl::Status synced = ops::Synchronize(kGpu);
-  ASSERT_TRUE(synced.ok()) << what << ": " << synced;
+  NF_ASSERT_OK(synced) << what;
   const std::vector<double> cpu = ToDoubles(t.cpu);
   const std::vector<double> gpu = ToDoubles(ToCpu(t.gpu));
   ExpectAllClose(gpu, cpu, tol * std::max(1e-30, MaxAbs(cpu)), 0.0, what);
@@ -68,7 +68,7 @@ inline void ExpectTwinClose(const Twin& t, double tol, const std::string& what) 
 
 // Bit-for-bit equality (dropout masks, permutations, copies).
 inline void ExpectTwinIdentical(const Twin& t, const std::string& what) {
-  ASSERT_TRUE(ops::Synchronize(kGpu).ok());
+  NF_ASSERT_OK(ops::Synchronize(kGpu));
   const std::vector<double> cpu = ToDoubles(t.cpu);
   const std::vector<double> gpu = ToDoubles(ToCpu(t.gpu));
   ASSERT_EQ(cpu.size(), gpu.size());

@@ -45,7 +45,7 @@ std::unique_ptr<NormFormerModel> MakeModel(Device device) {
   auto model = NormFormerModel::Create(
       TinyNormFormer(),
       {.dtype = DType::kF32, .micro_batch = kBatch, .seq_len = kSeq, .seed = 3, .device = device});
-  EXPECT_TRUE(model.ok()) << model.status();
+  NF_EXPECT_OK(model);
   if (!model.ok()) std::abort();
   return *std::move(model);
 }
@@ -66,10 +66,10 @@ TEST(GpuTrainingTest, ModelStepMatchesTheCpu) {
   for (Device device : {Device::Cpu(), testing::kGpu}) {
     std::unique_ptr<NormFormerModel> model = MakeModel(device);
     auto loss = model->Forward(input_ids, target_ids, /*first_sample=*/11, /*train=*/true);
-    ASSERT_TRUE(loss.ok()) << loss.status();
+    NF_ASSERT_OK(loss);
     ASSERT_EQ(loss->tokens, kBatch * kSeq - 1);
-    ASSERT_TRUE(model->Backward(1.0f / static_cast<float>(loss->tokens)).ok());
-    ASSERT_TRUE(ops::Synchronize(device).ok());
+    NF_ASSERT_OK(model->Backward(1.0f / static_cast<float>(loss->tokens)));
+    NF_ASSERT_OK(ops::Synchronize(device));
     losses[i] = loss->sum / static_cast<double>(loss->tokens);
     grads[i] = testing::ToDoubles(*ops::OnHost(model->params().grads()));
     ++i;
@@ -98,7 +98,7 @@ TrainConfig GpuConfig(TrainOptions::Precision precision, TrainOptions::Device de
   train.mutable_lr_schedule()->set_warmup_iters(5);
   train.mutable_loss_scale()->set_initial_scale(0x1p12f);
   config.mutable_data()->mutable_synthetic()->set_branching(2);
-  EXPECT_TRUE(launcher::ValidateTrainConfig(config).ok());
+  NF_EXPECT_OK(launcher::ValidateTrainConfig(config));
   return config;
 }
 
