@@ -72,13 +72,15 @@ TEST_F(NfCkptCliTest, InspectsAndVerifiesTheLatestCheckpoint) {
   const Outcome inspect = Run({"inspect", checkpoints});
   EXPECT_EQ(inspect.exit_code, 0) << inspect.err;
   EXPECT_THAT(inspect.out, StartsWith(absl::StrCat("checkpoint ", checkpoints, "/iter_0000001\n")));
-  EXPECT_THAT(inspect.out, HasSubstr("step 1, 1 samples consumed, 1 optimizer updates"));
+  EXPECT_THAT(inspect.out, HasSubstr("step 1, 1 samples consumed of a data stream of "));
+  EXPECT_THAT(inspect.out, HasSubstr(", 1 optimizer updates"));
   const Outcome verify = Run({"verify", checkpoints});
   EXPECT_EQ(verify.exit_code, 0) << verify.err;
   EXPECT_THAT(verify.out, HasSubstr(": OK, "));
 }
 
-TEST_F(NfCkptCliTest, ADamagedCheckpointFailsWithOneLine) {
+// verify lists every bad tensor record, one line each, then one line of summary.
+TEST_F(NfCkptCliTest, ADamagedCheckpointFailsWithOneLinePerBadRecord) {
   const fs::path shard = dir_ / "checkpoints" / "iter_0000001" / "rank_00000.shard";
   {
     std::fstream f(shard, std::ios::in | std::ios::out | std::ios::binary);
@@ -88,9 +90,11 @@ TEST_F(NfCkptCliTest, ADamagedCheckpointFailsWithOneLine) {
   const Outcome verify = Run({"verify", (dir_ / "checkpoints").string()});
   EXPECT_EQ(verify.exit_code, 1);
   const std::vector<std::string> lines = Lines(verify.err);
-  ASSERT_EQ(lines.size(), 1u) << verify.err;
+  ASSERT_EQ(lines.size(), 2u) << verify.err;
   EXPECT_THAT(lines[0], StartsWith("nf-ckpt: checkpoint "));
   EXPECT_THAT(lines[0], HasSubstr("fails its checksum (the file is corrupt)"));
+  EXPECT_THAT(lines[1], HasSubstr(": 1 of "));
+  EXPECT_THAT(lines[1], HasSubstr(" tensor records fail (listed above)"));
   const Outcome usage = Run({"convert", (dir_ / "checkpoints").string(), "--tp", "2"});
   EXPECT_EQ(usage.exit_code, 2);
   EXPECT_THAT(usage.err, HasSubstr("convert needs --pp"));

@@ -61,7 +61,7 @@ MixedPrecisionAdamW MakeOptimizer(const Tensor& model, const Tensor& grads,
     std::abort();
   }
   const absl::Status init = opt->InitializeMasterFromModel();
-  EXPECT_TRUE(init.ok()) << init;
+  NF_EXPECT_OK(init);
   return *std::move(opt);
 }
 
@@ -82,7 +82,7 @@ std::vector<float> SignedGrads(int step) {
 void SetScaledGrads(const Tensor& grads, const std::vector<float>& g, float padding = 7.0f) {
   std::vector<float> scaled(g.size());
   for (size_t i = 0; i < g.size(); ++i) scaled[i] = Covered(i) ? g[i] * kLossScale : padding;
-  ASSERT_TRUE(CopyFromFloats(grads, scaled).ok());
+  NF_ASSERT_OK(CopyFromFloats(grads, scaled));
 }
 
 // AdamW in double (ops.h's formula), with a running bound on how far an fp32 evaluation of one
@@ -131,7 +131,7 @@ TEST(MixedPrecisionAdamWTest, StepsMatchFloat64AdamW) {
     const std::vector<float> g = SignedGrads(static_cast<int>(t));
     SetScaledGrads(grads, g);
     const absl::StatusOr<StepResult> result = opt.Step(lrs[t - 1], kLossScale);
-    ASSERT_TRUE(result.ok()) << result.status();
+    NF_ASSERT_OK(result);
     EXPECT_FALSE(result->skipped);
     EXPECT_EQ(opt.updates(), t);
     double squares = 0.0;
@@ -167,7 +167,7 @@ TEST(MixedPrecisionAdamWTest, WeightDecaySkipsTheNoDecayRange) {
   MixedPrecisionAdamW opt = MakeOptimizer(
       model, MakeZeros(DType::kF32, {kNumel}),
       {.beta1 = 0.9f, .beta2 = 0.98f, .eps = 1e-8f, .weight_decay = 0.2f, .clip_grad = 0.0f});
-  ASSERT_TRUE(opt.Update(0.05f, 0.0).ok());
+  NF_ASSERT_OK(opt.Update(0.05f, 0.0));
   const std::vector<double> p = ToDoubles(model);
   for (int64_t i = 0; i < kNumel; ++i) {
     if (Decays(i)) {
@@ -188,15 +188,15 @@ TEST(MixedPrecisionAdamWTest, ClippingScalesByClipOverNorm) {
   MixedPrecisionAdamW opt = MakeOptimizer(model, grads, config);
 
   // A norm below the threshold, or clipping off, leaves the grads' bits alone.
-  ASSERT_TRUE(opt.Update(1e-3f, 0.5).ok());
+  NF_ASSERT_OK(opt.Update(1e-3f, 0.5));
   EXPECT_EQ(ToDoubles(grads), Rounded(DType::kF32, g));
   MixedPrecisionAdamW unclipped = MakeOptimizer(model, grads, kConfig);
-  ASSERT_TRUE(unclipped.Update(1e-3f, 1e6).ok());
+  NF_ASSERT_OK(unclipped.Update(1e-3f, 1e6));
   EXPECT_EQ(ToDoubles(grads), Rounded(DType::kF32, g));
 
   // An (all-reduced) norm of 4 scales the covered grads by 1 / (4 + 1e-6).
   MixedPrecisionAdamW fresh = MakeOptimizer(model, grads, config);
-  ASSERT_TRUE(fresh.Update(1e-3f, 4.0).ok());
+  NF_ASSERT_OK(fresh.Update(1e-3f, 4.0));
   const double coef = 1.0 / (4.0 + 1e-6);
   const std::vector<double> clipped = ToDoubles(grads), m = ToDoubles(fresh.exp_avg());
   for (int64_t i = 0; i < kNumel; ++i) {
@@ -222,7 +222,7 @@ TEST(MixedPrecisionAdamWTest, StepClipsWithTheNormItComputed) {
       MakeOptimizer(MakeTensor(DType::kF32, {kNumel}, RandomFloats(kNumel, 4)), grads, config);
   SetScaledGrads(grads, g);
   const absl::StatusOr<StepResult> result = opt.Step(1e-3f, kLossScale);
-  ASSERT_TRUE(result.ok()) << result.status();
+  NF_ASSERT_OK(result);
   double norm = 0.0, clipped_norm = 0.0;
   const std::vector<double> clipped = ToDoubles(grads);
   for (int64_t i = 0; i < 40; ++i) {
@@ -245,7 +245,7 @@ TEST(MixedPrecisionAdamWTest, NonFiniteGradSkipsTheStep) {
   const Tensor grads = MakeZeros(DType::kF32, {kNumel});
   MixedPrecisionAdamW opt = MakeOptimizer(model, grads);
   SetScaledGrads(grads, SignedGrads(1));
-  ASSERT_TRUE(opt.Step(1e-2f, kLossScale).ok());  // moments and master now non-trivial
+  NF_ASSERT_OK(opt.Step(1e-2f, kLossScale));  // moments and master now non-trivial
   const std::vector<uint8_t> model0 = Bytes(model), master0 = Bytes(opt.master()),
                              m0 = Bytes(opt.exp_avg()), v0 = Bytes(opt.exp_avg_sq());
   const float inf = std::numeric_limits<float>::infinity();
@@ -257,7 +257,7 @@ TEST(MixedPrecisionAdamWTest, NonFiniteGradSkipsTheStep) {
       g[where] = bad;
       SetScaledGrads(grads, g);
       const absl::StatusOr<StepResult> result = opt.Step(1e-2f, kLossScale);
-      ASSERT_TRUE(result.ok()) << result.status();
+      NF_ASSERT_OK(result);
       EXPECT_TRUE(result->skipped);
       EXPECT_TRUE(std::isnan(result->grad_norm));
       EXPECT_EQ(opt.updates(), 1);
@@ -270,14 +270,14 @@ TEST(MixedPrecisionAdamWTest, NonFiniteGradSkipsTheStep) {
   // Finite gradients whose sum of squares overflows fp32 (40 x 1e40): skipped, norm inf.
   SetScaledGrads(grads, std::vector<float>(kNumel, 1e20f));
   const absl::StatusOr<StepResult> overflow = opt.Step(1e-2f, kLossScale);
-  ASSERT_TRUE(overflow.ok()) << overflow.status();
+  NF_ASSERT_OK(overflow);
   EXPECT_TRUE(overflow->skipped);
   EXPECT_TRUE(std::isinf(overflow->grad_norm));
   EXPECT_EQ(Bytes(opt.master()), master0);
   // A NaN in the padding is none of the optimizer's business.
   SetScaledGrads(grads, SignedGrads(3), nan);
   const absl::StatusOr<StepResult> padded = opt.Step(1e-2f, kLossScale);
-  ASSERT_TRUE(padded.ok()) << padded.status();
+  NF_ASSERT_OK(padded);
   EXPECT_FALSE(padded->skipped);
   EXPECT_EQ(opt.updates(), 2);
 }
@@ -296,7 +296,7 @@ TEST(MixedPrecisionAdamWTest, ReducedPrecisionModelIsTheRoundedMaster) {
     EXPECT_EQ(ToDoubles(opt.master()), start);
     for (int t = 1; t <= 2; ++t) {
       SetScaledGrads(grads, SignedGrads(t));
-      ASSERT_TRUE(opt.Step(1e-3f, kLossScale).ok());
+      NF_ASSERT_OK(opt.Step(1e-3f, kLossScale));
     }
     const std::vector<double> master = ToDoubles(opt.master()), p = ToDoubles(model);
     std::vector<float> master_floats(master.begin(), master.end());
@@ -329,7 +329,7 @@ TEST(MixedPrecisionAdamWTest, Fp32MasterIsTheModelBuffer) {
   EXPECT_EQ(opt.master().raw_data(), model.raw_data());
   EXPECT_EQ(opt.master().shape(), model.shape());
   SetScaledGrads(grads, SignedGrads(1));
-  ASSERT_TRUE(opt.Step(1e-2f, kLossScale).ok());
+  NF_ASSERT_OK(opt.Step(1e-2f, kLossScale));
   const std::vector<double> p = ToDoubles(model);
   for (int64_t i = 0; i < 40; ++i) EXPECT_NE(p[i], init[i]) << i;
 }
@@ -358,25 +358,25 @@ TEST(MixedPrecisionAdamWTest, CheckpointRestoreContinuesBitForBit) {
   MixedPrecisionAdamW a = MakeOptimizer(model_a, grads_a);
   for (int t = 1; t <= 2; ++t) {
     SetScaledGrads(grads_a, SignedGrads(t));
-    ASSERT_TRUE(a.Step(1e-2f, kLossScale).ok());
+    NF_ASSERT_OK(a.Step(1e-2f, kLossScale));
   }
   // A new optimizer over other buffers, restored from a's state.
   const Tensor model_b = MakeZeros(DType::kBF16, {kNumel});
   const Tensor grads_b = MakeZeros(DType::kF32, {kNumel});
   auto created = MixedPrecisionAdamW::Create(model_b, grads_b, kRanges, kConfig);
-  ASSERT_TRUE(created.ok()) << created.status();
+  NF_ASSERT_OK(created);
   MixedPrecisionAdamW b = *std::move(created);
   for (auto [from, to] :
        {std::pair{model_a, model_b}, std::pair{a.master(), b.master()},
         std::pair{a.exp_avg(), b.exp_avg()}, std::pair{a.exp_avg_sq(), b.exp_avg_sq()}}) {
-    ASSERT_TRUE(CopyFromFloats(to, *ToFloatVector(from)).ok());
+    NF_ASSERT_OK(CopyFromFloats(to, *ToFloatVector(from)));
   }
-  ASSERT_TRUE(b.SetUpdates(a.updates()).ok());
+  NF_ASSERT_OK(b.SetUpdates(a.updates()));
   for (int t = 3; t <= 4; ++t) {
     SetScaledGrads(grads_a, SignedGrads(t));
     SetScaledGrads(grads_b, SignedGrads(t));
-    ASSERT_TRUE(a.Step(1e-2f, kLossScale).ok());
-    ASSERT_TRUE(b.Step(1e-2f, kLossScale).ok());
+    NF_ASSERT_OK(a.Step(1e-2f, kLossScale));
+    NF_ASSERT_OK(b.Step(1e-2f, kLossScale));
   }
   EXPECT_EQ(b.updates(), 4);
   EXPECT_EQ(Bytes(model_b), Bytes(model_a));
@@ -645,10 +645,10 @@ BoundaryCase StepOneElement(DType dtype, float start, float grad, float lr) {
   const Tensor grads = MakeTensor(DType::kF32, {1}, {grad});
   MixedPrecisionAdamW opt =
       MakeOptimizer(model, grads, config, {{.offset = 0, .length = 1, .weight_decay = false}});
-  EXPECT_TRUE(CopyFromFloats(opt.master(), std::vector<float>{start}).ok());
+  NF_EXPECT_OK(CopyFromFloats(opt.master(), std::vector<float>{start}));
   BoundaryCase result{};
   const absl::StatusOr<bool> would = opt.UpdateWouldOverflow(lr, std::abs(grad));
-  EXPECT_TRUE(would.ok()) << would.status();
+  NF_EXPECT_OK(would);
   result.would_overflow = would.ok() && *would;
   NF_EXPECT_OK(opt.Update(lr, std::abs(grad)));
   result.master = static_cast<float>(ToDoubles(opt.master())[0]);

@@ -60,20 +60,20 @@ TrainConfig SmallConfig(TrainOptions::Precision precision, int64_t train_iters) 
   train.mutable_optimizer()->set_lr(1e-2f);
   train.mutable_lr_schedule()->set_warmup_iters(std::min<int64_t>(10, train_iters));
   config.mutable_data()->mutable_synthetic()->set_branching(2);
-  EXPECT_TRUE(ValidateTrainConfig(config).ok()) << ValidateTrainConfig(config);
+  NF_EXPECT_OK(ValidateTrainConfig(config));
   return config;
 }
 
 std::unique_ptr<Trainer> MakeTrainer(const TrainConfig& config) {
   absl::StatusOr<std::unique_ptr<Trainer>> trainer = Trainer::Create(config);
-  EXPECT_TRUE(trainer.ok()) << trainer.status();
+  NF_EXPECT_OK(trainer);
   if (!trainer.ok()) std::abort();
   return *std::move(trainer);
 }
 
 StepStats Step(Trainer& trainer) {
   absl::StatusOr<StepStats> stats = trainer.TrainStep();
-  EXPECT_TRUE(stats.ok()) << stats.status();
+  NF_EXPECT_OK(stats);
   if (!stats.ok()) std::abort();
   return *stats;
 }
@@ -190,8 +190,8 @@ TEST(TrainerTest, RunsAreBitIdenticalExceptWallTime) {
   config.mutable_model()->set_dropout(0.1f);
   const TempDir first("determinism_a"), second("determinism_b");
   std::ostringstream console;
-  ASSERT_TRUE(RunTraining(config, first.path().string(), console).ok());
-  ASSERT_TRUE(RunTraining(config, second.path().string(), console).ok());
+  NF_ASSERT_OK(RunTraining(config, first.path().string(), console));
+  NF_ASSERT_OK(RunTraining(config, second.path().string(), console));
   const std::vector<std::string> a = Lines(ReadFile(first.path() / "log.jsonl"));
   const std::vector<std::string> b = Lines(ReadFile(second.path() / "log.jsonl"));
   ASSERT_EQ(a.size(), 12u);
@@ -396,7 +396,7 @@ TEST(TrainerTest, BlockGradNormsAddUpToTheGlobalNorm) {
   const StepStats plain = Step(*trainer);
   EXPECT_TRUE(plain.block_grad_norms.empty()) << "measured only when asked";
   absl::StatusOr<StepStats> measured = trainer->TrainStep(/*block_grad_norms=*/true);
-  ASSERT_TRUE(measured.ok()) << measured.status();
+  NF_ASSERT_OK(measured);
   // Embedding, the 2 layers, head: every parameter in exactly one block.
   const std::vector<std::string> names = {"embedding", "0", "1", "head"};
   ASSERT_EQ(measured->block_grad_norms.size(), names.size());
@@ -426,7 +426,7 @@ TEST(TrainerTest, CudaDeviceNeedsAGpu) {
   auto trainer = Trainer::Create(config);
   if (nf::ops::GpuCount() > 0) {
     // A GPU machine: the run trains there (tests/gpu checks what it computes).
-    ASSERT_TRUE(trainer.ok()) << trainer.status();
+    NF_ASSERT_OK(trainer);
     EXPECT_EQ((*trainer)->chunks().front()->params().params().device(), Device::Cuda(0));
     return;
   }
@@ -445,7 +445,7 @@ TEST(TrainerTest, CudaWithSeveralRanksNeedsAGpu) {
   config.mutable_parallel()->set_tensor_parallel(2);
   nf::parallel::ProcessGroups groups = nf::parallel::SingleProcessGroups();
   auto topology = nf::parallel::Topology::Create(2, 0, {.tp = 2});
-  ASSERT_TRUE(topology.ok()) << topology.status();
+  NF_ASSERT_OK(topology);
   groups.topology = *topology;
   auto trainer = Trainer::Create(config, groups);
   ASSERT_FALSE(trainer.ok());
@@ -484,11 +484,11 @@ TEST(RunTrainingTest, WritesResolvedConfigAndOneRecordPerStep) {
   const TempDir dir("run_training");
   const std::string run_dir = (dir.path() / "nested" / "run").string();  // created as needed
   std::ostringstream console;
-  ASSERT_TRUE(RunTraining(config, run_dir, console).ok());
+  NF_ASSERT_OK(RunTraining(config, run_dir, console));
 
   // config.pbtxt reads back to the same configuration.
   const absl::StatusOr<TrainConfig> reread = LoadTrainConfig(run_dir + "/config.pbtxt", {});
-  ASSERT_TRUE(reread.ok()) << reread.status();
+  NF_ASSERT_OK(reread);
   std::string difference;
   MessageDifferencer differencer;
   differencer.set_message_field_comparison(MessageDifferencer::EQUIVALENT);

@@ -66,7 +66,7 @@ std::vector<Config> AllConfigs() {
 
 std::vector<std::vector<Action>> BuildAll(const Config& c) {
   auto schedules = BuildAllSchedules(c.kind, c.p, c.m, c.v);
-  EXPECT_TRUE(schedules.ok()) << c.Name() << ": " << schedules.status();
+  NF_EXPECT_OK(schedules) << c.Name();
   return schedules.ok() ? *std::move(schedules) : std::vector<std::vector<Action>>();
 }
 
@@ -164,11 +164,10 @@ TEST(PipelineScheduleTest, ListsPairUpAndNeverDeadlock) {
   for (const Config& c : AllConfigs()) {
     if (!Valid(c)) continue;
     const std::vector<std::vector<Action>> schedules = BuildAll(c);
-    EXPECT_TRUE(CheckSchedulePairing(schedules).ok())
-        << c.Name() << ": " << CheckSchedulePairing(schedules);
+    NF_EXPECT_OK(CheckSchedulePairing(schedules)) << c.Name();
     for (int64_t backward_time : {1, 2}) {
       auto run = SimulateSchedules(schedules, {.forward_time = 1, .backward_time = backward_time});
-      EXPECT_TRUE(run.ok()) << c.Name() << ": " << run.status();
+      NF_EXPECT_OK(run) << c.Name();
     }
   }
 }
@@ -223,7 +222,7 @@ TEST(PipelineScheduleTest, BubbleIsTheTextbookFraction) {
     if (!Valid(c)) continue;
     const std::vector<std::vector<Action>> schedules = BuildAll(c);
     auto run = SimulateSchedules(schedules, {.forward_time = 1, .backward_time = 1});
-    ASSERT_TRUE(run.ok()) << c.Name() << ": " << run.status();
+    NF_ASSERT_OK(run) << c.Name();
     const int steps = c.m * c.v;
     EXPECT_EQ(run->makespan, 2 * (steps + c.p - 1)) << c.Name();
     for (int r = 0; r < c.p; ++r) EXPECT_EQ(run->busy[r], 2 * steps) << c.Name() << " rank " << r;
@@ -231,7 +230,7 @@ TEST(PipelineScheduleTest, BubbleIsTheTextbookFraction) {
     EXPECT_EQ(run->idle_fraction, static_cast<double>(c.p - 1) / (c.v * c.m + c.p - 1)) << c.Name();
     if (c.kind != ScheduleKind::kInterleavedOneFOneB) {
       auto slow = SimulateSchedules(schedules, {.forward_time = 1, .backward_time = 2});
-      ASSERT_TRUE(slow.ok()) << c.Name() << ": " << slow.status();
+      NF_ASSERT_OK(slow) << c.Name();
       EXPECT_EQ(slow->makespan, 3 * (c.m + c.p - 1)) << c.Name();
       EXPECT_EQ(slow->idle_fraction, static_cast<double>(c.p - 1) / (c.m + c.p - 1)) << c.Name();
     }
@@ -242,7 +241,7 @@ TEST(PipelineScheduleTest, BubbleIsTheTextbookFraction) {
 TEST(PipelineScheduleTest, SmallCasesInFull) {
   auto order = [](ScheduleKind kind, int p, int r, int m, int v) {
     auto list = BuildSchedule(kind, p, r, m, v);
-    EXPECT_TRUE(list.ok()) << list.status();
+    NF_EXPECT_OK(list);
     return list.ok() ? ComputeOrder(*list, v > 1) : "";
   };
   EXPECT_EQ(order(ScheduleKind::kGPipe, 2, 1, 3, 1), "F0 F1 F2 B2 B1 B0");
@@ -262,13 +261,13 @@ TEST(PipelineScheduleTest, SmallCasesInFull) {
   // With the transfers: 1F1B, p = 2, m = 2.
   using A = Action;
   auto rank0 = BuildSchedule(ScheduleKind::kOneFOneB, 2, 0, 2);
-  ASSERT_TRUE(rank0.ok()) << rank0.status();
+  NF_ASSERT_OK(rank0);
   EXPECT_THAT(*rank0, ElementsAre(Make(A::kForward, 0), Make(A::kSendActivation, 0, 0, 1),
                                   Make(A::kForward, 1), Make(A::kSendActivation, 1, 0, 1),
                                   Make(A::kRecvGrad, 0, 0, 1), Make(A::kBackward, 0),
                                   Make(A::kRecvGrad, 1, 0, 1), Make(A::kBackward, 1)));
   auto rank1 = BuildSchedule(ScheduleKind::kOneFOneB, 2, 1, 2);
-  ASSERT_TRUE(rank1.ok()) << rank1.status();
+  NF_ASSERT_OK(rank1);
   EXPECT_THAT(*rank1, ElementsAre(Make(A::kRecvActivation, 0, 0, 0), Make(A::kForward, 0),
                                   Make(A::kBackward, 0), Make(A::kSendGrad, 0, 0, 0),
                                   Make(A::kRecvActivation, 1, 0, 0), Make(A::kForward, 1),
@@ -276,11 +275,11 @@ TEST(PipelineScheduleTest, SmallCasesInFull) {
   // Interleaved wraps from the last rank to the first: rank 1's chunk 0 (stage 1) feeds rank
   // 0's chunk 1 (stage 2), whose gradient goes back to it; rank 1's chunk 1 is the last stage.
   auto wrap0 = BuildSchedule(ScheduleKind::kInterleavedOneFOneB, 2, 0, 2, 2);
-  ASSERT_TRUE(wrap0.ok()) << wrap0.status();
+  NF_ASSERT_OK(wrap0);
   EXPECT_THAT(*wrap0, Contains(Make(A::kRecvActivation, 0, 1, 1)));
   EXPECT_THAT(*wrap0, Contains(Make(A::kSendGrad, 0, 1, 1)));
   auto wrap1 = BuildSchedule(ScheduleKind::kInterleavedOneFOneB, 2, 1, 2, 2);
-  ASSERT_TRUE(wrap1.ok()) << wrap1.status();
+  NF_ASSERT_OK(wrap1);
   EXPECT_THAT(*wrap1, Contains(Make(A::kSendActivation, 0, 0, 0)));
   EXPECT_THAT(*wrap1, Contains(Make(A::kRecvGrad, 0, 0, 0)));
   EXPECT_THAT(*wrap1, Not(Contains(Make(A::kSendActivation, 0, 1, 0))));
@@ -299,7 +298,7 @@ TEST(PipelineScheduleTest, SimulatorReportsDeadlock) {
        Make(A::kBackward, 0)},
       {Make(A::kRecvActivation, 0, 0, 0), Make(A::kForward, 0), Make(A::kBackward, 0),
        Make(A::kSendGrad, 0, 0, 0)}};
-  EXPECT_TRUE(CheckSchedulePairing(lists).ok()) << CheckSchedulePairing(lists);
+  NF_EXPECT_OK(CheckSchedulePairing(lists));
   auto run = SimulateSchedules(lists);
   EXPECT_EQ(run.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(run.status().message(),
@@ -310,7 +309,7 @@ TEST(PipelineScheduleTest, SimulatorReportsDeadlock) {
 // Sends out of order: a blocking receive would take the wrong micro-batch's tensor.
 TEST(PipelineScheduleTest, CheckerAndSimulatorReportMismatchedOrder) {
   auto lists = BuildAllSchedules(ScheduleKind::kOneFOneB, 2, 2);
-  ASSERT_TRUE(lists.ok()) << lists.status();
+  NF_ASSERT_OK(lists);
   std::vector<Action>& rank0 = (*lists)[0];
   ASSERT_EQ(rank0[1].kind, Action::kSendActivation);
   ASSERT_EQ(rank0[3].kind, Action::kSendActivation);
@@ -327,7 +326,7 @@ TEST(PipelineScheduleTest, CheckerAndSimulatorReportMismatchedOrder) {
 
   // A dropped receive: the send is left over.
   auto dropped = BuildAllSchedules(ScheduleKind::kOneFOneB, 2, 1);
-  ASSERT_TRUE(dropped.ok()) << dropped.status();
+  NF_ASSERT_OK(dropped);
   ASSERT_EQ((*dropped)[0][2].kind, Action::kRecvGrad);
   (*dropped)[0].erase((*dropped)[0].begin() + 2);
   EXPECT_EQ(CheckSchedulePairing(*dropped).message(),
@@ -339,7 +338,7 @@ TEST(PipelineScheduleTest, CheckerAndSimulatorReportMismatchedOrder) {
 
   // A wrong peer.
   auto misrouted = BuildAllSchedules(ScheduleKind::kGPipe, 3, 1);
-  ASSERT_TRUE(misrouted.ok()) << misrouted.status();
+  NF_ASSERT_OK(misrouted);
   (*misrouted)[0][1].peer = 2;
   EXPECT_EQ(CheckSchedulePairing(*misrouted).message(),
             "rank 0 action 1 (send_activation mb 0 chunk 0 to rank 2) transfers the activation "
@@ -500,8 +499,8 @@ TEST(PipelineScheduleTest, RefusalsSayWhatWouldWork) {
 }
 
 TEST(PipelineScheduleTest, LayerSplit) {
-  EXPECT_TRUE(CheckLayerSplit(12, 2, 3).ok());
-  EXPECT_TRUE(CheckLayerSplit(6, 1).ok());
+  NF_EXPECT_OK(CheckLayerSplit(12, 2, 3));
+  NF_EXPECT_OK(CheckLayerSplit(6, 1));
   ExpectInvalidArgument(CheckLayerSplit(6, 4, 1),
                         "model.num_layers (6) does not split into pipeline_parallel 4 x "
                         "virtual_stages 1 = 4 equal stages; use 2, 3 or 6 stages");
@@ -515,7 +514,7 @@ TEST(PipelineScheduleTest, LayerSplit) {
   EXPECT_THAT(StageLayers(7, 2), ElementsAre(Pair(0, 4), Pair(4, 7)));
   const int split[] = {1, 3, 2};
   auto explicit_split = StageLayers(6, 3, 1, split);
-  ASSERT_TRUE(explicit_split.ok()) << explicit_split.status();
+  NF_ASSERT_OK(explicit_split);
   EXPECT_THAT(*explicit_split, ElementsAre(Pair(0, 1), Pair(1, 4), Pair(4, 6)));
   const int too_few[] = {3, 3};
   ExpectInvalidArgument(StageLayers(6, 3, 1, too_few).status(),
