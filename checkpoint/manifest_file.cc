@@ -80,6 +80,16 @@ std::string FrameManifestPayload(absl::string_view payload) {
 
 absl::StatusOr<Manifest> DecodeManifest(absl::string_view bytes, absl::string_view where) {
   if (bytes.size() < kHeaderBytes || std::memcmp(bytes.data(), kMagic, 7) != 0) {
+    // Format 1 was the bare message: say so rather than call an older build's file corrupt.
+    Manifest first;
+    if (first.ParseFromArray(bytes.data(), static_cast<int>(bytes.size())) &&
+        first.format_version() == 1) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          where,
+          ": manifest format 1, written by an older build without a manifest checksum; "
+          "this build reads format ",
+          kFormatVersion, " (resume or export it with that build)"));
+    }
     return Corrupt(where, "not a normformer manifest (bad magic: the file is corrupt)");
   }
   if (bytes[7] != kMagic[7]) {
@@ -89,8 +99,9 @@ absl::StatusOr<Manifest> DecodeManifest(absl::string_view bytes, absl::string_vi
   }
   const uint64_t length = GetLittleEndian(bytes.data() + 8, 8);
   if (length != bytes.size() - kHeaderBytes) {
-    return Corrupt(where, absl::StrCat("the header says ", length, " bytes of manifest, the file has ",
-                                       bytes.size() - kHeaderBytes, " (truncated or corrupt)"));
+    return Corrupt(where,
+                   absl::StrCat("the header says ", length, " bytes of manifest, the file has ",
+                                bytes.size() - kHeaderBytes, " (truncated or corrupt)"));
   }
   const absl::string_view payload = bytes.substr(kHeaderBytes);
   if (Crc32c(payload.data(), payload.size()) != GetLittleEndian(bytes.data() + 16, 4)) {
@@ -101,9 +112,9 @@ absl::StatusOr<Manifest> DecodeManifest(absl::string_view bytes, absl::string_vi
     return Corrupt(where, "does not parse although its checksum matches (written by a bad build?)");
   }
   if (manifest.format_version() != kFormatVersion) {
-    return absl::FailedPreconditionError(absl::StrCat(where, ": format version ",
-                                                      manifest.format_version(),
-                                                      "; this build reads version ", kFormatVersion));
+    return absl::FailedPreconditionError(
+        absl::StrCat(where, ": format version ", manifest.format_version(),
+                     "; this build reads version ", kFormatVersion));
   }
   if (absl::Status valid = ValidateManifest(manifest, where); !valid.ok()) return valid;
   return manifest;
@@ -157,7 +168,8 @@ absl::Status ValidateManifest(const Manifest& manifest, absl::string_view where)
     int64_t covered = 0;
     for (const auto& [offset, end] : pieces) {
       if (offset != covered) {
-        return Corrupt(where, absl::StrCat("the pieces of ", name, offset < covered ? " overlap" : " leave a gap",
+        return Corrupt(where, absl::StrCat("the pieces of ", name,
+                                           offset < covered ? " overlap" : " leave a gap",
                                            " at byte ", std::min(offset, covered)));
       }
       covered = end;

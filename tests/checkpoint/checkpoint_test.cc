@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "checkpoint/checkpoint_test_util.h"
 #include "checkpoint/convert.h"
 #include "checkpoint/crc32c.h"
 #include "checkpoint/durable_files.h"
@@ -21,7 +22,6 @@
 #include "launcher/config.h"
 #include "launcher/trainer.h"
 #include "parallel/local_communicator.h"
-#include "checkpoint/checkpoint_test_util.h"
 #include "training_test_util.h"
 
 namespace nf::checkpoint {
@@ -291,11 +291,13 @@ TEST_F(BadCheckpointTest, WrongFormatVersion) {
 }
 
 TEST_F(BadCheckpointTest, ManifestOfTheFirstFormat) {
-  // Format 1 was the bare protobuf message: refused by its missing magic, not misread.
+  // Format 1 was the bare protobuf message: refused as what it is, not misread.
   Manifest manifest = *ReadManifest(saved_);
   manifest.set_format_version(1);
   NF_ASSERT_OK(ReplaceFileAtomically(saved_ / kManifestName, manifest.SerializeAsString()));
-  ExpectRefused(config_, "manifest.pb: not a normformer manifest (bad magic");
+  ExpectRefused(config_,
+                "manifest.pb: manifest format 1, written by an older build without a "
+                "manifest checksum; this build reads format 2");
 }
 
 TEST_F(BadCheckpointTest, GarbageManifest) {
