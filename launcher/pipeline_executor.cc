@@ -81,9 +81,8 @@ absl::Status PipelineExecutor::Annotate(const absl::Status& status, const Action
       what = absl::StrCat("receive of the gradient from rank ", a.peer);
       break;
   }
-  return absl::Status(status.code(),
-                      absl::StrCat("stage ", stages_[a.model_chunk]->stage(), " ", what,
-                                   " of micro-batch ", a.micro_batch, ": ", status.message()));
+  return WithContext(status, absl::StrCat("stage ", stages_[a.model_chunk]->stage(), " ", what,
+                                          " of micro-batch ", a.micro_batch));
 }
 
 absl::Status PipelineExecutor::CompleteSend(size_t index, bool train) {
