@@ -1,13 +1,19 @@
 // nf-ckpt as a user runs it: help, inspect and verify of a good checkpoint (found through a run's
-// `latest`), and a damaged one refused with exit code 1 and one line naming the problem.
+// `latest`), and damaged ones refused with exit code 1, a line naming each bad tensor record
+// (a checksum, a non-finite value) and one of summary.
 #include <unistd.h>
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "checkpoint/crc32c.h"
+#include "checkpoint/durable_files.h"
+#include "checkpoint/load.h"
 #include "checkpoint/save.h"
 #include "cli_util.h"
 #include "gmock/gmock.h"
@@ -98,6 +104,34 @@ TEST_F(NfCkptCliTest, ADamagedCheckpointFailsWithOneLinePerBadRecord) {
   const Outcome usage = Run({"convert", (dir_ / "checkpoints").string(), "--tp", "2"});
   EXPECT_EQ(usage.exit_code, 2);
   EXPECT_THAT(usage.err, HasSubstr("convert needs --pp"));
+}
+
+// A checkpoint holding inf in two tensors (written by hand, checksums made to match): verify
+// names each of them, as non-finite, and fails.
+TEST_F(NfCkptCliTest, VerifyNamesEveryNonFiniteTensor) {
+  const fs::path saved = dir_ / "checkpoints" / "iter_0000001";
+  Manifest manifest = *ReadManifest(saved);
+  std::vector<std::string> poisoned;
+  for (const int record : {0, 5}) {
+    TensorRecord& r = *manifest.mutable_tensors(record);
+    ASSERT_EQ(r.dtype(), "f32");
+    Piece& piece = *r.mutable_pieces(0);
+    std::string shard = *ReadWholeFile(saved / piece.file());
+    const float inf = std::numeric_limits<float>::infinity();
+    std::memcpy(shard.data() + piece.offset(), &inf, sizeof(inf));
+    piece.set_crc32c(Crc32c(shard.data() + piece.offset(), static_cast<size_t>(piece.length())));
+    NF_ASSERT_OK(ReplaceFileAtomically(saved / piece.file(), shard));
+    poisoned.push_back(absl::StrCat(r.name(), " (", TensorRecord::Kind_Name(r.kind()), ")"));
+  }
+  NF_ASSERT_OK(ReplaceFileAtomically(saved / kManifestName, EncodeManifest(manifest)));
+  const Outcome verify = Run({"verify", saved.string()});
+  EXPECT_EQ(verify.exit_code, 1);
+  const std::vector<std::string> lines = Lines(verify.err);
+  ASSERT_EQ(lines.size(), 3u) << verify.err;
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_THAT(lines[i], HasSubstr(poisoned[i] + " holds 1 non-finite values"));
+  }
+  EXPECT_THAT(lines[2], HasSubstr(": 2 of "));
 }
 
 }  // namespace
