@@ -17,6 +17,7 @@
 #include "checkpoint/save.h"
 #include "core/status.h"
 #include "google/protobuf/text_format.h"
+#include "google/protobuf/util/message_differencer.h"
 #include "launcher/config.h"
 #include "launcher/gemm_ceiling.h"
 #include "launcher/jsonl_log.h"
@@ -46,29 +47,30 @@ absl::Status WriteFileAtomically(const std::filesystem::path& path, const std::s
   return absl::OkStatus();
 }
 
-// The settings that define the training data stream, as "field: checkpoint's -> this run's" for
-// each that differs from the config the checkpoint was written with.
+// The settings that define the training data stream, as "field A -> B" for each that differs
+// between the config the checkpoint was written with and this run's (both resolved: defaults
+// filled in, as the checkpoint stores it).
 std::vector<std::string> DataSettingsChanged(const checkpoint::Manifest& manifest,
                                              const TrainConfig& config) {
-  TrainConfig saved;
-  if (!google::protobuf::TextFormat::ParseFromString(manifest.train_config(), &saved)) {
-    return {"the checkpoint's train_config does not parse"};
+  TrainConfig saved, now;
+  if (!google::protobuf::TextFormat::ParseFromString(manifest.train_config(), &saved) ||
+      !google::protobuf::TextFormat::ParseFromString(ResolvedConfigText(config), &now)) {
+    return {"a train config that does not parse"};
   }
   std::vector<std::string> changed;
-  const auto compare = [&](const std::string& field, const google::protobuf::Message& before,
-                           const google::protobuf::Message& now) {
-    std::string a, b;
-    google::protobuf::TextFormat::PrintToString(before, &a);
-    google::protobuf::TextFormat::PrintToString(now, &b);
-    if (a != b) changed.push_back(absl::StrCat(field, " {", a, "} -> {", b, "}"));
+  const auto compare = [&](absl::string_view field, const google::protobuf::Message& before,
+                           const google::protobuf::Message& after) {
+    if (google::protobuf::util::MessageDifferencer::Equals(before, after)) return;
+    changed.push_back(absl::StrCat(field, " {", before.ShortDebugString(), "} -> {",
+                                   after.ShortDebugString(), "}"));
   };
-  compare("data", saved.data(), config.data());
-  if (saved.train().seed() != config.train().seed()) {
-    changed.push_back(absl::StrCat("train.seed ", saved.train().seed(), " -> ", config.train().seed()));
+  compare("data", saved.data(), now.data());
+  if (saved.train().seed() != now.train().seed()) {
+    changed.push_back(absl::StrCat("train.seed ", saved.train().seed(), " -> ", now.train().seed()));
   }
-  if (saved.train().seq_len() != config.train().seq_len()) {
+  if (saved.train().seq_len() != now.train().seq_len()) {
     changed.push_back(
-        absl::StrCat("train.seq_len ", saved.train().seq_len(), " -> ", config.train().seq_len()));
+        absl::StrCat("train.seq_len ", saved.train().seq_len(), " -> ", now.train().seq_len()));
   }
   return changed;
 }

@@ -2,7 +2,8 @@
 # nf-launch as a user meets it when something is wrong with the checkpoints of a run:
 #   1. one rank's shard is corrupt: the job fails naming it, and no rank prints "resumed";
 #   2. `latest` was deleted: the run resumes from the newest checkpoint that verifies, with a
-#      warning naming both, instead of starting again from step 0;
+#      warning naming both, instead of starting again from step 0; a changed data setting
+#      (the seed) resumes with a warning naming it, an unchanged config without one;
 #   3. an fp16 run blowing up (lr 1e6): no checkpoint is written while its steps are skipped,
 #      every one left verifies, and the run's last word names one that does (or none).
 #
@@ -57,6 +58,13 @@ rm "$run/checkpoints/latest"
 [[ $(count "resumed from $ckpt at step 6" "$work/no_latest.log") == 1 ]] ||
   fail "'resumed from ... at step 6' not printed exactly once"
 grep -q '"step":7,' "$run/log.jsonl" || fail "the resumed run did not continue at step 7"
+[[ $(count "warning: resuming with" "$work/no_latest.log") == 0 ]] ||
+  fail "a warning about changed data settings although none changed"
+# Another seed reshuffles the data: resumed, but not silently.
+"${mpirun[@]}" -np 2 "$nf_launch" "${two_stages[@]}" --set train.train_iters=10 \
+  --set train.seed=7 >"$work/seed.log" 2>&1 || fail "the run with another seed failed"
+[[ $(count "warning: resuming with train.seed " "$work/seed.log") == 1 ]] ||
+  fail "no warning naming the changed train.seed"
 
 # 3. The finding's command: fp16 with lr 1e6. Step 1's update (lr 1e6 / 30 in warmup) is
 # finite; from step 2 every step is skipped. No interval save happens during the skipped steps
