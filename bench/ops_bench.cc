@@ -161,13 +161,18 @@ void BM_AttentionBackward(benchmark::State& state) {
 
 // ---- AdamW: reads params, grads, m, v; writes params, m, v (28 bytes per parameter) ------------
 
+// Fresh AdamW buffers for n fp32 parameters.
+ops::AdamWArgs AdamWArgsOf(int64_t n) {
+  return {.params = Random(DType::kF32, {n}),
+          .grads = Random(DType::kF32, {n}),
+          .exp_avg = Zeros(DType::kF32, {n}),
+          .exp_avg_sq = Zeros(DType::kF32, {n}),
+          .weight_decay = 0.01f};
+}
+
 void BM_AdamW(benchmark::State& state) {
   const int64_t n = state.range(0);
-  ops::AdamWArgs args{.params = Random(DType::kF32, {n}),
-                      .grads = Random(DType::kF32, {n}),
-                      .exp_avg = Zeros(DType::kF32, {n}),
-                      .exp_avg_sq = Zeros(DType::kF32, {n}),
-                      .weight_decay = 0.01f};
+  ops::AdamWArgs args = AdamWArgsOf(n);
   int64_t step = 0;
   Run(state, 0, 28.0 * n, [&] {
     args.step = ++step;
@@ -181,11 +186,7 @@ void BM_AdamW(benchmark::State& state) {
 template <DType kModel>
 void BM_AdamWWouldOverflow(benchmark::State& state) {
   const int64_t n = state.range(0);
-  ops::AdamWArgs args{.params = Random(DType::kF32, {n}),
-                      .grads = Random(DType::kF32, {n}),
-                      .exp_avg = Zeros(DType::kF32, {n}),
-                      .exp_avg_sq = Zeros(DType::kF32, {n}),
-                      .weight_decay = 0.01f};
+  const ops::AdamWArgs args = AdamWArgsOf(n);
   const Tensor found = Zeros(DType::kF32, {1});
   Run(state, 0, 16.0 * n, [&] { return ops::AdamWWouldOverflow(args, 1.0f, kModel, found); });
 }
