@@ -96,9 +96,9 @@ absl::StatusOr<AssembledTensor> AssembleTensor(const fs::path& dir, const Manife
   }
   const NonFinite bad = FindNonFinite(a.global.raw_data(), numel, a.global.dtype());
   if (bad.count > 0) {
-    return Corrupt(dir, absl::StrCat(what, " holds ", bad.count, " non-finite values of ", numel,
-                                     " (the first at element ", bad.first,
-                                     "): not a state to train from"));
+    return Corrupt(
+        dir, absl::StrCat(what, " holds ", bad.count, " non-finite values of ", numel,
+                          " (the first at element ", bad.first, "): not a state to train from"));
   }
   return a;
 }

@@ -87,10 +87,11 @@ absl::StatusOr<ResumePoint> FindResumePoint(const fs::path& checkpoints_dir) {
   std::string latest_problem;
   if (latest.ok()) {
     absl::StatusOr<Manifest> manifest = ReadManifest(*latest);
-    if (manifest.ok()) return ResumePoint{.dir = *latest, .manifest = *std::move(manifest), .warning = ""};
-    latest_problem = absl::StrCat((checkpoints_dir / kLatestName).string(), " names ",
-                                  latest->filename().string(), ", which fails: ",
-                                  manifest.status().message());
+    if (manifest.ok())
+      return ResumePoint{.dir = *latest, .manifest = *std::move(manifest), .warning = ""};
+    latest_problem =
+        absl::StrCat((checkpoints_dir / kLatestName).string(), " names ",
+                     latest->filename().string(), ", which fails: ", manifest.status().message());
   } else if (absl::IsNotFound(latest.status())) {
     if (steps.empty()) return latest.status();  // a fresh run
     latest_problem = absl::StrCat((checkpoints_dir / kLatestName).string(), " is missing");
@@ -125,13 +126,13 @@ absl::StatusOr<Manifest> ReadManifest(const fs::path& dir) {
                                             ": it is incomplete or not a checkpoint"));
   }
   NF_ASSIGN_OR_RETURN(const std::string bytes, ReadWholeFile(path));
-  NF_ASSIGN_OR_RETURN(Manifest manifest,
-                      DecodeManifest(bytes, absl::StrCat("checkpoint ", dir.string(), ": ",
-                                                         kManifestName)));
+  NF_ASSIGN_OR_RETURN(
+      Manifest manifest,
+      DecodeManifest(bytes, absl::StrCat("checkpoint ", dir.string(), ": ", kManifestName)));
   // A directory named for a step holds that step (a renamed or mixed-up directory would resume
   // at the wrong step); a copy under another name is taken at its manifest's word.
-  const std::string name = dir.filename().empty() ? dir.parent_path().filename().string()
-                                                  : dir.filename().string();
+  const std::string name =
+      dir.filename().empty() ? dir.parent_path().filename().string() : dir.filename().string();
   int64_t named_step = 0;
   if (ParseIterationDirName(name, named_step) && named_step != manifest.step()) {
     return Corrupt(dir, absl::StrCat("the manifest holds step ", manifest.step(),

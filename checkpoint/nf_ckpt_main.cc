@@ -82,11 +82,11 @@ absl::Status Inspect(const fs::path& dir, const Manifest& m, bool tensors) {
       "(virtual stages %d%s)\n  model: %d layers, d_model %d, %d heads, ffn %d, vocab %d\n"
       "  %d shard files, %d bytes; %d tensor records\n",
       dir.string(), m.format_version(), m.step(), m.consumed_samples(), m.data_stream_samples(),
-      m.optimizer_updates(),
-      layout.tensor_parallel(), layout.pipeline_parallel(), layout.data_parallel(),
-      layout.virtual_stages(), layout.distributed_optimizer() ? ", ZeRO-1" : "",
-      m.model().num_layers(), m.model().d_model(), m.model().num_heads(), m.model().ffn_dim(),
-      m.model().vocab_size(), m.files_size(), bytes, m.tensors_size());
+      m.optimizer_updates(), layout.tensor_parallel(), layout.pipeline_parallel(),
+      layout.data_parallel(), layout.virtual_stages(),
+      layout.distributed_optimizer() ? ", ZeRO-1" : "", m.model().num_layers(), m.model().d_model(),
+      m.model().num_heads(), m.model().ffn_dim(), m.model().vocab_size(), m.files_size(), bytes,
+      m.tensors_size());
   if (m.has_loss_scaler()) std::cout << "  loss scale " << m.loss_scaler().scale() << "\n";
   if (!tensors) return absl::OkStatus();
   for (const TensorRecord& r : m.tensors()) {
@@ -124,9 +124,10 @@ absl::Status Verify(const fs::path& dir, const Manifest& m) {
     return absl::DataLossError(absl::StrFormat("%s: %d of %d tensor records fail (listed above)",
                                                dir.string(), failed, m.tensors_size()));
   }
-  std::cout << absl::StrFormat("%s: OK, manifest checksum and %d tensor records (%d elements, all "
-                               "finite) verified\n",
-                               dir.string(), m.tensors_size(), elements);
+  std::cout << absl::StrFormat(
+      "%s: OK, manifest checksum and %d tensor records (%d elements, all "
+      "finite) verified\n",
+      dir.string(), m.tensors_size(), elements);
   return absl::OkStatus();
 }
 

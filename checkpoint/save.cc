@@ -152,14 +152,14 @@ absl::StatusOr<Manifest> WriteSnapshot(const fs::path& staging, ShardSnapshot& s
   for (TensorRecord& record : *shard.fragment.mutable_tensors()) {
     const DType dtype = *ParseDType(record.dtype());  // written by Snapshot
     for (Piece& piece : *record.mutable_pieces()) {
-      const NonFinite bad = FindNonFinite(shard.bytes.get() + piece.offset(),
-                                          piece.end() - piece.begin(), dtype);
+      const NonFinite bad =
+          FindNonFinite(shard.bytes.get() + piece.offset(), piece.end() - piece.begin(), dtype);
       if (bad.count > 0) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "checkpoint not saved: ", record.name(), " (", TensorRecord::Kind_Name(record.kind()),
-            ") holds ", bad.count, " non-finite values on rank ", world_rank,
-            " (the first at element ", piece.begin() + bad.first,
-            "); the training state is not finite"));
+        return absl::FailedPreconditionError(
+            absl::StrCat("checkpoint not saved: ", record.name(), " (",
+                         TensorRecord::Kind_Name(record.kind()), ") holds ", bad.count,
+                         " non-finite values on rank ", world_rank, " (the first at element ",
+                         piece.begin() + bad.first, "); the training state is not finite"));
       }
       piece.set_crc32c(
           Crc32c(shard.bytes.get() + piece.offset(), static_cast<size_t>(piece.length())));
@@ -360,7 +360,8 @@ std::vector<int64_t> CheckpointSteps(const fs::path& checkpoints_dir) {
   std::error_code error;
   for (const fs::directory_entry& entry : fs::directory_iterator(checkpoints_dir, error)) {
     int64_t step = 0;
-    if (entry.is_directory(error) && ParseIterationDirName(entry.path().filename().string(), step)) {
+    if (entry.is_directory(error) &&
+        ParseIterationDirName(entry.path().filename().string(), step)) {
       steps.push_back(step);
     }
   }

@@ -41,7 +41,7 @@ inline std::array<OptimizerStateBuffer, 3> OptimizerStateBuffers(
 
 // The scalars of a run's progress.
 struct RunProgress {
-  int64_t step = 0;  // completed optimizer steps
+  int64_t step = 0;                 // completed optimizer steps
   int64_t consumed_samples = 0;     // samples of the training stream read so far
   int64_t data_stream_samples = 0;  // the size of that stream (the data loader's shuffle)
   int64_t optimizer_updates = 0;

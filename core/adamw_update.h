@@ -33,7 +33,8 @@ inline AdamWConstants MakeAdamWConstants(float lr, float beta1, float beta2, flo
 }
 
 // The new (param, exp_avg, exp_avg_sq) of one element:
-//   m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2; p -= decay p + step_size m / (sqrt(v)/sqrt(bc2) + eps)
+//   m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2; p -= decay p + step_size m / (sqrt(v)/sqrt(bc2) +
+//   eps)
 struct AdamWElement {
   float param, exp_avg, exp_avg_sq;
 };

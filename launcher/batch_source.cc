@@ -20,8 +20,7 @@ namespace {
 class SyntheticBatches final : public BatchSource {
  public:
   // Sample i of the stream is the corpus's walk first_walk + i.
-  SyntheticBatches(data::SyntheticCorpus corpus, uint64_t first_walk, Tensor inputs,
-                   Tensor targets)
+  SyntheticBatches(data::SyntheticCorpus corpus, uint64_t first_walk, Tensor inputs, Tensor targets)
       : corpus_(std::move(corpus)),
         first_walk_(first_walk),
         inputs_(std::move(inputs)),
@@ -146,13 +145,13 @@ absl::Status CheckDataFilesExist(const TrainConfig& config) {
 
 int64_t DefaultStreamSize(const TrainConfig& config, DataSplit split) {
   const TrainOptions& train = config.train();
-  const int64_t batches = split == DataSplit::kValidation ? train.eval_iters() : train.train_iters();
+  const int64_t batches =
+      split == DataSplit::kValidation ? train.eval_iters() : train.train_iters();
   return batches * train.global_batch_size();
 }
 
 absl::StatusOr<std::unique_ptr<BatchSource>> MakeBatchSource(const TrainConfig& config,
-                                                             DataSplit split,
-                                                             int64_t stream_size) {
+                                                             DataSplit split, int64_t stream_size) {
   if (!config.data().path().empty() || config.data().blend_size() > 0) {
     return MakeDatasetBatches(config, split,
                               stream_size > 0 ? stream_size : DefaultStreamSize(config, split));

@@ -66,7 +66,8 @@ std::vector<std::string> DataSettingsChanged(const checkpoint::Manifest& manifes
   };
   compare("data", saved.data(), now.data());
   if (saved.train().seed() != now.train().seed()) {
-    changed.push_back(absl::StrCat("train.seed ", saved.train().seed(), " -> ", now.train().seed()));
+    changed.push_back(
+        absl::StrCat("train.seed ", saved.train().seed(), " -> ", now.train().seed()));
   }
   if (saved.train().seq_len() != now.train().seq_len()) {
     changed.push_back(
@@ -120,10 +121,9 @@ absl::Status Resume(const TrainConfig& config, const std::filesystem::path& chec
                                            point->dir.string(), " (its error says why)"));
   }
   if (values[1] != -values[2]) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("the ranks found different checkpoints to resume from (steps ", -values[2],
-                     " to ", values[1], "): is ", checkpoints.string(),
-                     " the same directory on every node?"));
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the ranks found different checkpoints to resume from (steps ", -values[2], " to ",
+        values[1], "): is ", checkpoints.string(), " the same directory on every node?"));
   }
   if (!point || console == nullptr) return absl::OkStatus();
   if (!point->warning.empty()) *console << "normformer: warning: " << point->warning << "\n";
@@ -219,8 +219,8 @@ class TrainingRun {
         NF_RETURN_IF_ERROR(Validate(stats.step));
       }
       const checkpoint::CheckpointConfig& saving = config_.checkpoint();
-      interval_save_due_ = interval_save_due_ || (saving.save_interval() > 0 &&
-                                                  stats.step % saving.save_interval() == 0);
+      interval_save_due_ = interval_save_due_ ||
+                           (saving.save_interval() > 0 && stats.step % saving.save_interval() == 0);
       const bool last = stats.step == total;
       // A skipped step changed no parameter, and a run skipping steps may be failing: its
       // interval save waits for the next applied step, so that retention does not rotate the
@@ -421,16 +421,16 @@ class TrainingRun {
     if (!good.ok() && !absl::IsNotFound(good.status())) {
       named = absl::StrCat("(none: ", good.status().message(), ")");
     }
-    return absl::FailedPreconditionError(absl::StrFormat(
-        "%s at step %d (%s%s): stopping; the last good checkpoint is %s",
-        stats.skip_reason == optim::SkipReason::kUpdateOverflow
-            ? "an update overflowing the model dtype"
-            : "non-finite gradients",
-        stats.step, TrainOptions::Precision_Name(train.precision()),
-        fp16 ? absl::StrFormat(", %d consecutive skipped steps, loss scale %g",
-                               consecutive_skipped_, stats.loss_scale)
-             : "",
-        named));
+    return absl::FailedPreconditionError(
+        absl::StrFormat("%s at step %d (%s%s): stopping; the last good checkpoint is %s",
+                        stats.skip_reason == optim::SkipReason::kUpdateOverflow
+                            ? "an update overflowing the model dtype"
+                            : "non-finite gradients",
+                        stats.step, TrainOptions::Precision_Name(train.precision()),
+                        fp16 ? absl::StrFormat(", %d consecutive skipped steps, loss scale %g",
+                                               consecutive_skipped_, stats.loss_scale)
+                             : "",
+                        named));
   }
 
   TrainConfig config_;

@@ -27,8 +27,8 @@
 #include <memory>
 #include <vector>
 
-#include "absl/status/status.h"
 #include "absl/functional/function_ref.h"
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "core/optim/mixed_precision_optimizer.h"

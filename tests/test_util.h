@@ -12,9 +12,9 @@
 
 #include "absl/status/status.h"
 #include "core/tensor.h"
-#include "tests/assert_ok.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/assert_ok.h"
 
 namespace nf::testing {
 

@@ -16,8 +16,8 @@ absl::Status CpuBackend::AdamWStep(const ops::AdamWArgs& args) {
   const float* g = args.grads.data<float>();
   float* m = args.exp_avg.data<float>();
   float* v = args.exp_avg_sq.data<float>();
-  const AdamWConstants k = MakeAdamWConstants(args.lr, args.beta1, args.beta2, args.eps,
-                                              args.weight_decay, args.step);
+  const AdamWConstants k =
+      MakeAdamWConstants(args.lr, args.beta1, args.beta2, args.eps, args.weight_decay, args.step);
   ParallelFor(args.params.numel(), 12, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
       const AdamWElement e = AdamWUpdateElement(k, p[i], g[i], m[i], v[i]);
@@ -35,16 +35,16 @@ absl::Status CpuBackend::AdamWWouldOverflow(const ops::AdamWArgs& args, float gr
   const float* g = args.grads.data<float>();
   const float* m = args.exp_avg.data<float>();
   const float* v = args.exp_avg_sq.data<float>();
-  const AdamWConstants k = MakeAdamWConstants(args.lr, args.beta1, args.beta2, args.eps,
-                                              args.weight_decay, args.step);
+  const AdamWConstants k =
+      MakeAdamWConstants(args.lr, args.beta1, args.beta2, args.eps, args.weight_decay, args.step);
   const float threshold = AdamWOverflowThreshold(model_dtype);
   std::atomic<bool> overflow{false};
   ParallelFor(args.params.numel(), 14, [&](int64_t begin, int64_t end) {
     bool local = false;
     for (int64_t i = begin; i < end; ++i) {
       // grad_scale * g is what ops::Scale leaves in the grads before AdamWStep reads them.
-      local |= AdamWElementOverflows(
-          AdamWUpdateElement(k, p[i], grad_scale * g[i], m[i], v[i]), threshold);
+      local |= AdamWElementOverflows(AdamWUpdateElement(k, p[i], grad_scale * g[i], m[i], v[i]),
+                                     threshold);
     }
     if (local) overflow.store(true, std::memory_order_relaxed);
   });

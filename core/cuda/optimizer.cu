@@ -73,8 +73,8 @@ __global__ void AddPartials(const double* partial, int count, float* out) {
 absl::Status CudaBackend::AdamWStep(const ops::AdamWArgs& args) {
   const int64_t n = args.params.numel();
   if (n == 0) return absl::OkStatus();
-  const AdamWConstants k = MakeAdamWConstants(args.lr, args.beta1, args.beta2, args.eps,
-                                              args.weight_decay, args.step);
+  const AdamWConstants k =
+      MakeAdamWConstants(args.lr, args.beta1, args.beta2, args.eps, args.weight_decay, args.step);
   AdamWKernel<<<GridFor(n), kThreads, 0, stream()>>>(
       args.params.data<float>(), args.grads.data<float>(), args.exp_avg.data<float>(),
       args.exp_avg_sq.data<float>(), n, k);
@@ -86,8 +86,8 @@ absl::Status CudaBackend::AdamWWouldOverflow(const ops::AdamWArgs& args, float g
                                              DType model_dtype, const Tensor& found) {
   const int64_t n = args.params.numel();
   if (n == 0) return absl::OkStatus();
-  const AdamWConstants k = MakeAdamWConstants(args.lr, args.beta1, args.beta2, args.eps,
-                                              args.weight_decay, args.step);
+  const AdamWConstants k =
+      MakeAdamWConstants(args.lr, args.beta1, args.beta2, args.eps, args.weight_decay, args.step);
   AdamWWouldOverflowKernel<<<GridFor(n), kThreads, 0, stream()>>>(
       args.params.data<float>(), args.grads.data<float>(), args.exp_avg.data<float>(),
       args.exp_avg_sq.data<float>(), n, k, grad_scale, AdamWOverflowThreshold(model_dtype),

@@ -234,8 +234,7 @@ float MixedPrecisionAdamW::ClipCoefficient(double grad_norm) const {
   return 1.0f;
 }
 
-ops::AdamWArgs MixedPrecisionAdamW::AdamWArgsOf(const DecayGroup& g, float lr,
-                                                int64_t step) const {
+ops::AdamWArgs MixedPrecisionAdamW::AdamWArgsOf(const DecayGroup& g, float lr, int64_t step) const {
   return {.params = g.master,
           .grads = g.grads,
           .exp_avg = g.exp_avg,

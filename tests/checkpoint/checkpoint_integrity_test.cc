@@ -12,11 +12,11 @@
 #include "checkpoint/assemble.h"
 #include "checkpoint/checkpoint_test_util.h"
 #include "checkpoint/crc32c.h"
-#include "tests/assert_ok.h"
 #include "checkpoint/durable_files.h"
 #include "checkpoint/manifest_file.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/assert_ok.h"
 #include "training_test_util.h"
 
 namespace nf::checkpoint {

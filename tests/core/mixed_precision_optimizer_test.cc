@@ -482,7 +482,6 @@ TEST(MixedPrecisionAdamWTest, StagesRejectBadArgumentsAndChangeNothing) {
   EXPECT_EQ(Bytes(opt.master()), master0);
 }
 
-
 // Every buffer the optimizer owns or writes, as bytes.
 struct Snapshot {
   std::vector<uint8_t> model, grads, master, exp_avg, exp_avg_sq;
@@ -601,8 +600,8 @@ TEST(MixedPrecisionAdamWTest, UpdateOverflowIsPerModelDType) {
   const float inf = std::numeric_limits<float>::infinity();
   ExpectInvalidArgument(opt.UpdateWouldOverflow(-1.0f, 1.0).status(), "MixedPrecisionAdamW",
                         "UpdateWouldOverflow: lr must be finite and >= 0");
-  ExpectInvalidArgument(opt.UpdateWouldOverflow(1e-3f, double{inf}).status(),
-                        "MixedPrecisionAdamW", "UpdateWouldOverflow: grad_norm must be finite");
+  ExpectInvalidArgument(opt.UpdateWouldOverflow(1e-3f, double{inf}).status(), "MixedPrecisionAdamW",
+                        "UpdateWouldOverflow: grad_norm must be finite");
 }
 
 // The check compares against one threshold per model dtype; it must be exactly where the

@@ -339,7 +339,8 @@ TEST(CudaOptimizerTest, AdamWOverflowCheckAgreesWithTheUpdate) {
     auto args = [&](auto on) {
       return ops::AdamWArgs{on(p), on(g), on(m), on(v), 1.0f, 0.9f, 0.98f, 1e-8f, 0.0f, 1};
     };
-    OnBoth([&](auto on) { return ops::AdamWWouldOverflow(args(on), 1.0f, DType::kF16, on(found)); });
+    OnBoth(
+        [&](auto on) { return ops::AdamWWouldOverflow(args(on), 1.0f, DType::kF16, on(found)); });
     ExpectTwinIdentical(found, "the verdict");
     ExpectTwinIdentical(p, "nothing written");
     OnBoth([&](auto on) { return ops::AdamWStep(args(on)); });

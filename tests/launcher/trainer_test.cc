@@ -598,9 +598,9 @@ TEST(TrainerTest, Fp16UpdateThatWouldOverflowIsSkippedAndTheScaleBacksOff) {
     EXPECT_TRUE(Bytes(adamw.exp_avg_sq()) == exp_avg_sq0);
     for (const auto& chunk : trainer->chunks()) {
       const std::vector<double> values = nf::testing::ToDoubles(chunk->params().params());
-      EXPECT_EQ(std::count_if(values.begin(), values.end(),
-                              [](double v) { return !std::isfinite(v); }),
-                0);
+      EXPECT_EQ(
+          std::count_if(values.begin(), values.end(), [](double v) { return !std::isfinite(v); }),
+          0);
     }
   }
 

@@ -165,8 +165,8 @@ TEST_P(DataParallelOptimizerTest, OverflowCheckMaxedOverRanksMatchesOneAdamW) {
   ASSERT_NE(g_hot, 0.0f);
   // |hot| representable in the dtype, and an lr that carries it past the largest finite value
   // (fp16 65504; bf16 and f32 ~3.39e38 and ~3.40e38) while every other weight stays far below.
-  const float hot = c.dtype == DType::kF16 ? 64992.0f : (c.dtype == DType::kBF16 ? 0x1.FCp127f
-                                                                                 : 3.4e38f);
+  const float hot =
+      c.dtype == DType::kF16 ? 64992.0f : (c.dtype == DType::kBF16 ? 0x1.FCp127f : 3.4e38f);
   // bf16: lands near 3.401e38, finite in fp32 but past bf16's rounding limit 3.3962e38.
   const float lr_over =
       c.dtype == DType::kF16 ? 1000.0f : (c.dtype == DType::kBF16 ? 2.5e36f : 1e37f);
