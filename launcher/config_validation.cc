@@ -1,5 +1,8 @@
 // The rules a TrainConfig must satisfy before anything is allocated: each catches a mistake
 // that would otherwise surface as a crash, a hang or a silently wrong run much later.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+
 #include <algorithm>
 #include <cmath>
 #include <concepts>
@@ -10,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "core/status.h"
+#include "data/splits.h"
 #include "launcher/config.h"
 #include "parallel/pipeline_schedule.h"
 #include "parallel/topology.h"
@@ -164,6 +168,13 @@ absl::Status ValidateData(const DataConfig& data, const nf::model::ModelConfig& 
   if (!data.path().empty() && data.blend_size() > 0) {
     return Invalid("set data.path or data.blend, not both (a single dataset is a blend of one)");
   }
+  if (!data.split().empty()) {
+    const absl::StatusOr<std::vector<double>> weights = data::ParseSplitWeights(data.split());
+    if (!weights.ok()) {
+      // The message quotes the split ("data: split \"abc\": part 1 ... is not a number").
+      return Invalid(absl::StrCat("data.split: ", weights.status().message()));
+    }
+  }
   for (int k = 0; k < data.blend_size(); ++k) {
     const WeightedDataset& d = data.blend(k);
     if (d.path().empty()) {
@@ -216,6 +227,32 @@ absl::Status ValidateParallel(const ParallelConfig& parallel, const nf::model::M
   return absl::OkStatus();
 }
 
+// Counters the loop would otherwise clamp silently: a negative interval is a typo, not "never".
+absl::Status ValidateCheckpointing(const checkpoint::CheckpointConfig& checkpoint,
+                                   const TrainOptions& train) {
+  NF_RETURN_IF_ERROR(RequireNonNegative("checkpoint.save_interval", checkpoint.save_interval()));
+  NF_RETURN_IF_ERROR(RequirePositive("checkpoint.keep_last", checkpoint.keep_last()));
+  NF_RETURN_IF_ERROR(RequireNonNegative("checkpoint.keep_every", checkpoint.keep_every()));
+  return RequirePositive("train.max_consecutive_skipped", train.max_consecutive_skipped());
+}
+
+// Checked whether or not monitoring is on, like the loss scale: turning it on with --set must
+// not meet a bad address only once the run directory is written.
+absl::Status ValidateMonitoring(const monitoring::MonitoringConfig& monitoring) {
+  if (monitoring.port_base() < 1 || monitoring.port_base() > 65535) {
+    return Invalid(absl::StrCat("monitoring.port_base (", monitoring.port_base(),
+                                ") must be a TCP port in [1, 65535]; every rank listens on "
+                                "port_base + its local rank"));
+  }
+  in6_addr address;
+  if (inet_pton(AF_INET, monitoring.bind_address().c_str(), &address) != 1 &&
+      inet_pton(AF_INET6, monitoring.bind_address().c_str(), &address) != 1) {
+    return Invalid(absl::StrCat("monitoring.bind_address '", monitoring.bind_address(),
+                                "' is not an IPv4 or IPv6 address (e.g. 0.0.0.0, 127.0.0.1, ::)"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status ValidateTrainConfig(const TrainConfig& config) {
@@ -228,6 +265,8 @@ absl::Status ValidateTrainConfig(const TrainConfig& config) {
   NF_RETURN_IF_ERROR(ValidateLossScale(config.train().loss_scale()));
   NF_RETURN_IF_ERROR(ValidateData(config.data(), config.model()));
   NF_RETURN_IF_ERROR(ValidateParallel(config.parallel(), config.model()));
+  NF_RETURN_IF_ERROR(ValidateCheckpointing(config.checkpoint(), config.train()));
+  NF_RETURN_IF_ERROR(ValidateMonitoring(config.monitoring()));
   return absl::OkStatus();
 }
 

@@ -198,6 +198,16 @@ int main(int argc, char** argv) {
     if (PrintsSharedErrors()) std::cerr << "nf-launch: " << groups.status().message() << "\n";
     return 2;
   }
+  // The global batch over the data-parallel size the world left: a config error, the same on
+  // every rank, so said once and refused like the others (not a failure of every rank's run).
+  if (const auto micro_batches =
+          nf::launcher::MicroBatchesPerRank(config->train(), groups->topology.dp());
+      !micro_batches.ok()) {
+    if (PrintsSharedErrors()) {
+      std::cerr << "nf-launch: " << micro_batches.status().message() << "\n";
+    }
+    return 2;
+  }
   const auto end = nf::launcher::RunTraining(*config, run_dir, std::cout, &*groups);
   if (!end.ok()) {
     // Other ranks may be waiting on this one: end the whole job.

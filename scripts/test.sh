@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The README's second command (and what .ci/run calls): installs what is missing, builds
-# normformer, and runs every test; then builds again with AddressSanitizer + UBSan and runs
-# the tests there too (NF_TEST_SANITIZE=0 skips that second pass); last, short libFuzzer passes
-# over the .idx and manifest.pb readers in a clang build (NF_TEST_FUZZ=0 skips them,
-# NF_FUZZ_RUNS sets their length).
+# normformer (Release, the configuration users build, with warnings as errors) and runs every
+# test; then builds again with AddressSanitizer + UBSan and runs the tests there too
+# (NF_TEST_SANITIZE=0 skips that second pass); last, short libFuzzer passes over the .idx and
+# manifest.pb readers in a clang build (NF_TEST_FUZZ=0 skips them, NF_FUZZ_RUNS sets their
+# length).
 #
 #   scripts/test.sh                 # everything
 #   scripts/test.sh -L core         # extra arguments go to ctest (here: only the core label)
@@ -25,16 +26,18 @@ run_suite() {
 }
 
 ctest_args=("$@")
-echo "== build and test (build/)"
-run_suite build -DCMAKE_BUILD_TYPE=RelWithDebInfo
+# Release first: the configuration users build (a warning that only -O3 shows is caught here).
+# Warnings are errors in every pass of this script, never in a user's build (NF_WERROR).
+echo "== build and test (build/, Release)"
+run_suite build -DCMAKE_BUILD_TYPE=Release -DNF_WERROR=ON
 
 if [[ "${NF_TEST_SANITIZE:-1}" != 0 ]]; then
   echo "== build and test with AddressSanitizer + UBSan (build-asan/)"
   # The benchmarks are not tests; skip them in the sanitizer build to save compile time. The
   # CUDA backend too: the first pass compiles it, and its kernels run on GPUs, not here.
   ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
-    run_suite build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DNF_SANITIZE=ON -DNF_BUILD_BENCHMARKS=OFF \
-    -DNF_CUDA=OFF
+    run_suite build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DNF_WERROR=ON -DNF_SANITIZE=ON \
+    -DNF_BUILD_BENCHMARKS=OFF -DNF_CUDA=OFF
 fi
 # A short, reproducible (-seed) libFuzzer run of one target from valid seeds; any crash,
 # sanitizer report or leak makes the fuzzer exit non-zero, failing the script, and leaves the
@@ -53,7 +56,7 @@ fuzz() {
 if [[ "${NF_TEST_FUZZ:-1}" != 0 ]]; then
   echo "== fuzz the .idx and manifest.pb readers (build-fuzz/, clang + libFuzzer)"
   CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DNF_FUZZ=ON \
-    -DNF_CUDA=OFF -DNF_BUILD_BENCHMARKS=OFF >/dev/null
+    -DNF_WERROR=ON -DNF_CUDA=OFF -DNF_BUILD_BENCHMARKS=OFF >/dev/null
   cmake --build build-fuzz -j "$jobs" --target idx_reader_fuzzer manifest_reader_fuzzer \
     make_manifest_seeds
   rm -rf build-fuzz/fuzz/idx_reader_corpus build-fuzz/fuzz/manifest_reader_corpus

@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "data/indexed_dataset.h"
 #include "data/preprocess.h"
 #include "gtest/gtest.h"
@@ -103,7 +104,8 @@ TEST_F(PreprocessTest, TokenDTypeFollowsTheVocabularySize) {
   const std::string input = Write("in.txt", "x\n");
   for (const auto& [vocab, dtype] : std::vector<std::pair<int64_t, TokenDType>>{
            {257, TokenDType::kU16}, {65499, TokenDType::kU16}, {65500, TokenDType::kI32}}) {
-    const std::string prefix = (dir_ / ("v" + std::to_string(vocab))).string();
+    // StrCat, not "v" + std::to_string(...): GCC 12 at -O3 reports a false -Wrestrict there.
+    const std::string prefix = (dir_ / absl::StrCat("v", vocab)).string();
     NF_ASSERT_OK(
         Preprocess({.inputs = {input}, .format = InputFormat::kLines, .output_prefix = prefix},
                    ByteTokenizer(vocab), {}));

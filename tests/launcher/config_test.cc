@@ -414,7 +414,23 @@ INSTANTIATE_TEST_SUITE_P(
                        .mentions = "needs pipeline_parallel >= 2 and virtual_stages >= 2 (got 1 "
                                    "and 1); use ONE_F_ONE_B otherwise"},
         ValidationCase{.overrides = {"parallel.grad_bucket_elements=0"},
-                       .mentions = "parallel.grad_bucket_elements must be positive"}));
+                       .mentions = "parallel.grad_bucket_elements must be positive"},
+        ValidationCase{.overrides = {"data.split=abc"},
+                       .mentions = "data.split: data: split \"abc\": part 1 (\"abc\") is not a "
+                                   "number"},
+        ValidationCase{.overrides = {"checkpoint.save_interval=-5"},
+                       .mentions = "checkpoint.save_interval must be >= 0 (got -5)"},
+        ValidationCase{.overrides = {"checkpoint.keep_last=-1"},
+                       .mentions = "checkpoint.keep_last must be positive (got -1)"},
+        ValidationCase{.overrides = {"checkpoint.keep_every=-2"},
+                       .mentions = "checkpoint.keep_every must be >= 0 (got -2)"},
+        ValidationCase{.overrides = {"train.max_consecutive_skipped=-3"},
+                       .mentions = "train.max_consecutive_skipped must be positive (got -3)"},
+        ValidationCase{.overrides = {"monitoring.port_base=70000"},
+                       .mentions = "monitoring.port_base (70000) must be a TCP port in [1, 65535]"},
+        ValidationCase{.overrides = {"monitoring.bind_address=not-an-ip"},
+                       .mentions = "monitoring.bind_address 'not-an-ip' is not an IPv4 or IPv6 "
+                                   "address"}));
 
 TEST(ValidateTrainConfigTest, AcceptsBoundaryValues) {
   TrainConfig config = ValidConfig();
