@@ -15,6 +15,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/time/time.h"
+#include "core/status.h"
 #include "launcher/batch_source.h"
 #include "launcher/config.h"
 #include "launcher/dry_run.h"
@@ -92,6 +93,15 @@ int LauncherSize() {
 // Errors every rank hits alike (command line, configuration) are printed by rank 0 only.
 bool PrintsSharedErrors() { return LauncherRank() <= 0; }
 
+// Rank 0 alone holds the run directory (the others never write in it), taken only once every
+// refusal of the config is behind it: a refused launch leaves nothing in the run directory.
+absl::StatusOr<std::optional<nf::launcher::RunDirLock>> HoldRunDirectory(
+    const std::string& run_dir) {
+  if (LauncherRank() > 0) return std::nullopt;
+  NF_ASSIGN_OR_RETURN(nf::launcher::RunDirLock lock, nf::launcher::RunDirLock::Acquire(run_dir));
+  return std::optional<nf::launcher::RunDirLock>(std::move(lock));
+}
+
 int ExitCode(nf::launcher::RunEnd end) {
   return end == nf::launcher::RunEnd::kFinished ? 0 : nf::launcher::kExitResume;
 }
@@ -164,16 +174,6 @@ int main(int argc, char** argv) {
     }
     return 0;
   }
-  // Rank 0 alone holds the run directory (the others never write in it).
-  std::optional<nf::launcher::RunDirLock> lock;
-  if (LauncherRank() <= 0) {
-    auto acquired = nf::launcher::RunDirLock::Acquire(run_dir);
-    if (!acquired.ok()) {
-      std::cerr << "nf-launch: " << acquired.status().message() << "\n";
-      return 2;
-    }
-    lock.emplace(*std::move(acquired));
-  }
   const nf::parallel::ParallelSizes sizes = nf::launcher::ParallelSizesOf(config->parallel());
   if (LauncherRank() < 0) {
     const int needed = sizes.tp * sizes.pp * std::max(sizes.dp, 1);
@@ -182,6 +182,11 @@ int main(int argc, char** argv) {
                 << " x parallel.pipeline_parallel " << sizes.pp << " x parallel.data_parallel "
                 << std::max(sizes.dp, 1) << " needs " << needed << " ranks: run mpirun -np "
                 << needed << " nf-launch ...\n";
+      return 2;
+    }
+    const auto lock = HoldRunDirectory(run_dir);
+    if (!lock.ok()) {
+      std::cerr << "nf-launch: " << lock.status().message() << "\n";
       return 2;
     }
     const auto end = nf::launcher::RunTraining(*config, run_dir, std::cout);
@@ -207,6 +212,12 @@ int main(int argc, char** argv) {
       std::cerr << "nf-launch: " << micro_batches.status().message() << "\n";
     }
     return 2;
+  }
+  const auto lock = HoldRunDirectory(run_dir);
+  if (!lock.ok()) {
+    // Rank 0 alone knows: the others are already on their way into the run's first collective.
+    std::cerr << "nf-launch: " << lock.status().message() << "\n";
+    nf::parallel::AbortJob(2);
   }
   const auto end = nf::launcher::RunTraining(*config, run_dir, std::cout, &*groups);
   if (!end.ok()) {
