@@ -1,12 +1,19 @@
 #include "data/document_reader.h"
 
+#include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 
 #include "absl/strings/str_cat.h"
+#include "core/status.h"
 
 namespace nf::data {
 namespace {
+
+// A line of nothing but spaces and tabs: a separator, never a document.
+bool IsBlank(absl::string_view line) { return line.find_first_not_of(" \t") == line.npos; }
 
 // A strict, allocation-light JSON scanner over one line: enough to find one string field of
 // an object and skip every other value.
@@ -205,6 +212,11 @@ absl::StatusOr<std::unique_ptr<DocumentReader>> DocumentReader::Open(const std::
     return std::unique_ptr<DocumentReader>(
         new DocumentReader("<stdin>", stdin, false, format, std::move(json_key)));
   }
+  std::error_code error;
+  if (std::filesystem::is_directory(path, error)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "input ", path, " is a directory: give the files in it (e.g. ", path, "/*.jsonl)"));
+  }
   FILE* file = std::fopen(path.c_str(), "rb");
   if (file == nullptr) {
     return absl::NotFoundError(
@@ -226,14 +238,19 @@ DocumentReader::~DocumentReader() {
   if (owned_) std::fclose(file_);
 }
 
-bool DocumentReader::ReadLine(std::string& line) {
+absl::StatusOr<bool> DocumentReader::ReadLine(std::string& line) {
   // POSIX getline: buffered and lock-free per call, unlike a loop of fgetc.
   char* buffer = nullptr;
   size_t capacity = 0;
+  errno = 0;
   const ssize_t length = getline(&buffer, &capacity, file_);
   if (length < 0) {
+    const int reason = errno;
     std::free(buffer);
-    return false;
+    // The end of the input, or an error reading it (never taken for the end).
+    if (!std::ferror(file_)) return false;
+    return absl::UnavailableError(absl::StrCat("cannot read input ", path_, " after line ",
+                                               line_number_, ": ", std::strerror(reason)));
   }
   bytes_read_ += length;
   ++line_number_;
@@ -248,14 +265,17 @@ absl::StatusOr<std::optional<std::string>> DocumentReader::Next() {
   std::string line;
   switch (format_) {
     case InputFormat::kLines:
-      while (ReadLine(line)) {
-        if (!line.empty()) return std::optional<std::string>(std::move(line));
+      for (;;) {
+        NF_ASSIGN_OR_RETURN(const bool more, ReadLine(line));
+        if (!more) return std::nullopt;
+        if (!IsBlank(line)) return std::optional<std::string>(std::move(line));
       }
-      return std::nullopt;
     case InputFormat::kParagraphs: {
       std::string document;
-      while (ReadLine(line)) {
-        if (line.empty()) {
+      for (;;) {
+        NF_ASSIGN_OR_RETURN(const bool more, ReadLine(line));
+        if (!more) break;
+        if (IsBlank(line)) {
           if (!document.empty()) return std::optional<std::string>(std::move(document));
           continue;
         }
@@ -266,8 +286,10 @@ absl::StatusOr<std::optional<std::string>> DocumentReader::Next() {
       return std::nullopt;
     }
     case InputFormat::kJsonl:
-      while (ReadLine(line)) {
-        if (line.find_first_not_of(" \t") == std::string::npos) continue;
+      for (;;) {
+        NF_ASSIGN_OR_RETURN(const bool more, ReadLine(line));
+        if (!more) return std::nullopt;
+        if (IsBlank(line)) continue;
         auto field = JsonStringField(line, json_key_);
         if (!field.ok()) {
           return absl::InvalidArgumentError(
@@ -280,7 +302,6 @@ absl::StatusOr<std::optional<std::string>> DocumentReader::Next() {
         }
         if (!(*field)->empty()) return std::move(*field);
       }
-      return std::nullopt;
   }
   return std::nullopt;
 }

@@ -32,7 +32,7 @@ class DocumentReader {
   ~DocumentReader();
 
   // The next document, nullopt at the end of the input. Errors name the file and line.
-  // Empty documents (blank lines, empty text) are skipped.
+  // Empty documents (blank lines: empty or only spaces and tabs; empty texts) are skipped.
   absl::StatusOr<std::optional<std::string>> Next();
   // Bytes consumed so far (for progress).
   int64_t bytes_read() const { return bytes_read_; }
@@ -40,7 +40,9 @@ class DocumentReader {
  private:
   DocumentReader(std::string path, FILE* file, bool owned, InputFormat format,
                  std::string json_key);
-  bool ReadLine(std::string& line);
+  // The next line into `line` (without its line end): false at the end of the input,
+  // Unavailable naming the file and the OS's reason when reading fails.
+  absl::StatusOr<bool> ReadLine(std::string& line);
 
   std::string path_;
   FILE* file_;

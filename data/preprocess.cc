@@ -183,6 +183,12 @@ absl::StatusOr<PreprocessProgress> Preprocess(
   for (std::thread& t : encoders) t.join();
   NF_RETURN_IF_ERROR(read_status);
   NF_RETURN_IF_ERROR(status);
+  // An empty dataset is never what was meant (an empty file, only blank lines, the wrong
+  // --json-key's empty strings): refused, and the writer removes its temporaries.
+  if (progress.documents == 0) {
+    return absl::InvalidArgumentError(
+        "no documents in the input (empty, or only blank lines or empty texts): nothing written");
+  }
   NF_RETURN_IF_ERROR(writer.Finish());
   progress.bytes = bytes_read.load();
   progress.seconds =

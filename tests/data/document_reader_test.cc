@@ -88,6 +88,21 @@ TEST(DocumentReaderTest, LinesAndParagraphs) {
             (std::vector<std::string>{"one\ntwo", "three a\nthree b", "four"}));
 }
 
+// A read error is an error naming the file and the OS's reason, never the end of the input (it
+// was: a directory as --input gave an empty dataset and exit 0).
+TEST(DocumentReaderTest, ADirectoryOrAReadErrorIsNotTheEndOfTheInput) {
+  const std::string dir = std::filesystem::path(WriteTemp("d.txt", "x")).parent_path().string();
+  const auto directory = DocumentReader::Open(dir, InputFormat::kLines, "text");
+  ExpectInvalidArgument(directory.status(), "input " + dir + " is a directory");
+  // Reading /proc/self/mem from offset 0 fails with EIO: an unreadable file, deterministically.
+  auto unreadable = DocumentReader::Open("/proc/self/mem", InputFormat::kLines, "text");
+  NF_ASSERT_OK(unreadable);
+  const auto next = (*unreadable)->Next();
+  EXPECT_EQ(next.status().code(), absl::StatusCode::kUnavailable) << next.status();
+  EXPECT_EQ(next.status().message(),
+            "cannot read input /proc/self/mem after line 0: Input/output error");
+}
+
 TEST(DocumentReaderTest, MissingFileAndFormatNames) {
   auto missing = DocumentReader::Open("/nonexistent/corpus.jsonl", InputFormat::kJsonl, "text");
   ASSERT_FALSE(missing.ok());

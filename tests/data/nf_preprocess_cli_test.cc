@@ -112,6 +112,36 @@ TEST_F(NfPreprocessCliTest, TrainsATokenizerAndWritesADatasetThatReadsBack) {
   EXPECT_EQ(*(*tokenizer)->Decode(tokens), "the quick brown fox 3 jumps over the lazy dog 3");
 }
 
+// A directory, an empty file and a file of blank lines are refused (they gave an empty dataset
+// and exit 0), with nothing left behind.
+TEST_F(NfPreprocessCliTest, InputWithoutDocumentsExitsOneAndLeavesNothing) {
+  const Outcome trained = Run({"--input", WriteCorpus(), "--output-prefix", Path("m"),
+                               "--tokenizer", "sentencepiece", "--spm-train-vocab-size", "40"});
+  ASSERT_EQ(trained.exit_code, 0) << trained.err;
+  std::filesystem::create_directories(Path("inputs"));
+  std::ofstream(Path("empty.jsonl")) << "";
+  std::ofstream(Path("blank.txt")) << "\n  \n\n";
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"--input", Path("inputs")}, "is a directory: give the files in it"},
+      {{"--input", Path("empty.jsonl")}, "no documents in the input"},
+      {{"--input", Path("blank.txt"), "--format", "lines"}, "no documents in the input"}};
+  for (const auto& [input, expected] : cases) {
+    std::vector<std::string> args = input;
+    for (const std::string& a :
+         {std::string("--output-prefix"), Path("out"), std::string("--tokenizer"),
+          std::string("sentencepiece"), std::string("--spm-model"), Path("m.spm.model")}) {
+      args.push_back(a);
+    }
+    const Outcome outcome = Run(args);
+    EXPECT_EQ(outcome.exit_code, 1) << input[1];
+    EXPECT_THAT(outcome.err, HasSubstr(expected)) << input[1];
+    for (const auto& entry : std::filesystem::directory_iterator(dir_)) {
+      EXPECT_EQ(entry.path().filename().string().rfind("out", 0), std::string::npos)
+          << entry.path() << " left behind by " << input[1];
+    }
+  }
+}
+
 TEST_F(NfPreprocessCliTest, MalformedInputExitsOneAndLeavesNothing) {
   std::ofstream(Path("bad.jsonl")) << "{\"text\": \"fine\"}\n{\"text\": broken}\n";
   const Outcome trained = Run({"--input", WriteCorpus(), "--output-prefix", Path("m"),
