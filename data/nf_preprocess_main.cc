@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <exception>
 #include <iostream>
 #include <memory>
 #include <string>
@@ -19,6 +20,8 @@
 #include "data/sentencepiece_tokenizer.h"
 
 namespace {
+
+constexpr int kMaxWorkers = 256;
 
 constexpr char kUsage[] =
     R"(usage: nf-preprocess --input FILE [--input FILE]... --output-prefix PREFIX
@@ -40,7 +43,8 @@ files appear only when everything succeeded.
   --spm-model FILE        a trained SentencePiece model
   --spm-train-vocab-size N      train a SentencePiece model of N pieces on the inputs first,
                           written to PREFIX.spm.model
-  --workers N             tokenizing threads (default 1); the output does not depend on it
+  --workers N             tokenizing threads, 1 to 256 (default 1); the output does not depend
+                          on it
   --no-eod                do not append the end-of-document token to each document
   --help                  this text
 )";
@@ -123,9 +127,7 @@ int64_t TotalInputBytes(const std::vector<std::string>& inputs) {
   return total;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
+int Run(int argc, char** argv) {
   Flags flags;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
@@ -160,8 +162,11 @@ int main(int argc, char** argv) {
         return Usage("--spm-train-vocab-size needs a number, got '" + value + "'");
       }
     } else if (arg == "--workers") {
-      if (!absl::SimpleAtoi(value, &flags.workers) || flags.workers < 1) {
-        return Usage("--workers needs a positive number, got '" + value + "'");
+      // Threads beyond a few per core only cost memory; a typo of 100000 must not try them.
+      if (!absl::SimpleAtoi(value, &flags.workers) || flags.workers < 1 ||
+          flags.workers > kMaxWorkers) {
+        return Usage("--workers needs a number in [1, " + std::to_string(kMaxWorkers) +
+                     "], got '" + value + "'");
       }
     } else {
       return Usage("unknown argument '" + arg + "'");
@@ -210,4 +215,18 @@ int main(int argc, char** argv) {
       done->tokens / std::max(done->seconds, 1e-9), flags.workers, flags.output_prefix,
       (*tokenizer)->vocab_size() < 65500 ? "uint16" : "int32", (*tokenizer)->vocab_size());
   return 0;
+}
+
+}  // namespace
+
+// The last line of defence: an exception a library throws where no status was expected ends
+// the program with a message and exit 1 (the output writer's destructor removes its
+// temporaries as the stack unwinds), never with std::terminate's abort.
+int main(int argc, char** argv) {
+  try {
+    return Run(argc, argv);
+  } catch (const std::exception& e) {
+    std::cerr << "nf-preprocess: internal error: " << e.what() << "; nothing written\n";
+    return 1;
+  }
 }

@@ -5,9 +5,13 @@
 #include <condition_variable>
 #include <deque>
 #include <map>
+#include <exception>
 #include <mutex>
+#include <new>
 #include <optional>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
@@ -86,6 +90,24 @@ class BatchQueue {
   bool closed_ = false;
 };
 
+// tokenizer.Encode(text), with what a tokenizer library may throw (SentencePiece allocates per
+// document, so a huge one can end in std::bad_alloc) turned into a status: an exception must not
+// leave an encoder thread, where it would end the process without a word and leave the output's
+// temporaries behind.
+absl::StatusOr<std::vector<int32_t>> EncodeOrStatus(const Tokenizer& tokenizer,
+                                                    const std::string& text) {
+  try {
+    return tokenizer.Encode(text);
+  } catch (const std::bad_alloc&) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "out of memory encoding a document of ", text.size(),
+        " bytes: split very long documents, or give the run more memory"));
+  } catch (const std::exception& e) {
+    return absl::InternalError(absl::StrCat("the tokenizer failed on a document of ", text.size(),
+                                            " bytes: ", e.what()));
+  }
+}
+
 }  // namespace
 
 absl::StatusOr<PreprocessProgress> Preprocess(
@@ -110,7 +132,7 @@ absl::StatusOr<PreprocessProgress> Preprocess(
       Batch batch;
       while (queue.Take(batch)) {
         for (const std::string& text : batch.documents) {
-          auto tokens = tokenizer.Encode(text);
+          auto tokens = EncodeOrStatus(tokenizer, text);
           if (!tokens.ok()) {
             batch.status = tokens.status();
             break;

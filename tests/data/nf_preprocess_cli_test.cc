@@ -74,6 +74,8 @@ TEST_F(NfPreprocessCliTest, UsageErrorsExitTwoWithOneLineNamingTheProblem) {
            {{"--input", "a.jsonl"}, "--output-prefix"},
            {{"--input", "a", "--output-prefix", "x", "--bogus", "1"}, "--bogus"},
            {{"--input", "a", "--output-prefix", "x", "--workers", "0"}, "--workers"},
+           {{"--input", "a", "--output-prefix", "x", "--workers", "100000"},
+            "--workers needs a number in [1, 256], got '100000'"},
            {{"--input", "a", "--output-prefix", "x", "--format", "csv"}, "csv"},
            {{"--input", "a", "--output-prefix", "x", "--tokenizer", "gpt2"}, "--vocab-file"},
            {{"--input", "a", "--output-prefix", "x", "--tokenizer", "wordpiece"}, "gpt2"},

@@ -2,6 +2,7 @@
 // count, the dtype rule, the end-of-document token, and that a failure leaves nothing behind.
 #include <filesystem>
 #include <fstream>
+#include <new>
 #include <string>
 #include <vector>
 
@@ -24,6 +25,8 @@ class ByteTokenizer final : public Tokenizer {
     if (text.find("FAIL") != absl::string_view::npos) {
       return absl::InvalidArgumentError("cannot encode FAIL");
     }
+    // What SentencePiece does with a document too large for memory.
+    if (text.find("HUGE") != absl::string_view::npos) throw std::bad_alloc();
     return std::vector<int32_t>(text.begin(), text.end());
   }
   absl::StatusOr<std::string> Decode(std::span<const int32_t> ids) const override {
@@ -123,7 +126,9 @@ TEST_F(PreprocessTest, FailuresLeaveNothingBehind) {
   struct Case {
     std::string input, mentions;
   };
+  const std::string huge = Write("h.jsonl", many + "{\"text\": \"HUGE\"}\n" + many);
   for (const Case& c : std::vector<Case>{{failing, "cannot encode FAIL"},
+                                         {huge, "out of memory encoding a document of 4 bytes"},
                                          {malformed, "m.jsonl:501:"},
                                          {(dir_ / "missing.jsonl").string(), "missing.jsonl"}}) {
     const std::string prefix = (dir_ / "out").string();
