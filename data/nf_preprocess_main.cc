@@ -4,9 +4,9 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <exception>
 #include <filesystem>
 #include <fstream>
-#include <exception>
 #include <iostream>
 #include <memory>
 #include <string>
@@ -165,8 +165,8 @@ int Run(int argc, char** argv) {
       // Threads beyond a few per core only cost memory; a typo of 100000 must not try them.
       if (!absl::SimpleAtoi(value, &flags.workers) || flags.workers < 1 ||
           flags.workers > kMaxWorkers) {
-        return Usage("--workers needs a number in [1, " + std::to_string(kMaxWorkers) +
-                     "], got '" + value + "'");
+        return Usage("--workers needs a number in [1, " + std::to_string(kMaxWorkers) + "], got '" +
+                     value + "'");
       }
     } else {
       return Usage("unknown argument '" + arg + "'");

@@ -4,8 +4,8 @@
 #include <chrono>
 #include <condition_variable>
 #include <deque>
-#include <map>
 #include <exception>
+#include <map>
 #include <mutex>
 #include <new>
 #include <optional>
@@ -99,12 +99,12 @@ absl::StatusOr<std::vector<int32_t>> EncodeOrStatus(const Tokenizer& tokenizer,
   try {
     return tokenizer.Encode(text);
   } catch (const std::bad_alloc&) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "out of memory encoding a document of ", text.size(),
-        " bytes: split very long documents, or give the run more memory"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("out of memory encoding a document of ", text.size(),
+                     " bytes: split very long documents, or give the run more memory"));
   } catch (const std::exception& e) {
-    return absl::InternalError(absl::StrCat("the tokenizer failed on a document of ", text.size(),
-                                            " bytes: ", e.what()));
+    return absl::InternalError(
+        absl::StrCat("the tokenizer failed on a document of ", text.size(), " bytes: ", e.what()));
   }
 }
 
