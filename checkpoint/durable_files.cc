@@ -67,10 +67,19 @@ absl::Status SyncDirectory(const std::filesystem::path& dir) {
 
 absl::Status ReplaceFileAtomically(const std::filesystem::path& path, const std::string& contents) {
   const std::filesystem::path temporary = path.string() + ".tmp";
-  NF_ASSIGN_OR_RETURN(DurableWriter writer, DurableWriter::Create(temporary));
-  NF_RETURN_IF_ERROR(writer.Append(contents.data(), static_cast<int64_t>(contents.size())));
-  NF_RETURN_IF_ERROR(writer.Close());
-  if (std::rename(temporary.c_str(), path.c_str()) != 0) return Errno("cannot rename onto", path);
+  const absl::Status written = [&]() -> absl::Status {
+    NF_ASSIGN_OR_RETURN(DurableWriter writer, DurableWriter::Create(temporary));
+    NF_RETURN_IF_ERROR(writer.Append(contents.data(), static_cast<int64_t>(contents.size())));
+    NF_RETURN_IF_ERROR(writer.Close());
+    if (std::rename(temporary.c_str(), path.c_str()) != 0) return Errno("cannot rename onto", path);
+    return absl::OkStatus();
+  }();
+  if (!written.ok()) {
+    // A full disk must not be made fuller by what failed to fit.
+    std::error_code ignored;
+    std::filesystem::remove(temporary, ignored);
+    return written;
+  }
   return SyncDirectory(path.parent_path());
 }
 

@@ -36,7 +36,8 @@ class DurableWriter {
 absl::Status SyncDirectory(const std::filesystem::path& dir);
 
 // Writes `contents` to path.tmp, fsyncs it, renames it over `path` and syncs the directory:
-// readers see the old file or the new one, never a mix.
+// readers see the old file or the new one, never a mix. A failure (the OS's reason in the
+// message) leaves no path.tmp behind.
 absl::Status ReplaceFileAtomically(const std::filesystem::path& path, const std::string& contents);
 
 // `length` bytes of `path` from `offset`; OutOfRange naming the file when it is shorter.

@@ -272,6 +272,18 @@ absl::StatusOr<fs::path> PrepareStaging(const fs::path& checkpoints_dir, int64_t
                                              staging.string()));
 }
 
+// After a failed save (every rank's write has ended): rank 0 removes what was written, so that
+// a full disk is not left fuller; the previous checkpoints and `latest` are untouched.
+void RemoveStaging(const fs::path& staging, parallel::Communicator& world) {
+  if (world.rank() != 0) return;
+  std::error_code error;
+  fs::remove_all(staging, error);
+  if (error) {
+    parallel::WarnFromRank(absl::StrCat("cannot remove ", staging.string(), " after a failed save: ",
+                                        error.message(), "; remove it by hand"));
+  }
+}
+
 absl::Status CommitCheckpoint(const fs::path& checkpoints_dir, const CommitInfo& info,
                               const absl::StatusOr<Manifest>& fragment,
                               parallel::Communicator& world) {
@@ -279,6 +291,7 @@ absl::Status CommitCheckpoint(const fs::path& checkpoints_dir, const CommitInfo&
   const fs::path staging = checkpoints_dir / (name + ".tmp");
   NF_ASSIGN_OR_RETURN(const bool write_failed, AnyFailed(world, fragment.ok()));
   if (write_failed) {
+    RemoveStaging(staging, world);
     if (!fragment.ok()) return fragment.status();
     return absl::UnavailableError(absl::StrCat(
         "checkpoint ", name,
@@ -328,6 +341,7 @@ absl::Status CommitCheckpoint(const fs::path& checkpoints_dir, const CommitInfo&
     }();
   }
   NF_ASSIGN_OR_RETURN(const bool commit_failed, AnyFailed(world, committed.ok()));
+  if (commit_failed) RemoveStaging(staging, world);
   if (commit_failed && committed.ok()) {
     return absl::UnavailableError(
         absl::StrCat("checkpoint ", name, " not committed: rank 0 failed (its error says why)"));

@@ -3,7 +3,9 @@
 // Exit codes: 0 done; 1 a runtime error (nothing is left that looks complete); 2 bad usage.
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <exception>
 #include <filesystem>
 #include <fstream>
@@ -78,7 +80,9 @@ absl::Status WriteTrainingText(const Flags& flags, nf::data::InputFormat format,
     }
   }
   out.flush();
-  if (!out) return absl::UnavailableError("cannot write " + path);
+  if (!out) {
+    return absl::UnavailableError("cannot write " + path + ": " + std::strerror(errno));
+  }
   return absl::OkStatus();
 }
 
@@ -105,7 +109,11 @@ absl::StatusOr<std::unique_ptr<nf::data::Tokenizer>> MakeTokenizer(const Flags& 
     }
   }
   const std::string text = flags.output_prefix + ".spm-train.txt";
-  if (absl::Status s = WriteTrainingText(flags, format, text); !s.ok()) return s;
+  if (absl::Status s = WriteTrainingText(flags, format, text); !s.ok()) {
+    std::error_code ignored;
+    std::filesystem::remove(text, ignored);  // a half-written file on a full disk
+    return s;
+  }
   const absl::Status trained =
       nf::data::SentencePieceTokenizer::Train({.inputs = {text},
                                                .model_prefix = flags.output_prefix + ".spm",

@@ -13,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "checkpoint/durable_files.h"
 #include "checkpoint/load.h"
 #include "checkpoint/save.h"
 #include "core/status.h"
@@ -29,23 +30,6 @@
 
 namespace nf::launcher {
 namespace {
-
-absl::Status WriteFileAtomically(const std::filesystem::path& path, const std::string& text) {
-  const std::filesystem::path temporary = path.string() + ".tmp";
-  {
-    std::ofstream out(temporary, std::ios::trunc);
-    out << text;
-    out.flush();
-    if (!out) return absl::UnavailableError(absl::StrCat("cannot write ", temporary.string()));
-  }
-  std::error_code error;
-  std::filesystem::rename(temporary, path, error);
-  if (error) {
-    return absl::UnavailableError(absl::StrCat("cannot rename ", temporary.string(), " to ",
-                                               path.string(), ": ", error.message()));
-  }
-  return absl::OkStatus();
-}
 
 // The settings that define the training data stream, as "field A -> B" for each that differs
 // between the config the checkpoint was written with and this run's (both resolved: defaults
@@ -260,7 +244,8 @@ class TrainingRun {
       return absl::UnavailableError(
           absl::StrCat("cannot create run directory ", dir_.string(), ": ", error.message()));
     }
-    NF_RETURN_IF_ERROR(WriteFileAtomically(dir_ / "config.pbtxt", ResolvedConfigText(config_)));
+    NF_RETURN_IF_ERROR(
+        checkpoint::ReplaceFileAtomically(dir_ / "config.pbtxt", ResolvedConfigText(config_)));
     NF_ASSIGN_OR_RETURN(log_, JsonlLog::Open((dir_ / "log.jsonl").string()));
     if (config_.train().eval_interval() > 0) {
       NF_ASSIGN_OR_RETURN(validation_log_, JsonlLog::Open((dir_ / "validation.jsonl").string()));

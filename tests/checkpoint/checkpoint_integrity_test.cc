@@ -1,7 +1,11 @@
 // What a checkpoint must never do silently: be believed after a bit of its manifest flipped,
 // resume at a step its directory does not name, hold a non-finite tensor, or leave a run with
 // checkpoints to fall back on starting afresh because `latest` is gone or damaged.
+#include <sys/resource.h>
+
+#include <algorithm>
 #include <cmath>
+#include <csignal>
 #include <filesystem>
 #include <fstream>
 #include <limits>
@@ -153,6 +157,61 @@ TEST(NonFiniteCheckpointTest, IsRefusedWhenRead) {
   const absl::Status loaded = Load(*MakeTrainer(config), saved);
   ASSERT_FALSE(loaded.ok());
   EXPECT_THAT(std::string(loaded.message()), HasSubstr("non-finite"));
+}
+
+// A file system that refuses writes past a size, for this process: RLIMIT_FSIZE with SIGXFSZ
+// ignored makes a write past `bytes` fail with EFBIG, as ENOSPC would on a full disk. Restored
+// when it goes out of scope.
+class FileSizeLimit {
+ public:
+  explicit FileSizeLimit(rlim_t bytes) {
+    getrlimit(RLIMIT_FSIZE, &saved_);
+    previous_handler_ = std::signal(SIGXFSZ, SIG_IGN);
+    rlimit limited = saved_;
+    limited.rlim_cur = bytes;
+    setrlimit(RLIMIT_FSIZE, &limited);
+  }
+  ~FileSizeLimit() {
+    setrlimit(RLIMIT_FSIZE, &saved_);
+    std::signal(SIGXFSZ, previous_handler_);
+  }
+
+ private:
+  rlimit saved_{};
+  void (*previous_handler_)(int) = SIG_DFL;
+};
+
+// A save that fails for lack of space says why (the OS's reason and the file) and leaves no
+// staging directory behind to fill the disk further; `latest` and the previous checkpoint stay.
+TEST(FailedSaveTest, LeavesNothingBehindAndSaysWhy) {
+  TempDir dir;
+  const TrainConfig config = TinyConfig(launcher::TrainOptions::FP32);
+  auto trainer = MakeTrainer(config);
+  TrainSteps(*trainer, 1);
+  NF_ASSERT_OK(Save(*trainer, dir.path()));
+  TrainSteps(*trainer, 1);
+  absl::Status saved;
+  {
+    const FileSizeLimit full(4096);  // the shard is larger
+    saved = Save(*trainer, dir.path());
+  }
+  ASSERT_FALSE(saved.ok());
+  EXPECT_THAT(std::string(saved.message()), HasSubstr("cannot write "));
+  EXPECT_THAT(std::string(saved.message()), HasSubstr("rank_00000.shard: File too large"));
+  std::vector<std::string> names;
+  for (const auto& entry : fs::directory_iterator(dir.path())) {
+    names.push_back(entry.path().filename().string());
+  }
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(names, (std::vector<std::string>{"iter_0000001", "latest"}));
+  // ReplaceFileAtomically (latest, a run's config.pbtxt) likewise leaves no .tmp.
+  absl::Status replaced;
+  {
+    const FileSizeLimit full(16);
+    replaced = ReplaceFileAtomically(dir.path() / "config.pbtxt", std::string(100, 'x'));
+  }
+  EXPECT_THAT(std::string(replaced.message()), HasSubstr("config.pbtxt.tmp: File too large"));
+  EXPECT_FALSE(fs::exists(dir.path() / "config.pbtxt.tmp"));
 }
 
 TEST(ResumePointTest, TakesLatestWhenItIsGood) {
