@@ -3,8 +3,6 @@
 #include "data/indexed_dataset.h"
 
 #include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -20,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "core/status.h"
+#include "data/mapped_file.h"
 
 namespace nf::data {
 namespace {
@@ -120,50 +119,6 @@ absl::Status Rename(const std::string& from, const std::string& to) {
   }
   return absl::OkStatus();
 }
-
-// A read-only mapping of a whole file; an empty file has no mapping (mmap rejects length 0).
-struct MappedFile {
-  MappedFile() = default;
-  MappedFile(const MappedFile&) = delete;
-  MappedFile& operator=(const MappedFile&) = delete;
-  ~MappedFile() {
-    if (data != nullptr) ::munmap(const_cast<uint8_t*>(data), static_cast<size_t>(size));
-  }
-
-  absl::Status Map(const std::string& file) {
-    path = file;
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return IoError("indexed dataset: cannot open", path, errno);
-    struct stat st;
-    if (::fstat(fd, &st) != 0) {
-      const int error = errno;
-      ::close(fd);
-      return IoError("indexed dataset: cannot stat", path, error);
-    }
-    if (!S_ISREG(st.st_mode)) {
-      ::close(fd);
-      return absl::FailedPreconditionError(
-          absl::StrCat("indexed dataset ", path, ": not a regular file"));
-    }
-    size = static_cast<int64_t>(st.st_size);
-    if (size > 0) {
-      // MAP_SHARED: every rank on a node shares one copy of the pages in the page cache.
-      void* mapped = ::mmap(nullptr, static_cast<size_t>(size), PROT_READ, MAP_SHARED, fd, 0);
-      if (mapped == MAP_FAILED) {
-        const int error = errno;
-        ::close(fd);
-        return IoError("indexed dataset: cannot mmap", path, error);
-      }
-      data = static_cast<const uint8_t*>(mapped);
-    }
-    ::close(fd);  // the mapping keeps the file open
-    return absl::OkStatus();
-  }
-
-  std::string path;
-  const uint8_t* data = nullptr;
-  int64_t size = 0;
-};
 
 absl::Status Corrupt(const std::string& path, absl::string_view problem) {
   return absl::DataLossError(absl::StrCat("indexed dataset ", path, ": ", problem));
@@ -374,8 +329,8 @@ absl::StatusOr<std::unique_ptr<IndexedDataset>> IndexedDataset::Open(const std::
   const std::string bin_path = absl::StrCat(prefix, ".bin");
   NF_RETURN_IF_ERROR(m->idx.Map(idx_path));
   NF_RETURN_IF_ERROR(m->bin.Map(bin_path));
-  const uint8_t* idx = m->idx.data;
-  const auto idx_size = static_cast<uint64_t>(m->idx.size);
+  const uint8_t* idx = m->idx.data();
+  const auto idx_size = static_cast<uint64_t>(m->idx.size());
 
   // Header.
   if (idx_size < kHeaderSize) {
@@ -438,7 +393,7 @@ absl::StatusOr<std::unique_ptr<IndexedDataset>> IndexedDataset::Open(const std::
 
   // Sequences: each within the .bin and directly after the previous one. The running offset
   // never exceeds the .bin size, so nothing here can overflow.
-  const int64_t bin_size = m->bin.size;
+  const int64_t bin_size = m->bin.size();
   int64_t offset = 0;
   for (int64_t i = 0; i < m->num_sequences; ++i) {
     const auto length = Load<int32_t>(m->lengths + i * 4);
@@ -506,7 +461,7 @@ void IndexedDataset::ReadTokens(int64_t i, int64_t offset, int64_t count, int32_
   if (count <= 0) return;  // also keeps an empty .bin's null mapping out of memcpy
   const Mapping& m = *mapping_;
   const int64_t element = ElementSize(m.dtype);
-  const uint8_t* src = m.bin.data + Load<int64_t>(m.pointers + i * 8) + offset * element;
+  const uint8_t* src = m.bin.data() + Load<int64_t>(m.pointers + i * 8) + offset * element;
   if (m.dtype == TokenDType::kI32) {
     std::memcpy(out, src, static_cast<size_t>(count) * sizeof(int32_t));
     return;

@@ -6,6 +6,7 @@
 // succeeded.
 #include "data/indexed_dataset.h"
 
+#include <signal.h>
 #include <stdlib.h>
 #include <unistd.h>
 
@@ -24,6 +25,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "data/mapped_file.h"
 #include "test_util.h"
 
 namespace nf::data {
@@ -585,6 +587,58 @@ TEST(IndexedDatasetBadInputBaseline, DirectoryInsteadOfIdx) {
   ASSERT_FALSE(dataset.ok());
   EXPECT_THAT(std::string(dataset.status().message()),
               HasSubstr(prefix + ".idx: not a regular file"));
+}
+
+// ---- A file truncated under the reader ------------------------------------------------------
+
+// Two documents of 40,000 u16 tokens: the .bin is 160,000 bytes, the second document starts at
+// byte 80,000 and mostly lies in pages that no longer exist once the file is cut at the first
+// page boundary after the first document.
+off_t CutAfterFirstDocument() {
+  const off_t page = ::sysconf(_SC_PAGESIZE);
+  return (80000 / page + 1) * page;
+}
+
+std::string WriteTwoLongDocuments(const ScratchDir& dir) {
+  const std::string prefix = dir.Prefix("long");
+  WriteDataset(prefix, TokenDType::kU16,
+               {std::vector<int32_t>(40000, 5), std::vector<int32_t>(40000, 6)});
+  return prefix;
+}
+
+TEST(IndexedDatasetTruncatedTest, ReadingPastTheNewEndIsOneLineNamingTheFile) {
+  ScratchDir dir;
+  const std::string prefix = WriteTwoLongDocuments(dir);
+  const std::unique_ptr<IndexedDataset> dataset = OpenOrDie(prefix);
+  // What another program (an nf-preprocess writing the same prefix, a copy) does to the file.
+  ASSERT_EQ(::truncate((prefix + ".bin").c_str(), CutAfterFirstDocument()), 0);
+  EXPECT_EQ(Sequence(*dataset, 0), std::vector<int32_t>(40000, 5));  // still all there
+  // Without the handler the process dies of SIGBUS without a word.
+  EXPECT_EXIT(
+      Sequence(*dataset, 1), ::testing::ExitedWithCode(kMappedFileTruncatedExitCode),
+      ::testing::ContainsRegex("^[^\n]*" + prefix +
+                               ".bin was truncated or replaced while this process was reading "
+                               "it \\(SIGBUS at byte " +
+                               std::to_string(CutAfterFirstDocument()) +
+                               " of the 160000 bytes it had when opened\\); restore the "
+                               "file[^\n]*\n$"));
+}
+
+TEST(IndexedDatasetTruncatedTest, OtherSigbusKeepsItsDefaultAction) {
+  ScratchDir dir;
+  const std::unique_ptr<IndexedDataset> dataset = OpenOrDie(WriteTwoLongDocuments(dir));
+  EXPECT_EXIT(::raise(SIGBUS), ::testing::KilledBySignal(SIGBUS), "");
+}
+
+TEST(IndexedDatasetTruncatedTest, ClosedDatasetsAreForgotten) {
+  ScratchDir dir;
+  const std::string prefix = WriteTwoLongDocuments(dir);
+  // Mapping and unmapping many times must not fill the handler's table of mappings.
+  for (int i = 0; i < 5000; ++i) OpenOrDie(prefix);
+  const std::unique_ptr<IndexedDataset> dataset = OpenOrDie(prefix);
+  ASSERT_EQ(::truncate((prefix + ".bin").c_str(), CutAfterFirstDocument()), 0);
+  EXPECT_EXIT(Sequence(*dataset, 1), ::testing::ExitedWithCode(kMappedFileTruncatedExitCode),
+              ::testing::HasSubstr(prefix + ".bin was truncated"));
 }
 
 // ---- Writer ----------------------------------------------------------------------------------
