@@ -52,6 +52,10 @@ class Gpt2Bpe final : public Tokenizer {
   int64_t vocab_size() const override { return static_cast<int64_t>(id_bytes_.size()); }
   // The id of "<|endoftext|>" when the vocabulary has it (GPT-2's 50256).
   std::optional<int32_t> end_of_document() const override { return end_of_document_; }
+  // Exact: a space before a non-space character always starts a pre-token (` ?\p{L}+` and its
+  // siblings take it, and a whitespace run before it ends there), and the pre-tokens before it
+  // are the same when the text ends there.
+  SpaceAtCut space_at_cut() const override { return SpaceAtCut::kStartsNext; }
 
  private:
   struct Merge {

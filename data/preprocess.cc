@@ -15,6 +15,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
+#include "data/chunked_encoding.h"
 #include "data/indexed_dataset.h"
 
 namespace nf::data {
@@ -90,14 +91,15 @@ class BatchQueue {
   bool closed_ = false;
 };
 
-// tokenizer.Encode(text), with what a tokenizer library may throw (SentencePiece allocates per
-// document, so a huge one can end in std::bad_alloc) turned into a status: an exception must not
-// leave an encoder thread, where it would end the process without a word and leave the output's
-// temporaries behind.
+// The document's ids, encoded in chunks of kDefaultMaxChunkBytes at most so that a tokenizer's
+// per-call memory stays bounded whatever the document's size (chunked_encoding.h), with what a
+// tokenizer library may still throw (std::bad_alloc when even a chunk does not fit) turned into
+// a status: an exception must not leave an encoder thread, where it would end the process
+// without a word and leave the output's temporaries behind.
 absl::StatusOr<std::vector<int32_t>> EncodeOrStatus(const Tokenizer& tokenizer,
                                                     const std::string& text) {
   try {
-    return tokenizer.Encode(text);
+    return EncodeInChunks(tokenizer, text);
   } catch (const std::bad_alloc&) {
     return absl::ResourceExhaustedError(
         absl::StrCat("out of memory encoding a document of ", text.size(),

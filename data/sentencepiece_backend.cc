@@ -39,6 +39,8 @@ int Model::piece_size() const { return processor_->GetPieceSize(); }
 
 int Model::eos_id() const { return processor_->eos_id(); }
 
+std::string Model::serialized_proto() const { return processor_->serialized_model_proto(); }
+
 Result Train(const std::unordered_map<std::string, std::string>& flags) {
   return FromStatus(sentencepiece::SentencePieceTrainer::Train(flags));
 }

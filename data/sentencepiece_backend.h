@@ -38,6 +38,8 @@ class Model {
   Result Decode(const std::vector<int>& ids, std::string* text) const;
   int piece_size() const;
   int eos_id() const;  // -1 when the model has none
+  // The model's ModelProto, serialized (sentencepiece_model_options.h reads it).
+  std::string serialized_proto() const;
 
  private:
   explicit Model(std::unique_ptr<sentencepiece::SentencePieceProcessor> processor);

@@ -10,6 +10,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "data/sentencepiece_model_options.h"
 
 namespace nf::data {
 namespace {
@@ -28,10 +29,21 @@ absl::Status CheckReadable(const std::string& path, absl::string_view what) {
   return absl::OkStatus();
 }
 
+// Where a text's single space goes when it is cut there (Tokenizer::space_at_cut). With a dummy
+// prefix, the next chunk's own implicit space stands for it, whichever side the pieces keep
+// whitespace on ("a b" is "▁a▁b", or "a▁b▁" as suffixes: "▁a" + "▁b", "a▁" + "b▁"). Without one,
+// the space stays with the chunk whose pieces hold it.
+Tokenizer::SpaceAtCut SpaceAtCutOf(const SentencePieceWhitespaceOptions& options) {
+  if (options.add_dummy_prefix) return Tokenizer::SpaceAtCut::kDropped;
+  return options.treat_whitespace_as_suffix ? Tokenizer::SpaceAtCut::kEndsPrevious
+                                            : Tokenizer::SpaceAtCut::kStartsNext;
+}
+
 }  // namespace
 
-SentencePieceTokenizer::SentencePieceTokenizer(std::unique_ptr<sentencepiece_backend::Model> model)
-    : model_(std::move(model)) {}
+SentencePieceTokenizer::SentencePieceTokenizer(std::unique_ptr<sentencepiece_backend::Model> model,
+                                               SpaceAtCut space_at_cut)
+    : model_(std::move(model)), space_at_cut_(space_at_cut) {}
 
 SentencePieceTokenizer::~SentencePieceTokenizer() = default;
 
@@ -48,7 +60,14 @@ absl::StatusOr<std::unique_ptr<SentencePieceTokenizer>> SentencePieceTokenizer::
     return absl::InvalidArgumentError(
         absl::StrCat("cannot load SentencePiece model ", path, ": ", result.message));
   }
-  return std::unique_ptr<SentencePieceTokenizer>(new SentencePieceTokenizer(std::move(model)));
+  const absl::StatusOr<SentencePieceWhitespaceOptions> options =
+      ReadWhitespaceOptions(model->serialized_proto());
+  if (!options.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot load SentencePiece model ", path, ": ", options.status().message()));
+  }
+  return std::unique_ptr<SentencePieceTokenizer>(
+      new SentencePieceTokenizer(std::move(model), SpaceAtCutOf(*options)));
 }
 
 absl::Status SentencePieceTokenizer::Train(const SentencePieceTrainOptions& options) {

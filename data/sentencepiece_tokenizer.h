@@ -49,10 +49,19 @@ class SentencePieceTokenizer final : public Tokenizer {
   int64_t vocab_size() const override { return model_->piece_size(); }
   // The model's </s> id (2 by SentencePiece's default), unless it was trained without one.
   std::optional<int32_t> end_of_document() const override;
+  // From the model's options: kDropped with a dummy prefix (the default), else the side its
+  // pieces keep whitespace on. The ids are those of the whole text when the model was also
+  // trained with split_by_whitespace (the default: no piece spans a space) and, without a
+  // dummy prefix, with remove_extra_whitespaces off (else a chunk's edge space is stripped);
+  // except that of two segmentations of a word that score the same, SentencePiece may pick the
+  // other one (it compares float running scores, whose rounding depends on the text before).
+  SpaceAtCut space_at_cut() const override { return space_at_cut_; }
 
  private:
-  explicit SentencePieceTokenizer(std::unique_ptr<sentencepiece_backend::Model> model);
+  SentencePieceTokenizer(std::unique_ptr<sentencepiece_backend::Model> model,
+                         SpaceAtCut space_at_cut);
   std::unique_ptr<sentencepiece_backend::Model> model_;
+  SpaceAtCut space_at_cut_;
 };
 
 }  // namespace nf::data

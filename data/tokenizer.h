@@ -34,6 +34,19 @@ class Tokenizer {
 
   // The id appended after each document, when the vocabulary defines one.
   virtual std::optional<int32_t> end_of_document() const = 0;
+
+  // Where a single space between two non-space characters goes when a text too long to encode
+  // in one call is cut there (chunked_encoding.h), chosen so that the chunks' ids, concatenated,
+  // are the ids of the whole text whenever the tokenizer's own splitting allows it.
+  enum class SpaceAtCut {
+    kStartsNext,    // Encode("a") ++ Encode(" b") == Encode("a b"), as for GPT-2's pre-tokens
+    kEndsPrevious,  // Encode("a ") ++ Encode("b"): whitespace ends the pieces
+    kDropped,       // Encode("a") ++ Encode("b"): the space each text implicitly starts with
+                    // (SentencePiece's dummy prefix) stands for it
+  };
+  // The default keeps every byte of the text, which is all a tokenizer that does not say more
+  // can be promised.
+  virtual SpaceAtCut space_at_cut() const { return SpaceAtCut::kStartsNext; }
 };
 
 }  // namespace nf::data

@@ -1,0 +1,45 @@
+// Encoding a document of any length in bounded memory. Tokenizers hold per-byte state for the
+// whole text of one Encode call: SentencePiece 0.1.97 peaks at 80-90 bytes per input byte (4.5 GB
+// for one 50 MB document, or std::bad_alloc), GPT-2's BPE keeps a 16-byte view per pre-token.
+// So documents longer than a chunk limit are encoded piecewise, cut where the tokenizer's own
+// splitting cuts anyway, and the chunks' ids concatenated. (docs/design.md section 6.1.)
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "data/tokenizer.h"
+
+namespace nf::data {
+
+// 1 MiB: beyond almost every real document (web pages, papers, most books), which are therefore
+// encoded whole exactly as before, while one call's working memory stays near 90 MiB per
+// encoding thread with SentencePiece (a few MiB with GPT-2's BPE), whatever the document's size.
+// Smaller chunks would save memory but cut more of the long texts without spaces, where a cut
+// may change ids (below).
+inline constexpr size_t kDefaultMaxChunkBytes = size_t{1} << 20;
+
+// tokenizer.Encode(text) when the text has at most `max_chunk_bytes` bytes (at least 4 are
+// used: one UTF-8 character). A longer text is encoded in chunks of at most that many bytes,
+// each cut at the last single ASCII space between two non-space characters (Unicode White_Space
+// decides) that fits, the space going where tokenizer.space_at_cut() says. GPT-2's
+// pre-tokenization starts a token there, and so do SentencePiece models that split by
+// whitespace (the default, and what nf-preprocess trains), so the ids are those of encoding the
+// text whole (tests/data/chunked_encoding_test.cc), except that SentencePiece may break a tie
+// between two segmentations of a word that score the same the other way (it compares float
+// running scores, whose rounding depends on all the text before). That rounding also makes
+// SentencePiece's whole-text encoding of a text of many megabytes drift from the model's best
+// segmentation, which chunks keep small.
+//
+// A stretch of `max_chunk_bytes` without such a space (text without spaces, such as Chinese or
+// Japanese, or a base64 blob) is cut at the last UTF-8 character boundary that fits instead; the
+// ids next to that cut may differ from whole-text encoding (a word split in two, and a
+// SentencePiece model with a dummy prefix starts a new word there, as if a space stood there).
+absl::StatusOr<std::vector<int32_t>> EncodeInChunks(const Tokenizer& tokenizer,
+                                                    absl::string_view text,
+                                                    size_t max_chunk_bytes = kDefaultMaxChunkBytes);
+
+}  // namespace nf::data

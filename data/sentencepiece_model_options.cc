@@ -1,0 +1,104 @@
+#include "data/sentencepiece_model_options.h"
+
+#include <cstdint>
+
+namespace nf::data {
+namespace {
+
+// Protobuf's wire types (https://protobuf.dev/programming-guides/encoding/). Groups (3, 4) are
+// not used by sentencepiece_model.proto and are rejected as malformed.
+enum WireType : uint64_t { kVarint = 0, kFixed64 = 1, kLengthDelimited = 2, kFixed32 = 5 };
+
+constexpr uint64_t kTrainerSpec = 2;               // ModelProto
+constexpr uint64_t kNormalizerSpec = 3;            // ModelProto
+constexpr uint64_t kTreatWhitespaceAsSuffix = 24;  // TrainerSpec
+constexpr uint64_t kAddDummyPrefix = 3;            // NormalizerSpec
+
+// One field of a message: its number and wire type, and its value when a varint or bytes.
+struct Field {
+  uint64_t number = 0;
+  uint64_t wire_type = 0;
+  uint64_t varint = 0;
+  absl::string_view bytes;
+};
+
+// A base-128 varint from the front of `in`, which it consumes; false when truncated or longer
+// than 10 bytes.
+bool ReadVarint(absl::string_view& in, uint64_t& value) {
+  value = 0;
+  for (int shift = 0; shift < 64 && !in.empty(); shift += 7) {
+    const auto byte = static_cast<unsigned char>(in.front());
+    in.remove_prefix(1);
+    value |= static_cast<uint64_t>(byte & 0x7F) << shift;
+    if ((byte & 0x80) == 0) return true;
+  }
+  return false;
+}
+
+// Calls visit(field) for each field of `message` in order (a repeated or merged field appears
+// once per occurrence, so the last value wins, as protobuf's parsers decide); false when the
+// bytes are not wire format.
+template <typename Visit>
+bool ForEachField(absl::string_view message, const Visit& visit) {
+  while (!message.empty()) {
+    uint64_t tag;
+    if (!ReadVarint(message, tag)) return false;
+    Field field;
+    field.number = tag >> 3;
+    field.wire_type = tag & 7;
+    switch (field.wire_type) {
+      case kVarint:
+        if (!ReadVarint(message, field.varint)) return false;
+        break;
+      case kFixed64:
+      case kFixed32: {
+        const size_t size = field.wire_type == kFixed64 ? 8 : 4;
+        if (message.size() < size) return false;
+        message.remove_prefix(size);
+        break;
+      }
+      case kLengthDelimited: {
+        uint64_t size;
+        if (!ReadVarint(message, size) || size > message.size()) return false;
+        field.bytes = message.substr(0, size);
+        message.remove_prefix(size);
+        break;
+      }
+      default:
+        return false;
+    }
+    visit(field);
+  }
+  return true;
+}
+
+// The bool field `number` of `message` into *value, when present.
+bool ReadBool(absl::string_view message, uint64_t number, bool* value) {
+  return ForEachField(message, [&](const Field& field) {
+    if (field.number == number && field.wire_type == kVarint) *value = field.varint != 0;
+  });
+}
+
+}  // namespace
+
+absl::StatusOr<SentencePieceWhitespaceOptions> ReadWhitespaceOptions(
+    absl::string_view model_proto) {
+  SentencePieceWhitespaceOptions options;
+  bool well_formed = true;
+  const bool top_level_well_formed = ForEachField(model_proto, [&](const Field& field) {
+    if (field.wire_type != kLengthDelimited) return;
+    if (field.number == kTrainerSpec) {
+      well_formed &=
+          ReadBool(field.bytes, kTreatWhitespaceAsSuffix, &options.treat_whitespace_as_suffix);
+    } else if (field.number == kNormalizerSpec) {
+      well_formed &= ReadBool(field.bytes, kAddDummyPrefix, &options.add_dummy_prefix);
+    }
+  });
+  if (!top_level_well_formed || !well_formed) {
+    return absl::InvalidArgumentError(
+        "the SentencePiece model's ModelProto is not well-formed protobuf wire format");
+  }
+  return options;
+}
+
+}  // namespace nf::data

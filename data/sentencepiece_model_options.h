@@ -1,0 +1,27 @@
+// The options of a SentencePiece model that decide which side of a cut a space belongs to
+// (Tokenizer::space_at_cut), read from the model's serialized ModelProto: libsentencepiece's
+// public API gives the proto only as bytes (its generated header is not installed, and this
+// build must not link protobuf, see data/CMakeLists.txt), so the few fields needed are read
+// from protobuf's wire format here.
+#pragma once
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace nf::data {
+
+// With their defaults in sentencepiece_model.proto, which apply when a field is absent.
+struct SentencePieceWhitespaceOptions {
+  // NormalizerSpec.add_dummy_prefix (field 3): every text is encoded as if it began with a
+  // space, so "world" alone and in "hello world" give the same pieces.
+  bool add_dummy_prefix = true;
+  // TrainerSpec.treat_whitespace_as_suffix (field 24): pieces end with the space ("world▁")
+  // instead of starting with it.
+  bool treat_whitespace_as_suffix = false;
+};
+
+// From ModelProto's bytes (trainer_spec is field 2, normalizer_spec field 3). InvalidArgument
+// when they are not well-formed protobuf wire format.
+absl::StatusOr<SentencePieceWhitespaceOptions> ReadWhitespaceOptions(absl::string_view model_proto);
+
+}  // namespace nf::data

@@ -1,0 +1,476 @@
+// Tests of data/chunked_encoding.h: a text longer than the chunk limit, encoded in chunks, gives
+// the ids of encoding it whole, for GPT-2's BPE (a toy vocabulary whose merges involve spaces)
+// and, up to the ties SentencePiece itself breaks by float rounding, for SentencePiece models
+// trained here with nf-preprocess's options and with the other whitespace options a downloaded
+// model may have; where no space fits, chunks end on UTF-8 character boundaries. Small chunk
+// limits make every text long.
+#include "data/chunked_encoding.h"
+
+#include <unistd.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <optional>
+#include <ostream>
+#include <random>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "data/sentencepiece_backend.h"
+#include "data/sentencepiece_tokenizer.h"
+#include "data/unicode_class.h"
+#include "tests/assert_ok.h"
+#include "tests/data/gpt2_toy_vocab.h"
+
+namespace nf::data {
+namespace {
+
+using Ids = std::vector<int32_t>;
+using SpaceAtCut = Tokenizer::SpaceAtCut;
+
+// Limits for cuts without a space in reach, and limits VariedText always has a space within.
+constexpr size_t kSmallChunkLimits[] = {4, 7, 16, 31};
+constexpr size_t kChunkLimits[] = {64, 100, 257};
+
+// Text with what tokenizers treat specially: pseudo-words and words separated mostly by single
+// spaces, but also by runs of spaces, tabs, newlines and CRLF, or glued; punctuation,
+// contractions, digits, non-ASCII letters, non-ASCII whitespace (NBSP, U+3000), CJK, emoji and
+// characters that normalization changes.
+// Every other word is followed by a single space, so a cut point (a single space between two
+// non-space characters) comes at least every 49 bytes.
+std::string VariedText(std::mt19937& rng, size_t bytes) {
+  static const char* const kSyllables[] = {"ka", "lo", "mi", "ne", "ru", "sa", "to",  "vi",
+                                           "pe", "da", "go", "fu", "zi", "ba", "che", "str"};
+  static const char* const kWords[] = {
+      "über", "naïve", "café", "Ωμέγα", "漢字", "日本語", "42", "3.14", "2026", "😀", "he's",
+      "we're", "I'm", "The", "x=1;", "(a,b)", "...", "!?", "-", "#", "\"quo\"",
+      // Characters SentencePiece's NFKC normalization changes, deletes, or turns into a space:
+      // zero-width space, acute accent, combining acute, fullwidth A, ligature fi, line and
+      // next-line separators, BOM, controls, soft hyphen, word joiner, circled 1, "...".
+      "\u200B", "\u00B4", "e\u0301", "\u0301", "Ａ", "ﬁ", "\u2028", "\u0085", "\uFEFF", "\x01",
+      "\u00AD", "\u2060", "①", "…"};
+  static const char* const kSeparators[] = {"  ", "   ", "\t",     "\n",     "\n\n",    "\r\n",
+                                            ", ", ". ",  "\u00A0", "\u3000", " \u00A0", ""};
+  const auto word = [&] {
+    if (rng() % 3 == 0) return std::string(kWords[rng() % std::size(kWords)]);
+    std::string syllables;
+    for (int s = 1 + rng() % 3; s > 0; --s) syllables += kSyllables[rng() % std::size(kSyllables)];
+    return syllables;
+  };
+  std::string text;
+  for (int w = 0; text.size() < bytes; ++w) {
+    text += word();
+    if (rng() % 8 == 0) text += word();  // two glued
+    text += w % 2 == 1 || rng() % 2 == 0 ? " " : kSeparators[rng() % std::size(kSeparators)];
+  }
+  return text;
+}
+
+// Wraps a tokenizer: records the texts Encode is called with, and may claim another
+// space_at_cut (to show that the claim matters).
+class Recorder final : public Tokenizer {
+ public:
+  explicit Recorder(const Tokenizer& inner, std::optional<SpaceAtCut> claim = std::nullopt)
+      : inner_(inner), claim_(claim) {}
+  absl::StatusOr<Ids> Encode(absl::string_view text) const override {
+    chunks.emplace_back(text);
+    return inner_.Encode(text);
+  }
+  absl::StatusOr<std::string> Decode(std::span<const int32_t> ids) const override {
+    return inner_.Decode(ids);
+  }
+  int64_t vocab_size() const override { return inner_.vocab_size(); }
+  std::optional<int32_t> end_of_document() const override { return inner_.end_of_document(); }
+  SpaceAtCut space_at_cut() const override { return claim_.value_or(inner_.space_at_cut()); }
+
+  mutable std::vector<std::string> chunks;
+
+ private:
+  const Tokenizer& inner_;
+  std::optional<SpaceAtCut> claim_;
+};
+
+// Id = byte; any cut keeps the ids of the bytes it keeps.
+class ByteTokenizer final : public Tokenizer {
+ public:
+  absl::StatusOr<Ids> Encode(absl::string_view text) const override {
+    return Ids(text.begin(), text.end());
+  }
+  absl::StatusOr<std::string> Decode(std::span<const int32_t> ids) const override {
+    return std::string(ids.begin(), ids.end());
+  }
+  int64_t vocab_size() const override { return 256; }
+  std::optional<int32_t> end_of_document() const override { return std::nullopt; }
+};
+
+// Whether `chunk` is whole UTF-8 characters (no sequence cut at either end).
+bool IsWholeCharacters(const std::string& chunk) {
+  for (size_t pos = 0; pos < chunk.size();) {
+    const Utf8Char c = NextUtf8Char(chunk, pos);
+    if (c.length == 1 && static_cast<unsigned char>(chunk[pos]) >= 0x80) return false;
+    pos += c.length;
+  }
+  return true;
+}
+
+// A text's ids encoded whole and by EncodeInChunks, whose chunks are checked to fit the limit.
+struct WholeAndChunked {
+  Ids whole, chunked;
+  std::vector<std::string> chunks;
+};
+
+WholeAndChunked EncodeBothWays(const Tokenizer& tokenizer, const std::string& text, size_t limit) {
+  const Recorder recorder(tokenizer);
+  absl::StatusOr<Ids> whole = tokenizer.Encode(text);
+  absl::StatusOr<Ids> chunked = EncodeInChunks(recorder, text, limit);
+  NF_EXPECT_OK(whole);
+  NF_EXPECT_OK(chunked);
+  if (text.size() > limit) {
+    EXPECT_GT(recorder.chunks.size(), 1u);
+  }
+  for (const std::string& chunk : recorder.chunks) EXPECT_LE(chunk.size(), limit);
+  return {.whole = whole.value_or(Ids{}),
+          .chunked = chunked.value_or(Ids{}),
+          .chunks = recorder.chunks};
+}
+
+std::string Chunks(const WholeAndChunked& result) {
+  return absl::StrCat("chunks:\n[", absl::StrJoin(result.chunks, "]\n["), "]");
+}
+
+// A SentencePiece model's pieces and scores, from the PREFIX.vocab its training wrote: one
+// "piece<TAB>score" line per id.
+struct Vocabulary {
+  std::vector<std::string> pieces;
+  std::vector<double> scores;
+};
+
+Vocabulary ReadVocabulary(const std::string& path) {
+  Vocabulary vocabulary;
+  std::ifstream in(path);
+  for (std::string line; std::getline(in, line);) {
+    const size_t tab = line.find('\t');
+    vocabulary.pieces.push_back(line.substr(0, tab));
+    vocabulary.scores.push_back(std::stod(line.substr(tab + 1)));
+  }
+  return vocabulary;
+}
+
+// Whether `chunked` segments the text as `whole` does, except where two segmentations of a
+// stretch score the same within float precision (a run of four periods as "." "..." or "..."
+// "."; "salostr" as "sa" "lostr" or "salo" "str", -11.85593 and -11.85590). SentencePiece
+// compares paths by a float running score, so it breaks such a tie by rounding, which depends
+// on all the text before; a chunk starts that sum afresh and may break it the other way. A
+// space lost or doubled at a cut, or a word split, spells another text and is never a tie.
+::testing::AssertionResult SameSegmentationUpToTies(const Ids& whole, const Ids& chunked,
+                                                    const Vocabulary& vocabulary) {
+  // A float running score of magnitude S rounds in steps of S * 2^-23; a few steps of the whole
+  // text's total are what a comparison late in the text may get wrong.
+  double total = 0;
+  for (const int32_t id : whole) total += vocabulary.scores.at(id);
+  const double tolerance = std::abs(total) * 0x1p-20;
+  constexpr size_t kMaxTiePieces = 8;
+  size_t i = 0, j = 0;
+  while (i < whole.size() && j < chunked.size()) {
+    if (whole[i] == chunked[j]) {
+      ++i, ++j;
+      continue;
+    }
+    // The shortest stretches from i and j that spell the same text.
+    const size_t i0 = i, j0 = j;
+    std::string spelled_whole, spelled_chunked;
+    double score_whole = 0, score_chunked = 0;
+    do {
+      const bool extend_whole = spelled_whole.size() <= spelled_chunked.size();
+      size_t& k = extend_whole ? i : j;
+      const Ids& ids = extend_whole ? whole : chunked;
+      if (k == ids.size() || k - (extend_whole ? i0 : j0) == kMaxTiePieces) {
+        return ::testing::AssertionFailure() << "id " << j0 << " is " << chunked[j0] << " ("
+                                             << vocabulary.pieces.at(chunked[j0]) << ") where "
+                                             << "the whole text has " << whole[i0] << " ("
+                                             << vocabulary.pieces.at(whole[i0]) << ")";
+      }
+      (extend_whole ? spelled_whole : spelled_chunked) += vocabulary.pieces.at(ids[k]);
+      (extend_whole ? score_whole : score_chunked) += vocabulary.scores.at(ids[k]);
+      ++k;
+    } while (spelled_whole != spelled_chunked);
+    if (std::abs(score_whole - score_chunked) > tolerance) {
+      return ::testing::AssertionFailure()
+             << "\"" << spelled_whole << "\" scores " << score_chunked << " from id " << j0
+             << ", not the whole text's " << score_whole;
+    }
+  }
+  if (i != whole.size() || j != chunked.size()) {
+    return ::testing::AssertionFailure()
+           << chunked.size() << " ids, the whole text " << whole.size();
+  }
+  return ::testing::AssertionSuccess();
+}
+
+TEST(ChunkedEncodingTest, TextWithinTheLimitIsEncodedInOneCall) {
+  const ByteTokenizer bytes;
+  const Recorder recorder(bytes);
+  const std::string text(100, 'a');
+  NF_ASSERT_OK(EncodeInChunks(recorder, text, 100));
+  EXPECT_EQ(recorder.chunks, std::vector<std::string>{text});
+}
+
+// Each way of placing the space: the chunks, put back together with the space where the claim
+// says it went, are the text, and fit the limit. Where a space is in reach, the space of each
+// cut is where the claim says.
+TEST(ChunkedEncodingTest, CutsAtSingleSpacesKeepTheText) {
+  const ByteTokenizer bytes;
+  std::mt19937 rng(1);
+  for (const SpaceAtCut claim :
+       {SpaceAtCut::kStartsNext, SpaceAtCut::kEndsPrevious, SpaceAtCut::kDropped}) {
+    for (int trial = 0; trial < 20; ++trial) {
+      const std::string text = VariedText(rng, 2000);
+      for (const size_t limit : kChunkLimits) {
+        const Recorder recorder(bytes, claim);
+        NF_ASSERT_OK(EncodeInChunks(recorder, text, limit));
+        const std::vector<std::string>& chunks = recorder.chunks;
+        EXPECT_EQ(absl::StrJoin(chunks, claim == SpaceAtCut::kDropped ? " " : ""), text);
+        for (size_t i = 0; i < chunks.size(); ++i) {
+          ASSERT_LE(chunks[i].size(), limit);
+          if (i == 0) continue;
+          const std::string& before = chunks[i - 1];
+          const std::string& after = chunks[i];
+          switch (claim) {
+            case SpaceAtCut::kStartsNext:
+              EXPECT_TRUE(after[0] == ' ' && after[1] != ' ') << absl::CHexEscape(after);
+              break;
+            case SpaceAtCut::kEndsPrevious:
+              EXPECT_TRUE(before.back() == ' ' && before[before.size() - 2] != ' ')
+                  << absl::CHexEscape(before);
+              break;
+            case SpaceAtCut::kDropped:
+              EXPECT_TRUE(before.back() != ' ' && after[0] != ' ');
+              break;
+          }
+        }
+      }
+      for (const size_t limit : kSmallChunkLimits) {  // also cut where no space is in reach
+        const Recorder recorder(bytes, claim);
+        NF_ASSERT_OK(EncodeInChunks(recorder, text, limit));
+        if (claim != SpaceAtCut::kDropped) {
+          EXPECT_EQ(absl::StrJoin(recorder.chunks, ""), text);
+        }
+        for (const std::string& chunk : recorder.chunks) EXPECT_LE(chunk.size(), limit);
+      }
+    }
+  }
+}
+
+TEST(ChunkedEncodingTest, TextWithoutSpacesIsCutAtCharacterBoundaries) {
+  // 1-, 2-, 3- and 4-byte characters, no space anywhere.
+  static const char* const kCharacters[] = {"a", "é", "漢", "😀", "\u3000", "\n", "7"};
+  std::mt19937 rng(2);
+  std::string text;
+  while (text.size() < 3000) text += kCharacters[rng() % std::size(kCharacters)];
+  const ByteTokenizer bytes;
+  for (size_t limit = 1; limit <= 40; ++limit) {
+    const Recorder recorder(bytes);
+    NF_ASSERT_OK(EncodeInChunks(recorder, text, limit));
+    EXPECT_EQ(absl::StrJoin(recorder.chunks, ""), text);
+    for (const std::string& chunk : recorder.chunks) {
+      EXPECT_LE(chunk.size(), std::max<size_t>(limit, 4));  // below 4, one character is allowed
+      EXPECT_TRUE(IsWholeCharacters(chunk)) << "limit " << limit << ": " << absl::CHexEscape(chunk);
+    }
+  }
+}
+
+TEST(ChunkedEncodingTest, InvalidUtf8IsCutAnyway) {
+  std::mt19937 rng(3);
+  const ByteTokenizer bytes;
+  for (int trial = 0; trial < 50; ++trial) {
+    std::string text(1000, '\0');
+    for (char& c : text) c = static_cast<char>(rng() % 4 == 0 ? 0x80 + rng() % 64 : rng());
+    for (const size_t limit : kSmallChunkLimits) {
+      const Recorder recorder(bytes);
+      NF_ASSERT_OK(EncodeInChunks(recorder, text, limit));
+      EXPECT_EQ(absl::StrJoin(recorder.chunks, ""), text);
+      for (const std::string& chunk : recorder.chunks) EXPECT_LE(chunk.size(), limit);
+    }
+  }
+}
+
+// Merges of the words of VariedText, with and without their leading space, and of whitespace
+// runs: a cut that moved a space would change the ids.
+std::unique_ptr<Gpt2Bpe> ToyGpt2() {
+  const std::string space = ByteSymbol(' '), newline = ByteSymbol('\n');
+  std::vector<std::string> merges = {space + " " + space, newline + " " + newline};
+  for (const char* word : {"ka", "lo", "mi", "ne", "ru", "sa", "to", "vi", "th"}) {
+    const std::string left(1, word[0]), right(1, word[1]);
+    merges.push_back(left + " " + right);
+    merges.push_back(space + " " + word);
+  }
+  merges.push_back("th e");
+  merges.push_back(space + "th e");
+  merges.push_back("' s");
+  merges.push_back("4 2");
+  merges.push_back(space + " 42");
+  merges.push_back(ByteSymbol(0xC3) + " " + ByteSymbol(0xA9));  // é
+  return MakeBpe(MakeToy(merges, {"<|endoftext|>"}));
+}
+
+TEST(ChunkedEncodingTest, Gpt2IdsAreThoseOfTheWholeText) {
+  const std::unique_ptr<Gpt2Bpe> bpe = ToyGpt2();
+  ASSERT_EQ(bpe->space_at_cut(), SpaceAtCut::kStartsNext);
+  std::mt19937 rng(4);
+  for (int trial = 0; trial < 20; ++trial) {
+    const std::string text = VariedText(rng, 3000);
+    for (const size_t limit : kChunkLimits) {
+      const WholeAndChunked result = EncodeBothWays(*bpe, text, limit);
+      ASSERT_EQ(result.chunked, result.whole) << "limit " << limit << ", " << Chunks(result);
+    }
+  }
+}
+
+TEST(ChunkedEncodingTest, Gpt2WithTheSpaceOnTheWrongSideDiffers) {
+  // What the test above would not notice if the space's side did not matter.
+  const std::unique_ptr<Gpt2Bpe> bpe = ToyGpt2();
+  std::mt19937 rng(5);
+  const std::string text = VariedText(rng, 3000);
+  const Recorder wrong(*bpe, SpaceAtCut::kEndsPrevious);
+  const absl::StatusOr<Ids> chunked = EncodeInChunks(wrong, text, 100);
+  NF_ASSERT_OK(chunked);
+  EXPECT_NE(*chunked, *bpe->Encode(text));
+}
+
+TEST(ChunkedEncodingTest, Gpt2TextWithoutSpacesStillRoundTrips) {
+  const std::unique_ptr<Gpt2Bpe> bpe = ToyGpt2();
+  std::string text;
+  for (int i = 0; i < 200; ++i) text += "漢字kamié😀";
+  const absl::StatusOr<Ids> ids = EncodeInChunks(*bpe, text, 100);
+  NF_ASSERT_OK(ids);
+  EXPECT_EQ(*bpe->Decode(*ids), text);
+}
+
+// SentencePiece models trained on VariedText, one per whitespace configuration: what
+// nf-preprocess trains (SentencePiece's defaults) and what downloaded models use.
+struct SentencePieceConfig {
+  std::string name;
+  std::unordered_map<std::string, std::string> flags;  // beyond input, prefix, vocabulary
+  SpaceAtCut expected;
+  // A side for the space that changes the ids (none where remove_extra_whitespaces strips a
+  // chunk's edge spaces, so that every side gives the same).
+  std::optional<SpaceAtCut> wrong = std::nullopt;
+};
+
+void PrintTo(const SentencePieceConfig& config, std::ostream* out) { *out << config.name; }
+
+const std::vector<SentencePieceConfig>& SentencePieceConfigs() {
+  static const auto* configs = new std::vector<SentencePieceConfig>{
+      {.name = "defaults", .flags = {}, .expected = SpaceAtCut::kDropped, .wrong = std::nullopt},
+      {.name = "bpe",
+       .flags = {{"model_type", "bpe"}},
+       .expected = SpaceAtCut::kDropped,
+       .wrong = std::nullopt},
+      // As Llama's tokenizer: spaces kept as they are, digits split, bytes for unknown text.
+      {.name = "kept_whitespace",
+       .flags = {{"remove_extra_whitespaces", "false"},
+                 {"allow_whitespace_only_pieces", "true"},
+                 {"split_digits", "true"},
+                 {"byte_fallback", "true"}},
+       .expected = SpaceAtCut::kDropped,
+       .wrong = SpaceAtCut::kStartsNext},
+      {.name = "no_dummy_prefix",
+       .flags = {{"add_dummy_prefix", "false"}, {"remove_extra_whitespaces", "false"}},
+       .expected = SpaceAtCut::kStartsNext,
+       .wrong = SpaceAtCut::kDropped},
+      {.name = "suffix",
+       .flags = {{"treat_whitespace_as_suffix", "true"}},
+       .expected = SpaceAtCut::kDropped,
+       .wrong = std::nullopt},
+      {.name = "suffix_no_dummy_prefix",
+       .flags = {{"treat_whitespace_as_suffix", "true"},
+                 {"add_dummy_prefix", "false"},
+                 {"remove_extra_whitespaces", "false"}},
+       .expected = SpaceAtCut::kEndsPrevious,
+       .wrong = SpaceAtCut::kStartsNext},
+  };
+  return *configs;
+}
+
+class ChunkedSentencePieceTest : public ::testing::TestWithParam<SentencePieceConfig> {
+ protected:
+  // The models are trained once, on one corpus: training is the slow part.
+  static void SetUpTestSuite() {
+    dir_ = new std::filesystem::path(std::filesystem::path(::testing::TempDir()) /
+                                     absl::StrCat("nf_chunked_encoding_test_", getpid()));
+    std::filesystem::create_directories(*dir_);
+    std::mt19937 rng(6);
+    std::ofstream corpus(Path("corpus.txt"));
+    for (int i = 0; i < 2000; ++i) {
+      std::string sentence = VariedText(rng, 100);
+      for (char& c : sentence) c = c == '\n' || c == '\r' ? ' ' : c;  // one sentence a line
+      corpus << sentence << "\n";
+    }
+  }
+  static void TearDownTestSuite() {
+    std::filesystem::remove_all(*dir_);
+    delete dir_;
+  }
+  static std::string Path(const std::string& name) { return (*dir_ / name).string(); }
+
+  // nf-preprocess's own training for "defaults", SentencePiece's trainer with the flags else.
+  static std::unique_ptr<SentencePieceTokenizer> Train(const SentencePieceConfig& config) {
+    const std::string prefix = Path(config.name);
+    if (config.flags.empty()) {
+      NF_EXPECT_OK(SentencePieceTokenizer::Train(
+          {.inputs = {Path("corpus.txt")}, .model_prefix = prefix, .vocab_size = 400}));
+    } else {
+      std::unordered_map<std::string, std::string> flags = config.flags;
+      flags.insert({{"input", Path("corpus.txt")},
+                    {"model_prefix", prefix},
+                    {"vocab_size", "400"},
+                    {"character_coverage", "1.0"}});
+      const sentencepiece_backend::Result trained = sentencepiece_backend::Train(flags);
+      EXPECT_TRUE(trained.ok()) << trained.message;
+    }
+    absl::StatusOr<std::unique_ptr<SentencePieceTokenizer>> model =
+        SentencePieceTokenizer::Load(prefix + ".model");
+    NF_EXPECT_OK(model);
+    return model.ok() ? *std::move(model) : nullptr;
+  }
+
+  static std::filesystem::path* dir_;
+};
+
+std::filesystem::path* ChunkedSentencePieceTest::dir_ = nullptr;
+
+TEST_P(ChunkedSentencePieceTest, IdsAreThoseOfTheWholeText) {
+  const std::unique_ptr<SentencePieceTokenizer> model = Train(GetParam());
+  ASSERT_NE(model, nullptr);
+  EXPECT_EQ(model->space_at_cut(), GetParam().expected);
+  const Vocabulary vocabulary = ReadVocabulary(Path(GetParam().name + ".vocab"));
+  ASSERT_EQ(static_cast<int64_t>(vocabulary.pieces.size()), model->vocab_size());
+  std::mt19937 rng(7);
+  for (int trial = 0; trial < 20; ++trial) {
+    const std::string text = VariedText(rng, 3000);
+    for (const size_t limit : kChunkLimits) {
+      const WholeAndChunked result = EncodeBothWays(*model, text, limit);
+      ASSERT_TRUE(SameSegmentationUpToTies(result.whole, result.chunked, vocabulary))
+          << "limit " << limit << ", " << Chunks(result);
+    }
+  }
+  if (const std::optional<SpaceAtCut> wrong = GetParam().wrong) {
+    const std::string text = VariedText(rng, 3000);
+    const absl::StatusOr<Ids> chunked = EncodeInChunks(Recorder(*model, *wrong), text, 100);
+    NF_ASSERT_OK(chunked);
+    EXPECT_FALSE(SameSegmentationUpToTies(*model->Encode(text), *chunked, vocabulary));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Whitespace, ChunkedSentencePieceTest,
+                         ::testing::ValuesIn(SentencePieceConfigs()),
+                         [](const auto& info) { return info.param.name; });
+
+}  // namespace
+}  // namespace nf::data
