@@ -6,12 +6,18 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 
 namespace nf::monitoring {
 
 // The whole response (status line, headers and body) to `GET path` from address:port (IPv4);
-// Unavailable naming address:port when nothing accepts the connection.
-absl::StatusOr<std::string> FetchPage(const std::string& address, int port,
-                                      const std::string& path);
+// Unavailable naming address:port when nothing accepts the connection, DeadlineExceeded when
+// connecting, asking and reading the answer to its end take longer than `timeout` together.
+absl::StatusOr<std::string> FetchPage(const std::string& address, int port, const std::string& path,
+                                      absl::Duration timeout = absl::InfiniteDuration());
+
+// The same for a request sent exactly as given (tests send malformed and oversized ones).
+absl::StatusOr<std::string> Exchange(const std::string& address, int port,
+                                     const std::string& request, absl::Duration timeout);
 
 }  // namespace nf::monitoring
