@@ -26,6 +26,7 @@
 #include "launcher/stop_requests.h"
 #include "launcher/trainer.h"
 #include "monitoring/rank_metrics.h"
+#include "monitoring/socket_address.h"
 #include "parallel/watchdog.h"
 
 namespace nf::launcher {
@@ -348,8 +349,8 @@ class TrainingRun {
     RecordRunInfo(config_, *trainer_, *metrics_);
     if (writes_) {
       console_ << absl::StrFormat(
-          "metrics: every rank serves /metrics on %s:%d + its local rank (job label %s)\n",
-          config.bind_address(), config.port_base(), job);
+          "metrics: every rank serves /metrics on %s + its local rank (job label %s)\n",
+          monitoring::HostAndPort(config.bind_address(), config.port_base()), job);
     }
     return absl::OkStatus();
   }

@@ -1,6 +1,5 @@
 #include "monitoring/metrics_server.h"
 
-#include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -10,11 +9,13 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <optional>
 #include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "monitoring/socket_address.h"
 
 namespace nf::monitoring {
 namespace {
@@ -100,20 +101,23 @@ bool Accept(int listen_fd, std::vector<Connection>& connections) {
 
 absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(
     const std::string& address, int port, std::function<std::string()> render) {
-  const std::string where = absl::StrCat(address, ":", port);
-  sockaddr_in socket_address{};
-  socket_address.sin_family = AF_INET;
-  socket_address.sin_port = htons(static_cast<uint16_t>(port));
-  if (port <= 0 || port > 65535 ||
-      inet_pton(AF_INET, address.c_str(), &socket_address.sin_addr) != 1) {
+  const std::string where = HostAndPort(address, port);
+  const std::optional<SocketAddress> socket_address = ParseSocketAddress(address, port);
+  if (!socket_address) {
     return absl::InvalidArgumentError(
-        absl::StrCat("monitoring: ", where, " is not an IPv4 address and port"));
+        absl::StrCat("monitoring: ", where, " is not an IPv4 or IPv6 address and port"));
   }
   // Non-blocking: a client that resets between poll() and accept() must not stall the loop.
-  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  const int fd = ::socket(socket_address->family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   const int reuse = 1;
+  // IPv6 sockets take IPv4 connections too (as IPv4-mapped addresses), whatever the host's
+  // net.ipv6.bindv6only says: "::" then serves IPv4 scrapers as "0.0.0.0" does, besides IPv6
+  // ones, and an IPv4-mapped address ("::ffff:127.0.0.1") can be bound at all.
+  const int v6_only = 0;
   if (fd < 0 || ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &reuse, sizeof(reuse)) != 0 ||
-      ::bind(fd, reinterpret_cast<sockaddr*>(&socket_address), sizeof(socket_address)) != 0 ||
+      (socket_address->family == AF_INET6 &&
+       ::setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &v6_only, sizeof(v6_only)) != 0) ||
+      ::bind(fd, socket_address->get(), socket_address->length) != 0 ||
       ::listen(fd, SOMAXCONN) != 0) {
     const std::string reason = std::strerror(errno);
     if (fd >= 0) ::close(fd);

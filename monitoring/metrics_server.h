@@ -38,8 +38,9 @@ class MetricsServer {
   static constexpr std::chrono::milliseconds kRequestDeadline{2000};
   static constexpr size_t kMaxRequestBytes = 8192;
 
-  // Listens on address:port (IPv4, e.g. "0.0.0.0" or "127.0.0.1"); the error names the address
-  // and the reason (a port in use, an address not on this host).
+  // Listens on address:port, IPv4 or IPv6 (e.g. "0.0.0.0", "127.0.0.1", "::", "::1"; "::" takes
+  // IPv4 connections too); the error names the address and the reason (a port in use, an address
+  // not on this host).
   static absl::StatusOr<std::unique_ptr<MetricsServer>> Start(const std::string& address, int port,
                                                               std::function<std::string()> render);
   ~MetricsServer();  // stops serving and closes every connection, answers in progress included

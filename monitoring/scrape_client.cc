@@ -1,7 +1,5 @@
 #include "monitoring/scrape_client.h"
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -11,9 +9,11 @@
 #include <climits>
 #include <cstdint>
 #include <cstring>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "monitoring/socket_address.h"
 
 namespace nf::monitoring {
 namespace {
@@ -36,8 +36,8 @@ bool WaitFor(int fd, short events, absl::Time deadline) {
 }
 
 // Connects the non-blocking socket `fd` to `address` by `deadline`: 0, or why not.
-int Connect(int fd, const sockaddr_in& address, absl::Time deadline) {
-  if (::connect(fd, reinterpret_cast<const sockaddr*>(&address), sizeof(address)) == 0) return 0;
+int Connect(int fd, const SocketAddress& address, absl::Time deadline) {
+  if (::connect(fd, address.get(), address.length) == 0) return 0;
   if (errno != EINPROGRESS) return errno;
   if (!WaitFor(fd, POLLOUT, deadline)) return ETIMEDOUT;
   int error = 0;
@@ -65,18 +65,17 @@ absl::StatusOr<std::string> FetchPage(const std::string& address, int port, cons
 absl::StatusOr<std::string> Exchange(const std::string& address, int port,
                                      const std::string& request, absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + timeout;
-  const std::string where = absl::StrCat(address, ":", port);
-  sockaddr_in socket_address{};
-  socket_address.sin_family = AF_INET;
-  socket_address.sin_port = htons(static_cast<uint16_t>(port));
-  if (inet_pton(AF_INET, address.c_str(), &socket_address.sin_addr) != 1) {
-    return absl::InvalidArgumentError(absl::StrCat(address, " is not an IPv4 address"));
+  const std::string where = HostAndPort(address, port);
+  const std::optional<SocketAddress> socket_address = ParseSocketAddress(address, port);
+  if (!socket_address) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, " is not an IPv4 or IPv6 address and port"));
   }
   // Non-blocking throughout, so that every wait is bounded by the deadline (a connect to a full
   // backlog retries its SYN for minutes).
-  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  const int fd = ::socket(socket_address->family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (fd < 0) return Failure(where, deadline, errno);
-  if (const int error = Connect(fd, socket_address, deadline); error != 0) {
+  if (const int error = Connect(fd, *socket_address, deadline); error != 0) {
     ::close(fd);
     return Failure(where, deadline, error);
   }

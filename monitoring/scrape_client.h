@@ -10,9 +10,10 @@
 
 namespace nf::monitoring {
 
-// The whole response (status line, headers and body) to `GET path` from address:port (IPv4);
-// Unavailable naming address:port when nothing accepts the connection, DeadlineExceeded when
-// connecting, asking and reading the answer to its end take longer than `timeout` together.
+// The whole response (status line, headers and body) to `GET path` from address:port (IPv4 or
+// IPv6, e.g. "127.0.0.1" or "::1"); Unavailable naming address:port when nothing accepts the
+// connection, DeadlineExceeded when connecting, asking and reading the answer to its end take
+// longer than `timeout` together.
 absl::StatusOr<std::string> FetchPage(const std::string& address, int port, const std::string& path,
                                       absl::Duration timeout = absl::InfiniteDuration());
 

@@ -3,11 +3,15 @@
 // the padded vocabulary of model/vocab.h.
 #include "launcher/config.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -20,6 +24,7 @@
 #include "google/protobuf/util/message_differencer.h"
 #include "google/protobuf/wrappers.pb.h"
 #include "model/vocab.h"
+#include "monitoring/metrics_server.h"
 #include "test_util.h"
 
 namespace nf::launcher {
@@ -43,6 +48,19 @@ class TempFile {
  private:
   std::string path_;
 };
+
+// A free TCP port on this machine (bound, read back, released).
+int FreePort() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address));
+  socklen_t length = sizeof(address);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length);
+  close(fd);
+  return ntohs(address.sin_port);
+}
 
 void ExpectOneLine(const absl::Status& status) {
   EXPECT_EQ(std::string(status.message()).find('\n'), std::string::npos) << status;
@@ -461,6 +479,29 @@ TEST(ValidateTrainConfigTest, RejectsNonFiniteValuesFromFiles) {
   config = ValidConfig();
   config.mutable_train()->mutable_loss_scale()->set_growth_factor(INFINITY);
   ExpectInvalidArgument(ValidateTrainConfig(config), "train.loss_scale.growth_factor");
+}
+
+// monitoring.bind_address is checked before anything is written, so an address it accepts must
+// be one the metrics server can listen on, and one it refuses one the server refuses too.
+TEST(ValidateTrainConfigTest, BindAddressesAcceptedAreTheOnesTheMetricsServerTakes) {
+  for (const char* address : {"0.0.0.0", "127.0.0.1", "::", "::1", "::ffff:127.0.0.1"}) {
+    TrainConfig config = ValidConfig();
+    config.mutable_monitoring()->set_bind_address(address);
+    NF_EXPECT_OK(ValidateTrainConfig(config)) << address;
+    const absl::StatusOr<std::unique_ptr<monitoring::MetricsServer>> server =
+        monitoring::MetricsServer::Start(address, FreePort(), [] { return std::string(); });
+    EXPECT_TRUE(server.ok()) << address << ": " << server.status();
+  }
+  for (const char* address : {"not-an-ip", "localhost", "[::1]", "127.0.0.1:9600", ""}) {
+    TrainConfig config = ValidConfig();
+    config.mutable_monitoring()->set_bind_address(address);
+    EXPECT_FALSE(ValidateTrainConfig(config).ok()) << address;
+    EXPECT_EQ(monitoring::MetricsServer::Start(address, FreePort(), [] { return std::string(); })
+                  .status()
+                  .code(),
+              absl::StatusCode::kInvalidArgument)
+        << address;
+  }
 }
 
 // ---- Resolved text --------------------------------------------------------------------------

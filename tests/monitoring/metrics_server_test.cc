@@ -1,6 +1,7 @@
 // MetricsServer against clients that do not play along: idle and slow-loris connections, a client
 // that does not read its answer, oversized requests. Each test asserts something the server that
-// answered one connection at a time, with a timeout per read, could not do.
+// answered one connection at a time, with a timeout per read, could not do. Also: serving on IPv6
+// addresses ("::1"; "::", which IPv4 scrapers reach too), and what is not an address.
 #include "monitoring/metrics_server.h"
 
 #include <arpa/inet.h>
@@ -12,6 +13,7 @@
 #include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <fstream>
 #include <functional>
 #include <future>
 #include <memory>
@@ -19,6 +21,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "gmock/gmock.h"
@@ -31,6 +34,7 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 using std::chrono_literals::operator""ms;
+using ::testing::HasSubstr;
 using ::testing::StartsWith;
 
 // A slow loris's request: it never reaches the empty line that ends the headers.
@@ -155,12 +159,29 @@ class HostileClients {
   std::thread thread_;
 };
 
-std::unique_ptr<MetricsServer> StartServer(int port, const std::string& page) {
+std::unique_ptr<MetricsServer> StartServer(int port, const std::string& page,
+                                           const std::string& address = "127.0.0.1") {
   absl::StatusOr<std::unique_ptr<MetricsServer>> server =
-      MetricsServer::Start("127.0.0.1", port, [page] { return page; });
+      MetricsServer::Start(address, port, [page] { return page; });
   EXPECT_TRUE(server.ok()) << server.status();
   return server.ok() ? std::move(*server) : nullptr;
 }
+
+// Whether this machine has the IPv6 loopback address ::1 (the kernel lists it in
+// /proc/net/if_inet6 as 32 hex digits, then the interface).
+bool HasIPv6Loopback() {
+  std::ifstream interfaces("/proc/net/if_inet6");
+  std::string line;
+  while (std::getline(interfaces, line)) {
+    if (absl::StartsWith(line, "00000000000000000000000000000001 ")) return true;
+  }
+  return false;
+}
+
+constexpr char kNoIPv6[] =
+    "this machine has no IPv6 loopback (::1 is not in /proc/net/if_inet6), so the IPv6 serving "
+    "tests cannot run: that is the machine's problem, not the server's; enable IPv6 on lo "
+    "(sysctl net.ipv6.conf.lo.disable_ipv6=0, or net.ipv6.conf.all.disable_ipv6=0)";
 
 TEST(MetricsServerTest, ScrapesSucceedWhileIdleAndSlowClientsHoldConnections) {
   const int port = FreePort();
@@ -248,6 +269,52 @@ TEST(MetricsServerTest, OtherPathsAre404AndOversizedRequestsAreRefused) {
       Exchange("127.0.0.1", port, over_limit, absl::Seconds(1));
   NF_ASSERT_OK(refused);
   EXPECT_THAT(*refused, StartsWith("HTTP/1.0 431 Request Header Fields Too Large\r\n"));
+}
+
+TEST(MetricsServerTest, ServesScrapesOnTheIPv6Loopback) {
+  ASSERT_TRUE(HasIPv6Loopback()) << kNoIPv6;
+  const int port = FreePort();
+  const std::string page = Page(3);
+  std::unique_ptr<MetricsServer> server = StartServer(port, page, "::1");
+  ASSERT_NE(server, nullptr);
+  const absl::StatusOr<std::string> answer = FetchPage("::1", port, "/metrics", absl::Seconds(1));
+  NF_ASSERT_OK(answer);
+  EXPECT_EQ(*answer, Answer200(page));
+  // The port is taken now: a second server is refused, the IPv6 address in brackets.
+  const absl::StatusOr<std::unique_ptr<MetricsServer>> second =
+      MetricsServer::Start("::1", port, [] { return std::string(); });
+  EXPECT_THAT(std::string(second.status().message()),
+              StartsWith(absl::StrCat("monitoring: cannot serve metrics on [::1]:", port,
+                                      " (Address already in use)")));
+}
+
+TEST(MetricsServerTest, TheUnspecifiedIPv6AddressServesIPv6AndIPv4Scrapers) {
+  ASSERT_TRUE(HasIPv6Loopback()) << kNoIPv6;
+  const int port = FreePort();
+  const std::string page = Page(3);
+  std::unique_ptr<MetricsServer> server = StartServer(port, page, "::");
+  ASSERT_NE(server, nullptr);
+  for (const char* address : {"::1", "127.0.0.1"}) {
+    const absl::StatusOr<std::string> answer =
+        FetchPage(address, port, "/metrics", absl::Seconds(1));
+    NF_ASSERT_OK(answer) << address;
+    EXPECT_EQ(*answer, Answer200(page)) << address;
+  }
+}
+
+TEST(MetricsServerTest, RefusesWhatIsNotAnAddressAndPortNamingIt) {
+  for (const char* address : {"localhost", "[::1]", "127.0.0.1:9600", "", "1.2.3"}) {
+    const absl::StatusOr<std::unique_ptr<MetricsServer>> server =
+        MetricsServer::Start(address, FreePort(), [] { return std::string(); });
+    EXPECT_EQ(server.status().code(), absl::StatusCode::kInvalidArgument) << address;
+    EXPECT_THAT(std::string(server.status().message()),
+                HasSubstr("is not an IPv4 or IPv6 address and port"))
+        << address;
+  }
+  const absl::StatusOr<std::unique_ptr<MetricsServer>> server =
+      MetricsServer::Start("::1", 70000, [] { return std::string(); });
+  EXPECT_EQ(server.status().message(),
+            "monitoring: [::1]:70000 is not an IPv4 or IPv6 address and port");
 }
 
 TEST(MetricsServerTest, DestructionWithClientsConnectedIsPrompt) {
