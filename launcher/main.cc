@@ -19,6 +19,7 @@
 #include "launcher/batch_source.h"
 #include "launcher/config.h"
 #include "launcher/dry_run.h"
+#include "launcher/memory_check.h"
 #include "launcher/run_dir_lock.h"
 #include "launcher/stop_requests.h"
 #include "launcher/train_loop.h"
@@ -54,6 +55,9 @@ options:
                      cannot run with the reason (--run-dir not needed)
   --world-size N     the number of ranks --dry-run plans for (default: mpirun's, else
                      tensor_parallel x pipeline_parallel x data_parallel)
+  --skip-memory-check  start even when --dry-run's memory estimate for a rank's share
+                     exceeds what its node (CPU; the node's ranks together) or its GPU has
+                     available, which nf-launch otherwise refuses with exit code 2
   --help             this text
 
 The Pre-LN GPT baseline of any config: --set model.normformer.scale_attn=false
@@ -121,6 +125,7 @@ int main(int argc, char** argv) {
   nf::launcher::InstallStopSignalHandlers();
   std::string config_path, run_dir;
   bool dry_run = false;
+  bool check_memory = true;
   int world_size = 0;  // --dry-run only; 0: the launcher's, else tp x pp x max(dp, 1)
   std::vector<std::string> overrides;
   for (int i = 1; i < argc; ++i) {
@@ -131,6 +136,10 @@ int main(int argc, char** argv) {
     }
     if (arg == "--dry-run") {
       dry_run = true;
+      continue;
+    }
+    if (arg == "--skip-memory-check") {
+      check_memory = false;
       continue;
     }
     const bool takes_value =
@@ -184,6 +193,13 @@ int main(int argc, char** argv) {
                 << needed << " nf-launch ...\n";
       return 2;
     }
+    if (check_memory) {
+      if (const absl::Status memory = nf::launcher::CheckMemoryFits(*config, nullptr);
+          !memory.ok()) {
+        std::cerr << "nf-launch: " << memory.message() << "\n";
+        return 2;
+      }
+    }
     const auto lock = HoldRunDirectory(run_dir);
     if (!lock.ok()) {
       std::cerr << "nf-launch: " << lock.status().message() << "\n";
@@ -212,6 +228,13 @@ int main(int argc, char** argv) {
       std::cerr << "nf-launch: " << micro_batches.status().message() << "\n";
     }
     return 2;
+  }
+  if (check_memory) {
+    if (const absl::Status memory = nf::launcher::CheckMemoryFits(*config, &*groups);
+        !memory.ok()) {
+      if (PrintsSharedErrors()) std::cerr << "nf-launch: " << memory.message() << "\n";
+      return 2;
+    }
   }
   const auto lock = HoldRunDirectory(run_dir);
   if (!lock.ok()) {

@@ -1,9 +1,6 @@
 #include "launcher/step_metrics.h"
 
-#include <unistd.h>
-
 #include <cstdint>
-#include <fstream>
 #include <string>
 #include <vector>
 
@@ -11,18 +8,11 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "core/host_memory.h"
 #include "core/ops/backend.h"
 
 namespace nf::launcher {
 namespace {
-
-// This process's resident set (/proc/self/statm), 0 where it cannot be read.
-int64_t ResidentBytes() {
-  std::ifstream statm("/proc/self/statm");
-  int64_t size_pages = 0, resident_pages = 0;
-  if (!(statm >> size_pages >> resident_pages)) return 0;
-  return resident_pages * static_cast<int64_t>(sysconf(_SC_PAGESIZE));
-}
 
 // The NormFormer operations a model config turns on, e.g. "scale_attn,scale_heads,scale_fc".
 std::string NormFormerOperations(const model::NormFormerConfig& n) {

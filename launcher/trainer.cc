@@ -122,8 +122,10 @@ int64_t EmbeddingGroupEnd(const model::NormFormerModel& chunk) {
   return end;
 }
 
-// train.device resolved for this process: GPU local rank % visible GPUs.
-absl::StatusOr<Device> DeviceOf(const TrainOptions& train, const parallel::Topology& topology) {
+}  // namespace
+
+absl::StatusOr<Device> TrainingDevice(const TrainOptions& train,
+                                      const parallel::Topology& topology) {
   if (train.device() == TrainOptions::CPU) return Device::Cpu();
   NF_RETURN_IF_ERROR(CheckDeviceAvailable(train));
   const int gpus = ops::GpuCount();
@@ -131,8 +133,6 @@ absl::StatusOr<Device> DeviceOf(const TrainOptions& train, const parallel::Topol
   NF_ASSIGN_OR_RETURN(const int gpu, GpuOfLocalRank(local_rank, gpus, topology.world_size()));
   return Device::Cuda(gpu);
 }
-
-}  // namespace
 
 absl::Status CheckDeviceAvailable(const TrainOptions& train) {
   if (train.device() == TrainOptions::CPU || ops::GpuCount() > 0) return absl::OkStatus();
@@ -153,13 +153,13 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainConfig& conf
                      ") do not match parallel.tensor_parallel ", parallel.tensor_parallel(),
                      " x parallel.pipeline_parallel ", parallel.pipeline_parallel()));
   }
-  NF_ASSIGN_OR_RETURN(const Device device, DeviceOf(train, topology));
+  NF_ASSIGN_OR_RETURN(const Device device, TrainingDevice(train, topology));
   std::unique_ptr<Trainer> t(new Trainer());
   t->config_ = config;
   t->device_ = device;
   t->groups_ = &groups;
 #if NF_WITH_CUDA
-  // A multi-process GPU job moves device tensors over NCCL (without the CUDA backend DeviceOf
+  // A multi-process GPU job moves device tensors over NCCL (without the CUDA backend TrainingDevice
   // never picks a GPU).
   if (device.type == DeviceType::kCuda && topology.world_size() > 1) {
     NF_ASSIGN_OR_RETURN(t->device_groups_, parallel::CreateDeviceGroups(groups, device));

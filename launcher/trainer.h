@@ -162,6 +162,10 @@ absl::StatusOr<int> MicroBatchesPerRank(const TrainOptions& train, int dp);
 // before touching the run directory.
 absl::Status CheckDeviceAvailable(const TrainOptions& train);
 
+// train.device resolved for this rank: the CPU, or GPU local rank % visible GPUs.
+absl::StatusOr<Device> TrainingDevice(const TrainOptions& train,
+                                      const parallel::Topology& topology);
+
 // The GPU of a process: local_rank % gpus (gpus > 0), refused when a job of several ranks
 // would put two of a node's ranks on one GPU.
 absl::StatusOr<int> GpuOfLocalRank(int local_rank, int gpus, int world_size);

@@ -108,4 +108,19 @@ absl::StatusOr<int> DiscoverLocalRank() {
   return local_rank;
 }
 
+absl::StatusOr<std::unique_ptr<MpiCommunicator>> CreateNodeGroup(MpiCommunicator::Options options) {
+  NF_RETURN_IF_ERROR(InitMpi());
+  int world_rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
+  MPI_Comm node = MPI_COMM_NULL;
+  if (MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, world_rank, MPI_INFO_NULL, &node) !=
+      MPI_SUCCESS) {
+    return absl::InternalError("node group: MPI_Comm_split_type(MPI_COMM_TYPE_SHARED) failed");
+  }
+  absl::StatusOr<std::unique_ptr<MpiCommunicator>> group =
+      MpiCommunicator::Duplicate(node, "node", options);
+  MPI_Comm_free(&node);
+  return group;
+}
+
 }  // namespace nf::parallel

@@ -40,4 +40,10 @@ ProcessGroups SingleProcessGroups();
 // variable, every rank takes that path).
 absl::StatusOr<int> DiscoverLocalRank();
 
+// The ranks on this rank's node (an MPI_Comm_split_type(MPI_COMM_TYPE_SHARED) split of the
+// world, ordered by world rank), named "node": the ranks that share its host memory.
+// Initialises MPI when needed; collective over the world.
+absl::StatusOr<std::unique_ptr<MpiCommunicator>> CreateNodeGroup(
+    MpiCommunicator::Options options = {});
+
 }  // namespace nf::parallel

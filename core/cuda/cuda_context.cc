@@ -36,6 +36,13 @@ int DeviceCount() {
   return count;
 }
 
+absl::StatusOr<int64_t> FreeMemory(int device) {
+  NF_CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
+  size_t free_bytes = 0, total_bytes = 0;
+  NF_CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&free_bytes, &total_bytes));
+  return static_cast<int64_t>(free_bytes);
+}
+
 absl::StatusOr<CudaContext*> CudaContext::ForDevice(int device) {
   static std::mutex mutex;
   static std::array<CudaContext*, kMaxDevices> contexts{};

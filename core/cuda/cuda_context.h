@@ -39,6 +39,10 @@ inline constexpr int kMaxDevices = 64;
 // The number of GPUs this process can see (0 without a driver or a device; never an error).
 int DeviceCount();
 
+// The bytes GPU `device` can still allocate (cudaMemGetInfo's free figure; the other processes
+// on the GPU and this one's own cache already taken out).
+absl::StatusOr<int64_t> FreeMemory(int device);
+
 class CudaContext {
  public:
   // The context of GPU `device`, created on first use (one per device for the process).

@@ -80,6 +80,10 @@ absl::StatusOr<Backend*> BackendFor(Device device);
 // GPUs this process can use: 0 in a build without the CUDA backend or on a machine without one.
 int GpuCount();
 
+// The bytes GPU `gpu` can still allocate (cudaMemGetInfo's free figure); Unimplemented in a
+// build without the CUDA backend. Host memory: core/host_memory.h.
+absl::StatusOr<int64_t> FreeGpuMemory(int gpu);
+
 // The allocator for tensors on `device` (the CUDA backend's caching allocator for GPUs).
 absl::StatusOr<Allocator*> AllocatorFor(Device device);
 

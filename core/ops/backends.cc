@@ -39,6 +39,14 @@ int GpuCount() {
 #endif
 }
 
+absl::StatusOr<int64_t> FreeGpuMemory(int gpu) {
+#if NF_WITH_CUDA
+  return cuda::FreeMemory(gpu);
+#else
+  return NoCudaInThisBuild(Device::Cuda(gpu));
+#endif
+}
+
 absl::StatusOr<Allocator*> AllocatorFor(Device device) {
   if (device.type == DeviceType::kCpu) return &CpuAllocator();
 #if NF_WITH_CUDA

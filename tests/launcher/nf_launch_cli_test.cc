@@ -22,6 +22,7 @@ namespace nf::launcher {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 using ::testing::StartsWith;
 
 using ::nf::testing::Lines;
@@ -360,6 +361,44 @@ TEST_F(NfLaunchCliTest, CudaDeviceWithoutAGpuIsRefusedBeforeAnyWork) {
   ExpectConfigurationError(outcome, {"train.device: CUDA, but this process sees no GPU"},
                            /*usage_hint=*/false);
   EXPECT_FALSE(std::filesystem::exists(dir_ / "run"));
+}
+
+// A model no machine holds: about 53 trillion parameters (12 x 64 layers x 262144^2 + ...),
+// whose fp32 parameter buffer alone (211 TB) exceeds the 128 TiB of address space x86-64 (with
+// 4-level page tables) gives a process, so that allocating it fails whatever the machine's
+// overcommit policy.
+std::vector<std::string> AbsurdModel() {
+  return {"--set", "model.d_model=262144", "--set", "model.ffn_dim=1048576",
+          "--set", "model.num_layers=64",  "--set", "model.num_heads=64"};
+}
+
+TEST_F(NfLaunchCliTest, AModelTooBigForTheMachineIsRefusedBeforeAnyWork) {
+  std::vector<std::string> args = {"--config", TinyConfig(), "--run-dir", (dir_ / "run").string()};
+  for (const std::string& arg : AbsurdModel()) args.push_back(arg);
+  ExpectConfigurationError(
+      Launch(args),
+      {"not enough host memory of node ", ": this rank needs an estimated ",
+       "(one rank: parameters ", "GiB is available (", "model.d_model, model.ffn_dim",
+       "train.micro_batch_size x train.seq_len", "nf-launch --skip-memory-check starts anyway"},
+      /*usage_hint=*/false);
+  EXPECT_FALSE(std::filesystem::exists(dir_ / "run")) << "not even the lock is left";
+}
+
+TEST_F(NfLaunchCliTest, SkipMemoryCheckStartsAnyway) {
+  std::vector<std::string> args = {"--config", TinyConfig(), "--run-dir", (dir_ / "run").string(),
+                                   "--skip-memory-check"};
+  for (const std::string& arg : AbsurdModel()) args.push_back(arg);
+  const Outcome outcome = Launch(args);
+  // Past the check, the allocation itself fails, as it did before the check existed.
+  EXPECT_EQ(outcome.exit_code, 1) << outcome.err;
+  EXPECT_THAT(outcome.err, HasSubstr("out of host memory allocating"));
+  EXPECT_THAT(outcome.err, Not(HasSubstr("not enough host memory")));
+}
+
+TEST_F(NfLaunchCliTest, ASmallModelPassesTheMemoryCheck) {
+  const Outcome outcome = Launch({"--config", TinyConfig(), "--run-dir", (dir_ / "run").string()});
+  EXPECT_EQ(outcome.exit_code, 0) << outcome.err;
+  EXPECT_EQ(outcome.err, "");
 }
 
 }  // namespace

@@ -1,0 +1,120 @@
+#include "launcher/memory_estimate.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_format.h"
+#include "core/status.h"
+#include "launcher/config.h"
+#include "launcher/trainer.h"
+#include "model/normformer_model.h"
+#include "model/normformer_params.h"
+#include "model/vocab.h"
+#include "parallel/pipeline_schedule.h"
+#include "parallel/topology.h"
+
+namespace nf::launcher {
+namespace {
+
+parallel::ScheduleKind KindOf(ParallelConfig::Schedule schedule) {
+  if (schedule == ParallelConfig::GPIPE) return parallel::ScheduleKind::kGPipe;
+  if (schedule == ParallelConfig::INTERLEAVED_ONE_F_ONE_B) {
+    return parallel::ScheduleKind::kInterleavedOneFOneB;
+  }
+  return parallel::ScheduleKind::kOneFOneB;
+}
+
+// The most micro-batches in flight at once on each chunk of a rank's schedule.
+std::vector<int> PeakInFlight(const std::vector<parallel::Action>& schedule, int chunks) {
+  std::vector<int> now(chunks, 0), peak(chunks, 0);
+  for (const parallel::Action& a : schedule) {
+    if (a.kind == parallel::Action::kForward) {
+      peak[a.model_chunk] = std::max(peak[a.model_chunk], ++now[a.model_chunk]);
+    } else if (a.kind == parallel::Action::kBackward) {
+      --now[a.model_chunk];
+    }
+  }
+  return peak;
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<PipelineRankMemory>> EstimateMemory(const TrainConfig& config,
+                                                               int world_size) {
+  const model::ModelConfig& m = config.model();
+  const TrainOptions& train = config.train();
+  const ParallelConfig& parallel = config.parallel();
+  NF_ASSIGN_OR_RETURN(const parallel::Topology topology,
+                      parallel::Topology::Create(world_size, 0, ParallelSizesOf(parallel)));
+  const int tp = topology.tp(), pp = topology.pp(), dp = topology.dp();
+  const int v = parallel.virtual_stages();
+  NF_ASSIGN_OR_RETURN(const int micro_batches, MicroBatchesPerRank(train, dp));
+  const std::vector<int> split(parallel.layers_per_stage().begin(),
+                               parallel.layers_per_stage().end());
+  std::vector<std::pair<int, int>> stages;
+  if (split.empty()) {
+    NF_RETURN_IF_ERROR(parallel::CheckLayerSplit(m.num_layers(), pp, v));
+    stages = parallel::StageLayers(m.num_layers(), pp, v);
+  } else {
+    NF_ASSIGN_OR_RETURN(stages, parallel::StageLayers(m.num_layers(), pp, v, split));
+  }
+
+  const int64_t s = static_cast<int64_t>(SizeOf(ModelDType(train.precision())));
+  const int64_t padded_vocab = model::PaddedVocabSize(m.vocab_size(), tp);
+  const model::ModelOptions options{.dtype = ModelDType(train.precision()),
+                                    .micro_batch = train.micro_batch_size(),
+                                    .seq_len = train.seq_len(),
+                                    .activation_recompute = train.activation_recompute()};
+  const model::LayerShape shape = model::LayerShapeOf(m, options, 0, tp);
+  const int64_t layer_bytes = model::LayerActivations::Bytes(shape, model::LayerOptionsOf(m));
+  const int64_t t = shape.tokens(), d = m.d_model();
+  std::vector<PipelineRankMemory> ranks(pp);
+  for (int r = 0; r < pp; ++r) {
+    NF_ASSIGN_OR_RETURN(
+        const std::vector<parallel::Action> schedule,
+        parallel::BuildSchedule(KindOf(parallel.pipeline_schedule()), pp, r, micro_batches, v));
+    const std::vector<int> peak = PeakInFlight(schedule, v);
+    PipelineRankMemory& rank = ranks[r];
+    int64_t activations = 0;
+    for (int c = 0; c < v; ++c) {
+      const int stage = c * pp + r;
+      const model::PipelineStagePlacement placement{.stage = stage,
+                                                    .num_stages = pp * v,
+                                                    .layer_begin = stages[stage].first,
+                                                    .layer_end = stages[stage].second};
+      for (const model::ParamSpec& spec : model::NormFormerParamSpecs(m, padded_vocab, placement)) {
+        int64_t n = NumElements(spec.global_shape);
+        if (spec.sharding != model::Sharding::kReplicated) n /= tp;
+        rank.parameters += n;
+      }
+      const int64_t n_layers = placement.layer_end - placement.layer_begin;
+      // Kept per micro-batch in flight: each layer's input and activations (only the inputs
+      // with recompute, which shares one layer's activations), and the last stage's logits.
+      int64_t per_micro_batch = (n_layers + 1) * t * d * s;
+      if (!train.activation_recompute()) per_micro_batch += n_layers * layer_bytes;
+      if (placement.last()) per_micro_batch += t * (padded_vocab / tp) * s + t * d * s;
+      activations += peak[c] * per_micro_batch;
+      if (train.activation_recompute()) activations += layer_bytes;
+      rank.layers += absl::StrFormat("%s[%d, %d)", c > 0 ? " " : "", placement.layer_begin,
+                                     placement.layer_end);
+      rank.peak_in_flight += absl::StrFormat("%s%d", c > 0 ? "+" : "", peak[c]);
+    }
+    const auto params = static_cast<double>(rank.parameters);
+    rank.parameter_bytes = params * s;
+    rank.gradient_bytes = params * 4;
+    // fp32 master weights (none for fp32 models: the parameters are the master) and moments.
+    rank.optimizer_bytes = params * ((s == 4 ? 0 : 4) + 8);
+    if (parallel.distributed_optimizer()) rank.optimizer_bytes /= dp;
+    rank.activation_bytes = static_cast<double>(activations);
+    const auto& checkpoint = config.checkpoint();
+    if (checkpoint.save_interval() > 0 || checkpoint.save_at_end()) {
+      // Its parameters in the model dtype, and the fp32 master weights and two moments of its
+      // optimizer slice (a checkpoint records the master even where the parameters are it).
+      const int shards = parallel.distributed_optimizer() ? dp : 1;
+      rank.snapshot_bytes = rank.parameter_bytes + params * 12 / shards;
+    }
+  }
+  return ranks;
+}
+
+}  // namespace nf::launcher
