@@ -1,8 +1,8 @@
 // Tests of parallel/process_groups.h under mpirun with 8 ranks: for several layouts, every
 // group's communicator has exactly the members the topology computes (checked by MPI itself:
 // an all-reduce of world ranks over each group), the embedding group is absent on middle
-// stages, refusals come before any communication, and local-rank discovery agrees with the
-// node split.
+// stages, refusals come before any communication, local-rank discovery agrees with the node
+// split, and the node group and LowestRankError work across ranks.
 #include <cstdlib>
 #include <numeric>
 #include <string>
@@ -12,6 +12,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "mpi_test_util.h"
+#include "parallel/agreement.h"
 #include "parallel/process_groups.h"
 #include "parallel/watchdog.h"
 #include "test_util.h"
@@ -102,6 +103,40 @@ TEST(LocalRankTest, EnvironmentAndNodeSplitAgree) {
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   EXPECT_EQ(*from_split, rank);
   EXPECT_EQ(*from_split, *from_env);
+}
+
+TEST(NodeGroupTest, HoldsEveryRankOfThisNode) {
+  // One machine: the node is the world, ordered by world rank.
+  auto node = CreateNodeGroup(testing::MpiTestOptions());
+  NF_ASSERT_OK(node);
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  EXPECT_EQ((*node)->name(), "node");
+  EXPECT_EQ((*node)->size(), WorldSize());
+  EXPECT_EQ((*node)->rank(), rank);
+}
+
+// Every rank returns the error of the lowest rank that has one, code and message, or OK.
+TEST(LowestRankErrorTest, EveryRankGetsTheLowestRanksError) {
+  auto groups = CreateProcessGroups({}, testing::MpiTestOptions());
+  NF_ASSERT_OK(groups);
+  Communicator& world = *groups->world;
+  NF_EXPECT_OK(LowestRankError(absl::OkStatus(), world));
+  // Odd ranks fail, each with its own message: rank 1's wins.
+  const absl::Status local =
+      world.rank() % 2 == 1
+          ? absl::ResourceExhaustedError(absl::StrCat("not enough memory on rank ", world.rank()))
+          : absl::OkStatus();
+  const absl::Status agreed = LowestRankError(local, world);
+  EXPECT_EQ(agreed.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(agreed.message(), "not enough memory on rank 1");
+  // A message longer than the 4 KiB carried is cut, not garbled.
+  const std::string long_message(10000, 'x');
+  const absl::Status cut = LowestRankError(
+      world.rank() == world.size() - 1 ? absl::InternalError(long_message) : absl::OkStatus(),
+      world);
+  EXPECT_EQ(cut.code(), absl::StatusCode::kInternal);
+  EXPECT_EQ(cut.message(), std::string(4096, 'x'));
 }
 
 }  // namespace
