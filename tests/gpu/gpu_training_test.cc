@@ -1,12 +1,14 @@
 // The CUDA backend end to end: a NormFormer model's step on the GPU against the same step on
 // the CPU (loss and every gradient), and training through launcher::Trainer on the GPU, where
-// fp32 follows the CPU's loss curve and fp16 (with loss scaling) and bf16 track fp32.
+// fp32 follows the CPU's loss curve and fp16 (with loss scaling) and bf16 track fp32; and the
+// memory check against the GPU's free memory.
 #include <cmath>
 #include <memory>
 #include <vector>
 
 #include "gpu_test_util.h"
 #include "launcher/config.h"
+#include "launcher/memory_check.h"
 #include "launcher/trainer.h"
 #include "model/normformer_model.h"
 #include "training_test_util.h"
@@ -123,6 +125,32 @@ TEST(GpuTrainingTest, TwentyStepsTrackTheCpuAndFp32) {
     EXPECT_NEAR(bf16[i], fp32[i], 8 * testing::UnitRoundoff(DType::kBF16)) << "step " << i + 1;
   }
   EXPECT_LT(fp32.back(), fp32.front() - 1.0) << "the model learns the chain";
+}
+
+// The memory check against the GPU's free memory: the small config fits; a micro-batch whose
+// activations alone need several times the H200's 141 GB (512 x 2048 tokens through 12 layers of
+// 768 without recompute) is refused naming the GPU, while its host share (the checkpoint
+// snapshot of 124M parameters, ~3.5 GB) fits, so the device comparison is what refuses it.
+TEST(GpuMemoryCheckTest, TheGpusFreeMemoryBoundsTheRun) {
+  NF_REQUIRE_GPU();
+  NF_EXPECT_OK(
+      launcher::CheckMemoryFits(GpuConfig(TrainOptions::FP16, TrainOptions::CUDA), nullptr));
+  TrainConfig config = GpuConfig(TrainOptions::FP16, TrainOptions::CUDA);
+  model::ModelConfig& m = *config.mutable_model();
+  m.set_num_layers(12);
+  m.set_d_model(768);
+  m.set_num_heads(12);
+  m.set_ffn_dim(3072);
+  m.set_vocab_size(50257);
+  m.set_max_seq_len(2048);
+  config.mutable_train()->set_seq_len(2048);
+  config.mutable_train()->set_micro_batch_size(512);
+  config.mutable_train()->set_global_batch_size(512);
+  const absl::Status status = launcher::CheckMemoryFits(config, nullptr);
+  EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted) << status;
+  EXPECT_THAT(std::string(status.message()), ::testing::HasSubstr("not enough cuda:0 of node "));
+  EXPECT_THAT(std::string(status.message()),
+              ::testing::HasSubstr("(the free memory cudaMemGetInfo reports)"));
 }
 
 }  // namespace
