@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "checkpoint/crc32c.h"
+#include "checkpoint/manifest_model.h"
 #include "core/dtype.h"
 
 namespace nf::checkpoint {
@@ -67,7 +68,9 @@ bool ShardElements(const TensorRecord& record, const Piece& piece, int64_t& elem
 }  // namespace
 
 std::string EncodeManifest(const Manifest& manifest) {
-  return FrameManifestPayload(manifest.SerializeAsString());
+  Manifest recorded = manifest;
+  if (recorded.has_model()) RecordModelFieldsExplicitly(*recorded.mutable_model());
+  return FrameManifestPayload(recorded.SerializeAsString());
 }
 
 std::string FrameManifestPayload(absl::string_view payload) {
@@ -117,6 +120,7 @@ absl::StatusOr<Manifest> DecodeManifest(absl::string_view bytes, absl::string_vi
                      "; this build reads version ", kFormatVersion));
   }
   if (absl::Status valid = ValidateManifest(manifest, where); !valid.ok()) return valid;
+  if (manifest.has_model()) ReadUnrecordedModelFieldsAsLegacy(*manifest.mutable_model());
   return manifest;
 }
 

@@ -61,6 +61,7 @@ absl::Status ValidateModel(const nf::model::ModelConfig& model) {
   NF_RETURN_IF_ERROR(RequirePositive("model.ffn_dim", model.ffn_dim()));
   NF_RETURN_IF_ERROR(RequirePositive("model.vocab_size", model.vocab_size()));
   NF_RETURN_IF_ERROR(RequirePositive("model.max_seq_len", model.max_seq_len()));
+  NF_RETURN_IF_ERROR(RequireNonNegative("model.first_position", model.first_position()));
   if (model.d_model() % model.num_heads() != 0) {
     const int64_t up = (int64_t{model.d_model()} / model.num_heads() + 1) * model.num_heads();
     return Invalid(absl::StrCat("model.d_model (", model.d_model(),

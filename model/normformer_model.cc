@@ -23,18 +23,19 @@ ops::Activation ActivationOf(ModelConfig::Activation act) {
   }
 }
 
-// fairseq's sinusoidal table: for position p and i < d/2, sin(p w_i) in column i and
-// cos(p w_i) in column d/2 + i, w_i = 10000^(-i / (d/2 - 1)); an odd d leaves a zero column.
-// Positions count from 0 (fairseq offsets them past its padding index; the table is the same).
-std::vector<float> SinusoidalTable(int64_t positions, int64_t d) {
+// fairseq's sinusoidal table for positions first .. first + rows - 1 ([rows, d], row r is
+// position first + r): sin(p w_i) in column i and cos(p w_i) in column d/2 + i for i < d/2,
+// w_i = 10000^(-i / (d/2 - 1)); an odd d leaves a zero column.
+std::vector<float> SinusoidalTable(int64_t rows, int64_t first, int64_t d) {
   const int64_t half = d / 2;
   const double step = half > 1 ? std::log(10000.0) / static_cast<double>(half - 1) : 0.0;
-  std::vector<float> table(positions * d, 0.0f);
-  for (int64_t p = 0; p < positions; ++p) {
+  std::vector<float> table(rows * d, 0.0f);
+  for (int64_t r = 0; r < rows; ++r) {
+    const double p = static_cast<double>(first + r);
     for (int64_t i = 0; i < half; ++i) {
-      const double angle = static_cast<double>(p) * std::exp(-step * static_cast<double>(i));
-      table[p * d + i] = static_cast<float>(std::sin(angle));
-      table[p * d + half + i] = static_cast<float>(std::cos(angle));
+      const double angle = p * std::exp(-step * static_cast<double>(i));
+      table[r * d + i] = static_cast<float>(std::sin(angle));
+      table[r * d + half + i] = static_cast<float>(std::cos(angle));
     }
   }
   return table;
@@ -87,6 +88,10 @@ absl::StatusOr<std::unique_ptr<NormFormerModel>> NormFormerModel::Create(
                                                    ") must be divisible by model.num_heads (",
                                                    config.num_heads(), ")"));
   }
+  if (config.first_position() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model.first_position must be >= 0 (got ", config.first_position(), ")"));
+  }
   if (options.seq_len > config.max_seq_len()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "sequence length ", options.seq_len, " exceeds model.max_seq_len ", config.max_seq_len()));
@@ -137,9 +142,11 @@ absl::Status NormFormerModel::AllocateBuffers() {
   }
   NF_ASSIGN_OR_RETURN(scratch_, LayerScratch::Allocate(shape_));
   if (placement().first() && config_.positions() == ModelConfig::SINUSOIDAL) {
-    NF_ASSIGN_OR_RETURN(const Tensor table,
-                        TensorFromFloats(dt, {config_.max_seq_len(), d},
-                                         SinusoidalTable(config_.max_seq_len(), d)));
+    // Only the rows a sequence uses: row t is position t + first_position.
+    NF_ASSIGN_OR_RETURN(
+        const Tensor table,
+        TensorFromFloats(dt, {config_.max_seq_len(), d},
+                         SinusoidalTable(config_.max_seq_len(), config_.first_position(), d)));
     NF_ASSIGN_OR_RETURN(positions_, Zeros(dt, table.shape()));
     NF_RETURN_IF_ERROR(ops::Copy(table, positions_));
   }
@@ -212,10 +219,13 @@ absl::Status NormFormerModel::EmbedForward(InFlight& mb) {
   if (config_.scale_embedding()) {
     NF_RETURN_IF_ERROR(ops::Scale(x, static_cast<float>(std::sqrt(static_cast<double>(d)))));
   }
-  const Tensor& table =
-      params_.embed_positions.defined() ? params_.embed_positions.value : positions_;
-  NF_ASSIGN_OR_RETURN(const Tensor positions, table.Slice(0, seq));
-  for (int64_t b = 0; b < shape_.batch; ++b) {  // every sample gets positions [0, seq)
+  // Token t of every sample gets position t + first_position: the learned table's row of that
+  // number, or the sinusoidal table's row t (which starts at first_position).
+  NF_ASSIGN_OR_RETURN(const Tensor positions,
+                      params_.embed_positions.defined()
+                          ? params_.embed_positions.value.Slice(config_.first_position(), seq)
+                          : positions_.Slice(0, seq));
+  for (int64_t b = 0; b < shape_.batch; ++b) {
     NF_ASSIGN_OR_RETURN(const Tensor sample, x.Slice(b * seq, seq));
     NF_RETURN_IF_ERROR(ops::Axpy(1.0f, positions, sample));
   }
@@ -434,7 +444,8 @@ absl::Status NormFormerModel::EmbedBackward(InFlight& mb) {
   const int64_t d = shape_.d_model, seq = shape_.seq;
   NF_RETURN_IF_ERROR(ops::Dropout(dx, dx, EmbeddingDropout(mb.step)));
   if (params_.embed_positions.defined()) {
-    NF_ASSIGN_OR_RETURN(const Tensor dpositions, params_.embed_positions.grad.Slice(0, seq));
+    NF_ASSIGN_OR_RETURN(const Tensor dpositions,
+                        params_.embed_positions.grad.Slice(config_.first_position(), seq));
     for (int64_t b = 0; b < shape_.batch; ++b) {
       NF_ASSIGN_OR_RETURN(const Tensor sample, dx.Slice(b * seq, seq));
       NF_RETURN_IF_ERROR(ops::Axpy(1.0f, sample, dpositions));

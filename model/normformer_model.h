@@ -223,7 +223,7 @@ class NormFormerModel {
   // Buffers shared by all micro-batches, allocated once.
   LayerActivations shared_acts_;  // every layer's, with activation recompute
   LayerScratch scratch_;
-  Tensor positions_;        // the first stage's [max_seq_len, d] sinusoidal table (model dtype)
+  Tensor positions_;        // the first stage's sinusoidal [max_seq_len, d] (row t: t + first)
   Tensor dloss_;            // the last stage's [T] fp32 loss weights
   Tensor loss_totals_;      // the last stage's f64 [2]: loss sum and tokens, until TakeLossSum
   Tensor grad_a_, grad_b_;  // [T, d] residual-stream gradients

@@ -70,11 +70,14 @@ void AddEmbedding(std::vector<ParamSpec>& specs, const ModelConfig& config, int6
                    .init = InitKind::kNormal,
                    .init_scale = embed_std});
   if (positions && config.positions() == ModelConfig::LEARNED) {
-    specs.push_back({.name = "decoder.embed_positions.weight",
-                     .global_shape = {config.max_seq_len(), config.d_model()},
-                     .weight_decay = true,
-                     .init = InitKind::kNormal,
-                     .init_scale = embed_std});
+    // Row p is position p; a sequence uses rows first_position .. first_position + seq - 1,
+    // so with fairseq's first_position 2 the table has fairseq's shape.
+    specs.push_back(
+        {.name = "decoder.embed_positions.weight",
+         .global_shape = {config.max_seq_len() + config.first_position(), config.d_model()},
+         .weight_decay = true,
+         .init = InitKind::kNormal,
+         .init_scale = embed_std});
   }
 }
 

@@ -65,7 +65,7 @@ std::string BlockName(int block, int num_layers);
 
 struct ModelParams {
   Param embed_tokens;     // [vocab_padded / tp, d], vocab-parallel (first stage; tied last stage)
-  Param embed_positions;  // [max_seq_len, d] when positions are LEARNED (first stage)
+  Param embed_positions;  // [max_seq_len + first_position, d] when LEARNED (first stage)
   int first_layer = 0;    // global index of layers[0]
   std::vector<LayerParams> layers;  // the stage's layers, in order
   Param final_norm_weight, final_norm_bias;

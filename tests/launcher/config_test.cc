@@ -226,8 +226,8 @@ TEST(ApplyOverrideTest, UnknownNamesListWhatExistsThere) {
   EXPECT_EQ(status.message(),
             "--set model.d_modle=256: no field 'd_modle' in nf.model.ModelConfig (fields: "
             "num_layers, d_model, num_heads, ffn_dim, vocab_size, max_seq_len, positions, "
-            "activation, dropout, attention_dropout, activation_dropout, scale_embedding, "
-            "tie_embeddings, layer_norm_eps, normformer)");
+            "first_position, activation, dropout, attention_dropout, activation_dropout, "
+            "scale_embedding, tie_embeddings, layer_norm_eps, normformer)");
   ExpectInvalidArgument(ApplyOverride("modle.d_model=256", &config),
                         "--set modle.d_model=256: no field 'modle' in nf.launcher.TrainConfig "
                         "(fields: model, train, data, parallel, checkpoint, monitoring)");

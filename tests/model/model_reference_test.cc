@@ -30,6 +30,7 @@ struct Variant {
   ModelConfig::Positions positions = ModelConfig::SINUSOIDAL;
   bool tie = true;
   ModelConfig::Activation activation = ModelConfig::GELU;
+  int first_position = 2;  // fairseq's numbering; 0 is that of checkpoints before the field
 };
 
 ModelConfig TinyConfig(const Variant& v) {
@@ -41,6 +42,7 @@ ModelConfig TinyConfig(const Variant& v) {
   c.set_vocab_size(37);  // padded to 128: 91 rows that must never be predicted
   c.set_max_seq_len(8);
   c.set_positions(v.positions);
+  c.set_first_position(v.first_position);
   c.set_activation(v.activation);
   c.set_dropout(0.1f);
   c.set_attention_dropout(0.1f);
@@ -91,7 +93,11 @@ INSTANTIATE_TEST_SUITE_P(
                               ModelConfig::LEARNED, false, ModelConfig::GELU_TANH},
                       Variant{"baseline", false, false, false, false, false},
                       Variant{"baseline_relu2_learned", false, false, false, false, false,
-                              ModelConfig::LEARNED, true, ModelConfig::RELU_SQUARED}),
+                              ModelConfig::LEARNED, true, ModelConfig::RELU_SQUARED},
+                      Variant{"normformer_positions_from_0", true, true, false, true, false,
+                              ModelConfig::SINUSOIDAL, true, ModelConfig::GELU, 0},
+                      Variant{"baseline_learned_positions_from_5", false, false, false, false,
+                              false, ModelConfig::LEARNED, true, ModelConfig::GELU, 5}),
     [](const ::testing::TestParamInfo<Variant>& info) { return info.param.name; });
 
 TEST_P(ModelReferenceTest, ForwardMatchesFloat64Reference) {

@@ -74,8 +74,9 @@ class ReferenceModel {
   const Matrix& P(const std::string& name) const { return params.at(name); }
   bool Has(const std::string& name) const { return params.count(name) > 0; }
 
-  double Position(int64_t pos, int64_t c) const {
-    const int64_t d = config_.d_model();
+  // Token t's position number is t + first_position.
+  double Position(int64_t t, int64_t c) const {
+    const int64_t d = config_.d_model(), pos = t + config_.first_position();
     if (config_.positions() == model::ModelConfig::LEARNED) {
       return P("decoder.embed_positions.weight")[pos * d + c];
     }
