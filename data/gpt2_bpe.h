@@ -10,7 +10,9 @@
 // Differences from encoder.py, all on inputs it cannot handle or that only a broken file has:
 // invalid UTF-8 is tokenized byte-wise instead of being undecodable; text "<|endoftext|>" is
 // ordinary text (as in the pattern openai published; the end-of-document id is appended by the
-// caller); the load checks what encoder.py would find out later with a KeyError.
+// caller); the load checks what encoder.py would find out later with a KeyError. And letters and
+// digits are Unicode 16.0's, as in Hugging Face `tokenizers` (unicode_class.h), where encoder.py's
+// `regex` module follows the newest Unicode.
 #pragma once
 
 #include <array>

@@ -51,6 +51,14 @@ if ! "$venv/bin/python" -c "import numpy, safetensors" 2>/dev/null; then
   /usr/bin/python3 -m venv --system-site-packages "$venv"  # Debian's, which sees its numpy
   "$venv/bin/pip" install -q --disable-pip-version-check "safetensors==0.4.5"
 fi
+# Hugging Face's tokenizers, what Megatron's HuggingFaceTokenizer runs GPT-2's BPE with, for the
+# parity test of nf-preprocess's GPT-2 tokenizer (tests/data/hf_tokenizers_parity_test.py).
+# --no-deps: only the tokenizer itself is used, not huggingface_hub's download client.
+if ! "$venv/bin/python" -c "import tokenizers
+assert tokenizers.__version__ == '0.23.3'" 2>/dev/null; then
+  echo "setup: installing tokenizers into $venv"
+  "$venv/bin/pip" install -q --disable-pip-version-check --no-deps "tokenizers==0.23.3"
+fi
 # The cuDNN frontend's C++ headers (core/cuda/cudnn_attention.cc; CMake finds them in .venv).
 # --no-deps: only the headers are used, not the Python package's CUTLASS and TVM dependencies.
 if ! "$venv/bin/python" -c "import importlib.metadata as m
