@@ -38,6 +38,8 @@ inline constexpr size_t kDefaultMaxChunkBytes = size_t{1} << 20;
 // Japanese, or a base64 blob) is cut at the last UTF-8 character boundary that fits instead; the
 // ids next to that cut may differ from whole-text encoding (a word split in two, and a
 // SentencePiece model with a dummy prefix starts a new word there, as if a space stood there).
+// That cut moves off an occurrence of tokenizer.special_token_text() it would fall inside (to
+// its start, or past its end when it starts the chunk), so a special token stays one.
 absl::StatusOr<std::vector<int32_t>> EncodeInChunks(const Tokenizer& tokenizer,
                                                     absl::string_view text,
                                                     size_t max_chunk_bytes = kDefaultMaxChunkBytes);

@@ -301,8 +301,32 @@ absl::StatusOr<std::vector<int32_t>> Gpt2Bpe::Encode(absl::string_view text) con
   }
   std::vector<int32_t> ids;
   ids.reserve(text.size() / 3);
+  // With special tokens parsed, the text is first cut at each "<|endoftext|>" (leftmost first, no
+  // overlaps) and the text between is pre-tokenized on its own, as HF tokenizers' added
+  // vocabulary does: " <|endoftext|>" is " " then the token, never a piece " <|".
+  while (parse_special_tokens_) {
+    const size_t at = text.find(kEndOfText);
+    if (at == text.npos) break;
+    for (absl::string_view piece : Gpt2PreTokenize(text.substr(0, at))) AppendWord(piece, ids);
+    ids.push_back(*end_of_document_);
+    text.remove_prefix(at + kEndOfText.size());
+  }
   for (absl::string_view piece : Gpt2PreTokenize(text)) AppendWord(piece, ids);
   return ids;
+}
+
+absl::Status Gpt2Bpe::ParseSpecialTokens(bool enable) {
+  if (enable && !end_of_document_.has_value()) {
+    return absl::InvalidArgumentError(absl::StrCat("GPT-2 BPE: the vocabulary has no \"",
+                                                   kEndOfText,
+                                                   "\" token, so none can be read in the text"));
+  }
+  parse_special_tokens_ = enable;
+  return absl::OkStatus();
+}
+
+absl::string_view Gpt2Bpe::special_token_text() const {
+  return parse_special_tokens_ ? kEndOfText : absl::string_view();
 }
 
 absl::StatusOr<std::string> Gpt2Bpe::Decode(std::span<const int32_t> ids) const {

@@ -7,12 +7,18 @@
 // right, until no pair has a rank. Every byte has a symbol, so any byte string encodes, and
 // Decode(Encode(x)) == x byte for byte.
 //
-// Differences from encoder.py, all on inputs it cannot handle or that only a broken file has:
-// invalid UTF-8 is tokenized byte-wise instead of being undecodable; text "<|endoftext|>" is
-// ordinary text (as in the pattern openai published; the end-of-document id is appended by the
-// caller); the load checks what encoder.py would find out later with a KeyError. And letters and
-// digits are Unicode 16.0's, as in Hugging Face `tokenizers` (unicode_class.h), where encoder.py's
-// `regex` module follows the newest Unicode.
+// The ids are those of Hugging Face `tokenizers` with GPT-2's tokenizer.json
+// (tests/data/hf_tokenizers_parity_test.py). Differences from encoder.py: letters and digits are
+// Unicode 16.0's, as in `tokenizers` (unicode_class.h), where encoder.py's `regex` module follows
+// the newest Unicode; invalid UTF-8 is tokenized byte-wise instead of being undecodable; the load
+// checks what encoder.py would find out later with a KeyError.
+//
+// Text "<|endoftext|>" is ordinary text by default, as in encoder.py and Megatron's own
+// GPT2BPETokenizer (its pieces "<|", "endoftext", "|>"; the end-of-document id is appended by the
+// caller), so a document cannot end itself early. ParseSpecialTokens(true) reads it as the
+// end-of-document token instead, as `tokenizers` reads GPT-2's added special token (what
+// Megatron's HuggingFaceTokenizer and transformers' GPT2TokenizerFast give); the default is the
+// ids of `tokenizers` with encode_special_tokens = True (transformers' split_special_tokens).
 #pragma once
 
 #include <array>
@@ -54,6 +60,12 @@ class Gpt2Bpe final : public Tokenizer {
   int64_t vocab_size() const override { return static_cast<int64_t>(id_bytes_.size()); }
   // The id of "<|endoftext|>" when the vocabulary has it (GPT-2's 50256).
   std::optional<int32_t> end_of_document() const override { return end_of_document_; }
+  // Whether Encode reads a literal "<|endoftext|>" in the text as end_of_document() (the text on
+  // each side of it encoded on its own) or, by default, as text. Call before sharing the
+  // tokenizer between threads. InvalidArgument when enabling it without an "<|endoftext|>" in the
+  // vocabulary.
+  absl::Status ParseSpecialTokens(bool enable);
+  absl::string_view special_token_text() const override;
   // Exact: a space before a non-space character always starts a pre-token (` ?\p{L}+` and its
   // siblings take it, and a whitespace run before it ends there), and the pre-tokens before it
   // are the same when the text ends there.
@@ -73,6 +85,7 @@ class Gpt2Bpe final : public Tokenizer {
   absl::flat_hash_map<uint64_t, Merge> merges_;  // key: left id << 32 | right id
   std::vector<std::string> id_bytes_;            // what each id decodes to
   std::optional<int32_t> end_of_document_;
+  bool parse_special_tokens_ = false;
   // Pre-token -> ids, as encoder.py caches: words repeat, and merging is the costly part. The
   // caches are per thread (keyed by this id), so encoding threads never contend: a shared,
   // mutex-sharded cache measured no gain from a second worker (Zipf-frequent words hit the same

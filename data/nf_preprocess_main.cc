@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "data/document_reader.h"
 #include "data/gpt2_bpe.h"
@@ -30,6 +31,7 @@ constexpr char kUsage[] =
                      --tokenizer gpt2 --vocab-file vocab.json --merges-file merges.txt
                    | --tokenizer sentencepiece (--spm-model FILE | --spm-train-vocab-size N)
                      [--format jsonl|lines|paragraphs] [--json-key KEY] [--workers N] [--no-eod]
+                     [--parse-special-tokens]
 
 Tokenizes documents into PREFIX.bin and PREFIX.idx, byte-compatible with Megatron-LM's and
 fairseq's indexed datasets (uint16 tokens under 65,500 vocabulary entries, else int32). Both
@@ -48,6 +50,9 @@ files appear only when everything succeeded.
   --workers N             tokenizing threads, 1 to 256 (default 1); the output does not depend
                           on it
   --no-eod                do not append the end-of-document token to each document
+  --parse-special-tokens  gpt2: read "<|endoftext|>" in the text as the end-of-document token,
+                          as Hugging Face tokenizers does (the document is not split); by
+                          default it is text, as in Megatron's GPT2BPETokenizer
   --help                  this text
 )";
 
@@ -63,6 +68,7 @@ struct Flags {
   int spm_train_vocab_size = 0;
   int workers = 1;
   bool eod = true;
+  bool parse_special_tokens = false;
 };
 
 // Writes the documents of the inputs, one per paragraph, to a text file SentencePiece trains on.
@@ -92,10 +98,18 @@ absl::StatusOr<std::unique_ptr<nf::data::Tokenizer>> MakeTokenizer(const Flags& 
     if (flags.vocab_file.empty() || flags.merges_file.empty()) {
       return absl::InvalidArgumentError("--tokenizer gpt2 needs --vocab-file and --merges-file");
     }
-    return nf::data::Gpt2Bpe::Load(flags.vocab_file, flags.merges_file);
+    auto bpe = nf::data::Gpt2Bpe::Load(flags.vocab_file, flags.merges_file);
+    if (!bpe.ok()) return bpe.status();
+    if (absl::Status s = (*bpe)->ParseSpecialTokens(flags.parse_special_tokens); !s.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("--parse-special-tokens: ", s.message()));
+    }
+    return bpe;
   }
   if (flags.tokenizer != "sentencepiece") {
     return absl::InvalidArgumentError("--tokenizer must be gpt2 or sentencepiece");
+  }
+  if (flags.parse_special_tokens) {
+    return absl::InvalidArgumentError("--parse-special-tokens is for --tokenizer gpt2");
   }
   if (!flags.spm_model.empty()) return nf::data::SentencePieceTokenizer::Load(flags.spm_model);
   if (flags.spm_train_vocab_size <= 0) {
@@ -145,6 +159,10 @@ int Run(int argc, char** argv) {
     }
     if (arg == "--no-eod") {
       flags.eod = false;
+      continue;
+    }
+    if (arg == "--parse-special-tokens") {
+      flags.parse_special_tokens = true;
       continue;
     }
     if (i + 1 >= argc) return Usage(arg + " needs a value (or is unknown)");

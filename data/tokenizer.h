@@ -22,8 +22,9 @@ class Tokenizer {
   virtual ~Tokenizer() = default;
 
   // The token ids of `text` (bytes; UTF-8 expected, but implementations must not fail or crash
-  // on invalid sequences). Control tokens such as end-of-document are never produced from text:
-  // the caller appends them, so a document containing "<|endoftext|>" cannot split itself.
+  // on invalid sequences). Control tokens such as end-of-document are not produced from text
+  // (the caller appends them, so a document containing "<|endoftext|>" cannot end itself), unless
+  // special_token_text() names the text that stands for one.
   virtual absl::StatusOr<std::vector<int32_t>> Encode(absl::string_view text) const = 0;
 
   // The bytes the ids stand for; InvalidArgument naming the first id outside the vocabulary.
@@ -34,6 +35,11 @@ class Tokenizer {
 
   // The id appended after each document, when the vocabulary defines one.
   virtual std::optional<int32_t> end_of_document() const = 0;
+
+  // The text that Encode reads as a special token rather than as text (GPT-2's "<|endoftext|>"
+  // when Gpt2Bpe::ParseSpecialTokens is on), empty when there is none: a text cut into chunks
+  // must not be cut inside it.
+  virtual absl::string_view special_token_text() const { return {}; }
 
   // Where a single space between two non-space characters goes when a text too long to encode
   // in one call is cut there (chunked_encoding.h), chosen so that the chunks' ids, concatenated,

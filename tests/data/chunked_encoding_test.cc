@@ -8,6 +8,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -88,6 +89,7 @@ class Recorder final : public Tokenizer {
   int64_t vocab_size() const override { return inner_.vocab_size(); }
   std::optional<int32_t> end_of_document() const override { return inner_.end_of_document(); }
   SpaceAtCut space_at_cut() const override { return claim_.value_or(inner_.space_at_cut()); }
+  absl::string_view special_token_text() const override { return inner_.special_token_text(); }
 
   mutable std::vector<std::string> chunks;
 
@@ -350,6 +352,30 @@ TEST(ChunkedEncodingTest, Gpt2TextWithoutSpacesStillRoundTrips) {
   const absl::StatusOr<Ids> ids = EncodeInChunks(*bpe, text, 100);
   NF_ASSERT_OK(ids);
   EXPECT_EQ(*bpe->Decode(*ids), text);
+}
+
+TEST(ChunkedEncodingTest, Gpt2SpecialTokenIsNeverCut) {
+  // Without spaces every cut is at a character boundary; "<|endoftext|>" read as the token must
+  // not be cut there (it would be text on both sides), wherever it falls against the limit.
+  const std::unique_ptr<Gpt2Bpe> bpe = ToyGpt2();
+  NF_ASSERT_OK(bpe->ParseSpecialTokens(true));
+  const int32_t eod = *bpe->end_of_document();
+  for (const size_t limit : {13, 16, 31, 64}) {
+    for (size_t offset = 0; offset < 40; ++offset) {
+      const std::string text = std::string(offset, 'k') + "<|endoftext|>" + std::string(30, 'a') +
+                               "<|endoftext|><|endoftext|>é漢<|endoftext|>";
+      const Recorder recorder(*bpe);
+      const absl::StatusOr<Ids> ids = EncodeInChunks(recorder, text, limit);
+      NF_ASSERT_OK(ids);
+      EXPECT_EQ(std::count(ids->begin(), ids->end(), eod), 4)
+          << "limit " << limit << ", offset " << offset;
+      EXPECT_EQ(*ids, *bpe->Encode(text)) << "limit " << limit << ", offset " << offset;
+      EXPECT_EQ(absl::StrJoin(recorder.chunks, ""), text);
+      for (const std::string& chunk : recorder.chunks) {
+        EXPECT_LT(chunk.size(), limit + 13);  // past the limit only by a token it starts with
+      }
+    }
+  }
 }
 
 // SentencePiece models trained on VariedText, one per whitespace configuration: what

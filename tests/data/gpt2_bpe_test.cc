@@ -214,6 +214,35 @@ TEST_F(Gpt2BpeToyTest, EndOfTextInTheTextIsOrdinaryText) {
   EXPECT_EQ(*decoded, "<|endoftext|>");
 }
 
+TEST_F(Gpt2BpeToyTest, EndOfTextIsTheTokenWhenSpecialTokensAreParsed) {
+  // As Hugging Face tokenizers reads GPT-2's added special token: the text is cut at each
+  // "<|endoftext|>" first and the text between is pre-tokenized on its own.
+  NF_ASSERT_OK(bpe_->ParseSpecialTokens(true));
+  EXPECT_EQ(bpe_->special_token_text(), "<|endoftext|>");
+  EXPECT_THAT(Encode("hello<|endoftext|> world"), ElementsAre(259, 274, 264));
+  EXPECT_THAT(Encode("<|endoftext|>"), ElementsAre(274));
+  EXPECT_THAT(Encode("<|endoftext|><|endoftext|>"), ElementsAre(274, 274));
+  // " " is a piece of its own, never " <|" as when the literal is text.
+  EXPECT_THAT(Encode(" <|endoftext|>"), ElementsAre(' ', 274));
+  EXPECT_THAT(Encode("hello <|endoftext|>hello"), ElementsAre(259, ' ', 274, 259));
+  // Only the exact literal: another case, a prefix, and the one inside a longer text.
+  const Ids other = Encode("<|ENDOFTEXT|> <|endoftext");
+  EXPECT_EQ(std::count(other.begin(), other.end(), 274), 0);
+  const Ids inner = Encode("<|endo<|endoftext|>ftext|>");
+  EXPECT_EQ(std::count(inner.begin(), inner.end(), 274), 1);
+  // Off again: text.
+  NF_ASSERT_OK(bpe_->ParseSpecialTokens(false));
+  EXPECT_EQ(bpe_->special_token_text(), "");
+  const Ids text = Encode("hello<|endoftext|> world");
+  EXPECT_EQ(std::count(text.begin(), text.end(), 274), 0);
+}
+
+TEST(Gpt2BpeTest, ParsingSpecialTokensNeedsEndOfTextInTheVocabulary) {
+  const std::unique_ptr<Gpt2Bpe> bpe = MakeBpe(MakeToy({"h e"}, {}));
+  ExpectInvalidArgument(bpe->ParseSpecialTokens(true), "no \"<|endoftext|>\" token");
+  NF_EXPECT_OK(bpe->ParseSpecialTokens(false));
+}
+
 TEST_F(Gpt2BpeToyTest, RandomBytesRoundTrip) {
   std::mt19937 rng(42);
   // Bytes drawn mostly from a set that exercises every class and broken UTF-8.

@@ -22,6 +22,12 @@ every Unicode scalar value: identical ids
 With the Unicode 17 tables (HF's regex engine is at Unicode 16: data/gen_unicode_classes.py)
 15 and 31 documents differed.
 
+And texts holding "<|endoftext|>" (at either end, twice, next to spaces, inside a longer
+literal, a prefix or another case of it): with --parse-special-tokens the ids of HF's default
+(the literal is the token, the text on each side tokenized on its own), without it those of HF
+with encode_special_tokens = True (the literal tokenized as text, which is also what Megatron's
+own GPT2BPETokenizer and openai's encoder.py give); one document each either way.
+
 usage: hf_tokenizers_parity_test.py NF_PREPROCESS
 """
 import json
@@ -97,7 +103,7 @@ def hf_tokenizer(work):
     return tok
 
 
-def preprocess(nf_preprocess, work, name, documents, *flags):
+def preprocess(nf_preprocess, work, eod, name, documents, *flags):
     """nf-preprocess over `documents` (JSONL); each document's ids, its end-of-document token
     checked and removed."""
     corpus = work / f"{name}.jsonl"
@@ -123,7 +129,7 @@ def preprocess(nf_preprocess, work, name, documents, *flags):
     out = []
     for length, pointer in zip(lengths, pointers):
         ids = tokens[pointer // itemsize:pointer // itemsize + length].tolist()
-        assert ids[-1] == EOD_ID, ids
+        assert ids[-1] == eod, ids
         out.append(ids[:-1])
     return out
 
@@ -151,23 +157,58 @@ def sweep_documents():
     return plain, probes
 
 
+SPECIAL_TEXTS = [
+    "Hello<|endoftext|>world",
+    "the end.<|endoftext|>The start",
+    "a <|endoftext|> b",
+    " <|endoftext|>",
+    "<|endoftext|> ",
+    EOT,
+    EOT + EOT,
+    "<<|endoftext|>>",
+    "<|endo<|endoftext|>ftext|>",
+    "<|endoftext|>|>",
+    "x<|endoftext",
+    "<|ENDOFTEXT|>",
+    "It's<|endoftext|>'s",
+    "line one\n<|endoftext|>\n\nline two",
+    "tab\t<|endoftext|>\tand  <|endoftext|>  spaces",
+    "number 12<|endoftext|>34",
+    "é<|endoftext|>ü",
+]
+
+
 def main():
-    global EOD_ID
     nf_preprocess = sys.argv[1]
     with tempfile.TemporaryDirectory() as tmp:
         work = pathlib.Path(tmp)
-        EOD_ID, vocab_size = write_vocab(work)
+        eod, vocab_size = write_vocab(work)
         hf = hf_tokenizer(work)
-        assert hf.token_to_id(EOT) == EOD_ID and hf.get_vocab_size() == vocab_size
+        assert hf.token_to_id(EOT) == eod and hf.get_vocab_size() == vocab_size
         failures = 0
 
         plain, probes = sweep_documents()
         assert len(plain) == 4344, len(plain)
         for name, documents in [("sweep", plain), ("sweep-probes", probes)]:
-            ours = preprocess(nf_preprocess, work, name, documents, "--workers", "2")
+            ours = preprocess(nf_preprocess, work, eod, name, documents, "--workers", "2")
             theirs = [e.ids for e in hf.encode_batch_fast(documents)]
             failures += compare(f"every code point ({name})", documents, ours, theirs)
 
+        # "<|endoftext|>" in the text: the token with --parse-special-tokens, as in HF by default;
+        # text without it, as in HF with encode_special_tokens (transformers' split_special_tokens).
+        theirs = [e.ids for e in hf.encode_batch(SPECIAL_TEXTS)]
+        assert [eod in ids for ids in theirs] == [EOT in t for t in SPECIAL_TEXTS]
+        ours = preprocess(nf_preprocess, work, eod, "special", SPECIAL_TEXTS,
+                          "--parse-special-tokens")
+        failures += compare("--parse-special-tokens vs HF", SPECIAL_TEXTS, ours, theirs)
+        hf.encode_special_tokens = True
+        theirs = [e.ids for e in hf.encode_batch(SPECIAL_TEXTS)]
+        assert not any(eod in ids for ids in theirs)
+        ours = preprocess(nf_preprocess, work, eod, "text", SPECIAL_TEXTS)
+        failures += compare("default vs HF encode_special_tokens", SPECIAL_TEXTS, ours, theirs)
+        # The literal as text is GPT-2's regex over it: "<|", "endoftext", "|>" (merged here).
+        expected = [hf.token_to_id(t) for t in ["<|", "endoftext", "|>"]]
+        assert ours[SPECIAL_TEXTS.index(EOT)] == expected, ours[SPECIAL_TEXTS.index(EOT)]
     if failures:
         sys.exit(f"FAILED: {failures} documents differ from HF tokenizers {hf_version()}")
     print(f"OK: identical to HF tokenizers {hf_version()}")

@@ -13,6 +13,7 @@
 #include "data/indexed_dataset.h"
 #include "data/sentencepiece_tokenizer.h"
 #include "test_util.h"
+#include "tests/data/gpt2_toy_vocab.h"
 
 #ifndef NF_PREPROCESS_BINARY
 #error "NF_PREPROCESS_BINARY must name the nf-preprocess executable (tests/CMakeLists.txt)"
@@ -59,7 +60,8 @@ TEST_F(NfPreprocessCliTest, HelpDocumentsEveryOption) {
   EXPECT_EQ(outcome.exit_code, 0);
   for (const char* option :
        {"--input", "--format", "--json-key", "--output-prefix", "--tokenizer", "--vocab-file",
-        "--merges-file", "--spm-model", "--spm-train-vocab-size", "--workers", "--no-eod"}) {
+        "--merges-file", "--spm-model", "--spm-train-vocab-size", "--workers", "--no-eod",
+        "--parse-special-tokens"}) {
     EXPECT_THAT(outcome.out, HasSubstr(option));
   }
 }
@@ -79,12 +81,33 @@ TEST_F(NfPreprocessCliTest, UsageErrorsExitTwoWithOneLineNamingTheProblem) {
            {{"--input", "a", "--output-prefix", "x", "--format", "csv"}, "csv"},
            {{"--input", "a", "--output-prefix", "x", "--tokenizer", "gpt2"}, "--vocab-file"},
            {{"--input", "a", "--output-prefix", "x", "--tokenizer", "wordpiece"}, "gpt2"},
+           {{"--input", "a", "--output-prefix", "x", "--tokenizer", "sentencepiece", "--spm-model",
+             "m", "--parse-special-tokens"},
+            "--parse-special-tokens is for --tokenizer gpt2"},
        }) {
     const Outcome outcome = Run(c.args);
     EXPECT_EQ(outcome.exit_code, 2) << c.mentions << ": " << outcome.err;
     ASSERT_FALSE(Lines(outcome.err).empty());
     EXPECT_THAT(Lines(outcome.err)[0], HasSubstr(c.mentions));
   }
+}
+
+// --parse-special-tokens with a vocabulary that has no "<|endoftext|>": exit 2, nothing written.
+TEST_F(NfPreprocessCliTest, ParseSpecialTokensNeedsEndOfTextInTheVocabulary) {
+  const ToyFiles toy = MakeToy({"h e"}, {});
+  std::ofstream(Path("vocab.json")) << toy.vocab_json;
+  std::ofstream(Path("merges.txt")) << toy.merges_txt;
+  std::ofstream(Path("in.jsonl")) << "{\"text\": \"he<|endoftext|>\"}\n";
+  const Outcome outcome =
+      Run({"--input", Path("in.jsonl"), "--output-prefix", Path("out"), "--tokenizer", "gpt2",
+           "--vocab-file", Path("vocab.json"), "--merges-file", Path("merges.txt"), "--no-eod",
+           "--parse-special-tokens"});
+  EXPECT_EQ(outcome.exit_code, 2);
+  EXPECT_EQ(Lines(outcome.err),
+            std::vector<std::string>{"nf-preprocess: --parse-special-tokens: GPT-2 BPE: the "
+                                     "vocabulary has no \"<|endoftext|>\" token, so none can be "
+                                     "read in the text"});
+  EXPECT_FALSE(std::filesystem::exists(Path("out.idx")));
 }
 
 TEST_F(NfPreprocessCliTest, TrainsATokenizerAndWritesADatasetThatReadsBack) {
