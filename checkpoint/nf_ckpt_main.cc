@@ -2,7 +2,9 @@
 //
 //   nf-ckpt inspect DIR [--tensors]
 //   nf-ckpt verify DIR
-//   nf-ckpt export DIR --format safetensors --out FILE [--dtype f32|f16|bf16]
+//   nf-ckpt export DIR --format safetensors|fairseq --out FILE [--dtype f32|f16|bf16]
+//   nf-ckpt import FILE --out OUT [--tp N --pp N --dp N --virtual N --zero1
+//           --bucket-elements N] [--config RUN.pbtxt [--set PATH=VALUE]...] [--step N]
 //   nf-ckpt convert DIR --tp N --pp N --dp N [--virtual N] [--zero1] [--bucket-elements N]
 //           --out OUT
 //
@@ -23,10 +25,13 @@
 #include "absl/strings/str_join.h"
 #include "checkpoint/assemble.h"
 #include "checkpoint/convert.h"
+#include "checkpoint/fairseq_export.h"
+#include "checkpoint/fairseq_import.h"
 #include "checkpoint/load.h"
 #include "checkpoint/safetensors_export.h"
 #include "checkpoint/save.h"
 #include "core/status.h"
+#include "launcher/config.h"
 
 namespace {
 
@@ -45,8 +50,20 @@ commands:
   verify DIR                the manifest's checksum, then every piece of every tensor:
                             checksums, bounds, coverage, finite values (each bad one named)
   export DIR --format safetensors --out FILE [--dtype f32|f16|bf16]
-                            the parameters as one safetensors file (fairseq names, the
-                            vocabulary tables cut to the real vocabulary)
+                            the parameters as they are, one safetensors file (fairseq names,
+                            the vocabulary tables cut to the real vocabulary)
+  export DIR --format fairseq --out FILE [--dtype f32|f16|bf16]
+                            a file fairseq's transformer_lm loads and runs to this model's
+                            logits: decoder.version, a BEFORE_OUT_PROJ head scale folded into
+                            out_proj, the model config and fairseq flags in its metadata;
+                            refuses what fairseq cannot represent, naming the field
+  import FILE --out OUT [--tp N --pp N --dp N --virtual N --zero1 --bucket-elements N]
+         [--config RUN.pbtxt [--set PATH=VALUE]...] [--step N]
+                            a safetensors file with fairseq names (the fairseq export, or
+                            scripts/fairseq-pt-to-safetensors.py's) as a checkpoint for that
+                            layout (default 1 x 1 x 1) with a fresh optimizer; the model
+                            config from the file's metadata, else from --config's model
+                            section; the step from the file's metadata unless --step
   convert DIR --tp N --pp N --dp N [--virtual N] [--zero1] [--bucket-elements N] --out OUT
                             the checkpoint rewritten for another layout: one shard file per
                             rank of it, as a run on that layout would write (any layout loads
@@ -131,6 +148,32 @@ absl::Status Verify(const fs::path& dir, const Manifest& m) {
   return absl::OkStatus();
 }
 
+// nf-ckpt import: the model from the file's metadata, or from --config's model section (with
+// --set overrides) for a file without one.
+int Import(const std::string& file, std::map<std::string, std::string>& options,
+           const std::vector<std::string>& overrides, const nf::checkpoint::TargetLayout& layout) {
+  nf::checkpoint::ImportOptions import{
+      .model = std::nullopt, .step = std::nullopt, .layout = layout};
+  if (!options["--step"].empty()) {
+    int64_t step = 0;
+    if (!absl::SimpleAtoi(options["--step"], &step) || step < 0) {
+      return UsageError("--step takes an integer >= 0");
+    }
+    import.step = step;
+  }
+  if (!overrides.empty() && options["--config"].empty()) return UsageError("--set needs --config");
+  if (!options["--config"].empty()) {
+    const auto config = nf::launcher::LoadTrainConfig(options["--config"], overrides);
+    if (!config.ok()) return UsageError(std::string(config.status().message()));
+    import.model = config->model();
+  }
+  const absl::Status status =
+      nf::checkpoint::ImportFairseqSafetensors(file, import, options["--out"]);
+  if (!status.ok()) return Fail(status);
+  std::cout << "wrote " << options["--out"] << "\n";
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -144,15 +187,19 @@ int main(int argc, char** argv) {
   if (args.size() < 2) return UsageError("a command and a checkpoint directory are required");
   const std::string command = args[0];
   std::map<std::string, std::string> options;
+  std::vector<std::string> overrides;  // import's --set, in order
   bool tensors = false, zero1 = false;
   for (size_t i = 2; i < args.size(); ++i) {
     const bool valued = args[i] == "--format" || args[i] == "--out" || args[i] == "--dtype" ||
                         args[i] == "--tp" || args[i] == "--pp" || args[i] == "--dp" ||
-                        args[i] == "--virtual" || args[i] == "--bucket-elements";
+                        args[i] == "--virtual" || args[i] == "--bucket-elements" ||
+                        args[i] == "--config" || args[i] == "--step";
     if (args[i] == "--tensors") {
       tensors = true;
     } else if (args[i] == "--zero1") {
       zero1 = true;
+    } else if (args[i] == "--set" && i + 1 < args.size()) {
+      overrides.push_back(args[++i]);
     } else if (valued && i + 1 < args.size()) {
       options[args[i]] = args[i + 1];
       ++i;
@@ -160,11 +207,13 @@ int main(int argc, char** argv) {
       return UsageError("unknown or incomplete argument '" + args[i] + "'");
     }
   }
-  if (command != "inspect" && command != "verify" && command != "export" && command != "convert") {
-    return UsageError("unknown command '" + command + "' (inspect, verify, export, convert)");
+  if (command != "inspect" && command != "verify" && command != "export" && command != "convert" &&
+      command != "import") {
+    return UsageError("unknown command '" + command +
+                      "' (inspect, verify, export, convert, import)");
   }
   nf::checkpoint::TargetLayout target;
-  if (command == "convert") {
+  if (command == "convert" || command == "import") {
     const auto number = [&](const std::string& flag, int64_t fallback) -> std::optional<int64_t> {
       if (options[flag].empty()) return fallback;
       int64_t value = 0;
@@ -172,7 +221,9 @@ int main(int argc, char** argv) {
       return value;
     };
     for (const char* flag : {"--tp", "--pp", "--dp"}) {
-      if (options[flag].empty()) return UsageError(std::string("convert needs ") + flag);
+      if (command == "convert" && options[flag].empty()) {
+        return UsageError(std::string("convert needs ") + flag);
+      }
     }
     const auto tp = number("--tp", 1), pp = number("--pp", 1), dp = number("--dp", 1);
     const auto v = number("--virtual", 1);
@@ -180,7 +231,7 @@ int main(int argc, char** argv) {
     if (!tp || !pp || !dp || !v || !bucket) {
       return UsageError("--tp, --pp, --dp, --virtual and --bucket-elements take integers >= 1");
     }
-    if (options["--out"].empty()) return UsageError("convert needs --out DIR");
+    if (options["--out"].empty()) return UsageError(command + " needs --out DIR");
     target = {.tensor_parallel = static_cast<int>(*tp),
               .pipeline_parallel = static_cast<int>(*pp),
               .data_parallel = static_cast<int>(*dp),
@@ -190,8 +241,8 @@ int main(int argc, char** argv) {
   }
   std::optional<nf::DType> dtype;
   if (command == "export") {
-    if (options["--format"] != "safetensors") {
-      return UsageError("export needs --format safetensors (the one format it writes)");
+    if (options["--format"] != "safetensors" && options["--format"] != "fairseq") {
+      return UsageError("export needs --format safetensors or --format fairseq");
     }
     if (options["--out"].empty()) return UsageError("export needs --out FILE");
     if (!options["--dtype"].empty()) {
@@ -200,6 +251,7 @@ int main(int argc, char** argv) {
       dtype = *parsed;
     }
   }
+  if (command == "import") return Import(args[1], options, overrides, target);
   const auto dir = Resolve(args[1]);
   if (!dir.ok()) return Fail(dir.status());
   const auto manifest = nf::checkpoint::ReadManifest(*dir);
@@ -208,7 +260,10 @@ int main(int argc, char** argv) {
   if (command == "inspect") status = Inspect(*dir, *manifest, tensors);
   if (command == "verify") status = Verify(*dir, *manifest);
   if (command == "export") {
-    status = nf::checkpoint::ExportSafetensors(*dir, *manifest, options["--out"], dtype);
+    status =
+        options["--format"] == "fairseq"
+            ? nf::checkpoint::ExportFairseqSafetensors(*dir, *manifest, options["--out"], dtype)
+            : nf::checkpoint::ExportSafetensors(*dir, *manifest, options["--out"], dtype);
     if (status.ok()) std::cout << "wrote " << options["--out"] << "\n";
   }
   if (command == "convert") {

@@ -37,6 +37,8 @@ namespace {
 // filled in, as the checkpoint stores it).
 std::vector<std::string> DataSettingsChanged(const checkpoint::Manifest& manifest,
                                              const TrainConfig& config) {
+  // A checkpoint that read no sample (an imported one) has no stream for this run to continue.
+  if (manifest.consumed_samples() == 0) return {};
   TrainConfig saved, now;
   if (!google::protobuf::TextFormat::ParseFromString(manifest.train_config(), &saved) ||
       !google::protobuf::TextFormat::ParseFromString(ResolvedConfigText(config), &now)) {

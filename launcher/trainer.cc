@@ -310,7 +310,8 @@ absl::Status Trainer::ContinueDataStream(const checkpoint::RunProgress& progress
     NF_ASSIGN_OR_RETURN(batches_, MakeBatchSource(config_, DataSplit::kTrain, size));
     stream_samples_ = size;
   }
-  if (size == recorded) return absl::OkStatus();
+  // Nothing read yet (an imported checkpoint): the new stream has nothing to continue.
+  if (size == recorded || progress.consumed_samples == 0) return absl::OkStatus();
   // A longer stream than the run began with: it continues the samples read so far only if
   // every dataset's samples span as many epochs as before (batch_source.h).
   NF_ASSIGN_OR_RETURN(const std::unique_ptr<BatchSource> begun,
