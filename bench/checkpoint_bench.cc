@@ -50,9 +50,11 @@ void DropCache(const fs::path& path) {
     ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
     ::close(fd);
   };
-  if (fs::is_directory(path)) {
-    for (const auto& e : fs::recursive_directory_iterator(path)) {
-      if (e.is_regular_file()) drop(e.path());
+  std::error_code error;
+  if (fs::is_directory(path, error)) {
+    for (fs::recursive_directory_iterator it(path, error), end; !error && it != end;
+         it.increment(error)) {
+      if (it->is_regular_file(error)) drop(it->path());
     }
   } else {
     drop(path);
@@ -61,14 +63,18 @@ void DropCache(const fs::path& path) {
 
 int64_t DirectoryBytes(const fs::path& dir) {
   int64_t bytes = 0;
-  for (const auto& e : fs::recursive_directory_iterator(dir)) {
-    if (e.is_regular_file()) bytes += static_cast<int64_t>(e.file_size());
+  std::error_code error;
+  for (fs::recursive_directory_iterator it(dir, error), end; !error && it != end;
+       it.increment(error)) {
+    if (it->is_regular_file(error)) bytes += static_cast<int64_t>(it->file_size(error));
   }
   return bytes;
 }
 
 absl::Status Run(int argc, char** argv) {
-  fs::path dir = fs::temp_directory_path() / "nf_bench_checkpoint";
+  std::error_code error;
+  fs::path temp = fs::temp_directory_path(error);  // $TMPDIR, if it is a directory
+  fs::path dir = (error ? fs::path("/tmp") : temp) / "nf_bench_checkpoint";
   int d_model = 512, layers = 12, trials = 3;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
@@ -98,8 +104,12 @@ absl::Status Run(int argc, char** argv) {
   NF_ASSIGN_OR_RETURN(std::unique_ptr<launcher::Trainer> trainer,
                       launcher::Trainer::Create(config));
   parallel::LocalCommunicator world;
-  fs::remove_all(dir);
-  fs::create_directories(dir);
+  fs::remove_all(dir, error);
+  if (!error) fs::create_directories(dir, error);
+  if (error) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot make a fresh --dir ", dir.string(), ": ", error.message()));
+  }
 
   std::vector<double> save_s, load_s, first_snapshot_s, snapshot_s, dd_write_s, dd_read_s;
   int64_t bytes = 0;
@@ -145,9 +155,9 @@ absl::Status Run(int argc, char** argv) {
       (save == 0 ? first_snapshot_s : snapshot_s).push_back(Seconds(start));
     }
     NF_RETURN_IF_ERROR(saver.Finish(world));
-    fs::remove_all(checkpoints);
-    fs::remove_all(dir / absl::StrCat("async", t));
-    fs::remove(file);
+    fs::remove_all(checkpoints, error);
+    fs::remove_all(dir / absl::StrCat("async", t), error);
+    fs::remove(file, error);
   }
   const double gb = static_cast<double>(bytes) / 1e9;
   std::printf("checkpoint: %d parameters, %.3f GB per checkpoint, medians of %d trials\n",
@@ -165,7 +175,7 @@ absl::Status Run(int argc, char** argv) {
               Median(first_snapshot_s), Median(first_snapshot_s) / Median(save_s));
   std::printf("| async save, later ones: loop blocked | %.3f | | %.2f of a sync save |\n",
               Median(snapshot_s), Median(snapshot_s) / Median(save_s));
-  fs::remove_all(dir);
+  fs::remove_all(dir, error);
   return absl::OkStatus();
 }
 

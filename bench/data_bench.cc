@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -242,6 +243,14 @@ absl::StatusOr<Corpus> WriteCorpus(const fs::path& dir, const std::vector<std::s
   corpus.spm_text_path = (dir / "spm-sample.txt").string();
   std::ofstream jsonl(corpus.jsonl_path, std::ios::binary | std::ios::trunc);
   std::ofstream sample(corpus.spm_text_path, std::ios::binary | std::ios::trunc);
+  // Checked right after each call: a stream keeps no reason, and errno holds the failed call's
+  // only until the next call that sets it.
+  const auto failed = [&] {
+    return absl::UnavailableError(absl::StrCat("cannot write ",
+                                               !jsonl ? corpus.jsonl_path : corpus.spm_text_path,
+                                               ": ", std::strerror(errno)));
+  };
+  if (!jsonl || !sample) return failed();
   const ZipfSampler zipf(static_cast<int>(words.size()));
   Rng rng(42);
   std::string line;
@@ -264,12 +273,12 @@ absl::StatusOr<Corpus> WriteCorpus(const fs::path& dir, const std::vector<std::s
       }
     }
     ++corpus.documents;
+    if (!jsonl || !sample) return failed();
   }
   jsonl.flush();
+  if (!jsonl) return failed();
   sample.flush();
-  if (!jsonl || !sample) {
-    return absl::UnavailableError(absl::StrCat("cannot write to ", dir.string()));
-  }
+  if (!sample) return failed();
   corpus.seconds = Seconds(start);
   return corpus;
 }
@@ -604,8 +613,10 @@ absl::StatusOr<LoaderInputs> BuildLoaderInputs(
 }
 
 void RemoveSampleCaches(const fs::path& dir) {
-  for (const fs::directory_entry& entry : fs::directory_iterator(dir)) {
-    if (entry.path().extension() == ".samples") fs::remove(entry.path());
+  std::error_code error;
+  for (fs::directory_iterator it(dir, error), end; !error && it != end; it.increment(error)) {
+    std::error_code ignored;  // a cache left behind shows as "cache not removed"
+    if (it->path().extension() == ".samples") fs::remove(it->path(), ignored);
   }
 }
 
@@ -834,7 +845,9 @@ int Main(int argc, char** argv) {
                  argv[0]);
     return 2;
   }
-  std::string pattern = (fs::temp_directory_path() / "nf-bench-data.XXXXXX").string();
+  std::error_code error;
+  const fs::path temp = fs::temp_directory_path(error);  // $TMPDIR, if it is a directory
+  std::string pattern = ((error ? fs::path("/tmp") : temp) / "nf-bench-data.XXXXXX").string();
   if (::mkdtemp(pattern.data()) == nullptr) {
     std::perror("mkdtemp");
     return 1;
@@ -844,7 +857,6 @@ int Main(int argc, char** argv) {
   if (flags.keep) {
     std::printf("\nKept %s\n", dir.c_str());
   } else {
-    std::error_code error;
     fs::remove_all(dir, error);
   }
   if (!status.ok()) {

@@ -99,6 +99,25 @@ absl::StatusOr<std::map<std::string, std::vector<Assignment>>> Plan(const Manife
   return plan;
 }
 
+// Removes the staging directory of a conversion that did not finish (a full disk must not be
+// made fuller by what failed to fit), unless kept.
+class StagingRemover {
+ public:
+  explicit StagingRemover(fs::path staging) : staging_(std::move(staging)) {}
+  StagingRemover(const StagingRemover&) = delete;
+  StagingRemover& operator=(const StagingRemover&) = delete;
+  ~StagingRemover() {
+    if (keep_) return;
+    std::error_code ignored;
+    fs::remove_all(staging_, ignored);
+  }
+  void Keep() { keep_ = true; }
+
+ private:
+  const fs::path staging_;
+  bool keep_ = false;
+};
+
 }  // namespace
 
 absl::Status ConvertCheckpoint(const fs::path& dir, const Manifest& manifest,
@@ -125,6 +144,7 @@ absl::Status ConvertCheckpoint(const fs::path& dir, const Manifest& manifest,
     return absl::UnavailableError(
         absl::StrCat("cannot create ", staging.string(), ": ", error.message()));
   }
+  StagingRemover remover(staging);  // declared before the writers: they close first
   const int world = tp * pp * dp;
   std::vector<std::string> names;
   std::vector<std::unique_ptr<DurableWriter>> writers;
@@ -200,6 +220,7 @@ absl::Status ConvertCheckpoint(const fs::path& dir, const Manifest& manifest,
     return absl::UnavailableError(absl::StrCat("cannot rename ", staging.string(), " to ",
                                                out.string(), ": ", error.message()));
   }
+  remover.Keep();
   return SyncDirectory(out.parent_path().empty() ? fs::path(".") : out.parent_path());
 }
 

@@ -21,8 +21,9 @@ struct TargetLayout {
   int64_t grad_bucket_elements = int64_t{1} << 22;  // the target run's parallel setting
 };
 
-// Writes the converted checkpoint to `out` (staged as out.tmp, renamed when complete); refuses
-// an existing `out` and layouts the model cannot split into, saying what would work.
+// Writes the converted checkpoint to `out` (staged as out.tmp, renamed when complete, removed on
+// failure); refuses an existing `out` and layouts the model cannot split into, saying what would
+// work.
 absl::Status ConvertCheckpoint(const std::filesystem::path& dir, const Manifest& manifest,
                                const TargetLayout& target, const std::filesystem::path& out);
 

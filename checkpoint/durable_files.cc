@@ -111,7 +111,9 @@ absl::StatusOr<std::string> ReadWholeFile(const std::filesystem::path& path) {
   std::error_code error;
   const auto size = std::filesystem::file_size(path, error);
   if (error) {
-    return absl::NotFoundError(absl::StrCat("cannot read ", path.string(), ": ", error.message()));
+    const std::string message = absl::StrCat("cannot read ", path.string(), ": ", error.message());
+    return error == std::errc::no_such_file_or_directory ? absl::NotFoundError(message)
+                                                         : absl::FailedPreconditionError(message);
   }
   std::string contents(size, '\0');
   NF_RETURN_IF_ERROR(ReadRange(path, 0, static_cast<int64_t>(size), contents.data()));

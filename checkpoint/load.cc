@@ -69,6 +69,10 @@ absl::StatusOr<fs::path> LatestCheckpoint(const fs::path& checkpoints_dir) {
   const fs::path latest = checkpoints_dir / kLatestName;
   std::error_code error;
   if (!fs::exists(latest, error)) {
+    if (error) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("cannot read ", latest.string(), ": ", error.message()));
+    }
     return absl::NotFoundError(absl::StrCat("no checkpoint in ", checkpoints_dir.string()));
   }
   NF_ASSIGN_OR_RETURN(std::string name, ReadWholeFile(latest));
@@ -122,6 +126,10 @@ absl::StatusOr<Manifest> ReadManifest(const fs::path& dir) {
   const fs::path path = dir / kManifestName;
   std::error_code error;
   if (!fs::exists(path, error)) {
+    if (error) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("cannot read ", path.string(), ": ", error.message()));
+    }
     return absl::NotFoundError(absl::StrCat("checkpoint ", dir.string(), " has no ", kManifestName,
                                             ": it is incomplete or not a checkpoint"));
   }
@@ -140,7 +148,10 @@ absl::StatusOr<Manifest> ReadManifest(const fs::path& dir) {
   }
   for (const ShardFile& f : manifest.files()) {
     const auto size = fs::file_size(dir / f.name(), error);
-    if (error) return Corrupt(dir, absl::StrCat("shard file ", f.name(), " is missing"));
+    if (error) {
+      return Corrupt(dir, absl::StrCat("shard file ", f.name(), " is missing or unreadable (",
+                                       error.message(), ")"));
+    }
     if (static_cast<int64_t>(size) != f.size()) {
       return Corrupt(dir, absl::StrCat("shard file ", f.name(), " has ", size, " bytes, ", f.size(),
                                        " were written (truncated or replaced)"));

@@ -13,14 +13,17 @@
 // checkpoint, 2 bad command line.
 #include <cmath>
 #include <cstdio>
+#include <exception>
 #include <filesystem>
 #include <iostream>
 #include <map>
+#include <new>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "checkpoint/assemble.h"
@@ -84,7 +87,13 @@ int Fail(const absl::Status& status) {
 
 // A checkpoint directory, or the one a checkpoints directory's `latest` names.
 absl::StatusOr<fs::path> Resolve(const fs::path& dir) {
-  if (fs::exists(dir / nf::checkpoint::kLatestName)) return nf::checkpoint::LatestCheckpoint(dir);
+  const fs::path latest = dir / nf::checkpoint::kLatestName;
+  std::error_code error;
+  if (fs::exists(latest, error)) return nf::checkpoint::LatestCheckpoint(dir);
+  if (error) {  // a name too long, a loop of symbolic links: said, not thrown
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot read ", latest.string(), ": ", error.message()));
+  }
   return dir;
 }
 
@@ -174,9 +183,7 @@ int Import(const std::string& file, std::map<std::string, std::string>& options,
   return 0;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
+int Run(int argc, char** argv) {
   std::vector<std::string> args(argv + 1, argv + argc);
   for (const std::string& a : args) {
     if (a == "--help" || a == "-h") {
@@ -271,4 +278,21 @@ int main(int argc, char** argv) {
     if (status.ok()) std::cout << "wrote " << options["--out"] << "\n";
   }
   return status.ok() ? 0 : Fail(status);
+}
+
+}  // namespace
+
+// The last line of defence: an exception where no status was expected (std::bad_alloc on a
+// checkpoint too big for this machine's memory) ends nf-ckpt with one line and exit 1, never
+// with std::terminate's abort.
+int main(int argc, char** argv) {
+  try {
+    return Run(argc, argv);
+  } catch (const std::bad_alloc& e) {
+    std::cerr << "nf-ckpt: out of memory (" << e.what() << ")\n";
+    return 1;
+  } catch (const std::exception& e) {
+    std::cerr << "nf-ckpt: " << e.what() << "\n";
+    return 1;
+  }
 }

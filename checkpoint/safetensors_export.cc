@@ -92,20 +92,28 @@ absl::Status ExportSafetensors(const fs::path& dir, const Manifest& manifest, co
   for (int i = 0; i < 8; ++i) prefix[i] = static_cast<char>((header_size >> (8 * i)) & 0xFF);
 
   const fs::path temporary = out.string() + ".tmp";
-  NF_ASSIGN_OR_RETURN(DurableWriter writer, DurableWriter::Create(temporary));
-  NF_RETURN_IF_ERROR(writer.Append(prefix, 8));
-  NF_RETURN_IF_ERROR(writer.Append(header.data(), static_cast<int64_t>(header.size())));
-  for (const Exported& e : tensors) {
-    NF_RETURN_IF_ERROR(writer.Append(e.data.raw_data(), static_cast<int64_t>(e.data.nbytes())));
+  const absl::Status written = [&]() -> absl::Status {
+    NF_ASSIGN_OR_RETURN(DurableWriter writer, DurableWriter::Create(temporary));
+    NF_RETURN_IF_ERROR(writer.Append(prefix, 8));
+    NF_RETURN_IF_ERROR(writer.Append(header.data(), static_cast<int64_t>(header.size())));
+    for (const Exported& e : tensors) {
+      NF_RETURN_IF_ERROR(writer.Append(e.data.raw_data(), static_cast<int64_t>(e.data.nbytes())));
+    }
+    NF_RETURN_IF_ERROR(writer.Close());
+    std::error_code error;
+    fs::rename(temporary, out, error);
+    if (error) {
+      return absl::UnavailableError(absl::StrCat("cannot rename ", temporary.string(), " to ",
+                                                 out.string(), ": ", error.message()));
+    }
+    return absl::OkStatus();
+  }();
+  if (!written.ok()) {
+    // A full disk must not be made fuller by what failed to fit.
+    std::error_code ignored;
+    fs::remove(temporary, ignored);
   }
-  NF_RETURN_IF_ERROR(writer.Close());
-  std::error_code error;
-  fs::rename(temporary, out, error);
-  if (error) {
-    return absl::UnavailableError(absl::StrCat("cannot rename ", temporary.string(), " to ",
-                                               out.string(), ": ", error.message()));
-  }
-  return absl::OkStatus();
+  return written;
 }
 
 }  // namespace nf::checkpoint

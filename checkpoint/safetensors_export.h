@@ -14,8 +14,8 @@
 namespace nf::checkpoint {
 
 // Writes `out` (through out.tmp and a rename: an existing file is replaced only by a complete
-// one). `dtype` converts every tensor (f32, f16 or bf16, round to nearest even); nullopt keeps
-// each tensor's own.
+// one; a failure removes out.tmp). `dtype` converts every tensor (f32, f16 or bf16, round to
+// nearest even); nullopt keeps each tensor's own.
 absl::Status ExportSafetensors(const std::filesystem::path& dir, const Manifest& manifest,
                                const std::filesystem::path& out, std::optional<DType> dtype);
 

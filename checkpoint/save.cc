@@ -255,11 +255,17 @@ absl::StatusOr<fs::path> PrepareStaging(const fs::path& checkpoints_dir, int64_t
   const fs::path staging = checkpoints_dir / (IterationDirName(step) + ".tmp");
   absl::Status prepared;
   if (world.rank() == 0) {
+    // Each step names the directory it failed on: a regular file where checkpoints/ should be
+    // is not the staging directory's fault.
     std::error_code error;
     fs::create_directories(checkpoints_dir, error);
-    if (!error) fs::remove_all(staging, error);
-    if (!error) fs::create_directory(staging, error);
     if (error) {
+      prepared = absl::UnavailableError(absl::StrCat(
+          "cannot create checkpoint directory ", checkpoints_dir.string(), ": ", error.message()));
+    }
+    if (prepared.ok()) fs::remove_all(staging, error);
+    if (prepared.ok() && !error) fs::create_directory(staging, error);
+    if (prepared.ok() && error) {
       prepared = absl::UnavailableError(
           absl::StrCat("cannot prepare ", staging.string(), ": ", error.message()));
     }
@@ -279,8 +285,9 @@ void RemoveStaging(const fs::path& staging, parallel::Communicator& world) {
   std::error_code error;
   fs::remove_all(staging, error);
   if (error) {
-    parallel::WarnFromRank(absl::StrCat("cannot remove ", staging.string(), " after a failed save: ",
-                                        error.message(), "; remove it by hand"));
+    parallel::WarnFromRank(absl::StrCat("cannot remove ", staging.string(),
+                                        " after a failed save: ", error.message(),
+                                        "; remove it by hand"));
   }
 }
 
@@ -372,10 +379,12 @@ bool ParseIterationDirName(const std::string& name, int64_t& step) {
 std::vector<int64_t> CheckpointSteps(const fs::path& checkpoints_dir) {
   std::vector<int64_t> steps;
   std::error_code error;
-  for (const fs::directory_entry& entry : fs::directory_iterator(checkpoints_dir, error)) {
+  // increment(error) rather than a range-for, whose ++ throws on a failing readdir.
+  for (fs::directory_iterator it(checkpoints_dir, error), end; !error && it != end;
+       it.increment(error)) {
     int64_t step = 0;
-    if (entry.is_directory(error) &&
-        ParseIterationDirName(entry.path().filename().string(), step)) {
+    std::error_code ignored;  // an entry that cannot be stat'ed is not a checkpoint to count
+    if (it->is_directory(ignored) && ParseIterationDirName(it->path().filename().string(), step)) {
       steps.push_back(step);
     }
   }

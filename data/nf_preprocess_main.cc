@@ -8,7 +8,6 @@
 #include <cstring>
 #include <exception>
 #include <filesystem>
-#include <fstream>
 #include <iostream>
 #include <memory>
 #include <string>
@@ -71,10 +70,21 @@ struct Flags {
   bool parse_special_tokens = false;
 };
 
+struct FileCloser {
+  void operator()(std::FILE* file) const { std::fclose(file); }
+};
+
+absl::Status CannotWrite(const std::string& path, int error) {
+  return absl::UnavailableError("cannot write " + path + ": " + std::strerror(error));
+}
+
 // Writes the documents of the inputs, one per paragraph, to a text file SentencePiece trains on.
+// stdio rather than a std::ofstream, whose failures leave no reliable errno: each failing call's
+// reason is taken at once, before reading the next document can change errno.
 absl::Status WriteTrainingText(const Flags& flags, nf::data::InputFormat format,
                                const std::string& path) {
-  std::ofstream out(path, std::ios::trunc);
+  std::unique_ptr<std::FILE, FileCloser> out(std::fopen(path.c_str(), "w"));
+  if (out == nullptr) return CannotWrite(path, errno);
   for (const std::string& input : flags.inputs) {
     auto reader = nf::data::DocumentReader::Open(input, format, flags.json_key);
     if (!reader.ok()) return reader.status();
@@ -82,13 +92,15 @@ absl::Status WriteTrainingText(const Flags& flags, nf::data::InputFormat format,
       auto document = (*reader)->Next();
       if (!document.ok()) return document.status();
       if (!document->has_value()) break;
-      out << **document << "\n";
+      if (std::fwrite((*document)->data(), 1, (*document)->size(), out.get()) !=
+              (*document)->size() ||
+          std::fputc('\n', out.get()) == EOF) {
+        return CannotWrite(path, errno);
+      }
     }
   }
-  out.flush();
-  if (!out) {
-    return absl::UnavailableError("cannot write " + path + ": " + std::strerror(errno));
-  }
+  if (std::fflush(out.get()) != 0) return CannotWrite(path, errno);
+  if (std::fclose(out.release()) != 0) return CannotWrite(path, errno);
   return absl::OkStatus();
 }
 
@@ -132,7 +144,11 @@ absl::StatusOr<std::unique_ptr<nf::data::Tokenizer>> MakeTokenizer(const Flags& 
       nf::data::SentencePieceTokenizer::Train({.inputs = {text},
                                                .model_prefix = flags.output_prefix + ".spm",
                                                .vocab_size = flags.spm_train_vocab_size});
-  std::filesystem::remove(text);
+  std::error_code error;
+  if (!std::filesystem::remove(text, error) && error) {
+    std::cerr << "nf-preprocess: warning: cannot remove " << text << ": " << error.message()
+              << "\n";
+  }
   if (!trained.ok()) return trained;
   std::cerr << "nf-preprocess: trained " << flags.output_prefix << ".spm.model\n";
   return nf::data::SentencePieceTokenizer::Load(flags.output_prefix + ".spm.model");

@@ -1,6 +1,7 @@
 #include "data/sentencepiece_tokenizer.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -21,11 +22,15 @@ absl::Status ToStatus(const sentencepiece_backend::Result& result, absl::string_
                       absl::StrCat(context, ": ", result.message));
 }
 
-// Fails like open(2) would for a file SentencePiece could not read.
+// Fails like open(2) would for a file SentencePiece could not read. A directory opens, but
+// SentencePiece's own read of it throws (std::ios_base::failure, naming no file): EISDIR here.
 absl::Status CheckReadable(const std::string& path, absl::string_view what) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return absl::ErrnoToStatus(errno, absl::StrCat("cannot open ", what, " ", path));
+  struct stat info;
+  const int error = ::fstat(fd, &info) != 0 ? errno : S_ISDIR(info.st_mode) ? EISDIR : 0;
   ::close(fd);
+  if (error != 0) return absl::ErrnoToStatus(error, absl::StrCat("cannot open ", what, " ", path));
   return absl::OkStatus();
 }
 

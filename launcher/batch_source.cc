@@ -135,6 +135,10 @@ absl::Status CheckDataFilesExist(const TrainConfig& config) {
     for (const char* suffix : {".idx", ".bin"}) {
       std::error_code error;
       if (std::filesystem::exists(prefix + suffix, error)) continue;
+      if (error) {  // not "does not exist" when the OS says something else
+        return absl::FailedPreconditionError(absl::StrCat(field, " '", prefix, "': cannot read ",
+                                                          prefix, suffix, ": ", error.message()));
+      }
       return absl::NotFoundError(absl::StrCat(field, " '", prefix, "': ", prefix, suffix,
                                               " does not exist (nf-preprocess --output-prefix ",
                                               prefix, " writes it)"));

@@ -8,7 +8,9 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <iostream>
+#include <new>
 #include <optional>
 #include <string>
 #include <vector>
@@ -119,7 +121,7 @@ int UsageError(const std::string& message) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int Run(int argc, char** argv) {
   // First of all: a scheduler's SIGTERM/SIGUSR1 that arrives while the job is still starting
   // must stop it at its first step boundary, not kill it.
   nf::launcher::InstallStopSignalHandlers();
@@ -250,4 +252,19 @@ int main(int argc, char** argv) {
     nf::parallel::AbortJob(1);
   }
   return ExitCode(*end);
+}
+
+// The last line of defence: an exception where no status was expected (std::bad_alloc for a
+// data index too big for memory, say) ends nf-launch with one line and exit 1, the whole job
+// under mpirun, never with std::terminate's abort and core dump.
+int main(int argc, char** argv) {
+  try {
+    return Run(argc, argv);
+  } catch (const std::bad_alloc& e) {
+    std::cerr << "nf-launch: out of memory (" << e.what() << ")\n";
+  } catch (const std::exception& e) {
+    std::cerr << "nf-launch: " << e.what() << "\n";
+  }
+  if (LauncherRank() >= 0) nf::parallel::AbortJob(1);
+  return 1;
 }

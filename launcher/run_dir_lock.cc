@@ -37,9 +37,10 @@ absl::StatusOr<RunDirLock> RunDirLock::Acquire(const std::filesystem::path& run_
   }
   const std::string pid = absl::StrCat(::getpid(), "\n");
   if (::ftruncate(fd, 0) != 0 || ::pwrite(fd, pid.data(), pid.size(), 0) < 0) {
+    const int reason = errno;  // before close() can change it
     ::close(fd);
     return absl::UnavailableError(
-        absl::StrCat("cannot write ", path.string(), ": ", std::strerror(errno)));
+        absl::StrCat("cannot write ", path.string(), ": ", std::strerror(reason)));
   }
   return RunDirLock(fd);
 }

@@ -339,8 +339,10 @@ class TrainingRun {
     if (t.world_size() > 1) {
       NF_ASSIGN_OR_RETURN(local_rank, parallel::DiscoverLocalRank());
     }
+    std::error_code error;  // absolute() needs the working directory, which may be gone
+    const std::filesystem::path absolute = std::filesystem::absolute(dir_, error);
     const std::string job =
-        config.job().empty() ? std::filesystem::absolute(dir_).filename().string() : config.job();
+        config.job().empty() ? (error ? dir_ : absolute).filename().string() : config.job();
     NF_ASSIGN_OR_RETURN(metrics_, monitoring::RankMetrics::Serve(config,
                                                                  {.job = job,
                                                                   .rank = t.world_rank(),

@@ -9,15 +9,18 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "checkpoint/assemble.h"
 #include "checkpoint/checkpoint_test_util.h"
+#include "checkpoint/convert.h"
 #include "checkpoint/crc32c.h"
 #include "checkpoint/durable_files.h"
 #include "checkpoint/manifest_file.h"
+#include "checkpoint/safetensors_export.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/assert_ok.h"
@@ -214,6 +217,27 @@ TEST(FailedSaveTest, LeavesNothingBehindAndSaysWhy) {
   EXPECT_FALSE(fs::exists(dir.path() / "config.pbtxt.tmp"));
 }
 
+// An export or a conversion that fails for lack of space leaves no temporary behind either.
+TEST(FailedSaveTest, AFailedExportOrConversionLeavesNoTemporaries) {
+  TempDir dir;
+  SaveSteps(TinyConfig(launcher::TrainOptions::FP32), dir.path(), 1);
+  const fs::path saved = dir.path() / "iter_0000001";
+  const absl::StatusOr<Manifest> manifest = ReadManifest(saved);
+  NF_ASSERT_OK(manifest);
+  absl::Status exported, converted;
+  {
+    const FileSizeLimit full(4096);  // a fraction of the parameters
+    exported = ExportSafetensors(saved, *manifest, dir.path() / "model.safetensors", std::nullopt);
+    converted = ConvertCheckpoint(saved, *manifest, {}, dir.path() / "converted");
+  }
+  EXPECT_THAT(std::string(exported.message()), HasSubstr("model.safetensors.tmp: File too large"));
+  EXPECT_THAT(std::string(converted.message()), HasSubstr("rank_00000.shard: File too large"));
+  for (const char* name :
+       {"model.safetensors", "model.safetensors.tmp", "converted", "converted.tmp"}) {
+    EXPECT_FALSE(fs::exists(dir.path() / name)) << name;
+  }
+}
+
 TEST(ResumePointTest, TakesLatestWhenItIsGood) {
   TempDir dir;
   SaveSteps(TinyConfig(launcher::TrainOptions::FP32), dir.path(), 2);
@@ -266,6 +290,19 @@ TEST(ResumePointTest, CheckpointsOfWhichNoneVerifiesAreRefusedNotIgnored) {
   EXPECT_EQ(point.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(std::string(point.status().message()), HasSubstr("not starting afresh"));
   EXPECT_EQ(point.status().message().find('\n'), std::string::npos);
+}
+
+// A `latest` the OS cannot read (here a directory) is not taken for a missing one: a run with
+// no checkpoint to fall back on refuses to start afresh over it, naming the file and the reason.
+TEST(ResumePointTest, ALatestThatCannotBeReadIsNotAFreshRun) {
+  TempDir dir;
+  fs::create_directories(dir.path() / kLatestName);
+  const absl::StatusOr<ResumePoint> point = FindResumePoint(dir.path());
+  ASSERT_FALSE(point.ok());
+  EXPECT_EQ(point.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(point.status().message()),
+              HasSubstr(absl::StrCat("cannot read ", (dir.path() / kLatestName).string(),
+                                     ": Is a directory")));
 }
 
 TEST(ResumePointTest, AnEmptyDirectoryIsAFreshRun) {

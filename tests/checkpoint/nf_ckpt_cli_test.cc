@@ -8,6 +8,7 @@
 #include <fstream>
 #include <limits>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -132,6 +133,44 @@ TEST_F(NfCkptCliTest, VerifyNamesEveryNonFiniteTensor) {
     EXPECT_THAT(lines[i], HasSubstr(poisoned[i] + " holds 1 non-finite values"));
   }
   EXPECT_THAT(lines[2], HasSubstr(": 2 of "));
+}
+
+// A directory the OS cannot look into (a name too long, a loop of symbolic links) made nf-ckpt
+// die of an uncaught std::filesystem_error; now it is one line, the path and the OS's reason,
+// exit 1. Likewise a shard file that is a directory.
+TEST_F(NfCkptCliTest, DirectoriesThatCannotBeReadAreOneLineNamingThePathAndTheReason) {
+  const std::string long_name = (dir_ / std::string(300, 'a')).string();
+  fs::create_directory_symlink("loop", dir_ / "loop");
+  const std::string loop = (dir_ / "loop").string();
+  for (const auto& [dir, reason] : std::vector<std::pair<std::string, std::string>>{
+           {long_name, "File name too long"}, {loop, "Too many levels of symbolic links"}}) {
+    const Outcome inspect = Run({"inspect", dir});
+    EXPECT_EQ(inspect.exit_code, 1) << inspect.err;
+    EXPECT_EQ(Lines(inspect.err), std::vector<std::string>{absl::StrCat("nf-ckpt: cannot read ",
+                                                                        dir, "/latest: ", reason)});
+  }
+  const fs::path shard = dir_ / "checkpoints" / "iter_0000001" / "rank_00000.shard";
+  fs::remove(shard);
+  fs::create_directory(shard);
+  const Outcome verify = Run({"verify", (dir_ / "checkpoints").string()});
+  EXPECT_EQ(verify.exit_code, 1) << verify.err;
+  EXPECT_EQ(Lines(verify.err),
+            std::vector<std::string>{absl::StrCat(
+                "nf-ckpt: checkpoint ", (dir_ / "checkpoints" / "iter_0000001").string(),
+                ": shard file rank_00000.shard is missing or unreadable (Is a directory)")});
+}
+
+// An export that fails (here its rename onto a directory) leaves no FILE.tmp behind.
+TEST_F(NfCkptCliTest, AFailedExportLeavesNoTemporaryFile) {
+  const fs::path out = dir_ / "model.safetensors";
+  fs::create_directory(out);
+  const Outcome outcome = Run({"export", (dir_ / "checkpoints").string(), "--format", "safetensors",
+                               "--out", out.string()});
+  EXPECT_EQ(outcome.exit_code, 1) << outcome.err;
+  EXPECT_EQ(Lines(outcome.err),
+            std::vector<std::string>{absl::StrCat("nf-ckpt: cannot rename ", out.string(),
+                                                  ".tmp to ", out.string(), ": Is a directory")});
+  EXPECT_FALSE(fs::exists(out.string() + ".tmp"));
 }
 
 }  // namespace

@@ -180,5 +180,40 @@ TEST_F(NfPreprocessCliTest, MalformedInputExitsOneAndLeavesNothing) {
   EXPECT_FALSE(std::filesystem::exists(Path("out.idx")));
 }
 
+// Tokenizer files that cannot be read, and an output that cannot be written: exit 1, one line
+// naming the file and the OS's reason. A directory as --spm-model made SentencePiece throw
+// (an internal error naming no file); the training text's error said "Success" for its reason.
+TEST_F(NfPreprocessCliTest, UnreadableTokenizerFilesAndUnwritableOutputsNameThePathAndTheReason) {
+  const std::string input = WriteCorpus();
+  std::filesystem::create_directory(Path("a_directory"));
+  std::ofstream(Path("merges.txt")) << "#version: 0.2\n";
+  struct Case {
+    std::vector<std::string> tokenizer;
+    std::string message;
+  };
+  for (const Case& c : std::vector<Case>{
+           {{"sentencepiece", "--spm-model", Path("a_directory")},
+            "nf-preprocess: cannot open SentencePiece model " + Path("a_directory") +
+                ": Is a directory"},
+           {{"gpt2", "--vocab-file", Path("a_directory"), "--merges-file", Path("merges.txt")},
+            "nf-preprocess: cannot read " + Path("a_directory") + ": Is a directory"},
+       }) {
+    std::vector<std::string> args = {"--input", input, "--output-prefix", Path("out"),
+                                     "--tokenizer"};
+    args.insert(args.end(), c.tokenizer.begin(), c.tokenizer.end());
+    const Outcome outcome = Run(args);
+    EXPECT_EQ(outcome.exit_code, 1) << outcome.err;
+    EXPECT_EQ(Lines(outcome.err), std::vector<std::string>{c.message});
+  }
+  // The SentencePiece training text, first thing written, into a directory that is not there.
+  const std::string missing = Path("no_such_dir/out");
+  const Outcome outcome = Run({"--input", input, "--output-prefix", missing, "--tokenizer",
+                               "sentencepiece", "--spm-train-vocab-size", "40"});
+  EXPECT_EQ(outcome.exit_code, 1) << outcome.err;
+  EXPECT_EQ(Lines(outcome.err),
+            std::vector<std::string>{"nf-preprocess: cannot write " + missing +
+                                     ".spm-train.txt: No such file or directory"});
+}
+
 }  // namespace
 }  // namespace nf::data

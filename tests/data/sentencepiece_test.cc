@@ -145,6 +145,13 @@ TEST_F(SentencePieceTest, LoadErrorsNameThePath) {
   EXPECT_EQ(not_found.code(), absl::StatusCode::kNotFound) << not_found;
   EXPECT_THAT(std::string(not_found.message()), HasSubstr(missing));
 
+  // A directory opens, but SentencePiece's read of it throws: refused first, with the reason.
+  const std::string directory = Path("a_directory");
+  std::filesystem::create_directory(directory);
+  const absl::Status is_directory = SentencePieceTokenizer::Load(directory).status();
+  EXPECT_EQ(std::string(is_directory.message()),
+            absl::StrCat("cannot open SentencePiece model ", directory, ": Is a directory"));
+
   const std::string garbage = Path("garbage.model");
   std::ofstream(garbage) << "this is not a protobuf \xff\xff\xff\xff";
   ExpectInvalidArgument(SentencePieceTokenizer::Load(garbage).status(),

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "cli_util.h"
 #include "core/ops/backend.h"
+#include "data/indexed_dataset.h"
 #include "launcher/run_dir_lock.h"
 #include "test_util.h"
 
@@ -160,7 +161,12 @@ TEST_F(NfLaunchCliTest, UnknownFieldInConfigFileNamesFileLineAndField) {
 
 TEST_F(NfLaunchCliTest, UnreadableConfigFileIsConfigurationError) {
   const std::string path = (dir_ / "no_such.pbtxt").string();
-  ExpectConfigurationError(Launch({"--config", path, "--run-dir", (dir_ / "run").string()}), {path},
+  ExpectConfigurationError(Launch({"--config", path, "--run-dir", (dir_ / "run").string()}),
+                           {path, ": No such file or directory"}, /*usage_hint=*/false);
+  // A path through a regular file: the OS's reason, not a guess.
+  const std::string under_a_file = WriteConfig("a_file", "") + "/config.pbtxt";
+  ExpectConfigurationError(Launch({"--config", under_a_file, "--run-dir", (dir_ / "run").string()}),
+                           {"cannot read config file " + under_a_file + ": Not a directory"},
                            /*usage_hint=*/false);
 }
 
@@ -204,7 +210,48 @@ TEST_F(NfLaunchCliTest, RunDirThatCannotBeCreatedIsRefusedBeforeAnyWork) {
   const std::vector<std::string> lines = Lines(outcome.err);
   ASSERT_EQ(lines.size(), 1u) << outcome.err;
   EXPECT_THAT(lines[0], StartsWith("nf-launch: cannot create run directory"));
+  EXPECT_THAT(lines[0], HasSubstr(": Not a directory"));
   EXPECT_EQ(outcome.out, "");
+}
+
+// A run directory whose files cannot be written (here a directory where log.jsonl goes, a
+// regular file where checkpoints/ goes): exit 1, one line naming the path and the OS's reason.
+TEST_F(NfLaunchCliTest, RunDirectoryFilesThatCannotBeWrittenAreNamedWithTheReason) {
+  const std::filesystem::path log_run = dir_ / "log_run";
+  std::filesystem::create_directories(log_run / "log.jsonl");
+  Outcome outcome = Launch({"--config", TinyConfig(), "--run-dir", log_run.string()});
+  EXPECT_EQ(outcome.exit_code, 1) << outcome.err;
+  EXPECT_EQ(Lines(outcome.err), std::vector<std::string>{absl::StrCat(
+                                    "nf-launch: cannot open log ", (log_run / "log.jsonl").string(),
+                                    " for appending: Is a directory")});
+
+  const std::filesystem::path checkpoint_run = dir_ / "checkpoint_run";
+  std::filesystem::create_directories(checkpoint_run);
+  std::ofstream(checkpoint_run / "checkpoints") << "not a directory";
+  outcome = Launch({"--config", TinyConfig(), "--run-dir", checkpoint_run.string()});
+  EXPECT_EQ(outcome.exit_code, 1) << outcome.err;
+  EXPECT_EQ(Lines(outcome.err),
+            std::vector<std::string>{absl::StrCat("nf-launch: cannot create checkpoint directory ",
+                                                  (checkpoint_run / "checkpoints").string(),
+                                                  ": Not a directory")});
+}
+
+// An exception no status was expected for ends nf-launch with one line and exit 1, not with
+// std::terminate's abort (exit code 134 and a core dump): here std::bad_alloc from a sample index
+// of absurd size (1e14 steps of a 10-document dataset, petabytes of index).
+TEST_F(NfLaunchCliTest, AnExceptionIsOneLineAndExitCodeOne) {
+  const std::string prefix = (dir_ / "corpus").string();
+  auto writer = data::IndexedDatasetWriter::Create(prefix, data::TokenDType::kU16);
+  NF_ASSERT_OK(writer);
+  for (int d = 0; d < 10; ++d) {
+    NF_ASSERT_OK(writer->AddDocument(std::vector<int32_t>(40, d + 1)));
+  }
+  NF_ASSERT_OK(writer->Finish());
+  const Outcome outcome =
+      Launch({"--config", TinyConfig(), "--set", "data.path=" + prefix, "--set",
+              "train.train_iters=100000000000000", "--run-dir", (dir_ / "run").string()});
+  EXPECT_EQ(outcome.exit_code, 1) << outcome.err;
+  EXPECT_EQ(outcome.err, "nf-launch: out of memory (std::bad_alloc)\n");
 }
 
 // A run interrupted after its step-3 checkpoint and started again with the same command
