@@ -207,10 +207,13 @@ absl::StatusOr<std::optional<std::string>> JsonStringField(absl::string_view lin
 
 absl::StatusOr<std::unique_ptr<DocumentReader>> DocumentReader::Open(const std::string& path,
                                                                      InputFormat format,
-                                                                     std::string json_key) {
+                                                                     std::string json_key,
+                                                                     bool keep_empty) {
   if (path == "-") {
-    return std::unique_ptr<DocumentReader>(
+    std::unique_ptr<DocumentReader> reader(
         new DocumentReader("<stdin>", stdin, false, format, std::move(json_key)));
+    reader->keep_empty_ = keep_empty;
+    return reader;
   }
   std::error_code error;
   if (std::filesystem::is_directory(path, error)) {
@@ -222,8 +225,10 @@ absl::StatusOr<std::unique_ptr<DocumentReader>> DocumentReader::Open(const std::
     return absl::NotFoundError(
         absl::StrCat("cannot open input ", path, ": ", std::strerror(errno)));
   }
-  return std::unique_ptr<DocumentReader>(
+  std::unique_ptr<DocumentReader> reader(
       new DocumentReader(path, file, true, format, std::move(json_key)));
+  reader->keep_empty_ = keep_empty;
+  return reader;
 }
 
 DocumentReader::DocumentReader(std::string path, FILE* file, bool owned, InputFormat format,
@@ -269,6 +274,7 @@ absl::StatusOr<std::optional<std::string>> DocumentReader::Next() {
         NF_ASSIGN_OR_RETURN(const bool more, ReadLine(line));
         if (!more) return std::nullopt;
         if (!IsBlank(line)) return std::optional<std::string>(std::move(line));
+        if (keep_empty_) return std::optional<std::string>("");
       }
     case InputFormat::kParagraphs: {
       std::string document;
@@ -300,7 +306,7 @@ absl::StatusOr<std::optional<std::string>> DocumentReader::Next() {
               path_, ":", line_number_, ": no \"", json_key_,
               "\" string field (choose the field with --json-key)"));
         }
-        if (!(*field)->empty()) return std::move(*field);
+        if (!(*field)->empty() || keep_empty_) return std::move(*field);
       }
   }
   return std::nullopt;

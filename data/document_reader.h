@@ -25,14 +25,17 @@ absl::StatusOr<std::optional<std::string>> JsonStringField(absl::string_view lin
 
 class DocumentReader {
  public:
-  // NotFound naming the path when it cannot be opened.
+  // NotFound naming the path when it cannot be opened. `keep_empty`: see Next().
   static absl::StatusOr<std::unique_ptr<DocumentReader>> Open(const std::string& path,
                                                               InputFormat format,
-                                                              std::string json_key);
+                                                              std::string json_key,
+                                                              bool keep_empty = false);
   ~DocumentReader();
 
   // The next document, nullopt at the end of the input. Errors name the file and line.
-  // Empty documents (blank lines: empty or only spaces and tabs; empty texts) are skipped.
+  // Empty documents (a blank line of the lines format: empty or only spaces and tabs; an empty
+  // JSONL text) are skipped, or with `keep_empty` returned as "" (a blank line of JSONL is never
+  // a document, and in the paragraphs format blank lines only separate documents).
   absl::StatusOr<std::optional<std::string>> Next();
   // Bytes consumed so far (for progress).
   int64_t bytes_read() const { return bytes_read_; }
@@ -49,6 +52,7 @@ class DocumentReader {
   bool owned_;
   InputFormat format_;
   std::string json_key_;
+  bool keep_empty_ = false;
   int64_t line_number_ = 0;
   int64_t bytes_read_ = 0;
 };

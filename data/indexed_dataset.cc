@@ -152,7 +152,10 @@ struct IndexedDatasetWriter::State {
   std::string idx_tmp;
   int bin_fd = -1;
   std::vector<uint8_t> pending;  // .bin bytes not yet written
-  std::vector<int32_t> lengths;  // one per sequence (= document)
+  std::vector<int32_t> lengths;  // one per sequence (= non-empty document)
+  // The sequence count at each empty document, in order (non-decreasing): its document index
+  // entry. Kept apart so that the usual dataset, without empty documents, costs nothing more.
+  std::vector<uint64_t> empty_documents;
   // Sticky: after a failed write the .bin temporary holds an unknown prefix of the data, so
   // nothing more may be added and Finish() must fail.
   absl::Status error;
@@ -236,6 +239,18 @@ absl::Status IndexedDatasetWriter::AddDocument(std::span<const int32_t> tokens) 
   return absl::OkStatus();
 }
 
+absl::Status IndexedDatasetWriter::AddEmptyDocument() {
+  if (state_ == nullptr) return absl::FailedPreconditionError("indexed dataset writer: moved from");
+  State& s = *state_;
+  if (s.finished) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("indexed dataset writer ", s.prefix, ": AddEmptyDocument after Finish"));
+  }
+  NF_RETURN_IF_ERROR(s.error);
+  s.empty_documents.push_back(s.lengths.size());
+  return absl::OkStatus();
+}
+
 absl::Status IndexedDatasetWriter::Finish() {
   if (state_ == nullptr) return absl::FailedPreconditionError("indexed dataset writer: moved from");
   State& s = *state_;
@@ -263,7 +278,8 @@ absl::Status IndexedDatasetWriter::Finish() {
   Append<uint64_t>(&out, kVersion);
   Append<uint8_t>(&out, static_cast<uint8_t>(s.dtype));
   Append<uint64_t>(&out, num_sequences);
-  Append<uint64_t>(&out, num_sequences + 1);  // one document per sequence: 0, 1, ..., S
+  // One document per sequence, and the empty documents: 0, then each document's end in order.
+  Append<uint64_t>(&out, num_sequences + 1 + s.empty_documents.size());
   absl::Status status;
   auto flush_if_full = [&] {
     if (status.ok() && out.size() + sizeof(int64_t) > kWriteChunk) {
@@ -281,9 +297,16 @@ absl::Status IndexedDatasetWriter::Finish() {
     pointer += length * ElementSize(s.dtype);
     flush_if_full();
   }
+  // Entry d (d >= 1) of the sequences is d; an empty document added after sequence c is an
+  // entry c after it. Both non-decreasing: merged, they are the document index in input order.
+  auto empty = s.empty_documents.begin();
   for (uint64_t d = 0; d <= num_sequences; ++d) {
     Append<int64_t>(&out, static_cast<int64_t>(d));
     flush_if_full();
+    for (; empty != s.empty_documents.end() && *empty == d; ++empty) {
+      Append<int64_t>(&out, static_cast<int64_t>(d));
+      flush_if_full();
+    }
   }
   if (status.ok()) status = WriteAll(idx_fd, out.data(), out.size(), s.idx_tmp);
   if (!status.ok()) {

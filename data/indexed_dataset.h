@@ -12,7 +12,9 @@
 //   i32[S]   sequence lengths in tokens
 //   i64[S]   byte offsets of the sequences in .bin
 //   i64[D]   document index: 0, then the sequence count at the end of each document
-// With one sequence per document (what nf-preprocess writes) the document index is 0..S.
+// With one sequence per document (what nf-preprocess writes) the document index is 0..S; an empty
+// document, as Megatron's preprocess_data.py writes one, is an entry without a sequence (the
+// previous entry repeated).
 #pragma once
 
 #include <cstdint>
@@ -40,6 +42,10 @@ class IndexedDatasetWriter {
 
   // Appends one sequence (one document): tokens must fit the dtype.
   absl::Status AddDocument(std::span<const int32_t> tokens);
+  // Appends a document without tokens the way Megatron's IndexedDatasetBuilder.add_document
+  // records one: no sequence (not a sequence of length 0), and a document index entry equal to
+  // the one before it.
+  absl::Status AddEmptyDocument();
   // Writes the index, syncs and renames both files into place.
   absl::Status Finish();
 

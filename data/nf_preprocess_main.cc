@@ -30,7 +30,7 @@ constexpr char kUsage[] =
                      --tokenizer gpt2 --vocab-file vocab.json --merges-file merges.txt
                    | --tokenizer sentencepiece (--spm-model FILE | --spm-train-vocab-size N)
                      [--format jsonl|lines|paragraphs] [--json-key KEY] [--workers N] [--no-eod]
-                     [--parse-special-tokens]
+                     [--parse-special-tokens] [--keep-empty-documents]
 
 Tokenizes documents into PREFIX.bin and PREFIX.idx, byte-compatible with Megatron-LM's and
 fairseq's indexed datasets (uint16 tokens under 65,500 vocabulary entries, else int32). Both
@@ -52,6 +52,10 @@ files appear only when everything succeeded.
   --parse-special-tokens  gpt2: read "<|endoftext|>" in the text as the end-of-document token,
                           as Hugging Face tokenizers does (the document is not split); by
                           default it is text, as in Megatron's GPT2BPETokenizer
+  --keep-empty-documents  keep empty documents (empty JSONL texts, blank lines of --format lines,
+                          texts without tokens) as Megatron's preprocess_data.py does: no tokens,
+                          no end-of-document token, one entry of the document index; by default
+                          they are skipped. An output without any token is refused either way
   --help                  this text
 )";
 
@@ -68,6 +72,7 @@ struct Flags {
   int workers = 1;
   bool eod = true;
   bool parse_special_tokens = false;
+  bool keep_empty_documents = false;
 };
 
 struct FileCloser {
@@ -181,6 +186,10 @@ int Run(int argc, char** argv) {
       flags.parse_special_tokens = true;
       continue;
     }
+    if (arg == "--keep-empty-documents") {
+      flags.keep_empty_documents = true;
+      continue;
+    }
     if (i + 1 >= argc) return Usage(arg + " needs a value (or is unknown)");
     const std::string value = argv[++i];
     if (arg == "--input") {
@@ -242,7 +251,8 @@ int Run(int argc, char** argv) {
                                           .json_key = flags.json_key,
                                           .output_prefix = flags.output_prefix,
                                           .workers = flags.workers,
-                                          .append_end_of_document = flags.eod},
+                                          .append_end_of_document = flags.eod,
+                                          .keep_empty_documents = flags.keep_empty_documents},
                                          **tokenizer, report);
   if (terminal) std::cerr << "\n";
   if (!done.ok()) {
@@ -250,9 +260,11 @@ int Run(int argc, char** argv) {
     return 1;
   }
   std::cout << absl::StrFormat(
-      "nf-preprocess: %d documents, %d tokens, %.2f MB in %.2f s (%.2f MB/s, %.0f tokens/s, "
+      "nf-preprocess: %d documents%s, %d tokens, %.2f MB in %.2f s (%.2f MB/s, %.0f tokens/s, "
       "%d workers) -> %s.bin/.idx (%s tokens, vocabulary %d)\n",
-      done->documents, done->tokens, done->bytes / 1e6, done->seconds,
+      done->documents,
+      flags.keep_empty_documents ? absl::StrFormat(" (%d empty)", done->empty_documents) : "",
+      done->tokens, done->bytes / 1e6, done->seconds,
       done->bytes / 1e6 / std::max(done->seconds, 1e-9),
       done->tokens / std::max(done->seconds, 1e-9), flags.workers, flags.output_prefix,
       (*tokenizer)->vocab_size() < 65500 ? "uint16" : "int32", (*tokenizer)->vocab_size());

@@ -139,7 +139,9 @@ absl::StatusOr<PreprocessProgress> Preprocess(
             batch.status = tokens.status();
             break;
           }
-          if (options.append_end_of_document) tokens->push_back(*eod);
+          // Megatron's rule: a document without ids stays without, end-of-document or not.
+          const bool empty = options.keep_empty_documents && tokens->empty();
+          if (options.append_end_of_document && !empty) tokens->push_back(*eod);
           batch.tokens.push_back(*std::move(tokens));
         }
         batch.documents.clear();
@@ -156,7 +158,8 @@ absl::StatusOr<PreprocessProgress> Preprocess(
   std::thread reader([&] {
     Batch batch;
     for (const std::string& path : options.inputs) {
-      auto documents = DocumentReader::Open(path, options.format, options.json_key);
+      auto documents = DocumentReader::Open(path, options.format, options.json_key,
+                                            options.keep_empty_documents);
       if (!documents.ok()) {
         read_status = documents.status();
         break;
@@ -191,7 +194,12 @@ absl::StatusOr<PreprocessProgress> Preprocess(
     if (!batch->status.ok() && status.ok()) status = batch->status;
     for (const std::vector<int32_t>& tokens : batch->tokens) {
       if (!status.ok()) break;
-      status = writer.AddDocument(tokens);
+      if (options.keep_empty_documents && tokens.empty()) {
+        status = writer.AddEmptyDocument();
+        ++progress.empty_documents;
+      } else {
+        status = writer.AddDocument(tokens);
+      }
       ++progress.documents;
       progress.tokens += static_cast<int64_t>(tokens.size());
     }
@@ -207,11 +215,17 @@ absl::StatusOr<PreprocessProgress> Preprocess(
   for (std::thread& t : encoders) t.join();
   NF_RETURN_IF_ERROR(read_status);
   NF_RETURN_IF_ERROR(status);
-  // An empty dataset is never what was meant (an empty file, only blank lines, the wrong
-  // --json-key's empty strings): refused, and the writer removes its temporaries.
+  // A dataset without tokens is never what was meant (an empty file, only blank lines, the wrong
+  // --json-key's empty strings, kept or not): refused, and the writer removes its temporaries.
   if (progress.documents == 0) {
     return absl::InvalidArgumentError(
         "no documents in the input (empty, or only blank lines or empty texts): nothing written");
+  }
+  if (progress.tokens == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the input has ", progress.documents,
+                     progress.documents == 1 ? " document, and it is" : " documents, all",
+                     " empty (no tokens): nothing written"));
   }
   NF_RETURN_IF_ERROR(writer.Finish());
   progress.bytes = bytes_read.load();

@@ -22,18 +22,27 @@ struct PreprocessOptions {
   std::string output_prefix;  // writes PREFIX.bin and PREFIX.idx
   int workers = 1;
   bool append_end_of_document = true;
+  // Megatron's preprocess_data.py: an empty document (an empty JSONL text, a blank line of the
+  // lines format, or any document whose text tokenizes to no ids) is kept as a document without
+  // tokens: no sequence and no end-of-document token, one document index entry
+  // (IndexedDatasetWriter::AddEmptyDocument). By default the reader skips empty texts and blank
+  // lines (and a document that tokenizes to nothing is written as its end-of-document token).
+  bool keep_empty_documents = false;
   int documents_per_batch = 64;
 };
 
 struct PreprocessProgress {
   int64_t documents = 0;
+  int64_t empty_documents = 0;  // of them, kept empty (keep_empty_documents)
   int64_t tokens = 0;
   int64_t bytes = 0;  // input bytes consumed
   double seconds = 0.0;
 };
 
 // Runs the pipeline; `report` (may be empty) is called about every half second and at the end.
-// The output appears (atomically) only when everything succeeded.
+// The output appears (atomically) only when everything succeeded. An output without a single
+// token is refused (InvalidArgument, nothing written): an input without documents, or whose
+// documents are all empty.
 absl::StatusOr<PreprocessProgress> Preprocess(
     const PreprocessOptions& options, const Tokenizer& tokenizer,
     const std::function<void(const PreprocessProgress&)>& report);

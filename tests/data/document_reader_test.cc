@@ -80,6 +80,32 @@ TEST(DocumentReaderTest, JsonlSkipsBlankLinesAndEmptyTextsAndNamesBadLines) {
   ExpectInvalidArgument((*keyless)->Next().status(), "--json-key");
 }
 
+// With keep_empty, what is skipped above comes back as "": an empty JSONL text, a blank line of
+// the lines format; a blank line of JSONL is still no document, and paragraphs are unchanged.
+TEST(DocumentReaderTest, KeepEmptyReturnsEmptyDocuments) {
+  const std::string jsonl = WriteTemp("k.jsonl",
+                                      "{\"text\": \"\"}\n{\"text\": \"first\"}\n\n"
+                                      "{\"text\": \"\"}\r\n{\"text\": \" \"}\n");
+  const auto read_all = [](const std::string& path, InputFormat format) {
+    auto reader = DocumentReader::Open(path, format, "text", /*keep_empty=*/true);
+    NF_EXPECT_OK(reader);
+    std::vector<std::string> documents;
+    while (reader.ok()) {
+      auto document = (*reader)->Next();
+      NF_EXPECT_OK(document);
+      if (!document.ok() || !document->has_value()) break;
+      documents.push_back(**document);
+    }
+    return documents;
+  };
+  EXPECT_EQ(read_all(jsonl, InputFormat::kJsonl), (std::vector<std::string>{"", "first", "", " "}));
+  const std::string text = WriteTemp("k.txt", "\none\n \t\ntwo\n\n\nthree\n");
+  EXPECT_EQ(read_all(text, InputFormat::kLines),
+            (std::vector<std::string>{"", "one", "", "two", "", "", "three"}));
+  EXPECT_EQ(read_all(text, InputFormat::kParagraphs),
+            (std::vector<std::string>{"one", "two", "three"}));
+}
+
 TEST(DocumentReaderTest, LinesAndParagraphs) {
   const std::string path = WriteTemp("t.txt", "one\ntwo\n\n\nthree a\nthree b\n\nfour");
   EXPECT_EQ(ReadAll(path, InputFormat::kLines),

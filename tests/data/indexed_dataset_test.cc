@@ -186,6 +186,50 @@ TEST(IndexedDatasetFormatTest, I32WriterBytesMatchTheSpecification) {
   ExpectHolds(*dataset, documents);
 }
 
+// Documents {}, {7, 8}, {}, {}, {9}, {} with the empty ones added as Megatron's
+// IndexedDatasetBuilder.add_document([], []) records them: no sequence, and a document index
+// entry that repeats the sequence count at that point (add_document appends
+// len(sequence_lengths) after extending it by nothing).
+TEST(IndexedDatasetFormatTest, EmptyDocumentsAreIndexEntriesWithoutSequences) {
+  const Bytes expected_idx = {
+      'M', 'M', 'I', 'D', 'I', 'D', 'X', 0, 0,  // magic
+      1,   0,   0,   0,   0,   0,   0,   0,     // version 1
+      8,                                        // dtype code 8: uint16
+      2,   0,   0,   0,   0,   0,   0,   0,     // 2 sequences: only the non-empty documents
+      7,   0,   0,   0,   0,   0,   0,   0,     // 7 document index entries: 6 documents + 1
+      2,   0,   0,   0,                         // lengths: 2
+      1,   0,   0,   0,                         //   1
+      0,   0,   0,   0,   0,   0,   0,   0,     // pointers: byte 0
+      4,   0,   0,   0,   0,   0,   0,   0,     //   byte 4
+      0,   0,   0,   0,   0,   0,   0,   0,     // document index: 0
+      0,   0,   0,   0,   0,   0,   0,   0,     //   0 (empty)
+      1,   0,   0,   0,   0,   0,   0,   0,     //   1 ({7, 8})
+      1,   0,   0,   0,   0,   0,   0,   0,     //   1 (empty)
+      1,   0,   0,   0,   0,   0,   0,   0,     //   1 (empty)
+      2,   0,   0,   0,   0,   0,   0,   0,     //   2 ({9})
+      2,   0,   0,   0,   0,   0,   0,   0,     //   2 (empty)
+  };
+  ScratchDir dir;
+  const std::string prefix = dir.Prefix("empties");
+  IndexedDatasetWriter writer = MakeWriter(prefix, TokenDType::kU16);
+  NF_ASSERT_OK(writer.AddEmptyDocument());
+  NF_ASSERT_OK(writer.AddDocument(std::vector<int32_t>{7, 8}));
+  NF_ASSERT_OK(writer.AddEmptyDocument());
+  NF_ASSERT_OK(writer.AddEmptyDocument());
+  NF_ASSERT_OK(writer.AddDocument(std::vector<int32_t>{9}));
+  NF_ASSERT_OK(writer.AddEmptyDocument());
+  NF_ASSERT_OK(writer.Finish());
+  EXPECT_EQ(writer.AddEmptyDocument().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(ReadFileBytes(prefix + ".idx"), expected_idx);
+  EXPECT_EQ(ReadFileBytes(prefix + ".bin"), (Bytes{7, 0, 8, 0, 9, 0}));
+
+  const auto dataset = OpenOrDie(prefix);
+  EXPECT_EQ(dataset->num_sequences(), 2);
+  EXPECT_EQ(dataset->num_documents(), 6);
+  EXPECT_EQ(dataset->document_index(), (std::vector<int64_t>{0, 0, 1, 1, 1, 2, 2}));
+  EXPECT_EQ(Sequence(*dataset, 1), (std::vector<int32_t>{9}));
+}
+
 TEST(IndexedDatasetFormatTest, EmptyDatasetIsHeaderAndALoneZero) {
   ScratchDir dir;
   const std::string prefix = dir.Prefix("empty");

@@ -61,7 +61,7 @@ TEST_F(NfPreprocessCliTest, HelpDocumentsEveryOption) {
   for (const char* option :
        {"--input", "--format", "--json-key", "--output-prefix", "--tokenizer", "--vocab-file",
         "--merges-file", "--spm-model", "--spm-train-vocab-size", "--workers", "--no-eod",
-        "--parse-special-tokens"}) {
+        "--parse-special-tokens", "--keep-empty-documents"}) {
     EXPECT_THAT(outcome.out, HasSubstr(option));
   }
 }
@@ -110,6 +110,23 @@ TEST_F(NfPreprocessCliTest, ParseSpecialTokensNeedsEndOfTextInTheVocabulary) {
   EXPECT_FALSE(std::filesystem::exists(Path("out.idx")));
 }
 
+// --keep-empty-documents keeps the empty texts as documents without tokens, and says so.
+TEST_F(NfPreprocessCliTest, KeepsEmptyDocuments) {
+  const ToyFiles toy = MakeToy({"h e"}, {"<|endoftext|>"});
+  std::ofstream(Path("vocab.json")) << toy.vocab_json;
+  std::ofstream(Path("merges.txt")) << toy.merges_txt;
+  std::ofstream(Path("in.jsonl")) << "{\"text\": \"\"}\n{\"text\": \"he\"}\n{\"text\": \"\"}\n";
+  const Outcome outcome = Run({"--input", Path("in.jsonl"), "--output-prefix", Path("out"),
+                               "--tokenizer", "gpt2", "--vocab-file", Path("vocab.json"),
+                               "--merges-file", Path("merges.txt"), "--keep-empty-documents"});
+  ASSERT_EQ(outcome.exit_code, 0) << outcome.err;
+  EXPECT_THAT(outcome.out, HasSubstr("3 documents (2 empty), 2 tokens"));
+  auto dataset = IndexedDataset::Open(Path("out"));
+  NF_ASSERT_OK(dataset);
+  EXPECT_EQ((*dataset)->num_sequences(), 1);
+  EXPECT_EQ((*dataset)->document_index(), (std::vector<int64_t>{0, 0, 1, 1}));
+}
+
 TEST_F(NfPreprocessCliTest, TrainsATokenizerAndWritesADatasetThatReadsBack) {
   std::ofstream corpus(Path("corpus.jsonl"));
   for (int i = 0; i < 400; ++i) {
@@ -138,7 +155,7 @@ TEST_F(NfPreprocessCliTest, TrainsATokenizerAndWritesADatasetThatReadsBack) {
 }
 
 // A directory, an empty file and a file of blank lines are refused (they gave an empty dataset
-// and exit 0), with nothing left behind.
+// and exit 0), with nothing left behind; so are blank lines kept as empty documents.
 TEST_F(NfPreprocessCliTest, InputWithoutDocumentsExitsOneAndLeavesNothing) {
   const Outcome trained = Run({"--input", WriteCorpus(), "--output-prefix", Path("m"),
                                "--tokenizer", "sentencepiece", "--spm-train-vocab-size", "40"});
@@ -149,7 +166,10 @@ TEST_F(NfPreprocessCliTest, InputWithoutDocumentsExitsOneAndLeavesNothing) {
   const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
       {{"--input", Path("inputs")}, "is a directory: give the files in it"},
       {{"--input", Path("empty.jsonl")}, "no documents in the input"},
-      {{"--input", Path("blank.txt"), "--format", "lines"}, "no documents in the input"}};
+      {{"--input", Path("blank.txt"), "--format", "lines"}, "no documents in the input"},
+      // Kept, the blank lines are documents, but empty ones: still nothing to write.
+      {{"--input", Path("blank.txt"), "--format", "lines", "--keep-empty-documents"},
+       "the input has 3 documents, all empty (no tokens): nothing written"}};
   for (const auto& [input, expected] : cases) {
     std::vector<std::string> args = input;
     for (const std::string& a :

@@ -1,7 +1,9 @@
 // nf-preprocess's pipeline with a byte-level toy tokenizer: ordered output for any worker
-// count, the dtype rule, the end-of-document token, and that a failure leaves nothing behind.
+// count, the dtype rule, the end-of-document token, empty documents kept as Megatron keeps them,
+// and that a failure or an output without tokens leaves nothing behind.
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <new>
 #include <string>
 #include <vector>
@@ -17,11 +19,13 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// Token = byte value; end of document = 256. Documents containing "FAIL" cannot be encoded.
+// Token = byte value; end of document = 256. Documents containing "FAIL" cannot be encoded;
+// "VOID" encodes to no ids (as text a SentencePiece model normalizes away).
 class ByteTokenizer final : public Tokenizer {
  public:
   explicit ByteTokenizer(int64_t vocab = 257) : vocab_(vocab) {}
   absl::StatusOr<std::vector<int32_t>> Encode(absl::string_view text) const override {
+    if (text == "VOID") return std::vector<int32_t>{};
     if (text.find("FAIL") != absl::string_view::npos) {
       return absl::InvalidArgumentError("cannot encode FAIL");
     }
@@ -53,6 +57,11 @@ class PreprocessTest : public ::testing::Test {
   std::string Write(const std::string& name, const std::string& contents) {
     std::ofstream((dir_ / name).string(), std::ios::binary) << contents;
     return (dir_ / name).string();
+  }
+  std::vector<uint8_t> Bytes(const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    return std::vector<uint8_t>(std::istreambuf_iterator<char>(in),
+                                std::istreambuf_iterator<char>());
   }
   std::vector<std::string> Documents(const std::string& prefix) {
     auto dataset = IndexedDataset::Open(prefix);
@@ -113,6 +122,114 @@ TEST_F(PreprocessTest, TokenDTypeFollowsTheVocabularySize) {
         Preprocess({.inputs = {input}, .format = InputFormat::kLines, .output_prefix = prefix},
                    ByteTokenizer(vocab), {}));
     EXPECT_EQ((*IndexedDataset::Open(prefix))->dtype(), dtype) << vocab;
+  }
+}
+
+// Empty documents kept as Megatron's tools/preprocess_data.py keeps them. Its Encoder.encode
+// tokenizes each JSONL text and appends the end-of-document token only `if len(doc_ids) > 0 and
+// append_eod`, with sentence_lens = [len(ids)] for a non-empty text and [] for an empty one; the
+// writer then calls IndexedDatasetBuilder.add_document(doc_ids, sentence_lens), which writes the
+// ids to .bin, extends sequence_lengths by sentence_lens and appends len(sequence_lengths) to
+// document_indices (which starts as [0]). For the texts "", "ab", "", "VOID" (no ids), "c", ""
+// with ids = bytes and end of document 256 (uint16, code 8):
+//   --append-eod: sequence_lengths [3, 2], pointers [0, 6] (bytes), document_indices
+//     [0, 0, 1, 1, 1, 2, 2], .bin 97 98 256 99 256;
+//   without it: sequence_lengths [2, 1], pointers [0, 4], the same document_indices, .bin 97 98
+//     99.
+// So: 2 sequences, 7 document index entries (6 documents), with and without the token.
+TEST_F(PreprocessTest, KeptEmptyDocumentsAreWhatMegatronWrites) {
+  const std::string input = Write("e.jsonl",
+                                  "{\"text\": \"\"}\n{\"text\": \"ab\"}\n{\"text\": \"\"}\n"
+                                  "{\"text\": \"VOID\"}\n{\"text\": \"c\"}\n{\"text\": \"\"}\n");
+  const auto idx = [](uint8_t first_length, uint8_t second_length, uint8_t second_pointer) {
+    std::vector<uint8_t> bytes = {'M', 'M', 'I', 'D', 'I', 'D', 'X', 0, 0, 1, 0, 0, 0, 0, 0, 0, 0,
+                                  8,   2,   0,   0,   0,   0,   0,   0, 0, 7, 0, 0, 0, 0, 0, 0, 0};
+    for (const uint8_t length : {first_length, second_length}) {
+      bytes.insert(bytes.end(), {length, 0, 0, 0});  // i32
+    }
+    for (const uint8_t pointer : {uint8_t{0}, second_pointer}) {
+      bytes.insert(bytes.end(), {pointer, 0, 0, 0, 0, 0, 0, 0});  // i64
+    }
+    for (const uint8_t entry : {0, 0, 1, 1, 1, 2, 2}) {
+      bytes.insert(bytes.end(), {entry, 0, 0, 0, 0, 0, 0, 0});  // i64
+    }
+    return bytes;
+  };
+  for (const bool eod : {true, false}) {
+    const std::string prefix = (dir_ / (eod ? "with_eod" : "without_eod")).string();
+    const auto done = Preprocess({.inputs = {input},
+                                  .output_prefix = prefix,
+                                  .workers = 2,
+                                  .append_end_of_document = eod,
+                                  .keep_empty_documents = true,
+                                  .documents_per_batch = 2},
+                                 ByteTokenizer(), {});
+    NF_ASSERT_OK(done);
+    EXPECT_EQ(done->documents, 6);
+    EXPECT_EQ(done->empty_documents, 4);
+    EXPECT_EQ(done->tokens, eod ? 5 : 3);
+    if (eod) {
+      EXPECT_EQ(Bytes(prefix + ".idx"), idx(3, 2, 6));
+      EXPECT_EQ(Bytes(prefix + ".bin"), (std::vector<uint8_t>{97, 0, 98, 0, 0, 1, 99, 0, 0, 1}));
+    } else {
+      EXPECT_EQ(Bytes(prefix + ".idx"), idx(2, 1, 4));
+      EXPECT_EQ(Bytes(prefix + ".bin"), (std::vector<uint8_t>{97, 0, 98, 0, 99, 0}));
+    }
+    auto dataset = IndexedDataset::Open(prefix);
+    NF_ASSERT_OK(dataset);
+    EXPECT_EQ((*dataset)->num_documents(), 6);
+  }
+  // By default the empty texts are skipped and "VOID" is its end-of-document token alone.
+  const std::string prefix = (dir_ / "default").string();
+  const auto done = Preprocess({.inputs = {input}, .output_prefix = prefix}, ByteTokenizer(), {});
+  NF_ASSERT_OK(done);
+  EXPECT_EQ(done->empty_documents, 0);
+  EXPECT_EQ(Documents(prefix), (std::vector<std::string>{"ab|", "|", "c|"}));
+}
+
+// An output without tokens is refused, kept empty documents or not, with nothing left behind:
+// no documents at all (as before), or only empty ones.
+TEST_F(PreprocessTest, OnlyEmptyDocumentsAreRefused) {
+  const std::string empty_texts = Write("e.jsonl", "{\"text\": \"\"}\n\n{\"text\": \"\"}\n");
+  const std::string blank_lines = Write("b.txt", "\n \t\n");
+  const std::string one_void = Write("v.txt", "VOID\n");
+  struct Case {
+    std::string input;
+    InputFormat format;
+    bool keep;
+    bool eod;
+    std::string message;
+  };
+  for (const Case& c : std::vector<Case>{
+           {empty_texts, InputFormat::kJsonl, false, true,
+            "no documents in the input (empty, or only blank lines or empty texts): nothing "
+            "written"},
+           {empty_texts, InputFormat::kJsonl, true, true,
+            "the input has 2 documents, all empty (no tokens): nothing written"},
+           {blank_lines, InputFormat::kLines, false, true,
+            "no documents in the input (empty, or only blank lines or empty texts): nothing "
+            "written"},
+           {blank_lines, InputFormat::kLines, true, false,
+            "the input has 2 documents, all empty (no tokens): nothing written"},
+           {one_void, InputFormat::kLines, true, true,
+            "the input has 1 document, and it is empty (no tokens): nothing written"},
+           {one_void, InputFormat::kLines, false, false,
+            "the input has 1 document, and it is empty (no tokens): nothing written"},
+       }) {
+    const std::string prefix = (dir_ / "out").string();
+    const auto done = Preprocess({.inputs = {c.input},
+                                  .format = c.format,
+                                  .output_prefix = prefix,
+                                  .append_end_of_document = c.eod,
+                                  .keep_empty_documents = c.keep},
+                                 ByteTokenizer(), {});
+    ASSERT_FALSE(done.ok()) << c.input << " keep " << c.keep;
+    EXPECT_EQ(done.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(done.status().message(), c.message) << c.input << " keep " << c.keep;
+    for (const auto& entry : fs::directory_iterator(dir_)) {
+      EXPECT_EQ(entry.path().filename().string().find("out"), std::string::npos)
+          << "left behind: " << entry.path();
+    }
   }
 }
 
