@@ -1,5 +1,6 @@
 """What the fairseq interop tests share: training tiny models with nf-launch (alone or under
 mpirun), running nf-ckpt, and reading safetensors files with their metadata."""
+import json
 import pathlib
 import subprocess
 
@@ -54,3 +55,16 @@ def token_sequences(count=4, seed=7):
     rng = np.random.default_rng(seed)
     ids = rng.integers(0, VOCAB - 1, size=(count, SEQ))
     return np.where(ids >= 1, ids + 1, ids)
+
+
+def raw_tensors(path):
+    """(name -> (dtype, shape, bytes), metadata) of a safetensors file, read with the json module:
+    any dtype (numpy has no bfloat16), compared bit for bit."""
+    data = pathlib.Path(path).read_bytes()
+    length = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8:8 + length])
+    metadata = header.pop("__metadata__", {})
+    body = data[8 + length:]
+    return {name: (entry["dtype"], tuple(entry["shape"]),
+                   body[entry["data_offsets"][0]:entry["data_offsets"][1]])
+            for name, entry in header.items()}, metadata

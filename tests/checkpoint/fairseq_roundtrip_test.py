@@ -1,0 +1,130 @@
+"""nf-ckpt export --format fairseq and nf-ckpt import, both ways, as a user runs them.
+
+Three trained checkpoints: BEFORE_OUT_PROJ with sinusoidal positions and a tied head trained on
+tensor 2 x pipeline 2 ranks (mpirun), AFTER_OUT_PROJ with learned positions and an untied head,
+and a bf16 one. For each, the fairseq export is imported on four layouts (1x1x1, tp2 x pp2,
+pp2 x dp2 with ZeRO-1, tp2 x dp2 with ZeRO-1), and:
+  - import then export gives the exported file's bytes again;
+  - export then import is bit-exact: every parameter of the imported checkpoint (its plain
+    export) equals the original's bit for bit, except that a BEFORE_OUT_PROJ model's head scales
+    are folded into out_proj (c_attn 1), exactly as the fairseq file holds them;
+  - the imported checkpoint verifies, says its layout, and keeps the exported step.
+A run on tp2 x pp2 continues training from an import (checkpoint.load), and the command line's
+mistakes are refused with exit code 2.
+
+usage: fairseq_roundtrip_test.py NF_LAUNCH NF_CKPT MPIRUN...
+"""
+import pathlib
+import sys
+import tempfile
+
+sys.path.insert(0, str(pathlib.Path(__file__).parent))
+from fairseq_test_util import config_text, raw_tensors, run, train  # noqa: E402
+
+MODELS = [
+    # name, model fields, tensor parallel, pipeline parallel
+    ("before_sinusoidal_tied_tp2_pp2", "normformer { scale_resids: true }", 2, 2),
+    ("after_learned_untied",
+     "positions: LEARNED tie_embeddings: false "
+     "normformer { head_scale_placement: AFTER_OUT_PROJ }", 1, 1),
+]
+LAYOUTS = [
+    ["--tp", "1", "--pp", "1", "--dp", "1"],
+    ["--tp", "2", "--pp", "2", "--dp", "1"],
+    ["--tp", "1", "--pp", "2", "--dp", "2", "--zero1"],
+    ["--tp", "2", "--pp", "1", "--dp", "2", "--zero1"],
+]
+
+
+def check_roundtrips(nf_ckpt, work, name, checkpoints):
+    exported = work / f"{name}.safetensors"
+    run(nf_ckpt, "export", checkpoints, "--format", "fairseq", "--out", exported)
+    folded, metadata = raw_tensors(exported)
+    step = metadata["step"]
+    original_plain = work / f"{name}.plain.safetensors"
+    run(nf_ckpt, "export", checkpoints, "--format", "safetensors", "--out", original_plain)
+    original, _ = raw_tensors(original_plain)
+    before = "BEFORE_OUT_PROJ" in metadata["normformer.head_scale_placement"]
+    for i, layout in enumerate(LAYOUTS):
+        imported = work / f"{name}.imported{i}"
+        run(nf_ckpt, "import", exported, "--out", imported, *layout)
+        run(nf_ckpt, "verify", imported)
+        inspected = run(nf_ckpt, "inspect", imported).stdout
+        assert f"step {step}," in inspected, inspected
+        assert (f"tensor_parallel {layout[1]} x pipeline_parallel {layout[3]} x data_parallel "
+                f"{layout[5]}") in inspected, inspected
+
+        again = work / f"{name}.again{i}.safetensors"
+        run(nf_ckpt, "export", imported, "--format", "fairseq", "--out", again)
+        assert again.read_bytes() == exported.read_bytes(), (name, layout, "export differs")
+
+        plain = work / f"{name}.imported{i}.plain.safetensors"
+        run(nf_ckpt, "export", imported, "--format", "safetensors", "--out", plain)
+        params, _ = raw_tensors(plain)
+        assert set(params) == set(original), set(params) ^ set(original)
+        for tensor, value in params.items():
+            is_folded = before and tensor.endswith((".c_attn", ".out_proj.weight"))
+            want = folded[tensor] if is_folded else original[tensor]
+            assert value == want, (name, layout, tensor)
+    folds = sum(1 for t in original if before and t.endswith(".c_attn"))
+    print(f"{name}: {len(LAYOUTS)} layouts, import -> export byte-identical, export -> import "
+          f"bit-exact ({len(original)} tensors, {2 * folds} of them as folded)")
+    return exported
+
+
+def check_continued_training(nf_launch, nf_ckpt, mpirun, work, exported):
+    imported = work / "continue.imported"
+    run(nf_ckpt, "import", exported, "--out", imported, "--tp", "2", "--pp", "2")
+    config = work / "continue.pbtxt"
+    config.write_text(config_text("normformer { scale_resids: true }", steps=34,
+                                  parallel="tensor_parallel: 2 pipeline_parallel: 2")
+                      + f'checkpoint {{ load: "{imported}" }}')
+    result = run(*mpirun, "-np", "4", nf_launch, "--config", config, "--run-dir",
+                 work / "continued")
+    assert f"resumed from {imported} at step 30 (0 samples consumed)" in result.stdout, result.stdout
+    assert "warning" not in result.stdout + result.stderr, result.stdout + result.stderr
+    assert "step 34/34" in result.stdout, result.stdout
+    print("a tp2 x pp2 run trained steps 31-34 from an imported checkpoint")
+
+
+def check_command_line(nf_ckpt, work, exported):
+    refusals = [
+        (["import", exported], "import needs --out DIR", 2),
+        (["import", exported, "--out", work / "x", "--set", "model.d_model=8"],
+         "--set needs --config", 2),
+        (["import", exported, "--out", work / "x", "--step", "-1"], "--step takes", 2),
+        (["export", work, "--format", "onnx", "--out", work / "x"],
+         "export needs --format safetensors or --format fairseq", 2),
+        (["import", work / "missing.safetensors", "--out", work / "x"], "missing.safetensors", 1),
+    ]
+    for args, message, code in refusals:
+        result = run(nf_ckpt, *args, check=False)
+        assert result.returncode == code and message in result.stderr, (args, result.stderr)
+        assert not (work / "x").exists()
+    run(nf_ckpt, "import", exported, "--out", work / "stepped", "--step", "0")
+    assert "step 0," in run(nf_ckpt, "inspect", work / "stepped").stdout
+
+
+def main():
+    nf_launch, nf_ckpt = sys.argv[1:3]
+    mpirun = sys.argv[3:]
+    with tempfile.TemporaryDirectory() as tmp:
+        work = pathlib.Path(tmp)
+        exported = {}
+        for name, model, tp, pp in MODELS:
+            checkpoints = train(nf_launch, work, name, model, mpirun=mpirun, tp=tp, pp=pp)
+            exported[name] = check_roundtrips(nf_ckpt, work, name, checkpoints)
+        bf16_config = work / "bf16.pbtxt"
+        bf16_config.write_text(config_text(steps=5))
+        run(nf_launch, "--config", bf16_config, "--set", "train.precision=BF16", "--run-dir",
+            work / "bf16")
+        bf16 = check_roundtrips(nf_ckpt, work, "bf16", work / "bf16" / "checkpoints")
+        tensors, _ = raw_tensors(bf16)
+        assert tensors["decoder.layers.0.fc1.weight"][0] == "BF16", "the model dtype is kept"
+        check_continued_training(nf_launch, nf_ckpt, mpirun, work,
+                                 exported["before_sinusoidal_tied_tp2_pp2"])
+        check_command_line(nf_ckpt, work, exported["after_learned_untied"])
+
+
+if __name__ == "__main__":
+    main()
