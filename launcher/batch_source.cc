@@ -134,8 +134,15 @@ absl::Status CheckDataFilesExist(const TrainConfig& config) {
   for (const auto& [field, prefix] : datasets) {
     for (const char* suffix : {".idx", ".bin"}) {
       std::error_code error;
-      if (std::filesystem::exists(prefix + suffix, error)) continue;
-      if (error) {  // not "does not exist" when the OS says something else
+      const std::filesystem::file_status status = std::filesystem::status(prefix + suffix, error);
+      if (std::filesystem::is_regular_file(status)) continue;
+      if (std::filesystem::exists(status)) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            field, " '", prefix, "': ", prefix, suffix,
+            " is not a regular file (a directory?): give the prefix of an nf-preprocess output"));
+      }
+      // Not "does not exist" when the OS says something else.
+      if (error && error != std::errc::no_such_file_or_directory) {
         return absl::FailedPreconditionError(absl::StrCat(field, " '", prefix, "': cannot read ",
                                                           prefix, suffix, ": ", error.message()));
       }

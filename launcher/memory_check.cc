@@ -87,16 +87,21 @@ absl::Status CheckThisRank(const TrainConfig& config, const parallel::Topology& 
   const std::string device_parts = absl::StrCat(
       "parameters ", Gib(r.parameter_bytes), ", gradients ", Gib(r.gradient_bytes), ", optimizer ",
       Gib(r.optimizer_bytes), ", activations ", Gib(r.activation_bytes));
-  const std::string snapshot = absl::StrCat("checkpoint snapshot ", Gib(r.snapshot_bytes));
+  std::string host_parts = absl::StrCat("checkpoint snapshot ", Gib(r.snapshot_bytes));
+  if (r.sample_index_bytes > 0) {
+    absl::StrAppend(&host_parts, ", sample index ", Gib(r.sample_index_bytes),
+                    " (train.train_iters x train.global_batch_size samples)");
+  }
   if (config.train().device() == TrainOptions::CPU) {
     NF_ASSIGN_OR_RETURN(
         const MemoryDemand host,
-        HostDemand(r.cpu_total_bytes(), absl::StrCat(device_parts, ", ", snapshot), node));
+        HostDemand(r.cpu_total_bytes(), absl::StrCat(device_parts, ", ", host_parts), node));
     return CompareWithAvailable(host);
   }
   NF_ASSIGN_OR_RETURN(
       const MemoryDemand host,
-      HostDemand(r.gpu_host_bytes(), absl::StrCat(snapshot, ", twice during a save"), node));
+      HostDemand(r.gpu_host_bytes(),
+                 absl::StrCat(host_parts, " (the snapshot twice during a save)"), node));
   NF_RETURN_IF_ERROR(CompareWithAvailable(host));
   NF_ASSIGN_OR_RETURN(const Device device, TrainingDevice(config.train(), topology));
   NF_ASSIGN_OR_RETURN(const MemoryDemand gpu, DeviceDemand(r.device_bytes(), device_parts, device));

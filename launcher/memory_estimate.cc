@@ -68,6 +68,16 @@ absl::StatusOr<std::vector<PipelineRankMemory>> EstimateMemory(const TrainConfig
   const model::LayerShape shape = model::LayerShapeOf(m, options, 0, tp);
   const int64_t layer_bytes = model::LayerActivations::Bytes(shape, model::LayerOptionsOf(m));
   const int64_t t = shape.tokens(), d = m.d_model();
+  // Every rank reads its batches from the same streams (data-parallel ranks pick their part).
+  double sample_index_bytes = 0;
+  if (!config.data().path().empty() || config.data().blend_size() > 0) {
+    constexpr double kBytesPerSample = 24;  // sample index (2 x i64) and shuffle index (i64)
+    double samples = static_cast<double>(train.train_iters()) * train.global_batch_size();
+    if (train.eval_interval() > 0) {
+      samples += static_cast<double>(train.eval_iters()) * train.global_batch_size();
+    }
+    sample_index_bytes = kBytesPerSample * samples;
+  }
   std::vector<PipelineRankMemory> ranks(pp);
   for (int r = 0; r < pp; ++r) {
     NF_ASSIGN_OR_RETURN(
@@ -106,6 +116,7 @@ absl::StatusOr<std::vector<PipelineRankMemory>> EstimateMemory(const TrainConfig
     rank.optimizer_bytes = params * ((s == 4 ? 0 : 4) + 8);
     if (parallel.distributed_optimizer()) rank.optimizer_bytes /= dp;
     rank.activation_bytes = static_cast<double>(activations);
+    rank.sample_index_bytes = sample_index_bytes;
     const auto& checkpoint = config.checkpoint();
     if (checkpoint.save_interval() > 0 || checkpoint.save_at_end()) {
       // Its parameters in the model dtype, and the fp32 master weights and two moments of its

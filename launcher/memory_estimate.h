@@ -28,14 +28,19 @@ struct PipelineRankMemory {
   // copies this rank's share of the checkpoint into, kept for the next save. On a GPU the
   // device buffers are first copied to the host whole, which doubles it during a save.
   double snapshot_bytes = 0;
+  // In host memory, for a dataset (not the synthetic corpus): the sample and shuffle indices
+  // (data/gpt_samples.h: 24 bytes a sample) of the training stream, train_iters x
+  // global_batch_size samples, and of the validation stream when the run evaluates.
+  double sample_index_bytes = 0;
 
   double device_bytes() const {
     return parameter_bytes + gradient_bytes + optimizer_bytes + activation_bytes;
   }
   // All of it, for a run on the CPU, where device and host memory are one.
-  double cpu_total_bytes() const { return device_bytes() + snapshot_bytes; }
-  // A GPU run's host memory: the snapshot and, during a save, the host copy of the buffers.
-  double gpu_host_bytes() const { return 2 * snapshot_bytes; }
+  double cpu_total_bytes() const { return device_bytes() + snapshot_bytes + sample_index_bytes; }
+  // A GPU run's host memory: the snapshot and, during a save, the host copy of the buffers,
+  // and the sample index.
+  double gpu_host_bytes() const { return 2 * snapshot_bytes + sample_index_bytes; }
 };
 
 // One entry per pipeline rank of `config` on `world_size` ranks; InvalidArgument, naming what

@@ -238,7 +238,8 @@ TEST_F(NfLaunchCliTest, RunDirectoryFilesThatCannotBeWrittenAreNamedWithTheReaso
 
 // An exception no status was expected for ends nf-launch with one line and exit 1, not with
 // std::terminate's abort (exit code 134 and a core dump): here std::bad_alloc from a sample index
-// of absurd size (1e14 steps of a 10-document dataset, petabytes of index).
+// of absurd size (1e14 steps of a 10-document dataset, petabytes of index), past the memory
+// check that would otherwise refuse it (ASampleIndexTooBigIsRefusedByTheMemoryCheck).
 TEST_F(NfLaunchCliTest, AnExceptionIsOneLineAndExitCodeOne) {
   const std::string prefix = (dir_ / "corpus").string();
   auto writer = data::IndexedDatasetWriter::Create(prefix, data::TokenDType::kU16);
@@ -247,9 +248,9 @@ TEST_F(NfLaunchCliTest, AnExceptionIsOneLineAndExitCodeOne) {
     NF_ASSERT_OK(writer->AddDocument(std::vector<int32_t>(40, d + 1)));
   }
   NF_ASSERT_OK(writer->Finish());
-  const Outcome outcome =
-      Launch({"--config", TinyConfig(), "--set", "data.path=" + prefix, "--set",
-              "train.train_iters=100000000000000", "--run-dir", (dir_ / "run").string()});
+  const Outcome outcome = Launch({"--config", TinyConfig(), "--set", "data.path=" + prefix, "--set",
+                                  "train.train_iters=100000000000000", "--run-dir",
+                                  (dir_ / "run").string(), "--skip-memory-check"});
   EXPECT_EQ(outcome.exit_code, 1) << outcome.err;
   EXPECT_EQ(outcome.err, "nf-launch: out of memory (std::bad_alloc)\n");
 }
@@ -394,6 +395,34 @@ TEST_F(NfLaunchCliTest, MissingDatasetIsRefusedNamingTheField) {
               (dir_ / "run").string()}),
       {absl::StrCat("data.path '", prefix, "': ", prefix,
                     ".idx does not exist (nf-preprocess --output-prefix ", prefix, " writes it)")},
+      /*usage_hint=*/false);
+  EXPECT_FALSE(std::filesystem::exists(dir_ / "run"));
+}
+
+TEST_F(NfLaunchCliTest, DatasetFileThatIsADirectoryIsRefusedBeforeAnyWork) {
+  const std::string prefix = (dir_ / "corpus").string();
+  std::filesystem::create_directory(prefix + ".idx");
+  WriteConfig("corpus.bin", "");
+  ExpectConfigurationError(
+      Launch({"--config", TinyConfig(), "--set", "data.path=" + prefix, "--run-dir",
+              (dir_ / "run").string()}),
+      {absl::StrCat("data.path '", prefix, "': ", prefix, ".idx is not a regular file")},
+      /*usage_hint=*/false);
+  EXPECT_FALSE(std::filesystem::exists(dir_ / "run"));
+}
+
+// 10^14 steps of 4 samples: a sample index of 24 bytes a sample (8.5 PiB) no machine holds,
+// refused by the memory check before anything is written (it used to end in std::bad_alloc
+// once the run directory was taken). The files only need to exist: the check comes first.
+TEST_F(NfLaunchCliTest, ASampleIndexTooBigIsRefusedByTheMemoryCheck) {
+  const std::string prefix = (dir_ / "corpus").string();
+  WriteConfig("corpus.idx", "");
+  WriteConfig("corpus.bin", "");
+  ExpectConfigurationError(
+      Launch({"--config", TinyConfig(), "--set", "data.path=" + prefix, "--set",
+              "train.train_iters=100000000000000", "--run-dir", (dir_ / "run").string()}),
+      {"not enough host memory of node ",
+       "sample index 8940696.72 GiB (train.train_iters x train.global_batch_size samples)"},
       /*usage_hint=*/false);
   EXPECT_FALSE(std::filesystem::exists(dir_ / "run"));
 }
