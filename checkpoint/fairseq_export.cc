@@ -5,10 +5,9 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "checkpoint/assemble.h"
 #include "checkpoint/fairseq_model.h"
+#include "checkpoint/safetensors_export.h"
 #include "checkpoint/safetensors_file.h"
-#include "core/ops/ops.h"
 #include "core/status.h"
 #include "model/normformer_params.h"
 #include "model/vocab.h"
@@ -17,19 +16,6 @@ namespace nf::checkpoint {
 namespace {
 
 namespace fs = std::filesystem;
-
-// A checkpoint parameter as the export writes it: the vocabulary tables cut to the real
-// vocabulary (the layout's padding rows dropped), in the checkpoint's dtype.
-absl::StatusOr<NamedTensor> ExportedParam(const fs::path& dir, const Manifest& manifest,
-                                          const TensorRecord& record) {
-  NF_ASSIGN_OR_RETURN(AssembledTensor a, AssembleTensor(dir, manifest, record));
-  NamedTensor t{.name = record.name(), .shape = a.shape, .data = a.global};
-  if (IsVocabularyTable(t.name) && t.shape[0] > manifest.model().vocab_size()) {
-    t.shape[0] = manifest.model().vocab_size();
-    NF_ASSIGN_OR_RETURN(t.data, a.global.Slice(0, NumElements(t.shape)));
-  }
-  return t;
-}
 
 // out_proj.weight [d, d] (out, in): input column j belongs to head j / head_dim, and scaling
 // head h's output by c[h] before the projection equals scaling those columns by c[h]. Each
@@ -83,13 +69,7 @@ absl::Status ExportFairseqSafetensors(const fs::path& dir, const Manifest& manif
                                        tensors[index.at(p + ".c_attn")], head_dim));
     }
   }
-  for (NamedTensor& t : tensors) {
-    const DType target = dtype.value_or(t.data.dtype());
-    if (target == t.data.dtype()) continue;
-    NF_ASSIGN_OR_RETURN(Tensor converted, Tensor::HostZeros(target, {t.data.numel()}));
-    NF_RETURN_IF_ERROR(ops::Cast(t.data, converted));
-    t.data = converted;
-  }
+  for (NamedTensor& t : tensors) NF_RETURN_IF_ERROR(ConvertForExport(t, dtype));
   // fairseq's state dict lists the decoder's own buffer before its modules' parameters.
   NF_ASSIGN_OR_RETURN(
       const Tensor version,
