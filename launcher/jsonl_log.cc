@@ -153,6 +153,12 @@ JsonObject& JsonObject::AddDoubleArray(absl::string_view key, absl::Span<const d
   return *this;
 }
 
+JsonObject& JsonObject::AddObject(absl::string_view key, const JsonObject& value) {
+  AddKey(key);
+  members_.append(value.ToString());
+  return *this;
+}
+
 JsonObject& JsonObject::AddBool(absl::string_view key, bool value) {
   AddKey(key);
   members_.append(value ? "true" : "false");

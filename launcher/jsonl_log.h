@@ -27,6 +27,8 @@ class JsonObject {
   JsonObject& AddBool(absl::string_view key, bool value);
   // [v0, v1, ...], each element written as AddDouble writes a value.
   JsonObject& AddDoubleArray(absl::string_view key, absl::Span<const double> values);
+  // A nested object: "key":{...} with `value`'s members.
+  JsonObject& AddObject(absl::string_view key, const JsonObject& value);
 
   // The object on one line, "{}" when empty.
   std::string ToString() const;

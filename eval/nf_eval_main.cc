@@ -1,0 +1,462 @@
+// nf-eval: measures a checkpoint as the NormFormer paper does: validation perplexity on a
+// preprocessed dataset, and zero-shot accuracy on multiple-choice tasks and LAMBADA.
+//
+//   nf-eval --checkpoint DIR [--dataset PREFIX] [--task NAME=FILE.jsonl]... [tokenizer flags]
+//   mpirun -np N nf-eval ... --tp T --pp P   (data parallelism takes the remaining ranks)
+//
+// How it gets its pieces (docs/guide.md "Evaluate a checkpoint"):
+//   model      the checkpoint's manifest records the model config; every rank builds its stage
+//              of the layout --tp x --pp (any layout: parameters are resharded on load, as
+//              nf-launch does when resuming), without optimizer state (eval/eval_model.h)
+//   tokenizer  the zero-shot tasks are text: nf-preprocess's tokenizer flags name the tokenizer
+//              the model was trained with, run in the helper nf-tokenize (eval/tokenizer_client.h)
+//   data       perplexity reads tokens already preprocessed: a dataset prefix, the part of
+//              data.split the checkpoint's run recorded (validation by default), cut into
+//              windows of its train.seq_len (eval/perplexity.h)
+//
+// Exit codes: 0 done, 1 a runtime error (an unreadable checkpoint, task or dataset file, a
+// failed tokenizer), 2 bad command line.
+#include <algorithm>
+#include <cstdlib>
+#include <exception>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <new>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "checkpoint/load.h"
+#include "checkpoint/save.h"
+#include "core/status.h"
+#include "data/splits.h"
+#include "eval/eval_model.h"
+#include "eval/perplexity.h"
+#include "eval/prepared_tasks.h"
+#include "eval/report.h"
+#include "eval/tokenizer_client.h"
+#include "eval/zero_shot.h"
+#include "google/protobuf/text_format.h"
+#include "launcher/train_config.pb.h"
+#include "launcher/trainer.h"
+#include "parallel/mpi_runtime.h"
+#include "parallel/process_groups.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr char kUsage[] =
+    R"(usage: nf-eval --checkpoint DIR [--dataset PREFIX [--part NAME] [--split W,W,W]
+               [--seq-len N] [--max-windows N]] [--task NAME=FILE]... [--max-examples N]
+               [--tokenizer gpt2 --vocab-file vocab.json --merges-file merges.txt
+                [--parse-special-tokens] | --tokenizer sentencepiece --spm-model FILE]
+               [--tp N] [--pp N] [--dtype f32|bf16|f16] [--device cpu|cuda]
+               [--batch-size N] [--out FILE.json] [--examples-out FILE.jsonl]
+
+Evaluates a checkpoint (DIR: RUN/checkpoints/iter_NNNNNNN, or a checkpoints directory meaning
+the one its `latest` names) and prints a table; --out writes the same as JSON.
+
+perplexity (with --dataset):
+  --dataset PREFIX   a dataset nf-preprocess wrote (PREFIX.bin, PREFIX.idx)
+  --part NAME        validation (default), test, train, or all of its documents
+  --split W,W,W      the train/validation/test weights (default: the data.split the
+                     checkpoint's run recorded, else 969,30,1)
+  --seq-len N        predictions per window (default: the run's train.seq_len)
+  --max-windows N    only the first N windows (default: all)
+
+zero-shot tasks (with --task, repeatable; tokenizer flags required):
+  --task NAME=FILE   NAME hellaswag, piqa, winogrande, storycloze or lambada; FILE JSON Lines
+                     with the dataset's fields (docs/guide.md lists them)
+  --max-examples N   only the first N examples of each task (default: all)
+  --tokenizer ...    the model's tokenizer, as nf-preprocess takes it
+
+layout and output:
+  --tp N, --pp N     tensor and pipeline parallel sizes (default 1); under mpirun data
+                     parallelism takes the remaining ranks
+  --dtype NAME       the model's dtype while evaluating (default f32)
+  --device NAME      cpu (default) or cuda (one GPU per rank)
+  --batch-size N     sequences per forward (default 8)
+  --out FILE         the results as one JSON object
+  --examples-out FILE  every task example's per-choice scores, one JSON object a line
+
+exit codes: 0 done, 1 runtime error, 2 bad command line
+)";
+
+struct Flags {
+  std::string checkpoint;
+  std::string dataset, part = "validation", split;
+  int64_t seq_len = 0, max_windows = 0;
+  std::vector<nf::eval::TaskFile> tasks;
+  int64_t max_examples = 0;
+  nf::eval::TokenizerFlags tokenizer;
+  int tp = 1, pp = 1;
+  nf::DType dtype = nf::DType::kF32;
+  bool cuda = false;
+  int64_t batch_size = 8;
+  std::string out, examples_out;
+};
+
+// This process's rank as an MPI launcher announces it before MPI starts; -1 without one.
+int LauncherRank() {
+  for (const char* variable : {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK"}) {
+    if (const char* value = std::getenv(variable)) return std::atoi(value);
+  }
+  return -1;
+}
+
+// Errors every rank meets alike are printed by rank 0 only.
+bool PrintsSharedErrors() { return LauncherRank() <= 0; }
+
+int UsageError(const std::string& message) {
+  if (PrintsSharedErrors()) {
+    std::cerr << "nf-eval: " << message << "\n(run nf-eval --help for usage)\n";
+  }
+  return 2;
+}
+
+int SharedFailure(const absl::Status& status) {
+  if (PrintsSharedErrors()) std::cerr << "nf-eval: " << status.message() << "\n";
+  return 1;
+}
+
+bool ParsePositive(const std::string& value, int64_t& out) {
+  return absl::SimpleAtoi(value, &out) && out > 0;
+}
+
+// The flags, or a usage error's message.
+absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
+  Flags flags;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--parse-special-tokens") {
+      flags.tokenizer.parse_special_tokens = true;
+      continue;
+    }
+    if (i + 1 >= argc) return absl::InvalidArgumentError(arg + " needs a value (or is unknown)");
+    const std::string value = argv[++i];
+    const auto positive = [&](int64_t& out) -> absl::Status {
+      if (ParsePositive(value, out)) return absl::OkStatus();
+      return absl::InvalidArgumentError(arg + " takes a positive integer, not '" + value + "'");
+    };
+    int64_t size = 0;
+    absl::Status status;
+    if (arg == "--checkpoint") {
+      flags.checkpoint = value;
+    } else if (arg == "--dataset") {
+      flags.dataset = value;
+    } else if (arg == "--part") {
+      flags.part = value;
+    } else if (arg == "--split") {
+      flags.split = value;
+    } else if (arg == "--seq-len") {
+      status = positive(flags.seq_len);
+    } else if (arg == "--max-windows") {
+      status = positive(flags.max_windows);
+    } else if (arg == "--task") {
+      const size_t equals = value.find('=');
+      if (equals == std::string::npos) {
+        return absl::InvalidArgumentError("--task takes NAME=FILE, not '" + value + "'");
+      }
+      NF_ASSIGN_OR_RETURN(const nf::eval::TaskKind kind,
+                          nf::eval::ParseTaskKind(value.substr(0, equals)));
+      for (const nf::eval::TaskFile& task : flags.tasks) {
+        if (task.kind == kind) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("--task ", nf::eval::TaskName(kind), " given twice"));
+        }
+      }
+      flags.tasks.push_back({.kind = kind, .path = value.substr(equals + 1)});
+    } else if (arg == "--max-examples") {
+      status = positive(flags.max_examples);
+    } else if (arg == "--tokenizer") {
+      flags.tokenizer.tokenizer = value;
+    } else if (arg == "--vocab-file") {
+      flags.tokenizer.vocab_file = value;
+    } else if (arg == "--merges-file") {
+      flags.tokenizer.merges_file = value;
+    } else if (arg == "--spm-model") {
+      flags.tokenizer.spm_model = value;
+    } else if (arg == "--tp" || arg == "--pp") {
+      status = positive(size);
+      (arg == "--tp" ? flags.tp : flags.pp) = static_cast<int>(size);
+    } else if (arg == "--dtype") {
+      NF_ASSIGN_OR_RETURN(flags.dtype, nf::ParseDType(value));
+      if (flags.dtype != nf::DType::kF32 && flags.dtype != nf::DType::kBF16 &&
+          flags.dtype != nf::DType::kF16) {
+        return absl::InvalidArgumentError("--dtype takes f32, bf16 or f16");
+      }
+    } else if (arg == "--device") {
+      if (value != "cpu" && value != "cuda") {
+        return absl::InvalidArgumentError("--device takes cpu or cuda, not '" + value + "'");
+      }
+      flags.cuda = value == "cuda";
+    } else if (arg == "--batch-size") {
+      status = positive(flags.batch_size);
+    } else if (arg == "--out") {
+      flags.out = value;
+    } else if (arg == "--examples-out") {
+      flags.examples_out = value;
+    } else {
+      return absl::InvalidArgumentError("unknown argument '" + arg + "'");
+    }
+    NF_RETURN_IF_ERROR(status);
+  }
+  if (flags.checkpoint.empty()) return absl::InvalidArgumentError("--checkpoint is required");
+  if (flags.dataset.empty() && flags.tasks.empty()) {
+    return absl::InvalidArgumentError("nothing to evaluate: give --dataset and/or --task");
+  }
+  if (!flags.tasks.empty()) NF_RETURN_IF_ERROR(nf::eval::CheckTokenizerFlags(flags.tokenizer));
+  if (flags.tasks.empty() && !flags.tokenizer.tokenizer.empty()) {
+    return absl::InvalidArgumentError("tokenizer flags are for --task (perplexity reads tokens)");
+  }
+  if (flags.dataset.empty() &&
+      (flags.seq_len > 0 || flags.max_windows > 0 || !flags.split.empty())) {
+    return absl::InvalidArgumentError("--seq-len, --max-windows and --split are for --dataset");
+  }
+  if (flags.tasks.empty() && (flags.max_examples > 0 || !flags.examples_out.empty())) {
+    return absl::InvalidArgumentError("--max-examples and --examples-out are for --task");
+  }
+  return flags;
+}
+
+// The checkpoint DIR names: itself, or the one a checkpoints directory's `latest` names.
+absl::StatusOr<fs::path> ResolveCheckpoint(const fs::path& dir) {
+  std::error_code error;
+  if (fs::exists(dir / nf::checkpoint::kLatestName, error)) {
+    return nf::checkpoint::LatestCheckpoint(dir);
+  }
+  return dir;
+}
+
+// The run configuration the checkpoint records (empty for an imported one).
+nf::launcher::TrainConfig RecordedTrainConfig(const nf::checkpoint::Manifest& manifest) {
+  nf::launcher::TrainConfig config;
+  if (!google::protobuf::TextFormat::ParseFromString(manifest.train_config(), &config)) {
+    config.Clear();
+  }
+  return config;
+}
+
+// The documents of `part` of a dataset.
+absl::StatusOr<nf::data::DocumentRange> PartDocuments(const std::string& prefix,
+                                                      const std::string& part,
+                                                      const std::string& split) {
+  NF_ASSIGN_OR_RETURN(const auto dataset, nf::data::IndexedDataset::Open(prefix));
+  if (part == "all") return nf::data::DocumentRange{0, dataset->num_documents()};
+  const std::vector<std::string> parts = {"train", "validation", "test"};
+  const auto index = std::find(parts.begin(), parts.end(), part) - parts.begin();
+  if (index == static_cast<int64_t>(parts.size())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--part takes train, validation, test or all, not '", part, "'"));
+  }
+  NF_ASSIGN_OR_RETURN(const auto ranges, nf::data::ParseSplit(split, dataset->num_documents()));
+  if (index >= static_cast<int64_t>(ranges.size()) || ranges[index].size() == 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the ", part, " part of ", prefix, " under split \"", split, "\" holds no documents"));
+  }
+  return ranges[index];
+}
+
+// Everything each rank knows before MPI starts.
+struct Plan {
+  Flags flags;
+  fs::path checkpoint;
+  nf::checkpoint::Manifest manifest;
+  std::string split;
+  nf::data::DocumentRange documents;
+  int64_t ppl_seq_len = 0;
+  std::vector<nf::eval::PreparedTask> tasks;
+};
+
+absl::StatusOr<Plan> MakePlan(Flags flags) {
+  Plan plan;
+  NF_ASSIGN_OR_RETURN(plan.checkpoint, ResolveCheckpoint(flags.checkpoint));
+  NF_ASSIGN_OR_RETURN(plan.manifest, nf::checkpoint::ReadManifest(plan.checkpoint));
+  const nf::model::ModelConfig& model = plan.manifest.model();
+  const nf::launcher::TrainConfig recorded = RecordedTrainConfig(plan.manifest);
+  if (!flags.dataset.empty()) {
+    plan.split = !flags.split.empty() ? flags.split : recorded.data().split();
+    NF_ASSIGN_OR_RETURN(plan.documents, PartDocuments(flags.dataset, flags.part, plan.split));
+    plan.ppl_seq_len = flags.seq_len > 0                ? flags.seq_len
+                       : recorded.train().seq_len() > 0 ? recorded.train().seq_len()
+                                                        : model.max_seq_len();
+    if (plan.ppl_seq_len > model.max_seq_len()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--seq-len ", plan.ppl_seq_len, " exceeds model.max_seq_len ", model.max_seq_len()));
+    }
+  }
+  if (!flags.tasks.empty()) {
+    NF_ASSIGN_OR_RETURN(const std::string helper, nf::eval::ProgramBesideThisOne("nf-tokenize"));
+    auto tasks = nf::eval::PrepareTasks(flags.tasks, {.max_examples = flags.max_examples,
+                                                      .tokenizer_program = helper,
+                                                      .tokenizer = flags.tokenizer,
+                                                      .window = model.max_seq_len(),
+                                                      .model_vocab = model.vocab_size()});
+    // A task file that does not read is bad data, not a bad command line.
+    if (!tasks.ok()) return absl::FailedPreconditionError(tasks.status().message());
+    plan.tasks = *std::move(tasks);
+  }
+  plan.flags = std::move(flags);
+  return plan;
+}
+
+absl::Status WriteFile(const std::string& path, const std::string& text) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << text;
+  out.close();
+  if (!out) return absl::UnavailableError(absl::StrCat("cannot write ", path));
+  return absl::OkStatus();
+}
+
+// The evaluation on this rank of the layout; rank 0 prints and writes the results.
+absl::Status Evaluate(const Plan& plan, nf::parallel::ProcessGroups& groups) {
+  const Flags& flags = plan.flags;
+  const nf::parallel::Topology& topology = groups.topology;
+  nf::launcher::TrainOptions device_options;
+  device_options.set_device(flags.cuda ? nf::launcher::TrainOptions::CUDA
+                                       : nf::launcher::TrainOptions::CPU);
+  NF_ASSIGN_OR_RETURN(const nf::Device device,
+                      nf::launcher::TrainingDevice(device_options, topology));
+  nf::parallel::DeviceGroups device_groups;
+#if NF_WITH_CUDA
+  if (device.type == nf::DeviceType::kCuda && topology.world_size() > 1) {
+    NF_ASSIGN_OR_RETURN(device_groups, nf::parallel::CreateDeviceGroups(groups, device));
+  }
+#endif
+  const nf::eval::EvalRank rank = {
+      .groups = &groups,
+      .device_tp = device_groups.tp ? device_groups.tp.get() : groups.tp.get(),
+      .device_pp = device_groups.pp ? device_groups.pp.get() : groups.pp.get(),
+      .device = device};
+  const nf::model::ModelConfig& config = plan.manifest.model();
+
+  nf::eval::EvalReport report;
+  report.checkpoint = plan.checkpoint.string();
+  report.step = plan.manifest.step();
+  report.tensor_parallel = topology.tp();
+  report.pipeline_parallel = topology.pp();
+  report.data_parallel = topology.dp();
+  report.dtype = std::string(nf::DTypeName(flags.dtype));
+  // Each phase has a model shaped for its sequences; the second copies the first's parameters.
+  std::unique_ptr<nf::eval::EvalModel> loaded;
+  const auto model_for =
+      [&](int64_t seq_len) -> absl::StatusOr<std::unique_ptr<nf::eval::EvalModel>> {
+    NF_ASSIGN_OR_RETURN(auto model, nf::eval::EvalModel::Create(config, flags.dtype,
+                                                                flags.batch_size, seq_len, rank));
+    if (loaded) {
+      NF_RETURN_IF_ERROR(model->CopyParameters(*loaded));
+    } else {
+      NF_RETURN_IF_ERROR(model->Load(plan.checkpoint, plan.manifest));
+    }
+    return model;
+  };
+  if (!flags.dataset.empty()) {
+    NF_ASSIGN_OR_RETURN(loaded, model_for(plan.ppl_seq_len));
+    NF_ASSIGN_OR_RETURN(const nf::eval::DocumentTokens tokens,
+                        nf::eval::DocumentTokens::Open(flags.dataset, plan.documents));
+    NF_ASSIGN_OR_RETURN(const nf::eval::PerplexityResult result,
+                        nf::eval::EvaluatePerplexity(*loaded, groups, tokens, flags.max_windows));
+    report.perplexity = nf::eval::PerplexityReport{.dataset = flags.dataset,
+                                                   .part = flags.part,
+                                                   .split = flags.part == "all" ? "" : plan.split,
+                                                   .documents = plan.documents,
+                                                   .seq_len = plan.ppl_seq_len,
+                                                   .result = result};
+  }
+  std::string examples_out;
+  if (!plan.tasks.empty()) {
+    NF_ASSIGN_OR_RETURN(auto model, model_for(nf::eval::LongestInput(plan.tasks)));
+    loaded = std::move(model);
+    std::vector<nf::eval::ScoredSequence> sequences;
+    for (const nf::eval::PreparedTask& task : plan.tasks) {
+      sequences.insert(sequences.end(), task.sequences.begin(), task.sequences.end());
+    }
+    NF_ASSIGN_OR_RETURN(const std::vector<nf::eval::SequenceScore> scores,
+                        nf::eval::ScoreSequences(*loaded, groups, sequences));
+    size_t next = 0;
+    for (const nf::eval::PreparedTask& task : plan.tasks) {
+      const std::vector<nf::eval::SequenceScore> own(scores.begin() + next,
+                                                     scores.begin() + next + task.sequences.size());
+      next += task.sequences.size();
+      const std::vector<nf::eval::ScoredExample> examples = nf::eval::ScoredExamples(task, own);
+      nf::eval::TaskReport& entry = report.tasks.emplace_back();
+      entry.kind = task.kind;
+      entry.file = task.file;
+      entry.truncated = task.truncated();
+      if (nf::eval::IsMultipleChoice(task.kind)) {
+        entry.multiple_choice = nf::eval::ScoreMultipleChoice(examples);
+      } else {
+        entry.last_word = nf::eval::ScoreLastWord(examples);
+      }
+      for (size_t e = 0; e < examples.size(); ++e) {
+        examples_out += nf::eval::ExampleLine(task.kind, static_cast<int64_t>(e), examples[e]);
+      }
+    }
+  }
+  if (topology.world_rank() != 0) return absl::OkStatus();
+  std::cout << nf::eval::ReportTable(report);
+  if (!flags.out.empty()) NF_RETURN_IF_ERROR(WriteFile(flags.out, nf::eval::ReportJson(report)));
+  if (!flags.examples_out.empty()) NF_RETURN_IF_ERROR(WriteFile(flags.examples_out, examples_out));
+  return absl::OkStatus();
+}
+
+int Run(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    if (std::string(argv[i]) == "--help" || std::string(argv[i]) == "-h") {
+      std::cout << kUsage;
+      return 0;
+    }
+  }
+  absl::StatusOr<Flags> flags = ParseFlags(argc, argv);
+  if (!flags.ok()) return UsageError(std::string(flags.status().message()));
+  const int tp = flags->tp, pp = flags->pp;
+  // Before MPI: reading the checkpoint's manifest, the task files and the dataset's index, and
+  // tokenizing in a child process. Every rank does the same and meets the same errors.
+  absl::StatusOr<Plan> plan = MakePlan(*std::move(flags));
+  if (!plan.ok()) {
+    return plan.status().code() == absl::StatusCode::kInvalidArgument
+               ? UsageError(std::string(plan.status().message()))
+               : SharedFailure(plan.status());
+  }
+  if (LauncherRank() < 0) {
+    if (tp * pp > 1) {
+      return UsageError(absl::StrCat("--tp ", tp, " x --pp ", pp, " needs ", tp * pp,
+                                     " ranks: run mpirun -np ", tp * pp, " nf-eval ..."));
+    }
+    nf::parallel::ProcessGroups groups = nf::parallel::SingleProcessGroups();
+    if (const absl::Status status = Evaluate(*plan, groups); !status.ok()) {
+      std::cerr << "nf-eval: " << status.message() << "\n";
+      return 1;
+    }
+    return 0;
+  }
+  auto groups = nf::parallel::CreateProcessGroups({.tp = tp, .pp = pp, .dp = 0});
+  if (!groups.ok()) return UsageError(std::string(groups.status().message()));
+  if (const absl::Status status = Evaluate(*plan, *groups); !status.ok()) {
+    // Other ranks may be waiting on this one: end the whole job.
+    std::cerr << "nf-eval: " << groups->topology.ToString() << ": " << status.message() << "\n";
+    nf::parallel::AbortJob(1);
+  }
+  return 0;
+}
+
+}  // namespace
+
+// An exception where no status was expected ends nf-eval with one line and exit 1 (the whole job
+// under mpirun), never with std::terminate's abort.
+int main(int argc, char** argv) {
+  try {
+    return Run(argc, argv);
+  } catch (const std::bad_alloc& e) {
+    std::cerr << "nf-eval: out of memory (" << e.what() << ")\n";
+  } catch (const std::exception& e) {
+    std::cerr << "nf-eval: " << e.what() << "\n";
+  }
+  if (LauncherRank() >= 0) nf::parallel::AbortJob(1);
+  return 1;
+}
