@@ -165,9 +165,16 @@ absl::Status CheckSameModel(const fs::path& dir, const Manifest& manifest,
   std::vector<std::string> differences;
   DiffFields(manifest.model(), model, "model.", differences);
   if (differences.empty()) return absl::OkStatus();
-  return absl::FailedPreconditionError(
-      absl::StrCat("checkpoint ", dir.string(),
-                   " was written for another model: ", absl::StrJoin(differences, ", ")));
+  // Runs begun before model.first_position existed numbered positions from 0, which their old
+  // configs no longer say (checkpoint/manifest_model.h).
+  const std::string numbering =
+      manifest.model().first_position() == model.first_position()
+          ? ""
+          : absl::StrCat(" (--set model.first_position=", manifest.model().first_position(),
+                         " continues it with the position numbering it was trained with)");
+  return absl::FailedPreconditionError(absl::StrCat(
+      "checkpoint ", dir.string(),
+      " was written for another model: ", absl::StrJoin(differences, ", "), numbering));
 }
 
 absl::StatusOr<RunProgress> LoadCheckpoint(const fs::path& dir, const Manifest& manifest,

@@ -71,7 +71,10 @@ TEST(ManifestModelTest, ResumingAnOldCheckpointWithTheNewDefaultIsRefused) {
   const Manifest old = *DecodeManifest(old_bytes, "old manifest");
   const absl::Status refused = CheckSameModel("iter_0000010", old, model::ModelConfig());
   EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_THAT(refused.message(), HasSubstr("model.first_position (checkpoint 0, run 2)"));
+  EXPECT_THAT(refused.message(),
+              HasSubstr("model.first_position (checkpoint 0, run 2) (--set "
+                        "model.first_position=0 continues it with the position numbering it was "
+                        "trained with)"));
   model::ModelConfig as_trained;
   as_trained.set_first_position(0);
   NF_EXPECT_OK(CheckSameModel("iter_0000010", old, as_trained));
