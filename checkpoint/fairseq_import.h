@@ -5,8 +5,9 @@
 //
 // The parameters are the file's, bit for bit, in the file's dtype. The optimizer state is a
 // fresh run's: fp32 master weights equal to the parameters, both AdamW moments zero and no
-// AdamW update yet (optimizer_updates 0). The step is the file's `step` metadata (the export's
-// checkpoint step, so a learning-rate schedule continues there) unless given, else 0; no sample
+// AdamW update yet (optimizer_updates 0, so the learning-rate schedule, which follows the
+// updates, warms up again as fresh moments need). The step is the file's `step` metadata (the
+// exported checkpoint's: train.train_iters counts on from there) unless given, else 0; no sample
 // has been consumed, so a run that loads it reads its data stream from the start.
 //
 // The model config is the file's normformer.model_config metadata; a file without it (a

@@ -9,11 +9,13 @@ pp2 x dp2 with ZeRO-1, tp2 x dp2 with ZeRO-1), and:
     export) equals the original's bit for bit, except that a BEFORE_OUT_PROJ model's head scales
     are folded into out_proj (c_attn 1), exactly as the fairseq file holds them;
   - the imported checkpoint verifies, says its layout, and keeps the exported step.
-A run on tp2 x pp2 continues training from an import (checkpoint.load), and the command line's
-mistakes are refused with exit code 2.
+A run on tp2 x pp2 continues training from an import (checkpoint.load): steps 31 on, the
+learning-rate schedule from its first update (the optimizer is fresh). The command line's
+mistakes are refused.
 
 usage: fairseq_roundtrip_test.py NF_LAUNCH NF_CKPT MPIRUN...
 """
+import json
 import pathlib
 import sys
 import tempfile
@@ -84,7 +86,11 @@ def check_continued_training(nf_launch, nf_ckpt, mpirun, work, exported):
     assert f"resumed from {imported} at step 30 (0 samples consumed)" in result.stdout, result.stdout
     assert "warning" not in result.stdout + result.stderr, result.stdout + result.stderr
     assert "step 34/34" in result.stdout, result.stdout
-    print("a tp2 x pp2 run trained steps 31-34 from an imported checkpoint")
+    # The fresh optimizer's first update: the schedule's first (warmup) learning rate again.
+    continued = [json.loads(line) for line in (work / "continued" / "log.jsonl").open()]
+    original = [json.loads(line) for line in (work / MODELS[0][0] / "log.jsonl").open()]
+    assert continued[0]["step"] == 31 and continued[0]["lr"] == original[0]["lr"], continued[0]
+    print("a tp2 x pp2 run trained steps 31-34 from an imported checkpoint, warming up again")
 
 
 def check_command_line(nf_ckpt, work, exported):
