@@ -66,7 +66,8 @@ def check_case(tools, work, name, model, tp, pp):
     exported = work / f"{name}.fairseq.safetensors"
     run(nf_ckpt, "export", checkpoints, "--format", "fairseq", "--out", exported)
     tensors, metadata = load(exported)
-    assert tensors["decoder.version"].dtype == np.float32 and list(tensors["decoder.version"]) == [3]
+    version = tensors["decoder.version"]
+    assert version.dtype == np.float32 and list(version) == [3], version
     assert "--arch transformer_lm" in metadata["fairseq.flags"], metadata
     for key in ("normformer.model_config", "normformer.head_scale_placement",
                 "normformer.positions", "step"):
@@ -93,7 +94,8 @@ def check_case(tools, work, name, model, tp, pp):
     dropped = float(np.max(np.abs(fairseq_logits(without_version, metadata, tokens) - reference)))
     assert dropped > 100 * TOLERANCE * scale, (name, "decoder.version made no difference", dropped)
     findings.append(f"without decoder.version {dropped:.2g}")
-    if "c_attn" in " ".join(tensors) and "BEFORE_OUT_PROJ" in metadata["normformer.head_scale_placement"]:
+    placement = metadata["normformer.head_scale_placement"]
+    if "c_attn" in " ".join(tensors) and "BEFORE_OUT_PROJ" in placement:
         unfolded = dict(trained, **{"decoder.version": tensors["decoder.version"]})
         differs = float(np.max(np.abs(fairseq_logits(unfolded, metadata, tokens) - reference)))
         assert differs > 10 * TOLERANCE * scale, (name, "folding made no difference", differs)

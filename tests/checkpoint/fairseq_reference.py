@@ -119,7 +119,7 @@ class TransformerLM:
         for layer in range(a.layers):
             x = self.layer(f"decoder.layers.{layer}", x)
         if self.final_norm:
-            x = layer_norm(x, self.p["decoder.layer_norm.weight"], self.p["decoder.layer_norm.bias"])
+            x = self.norm("decoder.layer_norm", x)
         return x @ self.p["decoder.output_projection.weight"].T
 
     def linear(self, name, x):

@@ -83,7 +83,8 @@ def check_continued_training(nf_launch, nf_ckpt, mpirun, work, exported):
                       + f'checkpoint {{ load: "{imported}" }}')
     result = run(*mpirun, "-np", "4", nf_launch, "--config", config, "--run-dir",
                  work / "continued")
-    assert f"resumed from {imported} at step 30 (0 samples consumed)" in result.stdout, result.stdout
+    resumed = f"resumed from {imported} at step 30 (0 samples consumed)"
+    assert resumed in result.stdout, result.stdout
     assert "warning" not in result.stdout + result.stderr, result.stdout + result.stderr
     assert "step 34/34" in result.stdout, result.stdout
     # The fresh optimizer's first update: the schedule's first (warmup) learning rate again.
