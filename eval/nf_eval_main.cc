@@ -13,6 +13,9 @@
 //   data       perplexity reads tokens already preprocessed: a dataset prefix, the part of
 //              data.split the checkpoint's run recorded (validation by default), cut into
 //              windows of its train.seq_len (eval/perplexity.h)
+//   window     perplexity's windows and the longest task sequence: the run's train.seq_len
+//              predictions (positions the model was trained on), model.max_seq_len for a
+//              checkpoint that records no run (an import), or --seq-len
 //
 // Exit codes: 0 done, 1 a runtime error (an unreadable checkpoint, task or dataset file, a
 // failed tokenizer), 2 bad command line.
@@ -52,7 +55,7 @@ namespace fs = std::filesystem;
 
 constexpr char kUsage[] =
     R"(usage: nf-eval --checkpoint DIR [--dataset PREFIX [--part NAME] [--split W,W,W]
-               [--seq-len N] [--max-windows N]] [--task NAME=FILE]... [--max-examples N]
+               [--max-windows N]] [--task NAME=FILE]... [--max-examples N] [--seq-len N]
                [--tokenizer gpt2 --vocab-file vocab.json --merges-file merges.txt
                 [--parse-special-tokens] | --tokenizer sentencepiece --spm-model FILE]
                [--tp N] [--pp N] [--dtype f32|bf16|f16] [--device cpu|cuda]
@@ -66,7 +69,6 @@ perplexity (with --dataset):
   --part NAME        validation (default), test, train, or all of its documents
   --split W,W,W      the train/validation/test weights (default: the data.split the
                      checkpoint's run recorded, else 969,30,1)
-  --seq-len N        predictions per window (default: the run's train.seq_len)
   --max-windows N    only the first N windows (default: all)
 
 zero-shot tasks (with --task, repeatable; tokenizer flags required):
@@ -75,7 +77,10 @@ zero-shot tasks (with --task, repeatable; tokenizer flags required):
   --max-examples N   only the first N examples of each task (default: all)
   --tokenizer ...    the model's tokenizer, as nf-preprocess takes it
 
-layout and output:
+window, layout and output:
+  --seq-len N        predictions per sequence: perplexity's windows, and the most a task
+                     request may have, longer ones losing their oldest context tokens
+                     (default: the run's train.seq_len, else model.max_seq_len)
   --tp N, --pp N     tensor and pipeline parallel sizes (default 1); under mpirun data
                      parallelism takes the remaining ranks
   --dtype NAME       the model's dtype while evaluating (default f32)
@@ -214,9 +219,8 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
   if (flags.tasks.empty() && !flags.tokenizer.tokenizer.empty()) {
     return absl::InvalidArgumentError("tokenizer flags are for --task (perplexity reads tokens)");
   }
-  if (flags.dataset.empty() &&
-      (flags.seq_len > 0 || flags.max_windows > 0 || !flags.split.empty())) {
-    return absl::InvalidArgumentError("--seq-len, --max-windows and --split are for --dataset");
+  if (flags.dataset.empty() && (flags.max_windows > 0 || !flags.split.empty())) {
+    return absl::InvalidArgumentError("--max-windows and --split are for --dataset");
   }
   if (flags.tasks.empty() && (flags.max_examples > 0 || !flags.examples_out.empty())) {
     return absl::InvalidArgumentError("--max-examples and --examples-out are for --task");
@@ -269,7 +273,7 @@ struct Plan {
   nf::checkpoint::Manifest manifest;
   std::string split;
   nf::data::DocumentRange documents;
-  int64_t ppl_seq_len = 0;
+  int64_t seq_len = 0;  // the window: predictions per sequence
   std::vector<nf::eval::PreparedTask> tasks;
 };
 
@@ -279,23 +283,25 @@ absl::StatusOr<Plan> MakePlan(Flags flags) {
   NF_ASSIGN_OR_RETURN(plan.manifest, nf::checkpoint::ReadManifest(plan.checkpoint));
   const nf::model::ModelConfig& model = plan.manifest.model();
   const nf::launcher::TrainConfig recorded = RecordedTrainConfig(plan.manifest);
+  // The positions the model was trained on; a checkpoint that records no run (an import) is
+  // taken at its word, model.max_seq_len.
+  plan.seq_len = flags.seq_len > 0                ? flags.seq_len
+                 : recorded.train().has_seq_len() ? recorded.train().seq_len()
+                                                  : model.max_seq_len();
+  if (plan.seq_len > model.max_seq_len()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--seq-len ", plan.seq_len, " exceeds model.max_seq_len ", model.max_seq_len()));
+  }
   if (!flags.dataset.empty()) {
     plan.split = !flags.split.empty() ? flags.split : recorded.data().split();
     NF_ASSIGN_OR_RETURN(plan.documents, PartDocuments(flags.dataset, flags.part, plan.split));
-    plan.ppl_seq_len = flags.seq_len > 0                ? flags.seq_len
-                       : recorded.train().seq_len() > 0 ? recorded.train().seq_len()
-                                                        : model.max_seq_len();
-    if (plan.ppl_seq_len > model.max_seq_len()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--seq-len ", plan.ppl_seq_len, " exceeds model.max_seq_len ", model.max_seq_len()));
-    }
   }
   if (!flags.tasks.empty()) {
     NF_ASSIGN_OR_RETURN(const std::string helper, nf::eval::ProgramBesideThisOne("nf-tokenize"));
     auto tasks = nf::eval::PrepareTasks(flags.tasks, {.max_examples = flags.max_examples,
                                                       .tokenizer_program = helper,
                                                       .tokenizer = flags.tokenizer,
-                                                      .window = model.max_seq_len(),
+                                                      .window = plan.seq_len,
                                                       .model_vocab = model.vocab_size()});
     // A task file that does not read is bad data, not a bad command line.
     if (!tasks.ok()) return absl::FailedPreconditionError(tasks.status().message());
@@ -356,7 +362,7 @@ absl::Status Evaluate(const Plan& plan, nf::parallel::ProcessGroups& groups) {
     return model;
   };
   if (!flags.dataset.empty()) {
-    NF_ASSIGN_OR_RETURN(loaded, model_for(plan.ppl_seq_len));
+    NF_ASSIGN_OR_RETURN(loaded, model_for(plan.seq_len));
     NF_ASSIGN_OR_RETURN(const nf::eval::DocumentTokens tokens,
                         nf::eval::DocumentTokens::Open(flags.dataset, plan.documents));
     NF_ASSIGN_OR_RETURN(const nf::eval::PerplexityResult result,
@@ -365,7 +371,7 @@ absl::Status Evaluate(const Plan& plan, nf::parallel::ProcessGroups& groups) {
                                                    .part = flags.part,
                                                    .split = flags.part == "all" ? "" : plan.split,
                                                    .documents = plan.documents,
-                                                   .seq_len = plan.ppl_seq_len,
+                                                   .seq_len = plan.seq_len,
                                                    .result = result};
   }
   std::string examples_out;

@@ -36,7 +36,7 @@ struct TaskPreparation {
   int64_t max_examples = 0;       // the first this many examples of each file (0: all)
   std::string tokenizer_program;  // nf-tokenize
   TokenizerFlags tokenizer;
-  int64_t window = 0;       // the longest sequence the model reads: seq_len inputs
+  int64_t window = 0;       // the most predictions a sequence may have (its inputs)
   int64_t model_vocab = 0;  // model.vocab_size: every id must be below it
 };
 

@@ -16,8 +16,10 @@ Checked on one process:
     every task exactly (the test first checks that no prediction rests on a near tie);
   - a LAMBADA last word of several tokens, scored greedily correct (the model learned it) and
     one not; a HellaSwag context long enough to be truncated to the window;
-  - perplexity on the validation part of the split the run recorded: windows and tokens
-    exactly, the loss within TOLERANCE_PER_TOKEN, ppl = exp(loss);
+  - perplexity on the validation part of the split the run recorded, in windows of its
+    train.seq_len: windows and tokens exactly, the loss within TOLERANCE_PER_TOKEN,
+    ppl = exp(loss); for an imported checkpoint (no recorded run) the default split and windows
+    of model.max_seq_len;
   - the JSON's exact structure (keys, in order) and the per-example JSON lines.
 Then the same evaluation on tensor parallel 2, pipeline parallel 2 and data parallel 2 under
 mpirun: the same counts and accuracies, every score within LAYOUT_TOLERANCE of the one-process
@@ -52,7 +54,8 @@ TOLERANCE_PER_TOKEN = 2e-5
 LAYOUT_TOLERANCE = 1e-5
 NEAR_TIE = 1e-3  # predictions closer than this are not asserted: the data must avoid them
 EOT = "<|endoftext|>"
-SEQ = 32  # model.max_seq_len and train.seq_len
+SEQ = 40  # model.max_seq_len
+TRAIN_SEQ = 32  # train.seq_len: the window of perplexity and tasks for a run that records it
 
 SUBJECTS = ["the cat", "the dog", "a bird", "my friend", "the teacher", "a child"]
 VERBS = ["sat on", "looked at", "ran to", "jumped over", "walked past"]
@@ -118,7 +121,7 @@ def write_corpus(path, documents=300, seed=3):
 
 # ---- the task files ------------------------------------------------------------------------------
 
-LONG_CONTEXT = " ".join(["The dog ran to the house."] * 8)  # > SEQ tokens: truncated
+LONG_CONTEXT = " ".join(["The dog ran to the house."] * 8)  # > TRAIN_SEQ tokens: truncated
 
 TASKS = {
     "hellaswag": [
@@ -138,7 +141,7 @@ TASKS = {
         {"goal": "Where did the cat sit?", "sol1": "The cat sat on the mat.",
          "sol2": "Quantum zebras vanish.", "label": 0},
         {"goal": "How to reach the river", "sol1": "Jump over xylophones.",
-         "sol2": "Walk past the house to the river.", "label": 1},
+         "sol2": "Walk to the river.", "label": 1},
         {"goal": "What did the dog do?", "sol1": "The dog ran to the door.",
          "sol2": "It sang opera.", "label": 0},
         {"goal": "Find a tree", "sol1": "Look at a tree.", "sol2": "Ask a teacher.", "label": 1},
@@ -236,7 +239,7 @@ def sequence(tok, eod, context, continuation):
     whole = tok.encode(context + continuation).ids
     tokens = [eod] + context_ids + whole[len(context_ids):]
     scored = len(whole) - len(context_ids)
-    return tokens[-(SEQ + 1):], scored, len(tokens) > SEQ + 1
+    return tokens[-(TRAIN_SEQ + 1):], scored, len(tokens) > TRAIN_SEQ + 1
 
 
 def log_softmax(logits):
@@ -316,7 +319,7 @@ def read_dataset(prefix):
     return docs
 
 
-def reference_perplexity(model, prefix, split):
+def reference_perplexity(model, prefix, split, seq):
     docs = read_dataset(prefix)
     weights = [float(w) for w in split.split(",")]
     weights = [w / sum(weights) for w in weights]
@@ -324,8 +327,8 @@ def reference_perplexity(model, prefix, split):
     end = round(len(docs) * (weights[0] + weights[1]))
     stream = [t for doc in docs[begin:end] for t in doc]
     nll, count, windows = 0.0, 0, 0
-    for start in range(0, len(stream) - 1, SEQ):
-        window = stream[start:start + SEQ + 1]
+    for start in range(0, len(stream) - 1, seq):
+        window = stream[start:start + seq + 1]
         logprobs = log_softmax(model.logits(np.array([window[:-1]]))[0])
         nll -= sum(logprobs[p, window[p + 1]] for p in range(len(window) - 1))
         count += len(window) - 1
@@ -418,6 +421,23 @@ def check_same_as(name, base, base_lines, result, lines):
           f"{loss_difference:.2e} (tolerance {LAYOUT_TOLERANCE:.0e})")
 
 
+def check_imported(tools, work, model, exported):
+    """A checkpoint without a recorded run (an import of the fairseq export): perplexity on the
+    default split's validation part in windows of model.max_seq_len."""
+    run(tools["nf_ckpt"], "import", exported, "--out", work / "imported")
+    out = work / "imported.json"
+    run(tools["nf_eval"], "--checkpoint", work / "imported", "--dataset", work / "corpus", "--out",
+        out)
+    result = json.loads(out.read_text())["perplexity"]
+    expected = reference_perplexity(model, work / "corpus", "969,30,1", SEQ)
+    assert result["split"] == "969,30,1" and result["seq_len"] == SEQ, result
+    for key in ("first_document", "end_document", "windows", "tokens"):
+        assert result[key] == expected[key], (key, result, expected)
+    assert abs(result["loss"] - expected["loss"]) <= TOLERANCE_PER_TOKEN, (result, expected)
+    print(f"imported checkpoint: windows of {SEQ} on split 969,30,1, loss difference "
+          f"{abs(result['loss'] - expected['loss']):.2e}")
+
+
 def check_refusals(tools, work):
     nf_eval = tools["nf_eval"]
     checkpoint = work / "run" / "checkpoints"
@@ -473,7 +493,7 @@ def main():
         (work / "run.pbtxt").write_text(f"""
           model {{ num_layers: 2 d_model: 32 num_heads: 4 ffn_dim: 64 vocab_size: {vocab}
                   max_seq_len: {SEQ} dropout: 0 }}
-          train {{ seq_len: {SEQ} micro_batch_size: 4 global_batch_size: 8 train_iters: 200
+          train {{ seq_len: {TRAIN_SEQ} micro_batch_size: 4 global_batch_size: 8 train_iters: 200
                   optimizer {{ lr: 1e-2 }} lr_schedule {{ warmup_iters: 5 }} }}
           data {{ path: "{work / 'corpus'}" split: "{split}" }}
         """)
@@ -485,17 +505,18 @@ def main():
         model = fairseq_reference.TransformerLM(metadata["fairseq.flags"], tensors)
         tok = hf_tokenizer(work)
         reference = reference_tasks(model, tok, eod)
-        ppl_reference = reference_perplexity(model, work / "corpus", split)
+        ppl_reference = reference_perplexity(model, work / "corpus", split, TRAIN_SEQ)
         lambada = reference["lambada"]["examples"]
         assert any(c[0][1] >= 2 and all(m > NEAR_TIE for m in c[0][3]) for _, c in lambada), \
             "no LAMBADA word of several tokens predicted greedily: retrain or change the data"
         assert any(not all(m > 0 for m in c[0][3]) for _, c in lambada)
 
-        tools = {"nf_eval": nf_eval, "mpirun": mpirun, "task_files": write_tasks(work)}
+        tools = {"nf_eval": nf_eval, "nf_ckpt": nf_ckpt, "mpirun": mpirun,
+                 "task_files": write_tasks(work)}
         base, base_lines, table = evaluate(tools, work, "one")
         print(table)
         check_structure(base, base_lines)
-        assert base["perplexity"]["split"] == split and base["perplexity"]["seq_len"] == SEQ
+        assert base["perplexity"]["split"] == split and base["perplexity"]["seq_len"] == TRAIN_SEQ
         check_against_reference(base, base_lines, reference, ppl_reference)
         for name, layout in [("tensor parallel 2", ["--tp", "2"]),
                              ("pipeline parallel 2", ["--pp", "2"]),
@@ -507,6 +528,7 @@ def main():
             assert sizes == {"tensor parallel 2": (2, 1, 1), "pipeline parallel 2": (1, 2, 1),
                              "data parallel 2": (1, 1, 2)}[name], sizes
             check_same_as(name, base, base_lines, result, lines)
+        check_imported(tools, work, model, exported)
         check_refusals(tools, work)
     print("OK")
 
