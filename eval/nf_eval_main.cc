@@ -35,6 +35,7 @@
 #include "absl/strings/str_cat.h"
 #include "checkpoint/load.h"
 #include "checkpoint/save.h"
+#include "core/ops/backend.h"
 #include "core/status.h"
 #include "data/splits.h"
 #include "eval/eval_model.h"
@@ -421,6 +422,11 @@ int Run(int argc, char** argv) {
   absl::StatusOr<Flags> flags = ParseFlags(argc, argv);
   if (!flags.ok()) return UsageError(std::string(flags.status().message()));
   const int tp = flags->tp, pp = flags->pp;
+  if (flags->cuda && nf::ops::GpuCount() == 0) {
+    return UsageError(
+        "--device cuda, but this process sees no GPU (a build without nvcc has no CUDA backend; "
+        "else check nvidia-smi and CUDA_VISIBLE_DEVICES)");
+  }
   // Before MPI: reading the checkpoint's manifest, the task files and the dataset's index, and
   // tokenizing in a child process. Every rank does the same and meets the same errors.
   absl::StatusOr<Plan> plan = MakePlan(*std::move(flags));

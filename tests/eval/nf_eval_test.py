@@ -471,6 +471,25 @@ def check_refusals(tools, work):
     print(f"{len(cases)} refusals, each naming the problem")
 
 
+def check_helper(tools, work):
+    """nf-eval never loads SentencePiece and nf-tokenize never loads protobuf (the two protobufs
+    crash one process: data/CMakeLists.txt); nf-tokenize refuses a malformed texts file."""
+    nf_eval = pathlib.Path(tools["nf_eval"])
+    nf_tokenize = nf_eval.parent / "nf-tokenize"
+    assert "sentencepiece" not in run("ldd", nf_eval).stdout
+    assert "protobuf" not in run("ldd", nf_tokenize).stdout
+    texts = work / "texts"
+    texts.write_bytes(b"5\nhello\n0\n\n")
+    tokenizer = ["--tokenizer", "gpt2", "--vocab-file", work / "vocab.json", "--merges-file",
+                 work / "merges.txt"]
+    lines = run(nf_tokenize, *tokenizer, "--texts", texts).stdout.split("\n")
+    assert lines[0].startswith("vocab_size ") and lines[2:] == ["", ""], lines
+    texts.write_bytes(b"9\nhello\n")
+    result = run(nf_tokenize, *tokenizer, "--texts", texts, check=False)
+    assert result.returncode == 1 and "a malformed record at byte 0" in result.stderr, result
+    print("nf-eval without SentencePiece, nf-tokenize without protobuf; protocol checked")
+
+
 def write_tokenizer_with_extra(work, size):
     """A tokenizer whose vocabulary (`size` entries) exceeds the model's."""
     sym = bytes_to_unicode()
@@ -529,6 +548,7 @@ def main():
                              "data parallel 2": (1, 1, 2)}[name], sizes
             check_same_as(name, base, base_lines, result, lines)
         check_imported(tools, work, model, exported)
+        check_helper(tools, work)
         check_refusals(tools, work)
     print("OK")
 
