@@ -81,7 +81,7 @@ absl::StatusOr<std::vector<std::vector<TokenScore>>> EvalModel::ScoreTokens(
   // Per scored token: this slice's maximum, then (sum of exponentials, target logit).
   NF_ASSIGN_OR_RETURN(const Tensor maxima, Tensor::HostZeros(DType::kF64, {scored}));
   NF_ASSIGN_OR_RETURN(const Tensor sums, Tensor::HostZeros(DType::kF64, {2 * scored}));
-  std::vector<std::vector<float>> rows;  // per span: [tokens, slice] logits on the host
+  std::vector<std::vector<float>> span_logits;  // per span: [tokens, slice] on the host
   int64_t k = 0;
   for (const Span& span : spans) {
     const int64_t n = static_cast<int64_t>(span.targets.size());
@@ -94,13 +94,13 @@ absl::StatusOr<std::vector<std::vector<TokenScore>>> EvalModel::ScoreTokens(
       for (int64_t c = 0; c < valid; ++c) best = std::max<double>(best, values[i * slice + c]);
       maxima.data<double>()[k] = best;
     }
-    rows.push_back(std::move(values));
+    span_logits.push_back(std::move(values));
   }
   NF_RETURN_IF_ERROR(rank_.groups->tp->AllReduce(maxima, parallel::ReduceOp::kMax));
   k = 0;
   for (size_t s = 0; s < spans.size(); ++s) {
     for (size_t i = 0; i < spans[s].targets.size(); ++i, ++k) {
-      const float* row = rows[s].data() + i * slice;
+      const float* row = span_logits[s].data() + i * slice;
       const double best = maxima.data<double>()[k];
       double sum = 0.0;
       for (int64_t c = 0; c < valid; ++c) sum += std::exp(static_cast<double>(row[c]) - best);

@@ -320,28 +320,52 @@ absl::Status WriteFile(const std::string& path, const std::string& text) {
   return absl::OkStatus();
 }
 
-// The evaluation on this rank of the layout; rank 0 prints and writes the results.
-absl::Status Evaluate(const Plan& plan, nf::parallel::ProcessGroups& groups) {
-  const Flags& flags = plan.flags;
-  const nf::parallel::Topology& topology = groups.topology;
+// The device of this rank and the communicators for its device tensors: NCCL over the groups on
+// a multi-process GPU job (kept in `device_groups`), else the groups themselves.
+absl::StatusOr<nf::eval::EvalRank> RankOf(const Flags& flags, nf::parallel::ProcessGroups& groups,
+                                          nf::parallel::DeviceGroups& device_groups) {
   nf::launcher::TrainOptions device_options;
   device_options.set_device(flags.cuda ? nf::launcher::TrainOptions::CUDA
                                        : nf::launcher::TrainOptions::CPU);
   NF_ASSIGN_OR_RETURN(const nf::Device device,
-                      nf::launcher::TrainingDevice(device_options, topology));
-  nf::parallel::DeviceGroups device_groups;
+                      nf::launcher::TrainingDevice(device_options, groups.topology));
 #if NF_WITH_CUDA
-  if (device.type == nf::DeviceType::kCuda && topology.world_size() > 1) {
+  if (device.type == nf::DeviceType::kCuda && groups.topology.world_size() > 1) {
     NF_ASSIGN_OR_RETURN(device_groups, nf::parallel::CreateDeviceGroups(groups, device));
   }
 #endif
-  const nf::eval::EvalRank rank = {
+  return nf::eval::EvalRank{
       .groups = &groups,
       .device_tp = device_groups.tp ? device_groups.tp.get() : groups.tp.get(),
       .device_pp = device_groups.pp ? device_groups.pp.get() : groups.pp.get(),
       .device = device};
-  const nf::model::ModelConfig& config = plan.manifest.model();
+}
 
+// One task's entry of the report from its sequences' scores, and its examples' JSON lines.
+void AddTaskResults(const nf::eval::PreparedTask& task,
+                    const std::vector<nf::eval::SequenceScore>& scores,
+                    nf::eval::EvalReport& report, std::string& example_lines) {
+  const std::vector<nf::eval::ScoredExample> examples = nf::eval::ScoredExamples(task, scores);
+  nf::eval::TaskReport& entry = report.tasks.emplace_back();
+  entry.kind = task.kind;
+  entry.file = task.file;
+  entry.truncated = task.truncated();
+  if (nf::eval::IsMultipleChoice(task.kind)) {
+    entry.multiple_choice = nf::eval::ScoreMultipleChoice(examples);
+  } else {
+    entry.last_word = nf::eval::ScoreLastWord(examples);
+  }
+  for (size_t e = 0; e < examples.size(); ++e) {
+    example_lines += nf::eval::ExampleLine(task.kind, static_cast<int64_t>(e), examples[e]);
+  }
+}
+
+// The evaluation on this rank of the layout; rank 0 prints and writes the results.
+absl::Status Evaluate(const Plan& plan, nf::parallel::ProcessGroups& groups) {
+  const Flags& flags = plan.flags;
+  const nf::parallel::Topology& topology = groups.topology;
+  nf::parallel::DeviceGroups device_groups;
+  NF_ASSIGN_OR_RETURN(const nf::eval::EvalRank rank, RankOf(flags, groups, device_groups));
   nf::eval::EvalReport report;
   report.checkpoint = plan.checkpoint.string();
   report.step = plan.manifest.step();
@@ -349,17 +373,15 @@ absl::Status Evaluate(const Plan& plan, nf::parallel::ProcessGroups& groups) {
   report.pipeline_parallel = topology.pp();
   report.data_parallel = topology.dp();
   report.dtype = std::string(nf::DTypeName(flags.dtype));
+
   // Each phase has a model shaped for its sequences; the second copies the first's parameters.
   std::unique_ptr<nf::eval::EvalModel> loaded;
   const auto model_for =
       [&](int64_t seq_len) -> absl::StatusOr<std::unique_ptr<nf::eval::EvalModel>> {
-    NF_ASSIGN_OR_RETURN(auto model, nf::eval::EvalModel::Create(config, flags.dtype,
+    NF_ASSIGN_OR_RETURN(auto model, nf::eval::EvalModel::Create(plan.manifest.model(), flags.dtype,
                                                                 flags.batch_size, seq_len, rank));
-    if (loaded) {
-      NF_RETURN_IF_ERROR(model->CopyParameters(*loaded));
-    } else {
-      NF_RETURN_IF_ERROR(model->Load(plan.checkpoint, plan.manifest));
-    }
+    NF_RETURN_IF_ERROR(loaded ? model->CopyParameters(*loaded)
+                              : model->Load(plan.checkpoint, plan.manifest));
     return model;
   };
   if (!flags.dataset.empty()) {
@@ -375,40 +397,27 @@ absl::Status Evaluate(const Plan& plan, nf::parallel::ProcessGroups& groups) {
                                                    .seq_len = plan.seq_len,
                                                    .result = result};
   }
-  std::string examples_out;
+  std::string example_lines;
   if (!plan.tasks.empty()) {
-    NF_ASSIGN_OR_RETURN(auto model, model_for(nf::eval::LongestInput(plan.tasks)));
-    loaded = std::move(model);
+    // Every task's sequences in one stream of micro-batches.
+    NF_ASSIGN_OR_RETURN(loaded, model_for(nf::eval::LongestInput(plan.tasks)));
     std::vector<nf::eval::ScoredSequence> sequences;
     for (const nf::eval::PreparedTask& task : plan.tasks) {
       sequences.insert(sequences.end(), task.sequences.begin(), task.sequences.end());
     }
     NF_ASSIGN_OR_RETURN(const std::vector<nf::eval::SequenceScore> scores,
                         nf::eval::ScoreSequences(*loaded, groups, sequences));
-    size_t next = 0;
+    auto next = scores.begin();
     for (const nf::eval::PreparedTask& task : plan.tasks) {
-      const std::vector<nf::eval::SequenceScore> own(scores.begin() + next,
-                                                     scores.begin() + next + task.sequences.size());
-      next += task.sequences.size();
-      const std::vector<nf::eval::ScoredExample> examples = nf::eval::ScoredExamples(task, own);
-      nf::eval::TaskReport& entry = report.tasks.emplace_back();
-      entry.kind = task.kind;
-      entry.file = task.file;
-      entry.truncated = task.truncated();
-      if (nf::eval::IsMultipleChoice(task.kind)) {
-        entry.multiple_choice = nf::eval::ScoreMultipleChoice(examples);
-      } else {
-        entry.last_word = nf::eval::ScoreLastWord(examples);
-      }
-      for (size_t e = 0; e < examples.size(); ++e) {
-        examples_out += nf::eval::ExampleLine(task.kind, static_cast<int64_t>(e), examples[e]);
-      }
+      const auto end = next + static_cast<std::ptrdiff_t>(task.sequences.size());
+      AddTaskResults(task, std::vector<nf::eval::SequenceScore>(next, end), report, example_lines);
+      next = end;
     }
   }
   if (topology.world_rank() != 0) return absl::OkStatus();
   std::cout << nf::eval::ReportTable(report);
   if (!flags.out.empty()) NF_RETURN_IF_ERROR(WriteFile(flags.out, nf::eval::ReportJson(report)));
-  if (!flags.examples_out.empty()) NF_RETURN_IF_ERROR(WriteFile(flags.examples_out, examples_out));
+  if (!flags.examples_out.empty()) NF_RETURN_IF_ERROR(WriteFile(flags.examples_out, example_lines));
   return absl::OkStatus();
 }
 
