@@ -12,10 +12,9 @@
 
 namespace nf::eval {
 
-absl::StatusOr<std::unique_ptr<EvalModel>> EvalModel::Create(const model::ModelConfig& config,
-                                                             DType dtype, int64_t rows,
-                                                             int64_t seq_len,
-                                                             const EvalRank& rank) {
+absl::StatusOr<std::unique_ptr<model::NormFormerModel>> CreateStageModel(
+    const model::ModelConfig& config, DType dtype, int64_t rows, int64_t seq_len,
+    const EvalRank& rank) {
   const parallel::Topology& topology = rank.groups->topology;
   const int stages = topology.pp();
   if (stages > config.num_layers()) {
@@ -24,12 +23,7 @@ absl::StatusOr<std::unique_ptr<EvalModel>> EvalModel::Create(const model::ModelC
   }
   const auto [layer_begin, layer_end] =
       parallel::StageLayers(config.num_layers(), stages)[topology.pp_rank()];
-  std::unique_ptr<EvalModel> eval(new EvalModel());
-  eval->rank_ = rank;
-  eval->rows_ = rows;
-  eval->seq_len_ = seq_len;
-  NF_ASSIGN_OR_RETURN(eval->model_, model::NormFormerModel::Create(
-                                        config, {.dtype = dtype,
+  return model::NormFormerModel::Create(config, {.dtype = dtype,
                                                  .micro_batch = rows,
                                                  .seq_len = seq_len,
                                                  .device = rank.device,
@@ -37,7 +31,18 @@ absl::StatusOr<std::unique_ptr<EvalModel>> EvalModel::Create(const model::ModelC
                                                  .pipeline = {.stage = topology.pp_rank(),
                                                               .num_stages = stages,
                                                               .layer_begin = layer_begin,
-                                                              .layer_end = layer_end}}));
+                                                              .layer_end = layer_end}});
+}
+
+absl::StatusOr<std::unique_ptr<EvalModel>> EvalModel::Create(const model::ModelConfig& config,
+                                                             DType dtype, int64_t rows,
+                                                             int64_t seq_len,
+                                                             const EvalRank& rank) {
+  std::unique_ptr<EvalModel> eval(new EvalModel());
+  eval->rank_ = rank;
+  eval->rows_ = rows;
+  eval->seq_len_ = seq_len;
+  NF_ASSIGN_OR_RETURN(eval->model_, CreateStageModel(config, dtype, rows, seq_len, rank));
   if (!eval->model_->placement().first()) {
     NF_ASSIGN_OR_RETURN(eval->received_,
                         ops::Zeros(dtype, {rows * seq_len, config.d_model()}, rank.device));

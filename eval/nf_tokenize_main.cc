@@ -6,6 +6,11 @@
 //   nf-tokenize --tokenizer gpt2 --vocab-file vocab.json --merges-file merges.txt
 //               [--parse-special-tokens] --texts FILE
 //   nf-tokenize --tokenizer sentencepiece --spm-model FILE --texts FILE
+//   nf-tokenize [tokenizer flags] --decode
+//
+// --decode serves nf-generate (generate/text_decoder.h) for as long as it runs: each line of ids
+// (separated by single spaces) read from standard input is answered on standard output, at once,
+// with its text as one record "<bytes>\n<text>\n" (Tokenizer::Decode).
 //
 // Exit codes: 0 done, 1 a tokenizer or texts file that cannot be read, 2 bad command line.
 #include <cstdio>
@@ -15,10 +20,12 @@
 #include <iterator>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "data/gpt2_bpe.h"
 #include "data/sentencepiece_tokenizer.h"
 #include "eval/tokenizer_protocol.h"
@@ -30,8 +37,12 @@ constexpr char kUsage[] =
                    [--parse-special-tokens] --texts FILE
        nf-tokenize --tokenizer sentencepiece --spm-model FILE --texts FILE
 
+       nf-tokenize [tokenizer flags] --decode
+
 nf-eval's helper: writes the token ids of every text of FILE (records "<bytes>\n<text>\n") to
 standard output, one line per text after a line "vocab_size V end_of_document E".
+With --decode (nf-generate's helper): answers each line of ids on standard input with the
+record of its text.
 )";
 
 int Usage(const std::string& message) {
@@ -86,9 +97,34 @@ absl::Status EncodeTexts(const nf::data::Tokenizer& tokenizer, const std::string
   return absl::OkStatus();
 }
 
+// Answers each line of ids on standard input with its text's record, until end of input.
+absl::Status DecodeLines(const nf::data::Tokenizer& tokenizer) {
+  std::string line;
+  while (std::getline(std::cin, line)) {
+    std::vector<int32_t> ids;
+    for (const absl::string_view field : absl::StrSplit(line, ' ', absl::SkipEmpty())) {
+      int32_t id = 0;
+      if (!absl::SimpleAtoi(field, &id)) {
+        return absl::InvalidArgumentError(absl::StrCat("--decode: '", field, "' is not an id"));
+      }
+      ids.push_back(id);
+    }
+    auto text = tokenizer.Decode(ids);
+    if (!text.ok()) return text.status();
+    std::string record;
+    nf::eval::AppendTextRecord(*text, record);
+    if (std::fwrite(record.data(), 1, record.size(), stdout) != record.size() ||
+        std::fflush(stdout) != 0) {
+      return absl::UnavailableError("cannot write a decoded text to standard output");
+    }
+  }
+  return absl::OkStatus();
+}
+
 int Run(int argc, char** argv) {
   nf::eval::TokenizerFlags flags;
   std::string texts;
+  bool decode = false;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg == "--help" || arg == "-h") {
@@ -97,6 +133,10 @@ int Run(int argc, char** argv) {
     }
     if (arg == "--parse-special-tokens") {
       flags.parse_special_tokens = true;
+      continue;
+    }
+    if (arg == "--decode") {
+      decode = true;
       continue;
     }
     std::string* value = nullptr;
@@ -109,13 +149,16 @@ int Run(int argc, char** argv) {
     if (i + 1 >= argc) return Usage(arg + " needs a value");
     *value = argv[++i];
   }
-  if (texts.empty()) return Usage("--texts is required");
+  if (texts.empty() == !decode) return Usage("give one of --texts and --decode");
   if (const absl::Status s = nf::eval::CheckTokenizerFlags(flags); !s.ok()) {
     return Usage(std::string(s.message()));
   }
   const auto tokenizer = MakeTokenizer(flags);
   if (!tokenizer.ok()) return Fail(tokenizer.status());
-  if (const absl::Status s = EncodeTexts(**tokenizer, texts); !s.ok()) return Fail(s);
+  if (const absl::Status s = decode ? DecodeLines(**tokenizer) : EncodeTexts(**tokenizer, texts);
+      !s.ok()) {
+    return Fail(s);
+  }
   return 0;
 }
 

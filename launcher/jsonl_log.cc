@@ -153,6 +153,17 @@ JsonObject& JsonObject::AddDoubleArray(absl::string_view key, absl::Span<const d
   return *this;
 }
 
+JsonObject& JsonObject::AddIntArray(absl::string_view key, absl::Span<const int32_t> values) {
+  AddKey(key);
+  members_.push_back('[');
+  for (size_t i = 0; i < values.size(); ++i) {
+    if (i > 0) members_.push_back(',');
+    absl::StrAppend(&members_, values[i]);
+  }
+  members_.push_back(']');
+  return *this;
+}
+
 JsonObject& JsonObject::AddObject(absl::string_view key, const JsonObject& value) {
   AddKey(key);
   members_.append(value.ToString());

@@ -27,6 +27,8 @@ class JsonObject {
   JsonObject& AddBool(absl::string_view key, bool value);
   // [v0, v1, ...], each element written as AddDouble writes a value.
   JsonObject& AddDoubleArray(absl::string_view key, absl::Span<const double> values);
+  // [v0, v1, ...] of integers (token ids).
+  JsonObject& AddIntArray(absl::string_view key, absl::Span<const int32_t> values);
   // A nested object: "key":{...} with `value`'s members.
   JsonObject& AddObject(absl::string_view key, const JsonObject& value);
 

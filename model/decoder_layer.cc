@@ -153,7 +153,8 @@ ops::DropoutSpec DecoderLayer::Dropout(DropoutKind kind, const Step& step) const
 }
 
 absl::Status DecoderLayer::Forward(const Tensor& x, const Tensor& y, const Step& step,
-                                   LayerActivations& acts, LayerScratch& scratch) const {
+                                   LayerActivations& acts, LayerScratch& scratch,
+                                   const LayerKvCache* cache) const {
   const LayerParams& p = params_;
   const LayerShape& s = shape_;
   const float eps = options_.eps;
@@ -168,14 +169,28 @@ absl::Status DecoderLayer::Forward(const Tensor& x, const Tensor& y, const Step&
         LinearForward(acts.attn_in_norm, *weights[i], *biases[i], scratch.local_tokens[i]));
     NF_RETURN_IF_ERROR(ops::SplitHeads(scratch.local_tokens[i], *heads[i]));
   }
-  NF_RETURN_IF_ERROR(ops::AttentionForward(
-      {.q = acts.q,
-       .k = acts.k,
-       .v = acts.v,
-       .out = acts.attn,
-       .lse = acts.lse,
-       .scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(s.head_dim))),
-       .dropout = Dropout(DropoutKind::kAttentionProbs, step)}));
+  const float attention_scale =
+      static_cast<float>(1.0 / std::sqrt(static_cast<double>(s.head_dim)));
+  if (cache != nullptr) {
+    if (step.train) return absl::InvalidArgumentError("a KV-cache forward cannot train");
+    NF_RETURN_IF_ERROR(ops::KvCacheAttention({.q = acts.q,
+                                              .k = acts.k,
+                                              .v = acts.v,
+                                              .k_cache = cache->k,
+                                              .v_cache = cache->v,
+                                              .out = acts.attn,
+                                              .past = cache->past,
+                                              .scale = attention_scale}));
+  } else {
+    NF_RETURN_IF_ERROR(
+        ops::AttentionForward({.q = acts.q,
+                               .k = acts.k,
+                               .v = acts.v,
+                               .out = acts.attn,
+                               .lse = acts.lse,
+                               .scale = attention_scale,
+                               .dropout = Dropout(DropoutKind::kAttentionProbs, step)}));
+  }
   const bool scale_before = options_.scale_heads && options_.heads_before_out_proj;
   const bool scale_after = options_.scale_heads && !options_.heads_before_out_proj;
   const Tensor& head_output = scale_before ? scratch.heads[0] : acts.attn;

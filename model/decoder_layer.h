@@ -82,6 +82,13 @@ struct LayerScratch {
   static absl::StatusOr<LayerScratch> Allocate(const LayerShape& shape);
 };
 
+// One layer's keys and values of the tokens decoded so far (incremental decoding): k, v
+// [batch, local heads, capacity, head_dim] in the model dtype, rows [0, past) filled.
+struct LayerKvCache {
+  Tensor k, v;
+  int64_t past = 0;
+};
+
 // Dropout randomness is keyed by (seed, site): site 0 is the embedding dropout, layer l's
 // four dropouts are sites 1 + 4 l + kind.
 enum class DropoutKind : uint32_t {
@@ -110,9 +117,12 @@ class DecoderLayer {
     bool train = true;
   };
 
-  // x [T, d] -> y [T, d] (y must not alias x), filling `acts`.
+  // x [T, d] -> y [T, d] (y must not alias x), filling `acts`. With `cache` (inference only:
+  // no dropout, acts.lse unset, no Backward), x holds the next seq tokens of each sample after
+  // the cache->past already cached: their keys and values join the cache (the caller advances
+  // past) and they attend every cached token before them.
   absl::Status Forward(const Tensor& x, const Tensor& y, const Step& step, LayerActivations& acts,
-                       LayerScratch& scratch) const;
+                       LayerScratch& scratch, const LayerKvCache* cache = nullptr) const;
   // dy [T, d] -> dx [T, d] (no aliasing), from the x and acts of the matching Forward;
   // parameter gradients accumulate into the fp32 main grads.
   absl::Status Backward(const Tensor& x, const Tensor& dy, const Tensor& dx, const Step& step,

@@ -206,7 +206,7 @@ absl::StatusOr<NormFormerModel::InFlight*> NormFormerModel::Acquire(int micro_ba
   return acquired;
 }
 
-absl::Status NormFormerModel::EmbedForward(InFlight& mb) {
+absl::Status NormFormerModel::EmbedForward(InFlight& mb, int64_t first_token) {
   const Tensor& x = mb.hidden[0];
   const int64_t d = shape_.d_model, seq = shape_.seq;
   NF_RETURN_IF_ERROR(ops::EmbeddingForward({.ids = mb.ids,
@@ -219,12 +219,13 @@ absl::Status NormFormerModel::EmbedForward(InFlight& mb) {
   if (config_.scale_embedding()) {
     NF_RETURN_IF_ERROR(ops::Scale(x, static_cast<float>(std::sqrt(static_cast<double>(d)))));
   }
-  // Token t of every sample gets position t + first_position: the learned table's row of that
-  // number, or the sinusoidal table's row t (which starts at first_position).
-  NF_ASSIGN_OR_RETURN(const Tensor positions,
-                      params_.embed_positions.defined()
-                          ? params_.embed_positions.value.Slice(config_.first_position(), seq)
-                          : positions_.Slice(0, seq));
+  // Token t of every sample gets position first_token + t + first_position: the learned table's
+  // row of that number, or the sinusoidal table's row first_token + t (which starts at
+  // first_position).
+  NF_ASSIGN_OR_RETURN(const Tensor positions, params_.embed_positions.defined()
+                                                  ? params_.embed_positions.value.Slice(
+                                                        config_.first_position() + first_token, seq)
+                                                  : positions_.Slice(first_token, seq));
   for (int64_t b = 0; b < shape_.batch; ++b) {
     NF_ASSIGN_OR_RETURN(const Tensor sample, x.Slice(b * seq, seq));
     NF_RETURN_IF_ERROR(ops::Axpy(1.0f, positions, sample));
@@ -262,7 +263,7 @@ absl::Status NormFormerModel::Backward(float loss_weight) {
 }
 
 absl::Status NormFormerModel::CheckStageInputs(const Tensor* input_ids, const Tensor* input_hidden,
-                                               const Tensor& targets) const {
+                                               const Tensor* targets) const {
   const Shape expected{shape_.batch, shape_.seq};
   const auto check_ids = [&](absl::string_view what, const Tensor* ids) -> absl::Status {
     if (ids != nullptr && ids->shape() == expected && ids->dtype() == DType::kI32) {
@@ -277,7 +278,7 @@ absl::Status NormFormerModel::CheckStageInputs(const Tensor* input_ids, const Te
   } else {
     NF_RETURN_IF_ERROR(CheckHiddenShape("input_hidden", input_hidden));
   }
-  if (placement().last()) NF_RETURN_IF_ERROR(check_ids("targets", &targets));
+  if (placement().last() && targets != nullptr) NF_RETURN_IF_ERROR(check_ids("targets", targets));
   return absl::OkStatus();
 }
 
@@ -297,7 +298,7 @@ absl::StatusOr<const Tensor*> NormFormerModel::ForwardStage(int micro_batch,
                                                             const Tensor* input_hidden,
                                                             const Tensor& targets,
                                                             uint64_t first_sample, bool train) {
-  NF_RETURN_IF_ERROR(CheckStageInputs(input_ids, input_hidden, targets));
+  NF_RETURN_IF_ERROR(CheckStageInputs(input_ids, input_hidden, &targets));
   NF_ASSIGN_OR_RETURN(InFlight* const mb, Acquire(micro_batch));
   const int64_t t = shape_.tokens();
   mb->step = {.first_sample = first_sample, .seed = options_.seed, .train = train};
@@ -361,10 +362,11 @@ void NormFormerModel::DiscardForward(int micro_batch) {
   in_flight_.erase(it);
 }
 
-absl::Status NormFormerModel::LayersForward(InFlight& mb) {
+absl::Status NormFormerModel::LayersForward(InFlight& mb, bool use_kv_cache) {
   for (size_t l = 0; l < layers_.size(); ++l) {
-    const absl::Status status = layers_[l].Forward(
-        mb.hidden[l], mb.hidden[l + 1], mb.step, ActivationsOf(mb, static_cast<int>(l)), scratch_);
+    const absl::Status status = layers_[l].Forward(mb.hidden[l], mb.hidden[l + 1], mb.step,
+                                                   ActivationsOf(mb, static_cast<int>(l)), scratch_,
+                                                   use_kv_cache ? &kv_caches_[l] : nullptr);
     if (!status.ok()) {
       return WithContext(status, absl::StrCat("decoder layer ", layers_[l].index(), " forward"));
     }
@@ -394,7 +396,7 @@ absl::Status NormFormerModel::LayersBackward(InFlight& mb, const GradsDoneFrom& 
   return absl::OkStatus();
 }
 
-absl::Status NormFormerModel::HeadForward(InFlight& mb) {
+absl::Status NormFormerModel::LogitsForward(InFlight& mb) {
   NF_RETURN_IF_ERROR(ops::LayerNormForward({.x = mb.hidden.back(),
                                             .weight = params_.final_norm_weight.value,
                                             .bias = params_.final_norm_bias.value,
@@ -402,8 +404,11 @@ absl::Status NormFormerModel::HeadForward(InFlight& mb) {
                                             .mean = mb.final_mean,
                                             .rstd = mb.final_rstd,
                                             .eps = config_.layer_norm_eps()}));
-  NF_RETURN_IF_ERROR(
-      ops::Gemm({.a = mb.final_norm, .b = HeadWeight().value, .c = mb.logits, .trans_b = true}));
+  return ops::Gemm({.a = mb.final_norm, .b = HeadWeight().value, .c = mb.logits, .trans_b = true});
+}
+
+absl::Status NormFormerModel::HeadForward(InFlight& mb) {
+  NF_RETURN_IF_ERROR(LogitsForward(mb));
   // Vocab-parallel cross-entropy: the global row max, then the sums of exponentials against it
   // and the target logit (held by one slice, 0 elsewhere), all-reduced together.
   const ops::CrossEntropyArgs loss_args = LossArgs(mb);

@@ -117,6 +117,17 @@ class NormFormerModel {
   // [T, d]: the gradient of the last BackwardStage's input hidden state (non-first stages),
   // valid until the next BackwardStage.
   const Tensor& input_grad() const { return grad_a_; }
+  // ---- Incremental decoding (generation; model/normformer_kv_cache.cc). StartKvCache allocates
+  // (or empties) a key/value cache per layer of this stage, [micro_batch, local heads, capacity,
+  // head_dim] each, capacity <= max_seq_len. Each ForwardCached then runs the next seq_len tokens
+  // of every sample at positions cached_tokens() + t: they attend everything cached before them
+  // and join the cache. Inputs and output as ForwardStage's (no targets, no loss, no dropout):
+  // the last stage's logits() holds their [micro_batch * seq_len, V_pad / tp] rows. Every stage
+  // of a pipeline runs the same ForwardCached calls in the same order.
+  absl::Status StartKvCache(int64_t capacity);
+  absl::StatusOr<const Tensor*> ForwardCached(const Tensor* input_ids, const Tensor* input_hidden);
+  int64_t cached_tokens() const { return cached_tokens_; }
+
   // Micro-batches forwarded and not yet backwarded, now and at most since creation.
   int in_flight() const { return static_cast<int>(in_flight_.size()); }
   int peak_in_flight() const { return peak_in_flight_; }
@@ -182,14 +193,18 @@ class NormFormerModel {
   // The activations for a new forward of `micro_batch`: its own if in flight, else pooled ones.
   absl::StatusOr<InFlight*> Acquire(int micro_batch);
   absl::Status CheckWholeModel(absl::string_view method) const;
+  // targets: null when there are none (ForwardCached).
   absl::Status CheckStageInputs(const Tensor* input_ids, const Tensor* input_hidden,
-                                const Tensor& targets) const;
+                                const Tensor* targets) const;
   absl::Status CheckHiddenShape(absl::string_view what, const Tensor* hidden) const;
-  absl::Status LayersForward(InFlight& mb);
+  // With use_kv_cache, each layer reads and extends its kv_caches_ entry.
+  absl::Status LayersForward(InFlight& mb, bool use_kv_cache = false);
   absl::Status LayersBackward(InFlight& mb, const GradsDoneFrom& grads_done_from);
-  absl::Status HeadForward(InFlight& mb);
+  absl::Status HeadForward(InFlight& mb);    // LogitsForward, then the loss
+  absl::Status LogitsForward(InFlight& mb);  // the final LayerNorm and the LM head
   absl::Status HeadBackward(InFlight& mb, float loss_weight);
-  absl::Status EmbedForward(InFlight& mb);
+  // Token t of each sample sits at position first_token + t (0 except for ForwardCached).
+  absl::Status EmbedForward(InFlight& mb, int64_t first_token = 0);
   absl::Status EmbedBackward(InFlight& mb);
   ops::DropoutSpec EmbeddingDropout(const DecoderLayer::Step& step) const;
   const Param& HeadWeight() const;  // the embedding when tied, else output_projection
@@ -227,6 +242,9 @@ class NormFormerModel {
   Tensor dloss_;            // the last stage's [T] fp32 loss weights
   Tensor loss_totals_;      // the last stage's f64 [2]: loss sum and tokens, until TakeLossSum
   Tensor grad_a_, grad_b_;  // [T, d] residual-stream gradients
+
+  std::vector<LayerKvCache> kv_caches_;  // per stage layer, after StartKvCache
+  int64_t cached_tokens_ = 0;            // per sample, in every cache
 };
 
 }  // namespace nf::model

@@ -2,6 +2,7 @@
 // pair per task: the [seq, seq] score matrix through sgemm, then a masked row softmax, Philox
 // dropout and a second sgemm. The backward recomputes the probabilities from the saved
 // log-sum-exp, as flash attention does, so only O(seq) floats per row are kept between passes.
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -133,6 +134,41 @@ void AttentionBackwardTyped(const ops::AttentionBackwardArgs& args) {
   });
 }
 
+// Per (batch, head): the new rows appended to the caches, then the new queries' [new, past +
+// new] scores through sgemm and the masked softmax with AttentionForwardTyped's arithmetic.
+template <typename T>
+void KvCacheAttentionTyped(const ops::KvCacheAttentionArgs& args) {
+  const int64_t batch = args.q.dim(0), heads = args.q.dim(1);
+  const int64_t fresh = args.q.dim(2), dim = args.q.dim(3), n = fresh * dim;
+  const int64_t capacity = args.k_cache.dim(2), keys = args.past + fresh;
+  ParallelFor(batch * heads, 4 * fresh * keys * dim, [&](int64_t begin, int64_t end) {
+    std::vector<float> q_buf, k_buf, v_buf, scores(fresh * keys), out(n);
+    for (int64_t bh = begin; bh < end; ++bh) {
+      T* k_cache = args.k_cache.data<T>() + bh * capacity * dim;
+      T* v_cache = args.v_cache.data<T>() + bh * capacity * dim;
+      std::copy_n(args.k.data<T>() + bh * n, n, k_cache + args.past * dim);
+      std::copy_n(args.v.data<T>() + bh * n, n, v_cache + args.past * dim);
+      const float* q = LoadHead<T>(args.q, bh, n, q_buf);
+      const float* k = AsFloat(k_cache, keys * dim, k_buf);
+      const float* v = AsFloat(v_cache, keys * dim, v_buf);
+      MatMul(false, true, fresh, keys, dim, args.scale, q, k, scores.data());
+      for (int64_t i = 0; i < fresh; ++i) {
+        float* row = scores.data() + i * keys;
+        const int64_t visible = args.past + i + 1;
+        float max = kNegInf;
+        for (int64_t j = 0; j < visible; ++j) max = std::max(max, row[j]);
+        double sum = 0.0;
+        for (int64_t j = 0; j < visible; ++j) sum += std::exp(static_cast<double>(row[j] - max));
+        const float lse = max + static_cast<float>(std::log(sum));
+        for (int64_t j = 0; j < visible; ++j) row[j] = std::exp(row[j] - lse);
+        for (int64_t j = visible; j < keys; ++j) row[j] = 0.0f;
+      }
+      MatMul(false, false, fresh, dim, keys, 1.0f, scores.data(), v, out.data());
+      StoreFloats(out.data(), n, args.out.data<T>() + bh * n);
+    }
+  });
+}
+
 }  // namespace
 
 absl::Status CpuBackend::SoftmaxForward(const Tensor& x, const Tensor& y) {
@@ -196,6 +232,12 @@ absl::Status CpuBackend::AttentionForward(const ops::AttentionArgs& args) {
 absl::Status CpuBackend::AttentionBackward(const ops::AttentionBackwardArgs& args) {
   if (args.q.numel() == 0) return absl::OkStatus();
   DispatchFloat(args.q.dtype(), [&]<typename T>() { AttentionBackwardTyped<T>(args); });
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::KvCacheAttention(const ops::KvCacheAttentionArgs& args) {
+  if (args.q.numel() == 0) return absl::OkStatus();
+  DispatchFloat(args.q.dtype(), [&]<typename T>() { KvCacheAttentionTyped<T>(args); });
   return absl::OkStatus();
 }
 

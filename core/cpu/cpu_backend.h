@@ -44,6 +44,7 @@ class CpuBackend final : public ops::Backend {
   absl::Status SoftmaxBackward(const Tensor& y, const Tensor& dy, const Tensor& dx) override;
   absl::Status AttentionForward(const ops::AttentionArgs& args) override;
   absl::Status AttentionBackward(const ops::AttentionBackwardArgs& args) override;
+  absl::Status KvCacheAttention(const ops::KvCacheAttentionArgs& args) override;
 
   absl::Status EmbeddingForward(const ops::EmbeddingArgs& args) override;
   absl::Status EmbeddingBackward(const Tensor& ids, const Tensor& dout, const Tensor& dtable,

@@ -296,6 +296,58 @@ size_t SharedBytes(int64_t dim) {
   return static_cast<size_t>((2 * kTile + 2 * kRowsPerBlock) * (dim + 1)) * sizeof(float);
 }
 
+// KV-cache attention (incremental decoding). rows [pairs, fresh, dim] go to rows
+// [past, past + fresh) of cache [pairs, capacity, dim].
+template <typename T>
+__global__ void AppendRowsKernel(const T* rows, T* cache, int64_t fresh, int64_t capacity,
+                                 int64_t dim, int64_t past, int64_t total) {
+  const int64_t per_pair = fresh * dim;
+  for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < total;
+       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t bh = e / per_pair;
+    cache[(bh * capacity + past) * dim + e % per_pair] = rows[e];
+  }
+}
+
+// One block per (new token i, pair bh): the query and its past + i + 1 visible scores in shared
+// memory ([dim + past + fresh] floats), a block max and sum, then each thread one output
+// dimension summed over the keys in order. Decoding reads a handful of new tokens over a cache
+// of at most max_seq_len rows, so the simple kernel is not the bottleneck (the GEMMs are).
+template <typename T>
+__global__ void KvCacheAttentionKernel(const T* q, const T* k_cache, const T* v_cache, T* out,
+                                       int64_t fresh, int64_t capacity, int64_t dim, int64_t past,
+                                       float scale) {
+  extern __shared__ float shared[];
+  __shared__ float scratch[32];
+  const int64_t i = blockIdx.x, bh = blockIdx.y, visible = past + i + 1;
+  float* query = shared;         // [dim]
+  float* scores = shared + dim;  // [visible]
+  const T* q_row = q + (bh * fresh + i) * dim;
+  for (int64_t d = threadIdx.x; d < dim; d += blockDim.x) query[d] = ToFloat(q_row[d]);
+  __syncthreads();
+  const T* keys = k_cache + bh * capacity * dim;
+  const T* values = v_cache + bh * capacity * dim;
+  float max = -INFINITY;
+  for (int64_t j = threadIdx.x; j < visible; j += blockDim.x) {
+    float score = 0.0f;
+    for (int64_t d = 0; d < dim; ++d) score += query[d] * ToFloat(keys[j * dim + d]);
+    scores[j] = scale * score;
+    max = fmaxf(max, scores[j]);
+  }
+  max = BlockMax(max, scratch);
+  float sum = 0.0f;
+  for (int64_t j = threadIdx.x; j < visible; j += blockDim.x) {
+    scores[j] = expf(scores[j] - max);
+    sum += scores[j];
+  }
+  const float inv_sum = 1.0f / BlockSum(sum, scratch);  // its barriers publish every score
+  for (int64_t d = threadIdx.x; d < dim; d += blockDim.x) {
+    float acc = 0.0f;
+    for (int64_t j = 0; j < visible; ++j) acc += scores[j] * ToFloat(values[j * dim + d]);
+    out[(bh * fresh + i) * dim + d] = FromFloat<T>(acc * inv_sum);
+  }
+}
+
 }  // namespace
 
 absl::Status CudaBackend::SoftmaxForward(const Tensor& x, const Tensor& y) {
@@ -360,6 +412,33 @@ absl::Status CudaBackend::OwnAttentionBackward(const ops::AttentionBackwardArgs&
     NF_CUDA_RETURN_IF_LAUNCH_FAILED();
     return absl::OkStatus();
   });
+}
+
+absl::Status CudaBackend::KvCacheAttention(const ops::KvCacheAttentionArgs& args) {
+  const int64_t pairs = args.q.dim(0) * args.q.dim(1), fresh = args.q.dim(2);
+  const int64_t dim = args.q.dim(3), capacity = args.k_cache.dim(2);
+  if (args.q.numel() == 0) return absl::OkStatus();
+  const size_t shared_bytes = static_cast<size_t>(dim + args.past + fresh) * sizeof(float);
+  if (shared_bytes > 48 * 1024) {
+    return absl::UnimplementedError(
+        absl::StrCat("KvCacheAttention: ", args.past + fresh, " keys of head_dim ", dim,
+                     " exceed the CUDA kernel's 48 KiB of shared memory"));
+  }
+  DispatchFloat(args.q.dtype(), [&]<typename T>() {
+    const int64_t total = args.k.numel();
+    for (const auto& [rows, cache] :
+         {std::pair{&args.k, &args.k_cache}, std::pair{&args.v, &args.v_cache}}) {
+      AppendRowsKernel<<<GridFor(total), kThreads, 0, stream()>>>(
+          DevicePtr<T>(*rows), DevicePtr<T>(*cache), fresh, capacity, dim, args.past, total);
+    }
+    KvCacheAttentionKernel<<<dim3(static_cast<unsigned int>(fresh),
+                                  static_cast<unsigned int>(pairs)),
+                             128, shared_bytes, stream()>>>(
+        DevicePtr<T>(args.q), DevicePtr<T>(args.k_cache), DevicePtr<T>(args.v_cache),
+        DevicePtr<T>(args.out), fresh, capacity, dim, args.past, args.scale);
+  });
+  NF_CUDA_RETURN_IF_LAUNCH_FAILED();
+  return absl::OkStatus();
 }
 
 }  // namespace nf::cuda

@@ -43,6 +43,7 @@ class Backend {
   virtual absl::Status SoftmaxBackward(const Tensor& y, const Tensor& dy, const Tensor& dx) = 0;
   virtual absl::Status AttentionForward(const AttentionArgs& args) = 0;
   virtual absl::Status AttentionBackward(const AttentionBackwardArgs& args) = 0;
+  virtual absl::Status KvCacheAttention(const KvCacheAttentionArgs& args) = 0;
 
   virtual absl::Status EmbeddingForward(const EmbeddingArgs& args) = 0;
   virtual absl::Status EmbeddingBackward(const Tensor& ids, const Tensor& dout,

@@ -400,6 +400,41 @@ absl::Status AttentionBackward(const AttentionBackwardArgs& args) {
   return backend->AttentionBackward(args);
 }
 
+absl::Status KvCacheAttention(const KvCacheAttentionArgs& args) {
+  constexpr absl::string_view op = "KvCacheAttention";
+  const Named q{"q", args.q};
+  NF_RETURN_IF_ERROR(CheckDefined(op, q));
+  NF_RETURN_IF_ERROR(CheckFloating(op, q));
+  if (args.q.rank() != 4 || args.k_cache.rank() != 4) {
+    return absl::InvalidArgumentError(absl::StrCat(op, ": q ", args.q.DebugString(),
+                                                   " and k_cache ", args.k_cache.DebugString(),
+                                                   " must be [batch, heads, tokens, head_dim]"));
+  }
+  NF_RETURN_IF_ERROR(CheckSameDevice(op, {q,
+                                          {"k", args.k},
+                                          {"v", args.v},
+                                          {"k_cache", args.k_cache},
+                                          {"v_cache", args.v_cache},
+                                          {"out", args.out}}));
+  const int64_t capacity = args.k_cache.dim(2);
+  const Shape cache_shape{args.q.dim(0), args.q.dim(1), capacity, args.q.dim(3)};
+  for (const Named t : {Named{"k", args.k}, Named{"v", args.v}, Named{"out", args.out}}) {
+    NF_RETURN_IF_ERROR(CheckFloatingSameDType(op, q, t));
+    NF_RETURN_IF_ERROR(CheckShape(op, t, args.q.shape()));
+  }
+  for (const Named t : {Named{"k_cache", args.k_cache}, Named{"v_cache", args.v_cache}}) {
+    NF_RETURN_IF_ERROR(CheckFloatingSameDType(op, q, t));
+    NF_RETURN_IF_ERROR(CheckShape(op, t, cache_shape));
+  }
+  if (args.past < 0 || args.past + args.q.dim(2) > capacity) {
+    return absl::InvalidArgumentError(absl::StrCat(op, ": ", args.past, " cached + ", args.q.dim(2),
+                                                   " new tokens exceed the cache's ", capacity,
+                                                   " rows"));
+  }
+  NF_BACKEND(args.q);
+  return backend->KvCacheAttention(args);
+}
+
 // ---- Embedding and loss ------------------------------------------------------------------------
 
 absl::Status EmbeddingForward(const EmbeddingArgs& args) {

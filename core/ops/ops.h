@@ -149,6 +149,20 @@ struct AttentionBackwardArgs {
 };
 absl::Status AttentionBackward(const AttentionBackwardArgs& args);
 
+// Attention of new tokens over a key/value cache, for incremental decoding (no dropout, no lse:
+// nothing runs backward). q, k, v [batch, heads, new, head_dim] are the new tokens', at
+// positions past .. past + new - 1 of their sequences; k_cache, v_cache [batch, heads,
+// capacity, head_dim] hold rows [0, past) from earlier calls. The op first writes k, v into rows
+// [past, past + new) of the caches, then new token i attends keys 0 .. past + i (the causal mask
+// offset by past): out [batch, heads, new, head_dim] = softmax(scale * q K^T + mask) V, the
+// rows AttentionForward gives for the same positions of the whole sequence.
+struct KvCacheAttentionArgs {
+  Tensor q, k, v, k_cache, v_cache, out;
+  int64_t past = 0;
+  float scale = 1.0f;
+};
+absl::Status KvCacheAttention(const KvCacheAttentionArgs& args);
+
 // ---- Embedding and loss ------------------------------------------------------------------------
 
 // out[t] = table[ids[t] - vocab_offset], or zeros when the id belongs to another rank's slice

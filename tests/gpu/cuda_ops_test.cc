@@ -230,6 +230,31 @@ TEST_P(CudaOpsTest, CausalAttentionWithDropout) {
   }
 }
 
+TEST_P(CudaOpsTest, KvCacheAttentionAppendsAndAttendsThePrefix) {
+  // 37 cached rows then 3 new tokens, in a cache of 48 rows; head_dim 80 as above. Both the new
+  // rows of the caches and the outputs must match the CPU's.
+  for (int64_t dim : {64, 80}) {
+    const Shape fresh{2, 3, 3, dim}, cache{2, 3, 48, dim};
+    Twin q = RandomTwin(dtype(), fresh, 31), k = RandomTwin(dtype(), fresh, 32);
+    Twin v = RandomTwin(dtype(), fresh, 33), out = ZerosTwin(dtype(), fresh);
+    Twin k_cache = RandomTwin(dtype(), cache, 34), v_cache = RandomTwin(dtype(), cache, 35);
+    const float scale = 1.0f / std::sqrt(static_cast<float>(dim));
+    OnBoth([&](auto on) {
+      return ops::KvCacheAttention({.q = on(q),
+                                    .k = on(k),
+                                    .v = on(v),
+                                    .k_cache = on(k_cache),
+                                    .v_cache = on(v_cache),
+                                    .out = on(out),
+                                    .past = 37,
+                                    .scale = scale});
+    });
+    ExpectTwinClose(out, Tol(dtype(), kReduction), "KvCacheAttention out");
+    ExpectTwinIdentical(k_cache, "KvCacheAttention k_cache");
+    ExpectTwinIdentical(v_cache, "KvCacheAttention v_cache");
+  }
+}
+
 TEST_P(CudaOpsTest, VocabParallelEmbeddingAndCrossEntropy) {
   // This rank holds global ids [40, 72) of a 100-word vocabulary padded to 104.
   const std::vector<int32_t> ids = {41, 3, 41, 71, 99, 40, 41, 55, 3, 70};

@@ -1,0 +1,43 @@
+#include "generate/prompts.h"
+
+#include <fstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+#include "eval/json_value.h"
+
+namespace nf::generate {
+
+absl::StatusOr<std::vector<std::string>> ReadPromptFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot read the prompt file ", path));
+  std::vector<std::string> lines;
+  bool jsonl = true;
+  for (std::string line; std::getline(in, line);) {
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (line.empty()) continue;
+    jsonl = jsonl && line.front() == '{';
+    lines.push_back(std::move(line));
+  }
+  if (!jsonl || lines.empty()) return lines;
+  std::vector<std::string> prompts;
+  for (size_t i = 0; i < lines.size(); ++i) {
+    const auto value = eval::ParseJson(lines[i]);
+    const std::string where = absl::StrCat(path, ": prompt ", i + 1);
+    if (!value.ok())
+      return absl::InvalidArgumentError(absl::StrCat(where, ": ", value.status().message()));
+    const eval::JsonValue* field = nullptr;
+    for (const char* name : {"prompt", "text"}) {
+      const auto it = value->members.find(name);
+      if (field == nullptr && it != value->members.end()) field = &it->second;
+    }
+    if (field == nullptr || field->kind != eval::JsonValue::Kind::kString) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": a JSON line needs a \"prompt\" (or \"text\") string"));
+    }
+    prompts.push_back(field->text);
+  }
+  return prompts;
+}
+
+}  // namespace nf::generate
