@@ -81,6 +81,24 @@ absl::StatusOr<ProcessGroups> CreateProcessGroups(ParallelSizes sizes,
   return groups;
 }
 
+namespace {
+
+// The ranks of the world on this rank's node, ordered by world rank (the caller frees it).
+// Initialises MPI when needed; collective over the world.
+absl::StatusOr<MPI_Comm> SplitByNode() {
+  NF_RETURN_IF_ERROR(InitMpi());
+  int world_rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
+  MPI_Comm node = MPI_COMM_NULL;
+  if (MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, world_rank, MPI_INFO_NULL, &node) !=
+      MPI_SUCCESS) {
+    return absl::InternalError("MPI_Comm_split_type(MPI_COMM_TYPE_SHARED) failed");
+  }
+  return node;
+}
+
+}  // namespace
+
 absl::StatusOr<int> DiscoverLocalRank() {
   for (const char* variable : {"OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID"}) {
     const char* value = std::getenv(variable);
@@ -92,31 +110,20 @@ absl::StatusOr<int> DiscoverLocalRank() {
     }
     return rank;
   }
-  NF_RETURN_IF_ERROR(InitMpi());
-  int world_rank = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
-  MPI_Comm node = MPI_COMM_NULL;
-  if (MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, world_rank, MPI_INFO_NULL, &node) !=
-      MPI_SUCCESS) {
+  absl::StatusOr<MPI_Comm> node = SplitByNode();
+  if (!node.ok()) {
     return absl::InternalError(
-        "local rank: MPI_Comm_split_type(MPI_COMM_TYPE_SHARED) failed, and neither "
-        "OMPI_COMM_WORLD_LOCAL_RANK nor SLURM_LOCALID is set");
+        absl::StrCat("local rank: ", node.status().message(),
+                     ", and neither OMPI_COMM_WORLD_LOCAL_RANK nor SLURM_LOCALID is set"));
   }
   int local_rank = 0;
-  MPI_Comm_rank(node, &local_rank);
-  MPI_Comm_free(&node);
+  MPI_Comm_rank(*node, &local_rank);
+  MPI_Comm_free(&*node);
   return local_rank;
 }
 
 absl::StatusOr<std::unique_ptr<MpiCommunicator>> CreateNodeGroup(MpiCommunicator::Options options) {
-  NF_RETURN_IF_ERROR(InitMpi());
-  int world_rank = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
-  MPI_Comm node = MPI_COMM_NULL;
-  if (MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, world_rank, MPI_INFO_NULL, &node) !=
-      MPI_SUCCESS) {
-    return absl::InternalError("node group: MPI_Comm_split_type(MPI_COMM_TYPE_SHARED) failed");
-  }
+  NF_ASSIGN_OR_RETURN(MPI_Comm node, SplitByNode());
   absl::StatusOr<std::unique_ptr<MpiCommunicator>> group =
       MpiCommunicator::Duplicate(node, "node", options);
   MPI_Comm_free(&node);
