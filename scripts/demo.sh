@@ -8,7 +8,8 @@
 #   3. mpirun -np 4 nf-launch: the tiny NormFormer (deploy/configs/tiny.pbtxt) trained on the
 #      CPU with tensor parallel 2 x pipeline parallel 2 for 300 steps into runs/demo: stopped
 #      at step 150 as a preempted job would be, resumed from its checkpoint by the same
-#      command, validation perplexity against the untrained model (a few minutes on 2 cores).
+#      command, validation perplexity against the untrained model (a few minutes on 2 cores);
+#   4. nf-generate: a few lines from the trained model on the same 4 ranks (a KV cache per rank).
 # Extra arguments go to nf-launch, e.g.
 #   scripts/demo.sh --set train.precision=BF16 --set model.normformer.scale_fc=false
 set -euo pipefail
@@ -16,7 +17,7 @@ cd "$(dirname "$0")/.."
 
 scripts/setup.sh
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
-cmake --build build -j "${NF_JOBS:-2}" --target nf-launch nf-preprocess nf-ckpt
+cmake --build build -j "${NF_JOBS:-2}" --target nf-launch nf-preprocess nf-ckpt nf-generate
 
 corpus=corpora/demo/fortunes.jsonl
 prefix=corpora/demo/fortunes_spm512
@@ -47,11 +48,16 @@ if ((status != 3)); then
 fi
 echo "demo: the same command again resumes from the latest checkpoint and finishes"
 "${launch[@]}" "$@"
+echo "demo: a few lines from the trained model (nf-generate, top-p 0.9, seed 1):"
+mpirun --oversubscribe --allow-run-as-root -np 4 build/eval/nf-generate \
+  --checkpoint "$run_dir/checkpoints" --tp 2 --pp 2 --tokenizer sentencepiece \
+  --spm-model "$prefix.spm.model" --prompt "" --prompt "You will" --prompt "The secret of" \
+  --max-new-tokens 40 --top-p 0.9 --seed 1
 cat <<EOF
 demo: done. Look at
   $run_dir/log.jsonl          one record per step (loss, lr, grad norm, tokens/s, ...)
   $run_dir/validation.jsonl   validation loss and perplexity (step 0: the untrained model;
                                a uniform guess over the 512 tokens scores ln 512 = 6.24)
   $run_dir/checkpoints/       build/checkpoint/nf-ckpt inspect $run_dir/checkpoints
-  docs/parallelism.md, docs/checkpoints.md
+  docs/parallelism.md, docs/checkpoints.md, docs/guide.md ("Generate text": nf-generate)
 EOF
