@@ -668,10 +668,16 @@ TEST(IndexedDatasetTruncatedTest, ReadingPastTheNewEndIsOneLineNamingTheFile) {
                                "file[^\n]*\n$"));
 }
 
-TEST(IndexedDatasetTruncatedTest, OtherSigbusKeepsItsDefaultAction) {
+TEST(IndexedDatasetTruncatedTest, OtherSigbusGoesToThePreviousHandler) {
   ScratchDir dir;
   const std::unique_ptr<IndexedDataset> dataset = OpenOrDie(WriteTwoLongDocuments(dir));
+  // The handler that was there before ours takes it: the default action, or AddressSanitizer's
+  // report in the sanitizer build (which installs its own SIGBUS handler first).
+#ifdef __SANITIZE_ADDRESS__
+  EXPECT_EXIT(::raise(SIGBUS), ::testing::ExitedWithCode(1), "AddressSanitizer: BUS");
+#else
   EXPECT_EXIT(::raise(SIGBUS), ::testing::KilledBySignal(SIGBUS), "");
+#endif
 }
 
 TEST(IndexedDatasetTruncatedTest, ClosedDatasetsAreForgotten) {

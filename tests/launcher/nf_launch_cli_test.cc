@@ -241,6 +241,12 @@ TEST_F(NfLaunchCliTest, RunDirectoryFilesThatCannotBeWrittenAreNamedWithTheReaso
 // of absurd size (1e14 steps of a 10-document dataset, petabytes of index), past the memory
 // check that would otherwise refuse it (ASampleIndexTooBigIsRefusedByTheMemoryCheck).
 TEST_F(NfLaunchCliTest, AnExceptionIsOneLineAndExitCodeOne) {
+#ifdef __SANITIZE_ADDRESS__
+  // AddressSanitizer's operator new reports an impossible size and ends the process itself
+  // instead of throwing (GCC 12's, whatever allocator_may_return_null says): the plain build's
+  // pass of scripts/test.sh runs this test.
+  GTEST_SKIP() << "std::bad_alloc is never thrown under AddressSanitizer";
+#endif
   const std::string prefix = (dir_ / "corpus").string();
   auto writer = data::IndexedDatasetWriter::Create(prefix, data::TokenDType::kU16);
   NF_ASSERT_OK(writer);
