@@ -33,7 +33,7 @@ namespace nf::eval {
 // and the communicators for device tensors (NCCL on a multi-process GPU job, else the same
 // groups). All must outlive the models.
 struct EvalRank {
-  parallel::ProcessGroups* groups = nullptr;
+  const parallel::ProcessGroups* groups = nullptr;
   parallel::Communicator* device_tp = nullptr;
   parallel::Communicator* device_pp = nullptr;
   Device device = Device::Cpu();

@@ -31,6 +31,17 @@ absl::Status PipelineLm::CopyParameters(const PipelineLm& from) {
   return ops::Copy(from.model_->params().params(), model_->params().params());
 }
 
+absl::Status PipelineLm::CopyParameters(const model::ParamTable& from) {
+  for (const model::ParamTable::Entry& entry : model_->params().entries()) {
+    if (!from.Contains(entry.spec.name)) {
+      return absl::InternalError(
+          absl::StrCat("PipelineLm: the model to copy lacks ", entry.spec.name));
+    }
+    NF_RETURN_IF_ERROR(ops::Copy(from.Get(entry.spec.name).value, entry.value));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status PipelineLm::StartSequence(int64_t capacity) { return model_->StartKvCache(capacity); }
 
 absl::StatusOr<std::vector<float>> PipelineLm::Cached(std::span<const int32_t> ids) {

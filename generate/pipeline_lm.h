@@ -35,6 +35,9 @@ class PipelineLm {
   absl::Status Load(const std::filesystem::path& dir, const checkpoint::Manifest& manifest);
   // The parameters of a PipelineLm of the same config and rank (seq_len may differ).
   absl::Status CopyParameters(const PipelineLm& from);
+  // The parameters of a model of the same config, stage and tensor-parallel rank, by name (a
+  // training model's table, whose flat buffers are padded for data parallelism).
+  absl::Status CopyParameters(const model::ParamTable& from);
 
   int64_t seq_len() const { return seq_len_; }
   int64_t vocab_size() const { return model_->config().vocab_size(); }

@@ -18,6 +18,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/time/time.h"
 #include "core/status.h"
+#include "generate/training_samples.h"
 #include "launcher/batch_source.h"
 #include "launcher/config.h"
 #include "launcher/dry_run.h"
@@ -185,6 +186,19 @@ int Run(int argc, char** argv) {
     }
     return 0;
   }
+  // train.samples: its prompts tokenized, and rank 0's decoder started, before MPI starts.
+  const auto samples =
+      nf::generate::TrainingSamples::Prepare(*config, run_dir, PrintsSharedErrors());
+  if (!samples.ok()) {
+    if (PrintsSharedErrors()) std::cerr << "nf-launch: " << samples.status().message() << "\n";
+    return samples.status().code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
+  }
+  nf::launcher::AfterValidation after_validation;
+  if (*samples) {
+    after_validation = [&samples](int64_t step, nf::launcher::Trainer& trainer) {
+      return (*samples)->Write(step, trainer);
+    };
+  }
   const nf::parallel::ParallelSizes sizes = nf::launcher::ParallelSizesOf(config->parallel());
   if (LauncherRank() < 0) {
     const int needed = sizes.tp * sizes.pp * std::max(sizes.dp, 1);
@@ -207,7 +221,8 @@ int Run(int argc, char** argv) {
       std::cerr << "nf-launch: " << lock.status().message() << "\n";
       return 2;
     }
-    const auto end = nf::launcher::RunTraining(*config, run_dir, std::cout);
+    const auto end =
+        nf::launcher::RunTraining(*config, run_dir, std::cout, nullptr, after_validation);
     if (!end.ok()) {
       std::cerr << "nf-launch: " << end.status().message() << "\n";
       return 1;
@@ -244,7 +259,8 @@ int Run(int argc, char** argv) {
     std::cerr << "nf-launch: " << lock.status().message() << "\n";
     nf::parallel::AbortJob(2);
   }
-  const auto end = nf::launcher::RunTraining(*config, run_dir, std::cout, &*groups);
+  const auto end =
+      nf::launcher::RunTraining(*config, run_dir, std::cout, &*groups, after_validation);
   if (!end.ok()) {
     // Other ranks may be waiting on this one: end the whole job.
     std::cerr << "nf-launch: " << groups->topology.ToString() << ": " << end.status().message()

@@ -164,8 +164,9 @@ std::string Duration(double seconds) {
 class TrainingRun {
  public:
   TrainingRun(const TrainConfig& config, const std::string& run_dir, std::ostream& console,
-              std::unique_ptr<Trainer> trainer)
-      : config_(config),
+              std::unique_ptr<Trainer> trainer, AfterValidation after_validation)
+      : after_validation_(std::move(after_validation)),
+        config_(config),
         dir_(run_dir),
         checkpoints_(dir_ / "checkpoints"),
         console_(console),
@@ -261,6 +262,7 @@ class TrainingRun {
   absl::Status Validate(int64_t step) {
     NF_ASSIGN_OR_RETURN(const double loss, trainer_->Evaluate());
     if (metrics_) metrics_->RecordValidation(loss);
+    if (after_validation_) NF_RETURN_IF_ERROR(after_validation_(step, *trainer_));
     if (!writes_) return absl::OkStatus();
     NF_RETURN_IF_ERROR(validation_log_->Write(JsonObject()
                                                   .AddInt("step", step)
@@ -423,6 +425,7 @@ class TrainingRun {
                         named));
   }
 
+  AfterValidation after_validation_;
   TrainConfig config_;
   std::filesystem::path dir_, checkpoints_;
   std::ostream& console_;
@@ -445,14 +448,15 @@ class TrainingRun {
 }  // namespace
 
 absl::StatusOr<RunEnd> RunTraining(const TrainConfig& config, const std::string& run_dir,
-                                   std::ostream& console, parallel::ProcessGroups* groups) {
+                                   std::ostream& console, parallel::ProcessGroups* groups,
+                                   AfterValidation after_validation) {
   std::unique_ptr<Trainer> trainer;
   if (groups != nullptr) {
     NF_ASSIGN_OR_RETURN(trainer, Trainer::Create(config, *groups));
   } else {
     NF_ASSIGN_OR_RETURN(trainer, Trainer::Create(config));
   }
-  TrainingRun run(config, run_dir, console, std::move(trainer));
+  TrainingRun run(config, run_dir, console, std::move(trainer), std::move(after_validation));
   return run.Run();
 }
 

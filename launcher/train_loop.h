@@ -3,6 +3,7 @@
 // train.log_interval steps.
 #pragma once
 
+#include <functional>
 #include <ostream>
 #include <string>
 
@@ -23,8 +24,13 @@ enum class RunEnd {
 // Continues from RUN/checkpoints/latest when there is one (checkpoint.resume), saves as
 // checkpoint.* says, and stops early, with a checkpoint, when StopRequests says so. Install
 // the signal handlers (InstallStopSignalHandlers) for signals to stop it.
+//
+// `after_validation`, when given, runs on every rank after each validation (train.samples:
+// generate/training_samples.h, which nf-launch links; the loop does not know generation).
+class Trainer;
+using AfterValidation = std::function<absl::Status(int64_t step, Trainer& trainer)>;
 absl::StatusOr<RunEnd> RunTraining(const TrainConfig& config, const std::string& run_dir,
-                                   std::ostream& console,
-                                   parallel::ProcessGroups* groups = nullptr);
+                                   std::ostream& console, parallel::ProcessGroups* groups = nullptr,
+                                   AfterValidation after_validation = nullptr);
 
 }  // namespace nf::launcher

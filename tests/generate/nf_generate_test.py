@@ -16,7 +16,11 @@ Checked:
     stops it and is not part of its ids) and --max-new-tokens;
   - seeded sampling (temperature, top-k, top-p) gives the same text on every layout, and another
     seed another text;
-  - prompts from a plain file and a JSON Lines file; refusals (exit 2) of bad options.
+  - prompts from a plain file and a JSON Lines file; refusals (exit 2) of bad options;
+  - train.samples: RUN/samples.jsonl holds each prompt's sample at every validation (steps 0,
+    100, 200), decoded as HF decodes, and the last ones (greedy) are nf-generate's on the final
+    checkpoint; the same for a 20-step run on tensor parallel 2 x pipeline parallel 2 (4 ranks),
+    its checkpoint generated from on tensor parallel 2.
 
 Tolerance. Both sides compute in fp32 and differ only in the order of their sums (a [1, keys]
 score row instead of [seq, seq], a one-token GEMM instead of a [T, d] one, and on tensor
@@ -38,6 +42,7 @@ from tokenizers import decoders  # noqa: E402
 
 KV_TOLERANCE = 2e-5
 SEQ = 64
+SAMPLE_TOKENS = 16  # train.samples.max_new_tokens
 NEW = 48  # --max-new-tokens: room for a document's end after each prompt
 LAYOUTS = {"one process": (1, 1), "tensor parallel 2": (2, 1), "pipeline parallel 2": (1, 2)}
 
@@ -61,6 +66,21 @@ def write_corpus(path, documents=600, seed=3):
             out.write(json.dumps({"text": text}) + "\n")
 
 
+def check_training_samples(run_dir, generate, hf, steps=(0, 100, 200), layout=False):
+    lines = [json.loads(line) for line in (run_dir / "samples.jsonl").read_text().splitlines()]
+    assert [(line["step"], line["prompt"]) for line in lines] == \
+        [(step, prompt) for step in steps for prompt in ["The cat", ""]], lines
+    for line in lines:
+        assert line["text"] == hf.decode(line["ids"]) and len(line["ids"]) <= SAMPLE_TOKENS, line
+    name = "tensor parallel 2" if layout else "one process"
+    checkpoint = ["--checkpoint", run_dir / "checkpoints"]
+    _, generated = generate(name, *checkpoint, "--prompt", "The cat", "--prompt", "", "--greedy",
+                            "--max-new-tokens", SAMPLE_TOKENS)
+    assert [line["ids"] for line in lines[-2:]] == [g["ids"] for g in generated], (lines, generated)
+    print(f"train.samples of {run_dir.name}, step {lines[-1]['step']}:",
+          [line["prompt"] + line["text"] for line in lines[-2:]])
+
+
 def main():
     nf_launch, nf_preprocess, nf_generate, kv_cache_layout = sys.argv[1:5]
     mpirun = sys.argv[5:]
@@ -72,11 +92,15 @@ def main():
                      "--merges-file", work / "merges.txt"]
         run(nf_preprocess, "--input", work / "corpus.jsonl", "--output-prefix", work / "corpus",
             *tokenizer)
+        samples = f"""samples {{ prompts: "The cat" prompts: "" max_new_tokens: {SAMPLE_TOKENS}
+                    temperature: 0 tokenizer: "gpt2" vocab_file: "{work / 'vocab.json'}"
+                    merges_file: "{work / 'merges.txt'}" }}"""
         (work / "run.pbtxt").write_text(f"""
           model {{ num_layers: 2 d_model: 32 num_heads: 4 ffn_dim: 64 vocab_size: {vocab}
                   max_seq_len: {SEQ} dropout: 0 }}
           train {{ seq_len: {SEQ} micro_batch_size: 4 global_batch_size: 8 train_iters: 200
-                  optimizer {{ lr: 1e-2 }} lr_schedule {{ warmup_iters: 5 }} }}
+                  optimizer {{ lr: 1e-2 }} lr_schedule {{ warmup_iters: 5 }}
+                  eval_interval: 100 eval_iters: 2 {samples} }}
           data {{ path: "{work / 'corpus'}" }}
         """)
         run(nf_launch, "--config", work / "run.pbtxt", "--run-dir", work / "run")
@@ -150,6 +174,17 @@ def main():
         from_jsonl = generate("one process", "--prompt-file", work / "prompts.jsonl", "--greedy",
                               "--max-new-tokens", NEW)[1]
         assert from_jsonl == [lines[0], lines[2]], from_jsonl
+
+        # ---- train.samples: RUN/samples.jsonl at every validation; the last validation's greedy
+        # samples are nf-generate's on the final checkpoint (the same parameters)
+        check_training_samples(work / "run", generate, hf)
+        (work / "tp2_pp2.pbtxt").write_text(
+            (work / "run.pbtxt").read_text().replace("train_iters: 200", "train_iters: 20")
+            .replace("eval_interval: 100", "eval_interval: 10")
+            + "parallel { tensor_parallel: 2 pipeline_parallel: 2 }\n")
+        run(*mpirun, "-np", 4, nf_launch, "--config", work / "tp2_pp2.pbtxt", "--run-dir",
+            work / "tp2_pp2")
+        check_training_samples(work / "tp2_pp2", generate, hf, steps=[0, 10, 20], layout=True)
 
         # ---- refusals
         for args, message in [([], "--tokenizer must be gpt2 or sentencepiece"),
