@@ -282,12 +282,15 @@ absl::Status Generate(const Plan& plan, nf::parallel::ProcessGroups& groups,
                           return lm->Cached({&token, 1});
                         }));
     if (decoder == nullptr) continue;
-    NF_ASSIGN_OR_RETURN(const std::string raw_text, decoder->Decode(generated.ids));
+    const std::vector<int32_t> prompt_ids(
+        context.begin() + (flags.generation.end_of_document ? 1 : 0), context.end());
+    NF_ASSIGN_OR_RETURN(const std::string raw_text,
+                        nf::generate::ContinuationText(
+                            prompt_ids, generated.ids,
+                            [&](std::span<const int32_t> ids) { return decoder->Decode(ids); }));
     const std::string text = nf::generate::ValidUtf8(raw_text);
     std::cout << "--- " << i + 1 << "\n" << plan.prompts[i] << text << "\n" << std::flush;
     if (out.is_open()) {
-      const std::vector<int32_t> prompt_ids(
-          context.begin() + (flags.generation.end_of_document ? 1 : 0), context.end());
       out << nf::launcher::JsonObject()
                  .AddString("prompt", nf::generate::ValidUtf8(plan.prompts[i]))
                  .AddString("text", text)

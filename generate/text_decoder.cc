@@ -10,6 +10,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "core/status.h"
 
 extern char** environ;
 
@@ -85,6 +86,18 @@ absl::StatusOr<std::string> TextDecoder::Decode(std::span<const int32_t> ids) {
   }
   text.pop_back();
   return text;
+}
+
+absl::StatusOr<std::string> ContinuationText(std::span<const int32_t> prompt_ids,
+                                             std::span<const int32_t> ids,
+                                             const DecodeIds& decode) {
+  if (prompt_ids.empty()) return decode(ids);
+  std::vector<int32_t> joint(prompt_ids.begin(), prompt_ids.end());
+  joint.insert(joint.end(), ids.begin(), ids.end());
+  NF_ASSIGN_OR_RETURN(const std::string prompt, decode(prompt_ids));
+  NF_ASSIGN_OR_RETURN(std::string text, decode(joint));
+  if (text.compare(0, prompt.size(), prompt) == 0) return text.substr(prompt.size());
+  return decode(ids);
 }
 
 std::string ValidUtf8(const std::string& text) {

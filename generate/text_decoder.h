@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -38,6 +39,15 @@ class TextDecoder {
   FILE* to_helper_ = nullptr;
   FILE* from_helper_ = nullptr;
 };
+
+// The text `ids` add after `prompt_ids`: decode(prompt_ids ++ ids) after decode(prompt_ids).
+// Decoding the new ids alone is not it for every tokenizer: SentencePiece drops the space that
+// starts a text ("▁of" alone decodes to "of"), which after a prompt is a real space. When the
+// joint text does not start with the prompt's (a prompt ending inside a character), the new ids'
+// own text. `decode` is TextDecoder::Decode or a stand-in.
+using DecodeIds = std::function<absl::StatusOr<std::string>(std::span<const int32_t> ids)>;
+absl::StatusOr<std::string> ContinuationText(std::span<const int32_t> prompt_ids,
+                                             std::span<const int32_t> ids, const DecodeIds& decode);
 
 // `text` with every byte sequence that is not valid UTF-8 replaced by U+FFFD, as Python's
 // bytes.decode(errors="replace") and GPT-2's encoder.py decode do, so printed and JSON text is

@@ -110,7 +110,12 @@ absl::Status TrainingSamples::Write(int64_t step, launcher::Trainer& trainer) {
                           return lm_->Cached({&token, 1});
                         }));
     if (!decoder_) continue;
-    NF_ASSIGN_OR_RETURN(const std::string text, decoder_->Decode(generated.ids));
+    const std::span<const int32_t> prompt_ids =
+        std::span<const int32_t>(contexts_[i]).subspan(end_of_document_ ? 1 : 0);
+    NF_ASSIGN_OR_RETURN(const std::string text, ContinuationText(prompt_ids, generated.ids,
+                                                                 [&](std::span<const int32_t> ids) {
+                                                                   return decoder_->Decode(ids);
+                                                                 }));
     NF_RETURN_IF_ERROR(log_->Write(launcher::JsonObject()
                                        .AddInt("step", step)
                                        .AddString("prompt", ValidUtf8(options_.prompts(i)))

@@ -69,6 +69,25 @@ TEST(PromptFileTest, ReadsLinesOrJsonLines) {
   EXPECT_EQ(ReadPromptFile(path + ".missing").status().code(), absl::StatusCode::kNotFound);
 }
 
+// A SentencePiece-like decoder: id 0 "▁The", 1 "▁secret", 2 "▁of", 3 "s"; the text's first space
+// (its dummy prefix) dropped.
+absl::StatusOr<std::string> PieceDecode(std::span<const int32_t> ids) {
+  const char* pieces[] = {" The", " secret", " of", "s"};
+  std::string text;
+  for (const int32_t id : ids) text += pieces[id];
+  if (!text.empty() && text[0] == ' ') text.erase(0, 1);
+  return text;
+}
+
+TEST(ContinuationTextTest, KeepsTheSpaceThatDecodingTheNewIdsAloneDrops) {
+  const std::vector<int32_t> prompt = {0, 1}, fresh = {2, 3};
+  EXPECT_EQ(*PieceDecode(fresh), "ofs");
+  EXPECT_EQ(*ContinuationText(prompt, fresh, PieceDecode), " ofs");
+  // Without a prompt the continuation starts a text: no space.
+  EXPECT_EQ(*ContinuationText({}, fresh, PieceDecode), "ofs");
+  EXPECT_EQ(*ContinuationText(prompt, {}, PieceDecode), "");
+}
+
 TEST(ValidUtf8Test, ReplacesEachInvalidSequenceOnce) {
   EXPECT_EQ(ValidUtf8("caf\xC3\xA9 \xE2\x82\xAC"), "caf\xC3\xA9 \xE2\x82\xAC");
   // A cut three-byte sequence at the end (a token ending inside a character).
