@@ -48,6 +48,30 @@ TEST(Crc32cTest, MatchesTheKnownAnswerAndContinues) {
           << start << " " << length;
     }
   }
+  // RFC 3720 B.4's vectors: 32 bytes of zeros, of ones, ascending and descending.
+  std::string zeros(32, '\0'), ones(32, '\xFF'), ascending(32, '\0'), descending(32, '\0');
+  for (int i = 0; i < 32; ++i) {
+    ascending[i] = static_cast<char>(i);
+    descending[i] = static_cast<char>(31 - i);
+  }
+  EXPECT_EQ(Crc32c(zeros.data(), 32), 0x8A9136AAu);
+  EXPECT_EQ(Crc32c(ones.data(), 32), 0x62A8AB43u);
+  EXPECT_EQ(Crc32c(ascending.data(), 32), 0x46DD794Eu);
+  EXPECT_EQ(Crc32c(descending.data(), 32), 0x113FDB5Cu);
+  EXPECT_EQ(Crc32cPortable(descending.data(), 32), 0x113FDB5Cu);
+  // Buffers long enough for the hardware path's three interleaved streams (6 KiB blocks),
+  // ending on and around block boundaries, continued from a nonzero CRC.
+  std::string long_noise(40000, '\0');
+  for (size_t i = 0; i < long_noise.size(); ++i) {
+    long_noise[i] = static_cast<char>((i * 2654435761u) >> 17);
+  }
+  for (size_t length : {6143, 6144, 6145, 12288, 12295, 20000, 39999, 40000}) {
+    EXPECT_EQ(Crc32c(long_noise.data(), length), Crc32cPortable(long_noise.data(), length))
+        << length;
+    EXPECT_EQ(Crc32c(long_noise.data() + 1, length - 1, 0x12345678u),
+              Crc32cPortable(long_noise.data() + 1, length - 1, 0x12345678u))
+        << length;
+  }
   const std::string text = "the quick brown fox jumps over the lazy dog, twice over";
   for (size_t split = 0; split <= text.size(); ++split) {
     EXPECT_EQ(Crc32c(text.data() + split, text.size() - split, Crc32c(text.data(), split)),
