@@ -1,18 +1,15 @@
-// GEMM on the CPU: single-threaded OpenBLAS sgemm over blocks of C's rows, the blocks spread
-// over the thread pool. Block boundaries depend only on the shapes, so every element is computed
-// by the same call whatever the thread count. fp16/bf16 operands are widened to fp32 first, so
+// GEMM on the CPU: single-threaded OpenBLAS sgemm over tiles of C and chunks of K
+// (core/cpu/gemm_partition.h), the tasks spread over the thread pool. The partition depends only
+// on the shapes, so every element is computed by the same calls, and K chunks are added in the
+// same order, whatever the thread count. fp16/bf16 operands are widened to fp32 first, so
 // products and sums are fp32 whatever the storage type (the contract of ops::Gemm).
 #include "core/cpu/blas.h"
 #include "core/cpu/cpu_backend.h"
+#include "core/cpu/gemm_partition.h"
 #include "core/cpu/kernel_util.h"
 
 namespace nf::cpu {
 namespace {
-
-// Rows of C per task: large enough that single-threaded sgemm runs near its peak (128 rows
-// measured 0.86 of all-core sgemm on 2 cores, 256 rows 0.95, 512 rows 0.98), small enough that
-// model-sized GEMMs (thousands of token rows) give a 16-core pool a task per thread.
-constexpr int64_t kRowsPerBlock = 256;
 
 struct Operand {
   const float* data;     // fp32 view of the whole operand
@@ -51,18 +48,49 @@ absl::Status CpuBackend::Gemm(const ops::GemmArgs& args) {
     }
   });
 
-  const int64_t blocks_per_batch = (m + kRowsPerBlock - 1) / kRowsPerBlock;
-  ParallelFor(batch * blocks_per_batch, 2 * kRowsPerBlock * n * k, [&](int64_t begin, int64_t end) {
+  const GemmPartition part = PartitionGemm(batch, m, n, k);
+  // Chunk 0 of K accumulates into C with beta; chunk q > 0 writes its partial product to
+  // partials[q - 1], a [batch, m, n] array, added to C in chunk order once all tasks are done.
+  // Reused across calls: only GEMMs with a small C and a long K are chunked, so it stays small
+  // (the 125M LM head's input gradient: 15 x 128 x 768 floats).
+  // (Read through a pointer: inside the tasks, `partials` would name each worker's own.)
+  thread_local std::vector<float> partials;
+  const int64_t c_size = batch * m * n;
+  if (part.k_chunks > 1) partials.resize((part.k_chunks - 1) * c_size);
+  float* const partial_data = partials.data();
+
+  const int64_t tiles_per_batch = part.row_blocks * part.col_blocks;
+  const int64_t task_flops = 2 * part.rows_per_block * part.cols_per_block * part.k_per_chunk;
+  ParallelFor(batch * part.tasks_per_batch(), task_flops, [&](int64_t begin, int64_t end) {
     for (int64_t task = begin; task < end; ++task) {
-      const int64_t i = task / blocks_per_batch;
-      const int64_t row = (task % blocks_per_batch) * kRowsPerBlock;
-      const int64_t rows = std::min(kRowsPerBlock, m - row);
-      // Row `row` of op(A): a row of stored A, or a column when A is transposed.
-      const float* a_rows = a.data + i * a.batch_stride + (args.trans_a ? row : row * a.ld);
-      Sgemm(args.trans_a, args.trans_b, rows, n, k, args.alpha, a_rows, a.ld,
-            b.data + i * b.batch_stride, b.ld, args.beta, c_data + i * m * n + row * n, n);
+      const int64_t chunk = task / (batch * tiles_per_batch);
+      const int64_t i = task / tiles_per_batch % batch;
+      const int64_t tile = task % tiles_per_batch;
+      const int64_t row = tile / part.col_blocks * part.rows_per_block;
+      const int64_t col = tile % part.col_blocks * part.cols_per_block;
+      const int64_t inner = chunk * part.k_per_chunk;
+      const int64_t rows = std::min(part.rows_per_block, m - row);
+      const int64_t cols = std::min(part.cols_per_block, n - col);
+      const int64_t depth = std::min(part.k_per_chunk, k - inner);
+      // Element (row, inner) of op(A) and (inner, col) of op(B), stored transposed or not.
+      const float* a_tile =
+          a.data + i * a.batch_stride + (args.trans_a ? inner * a.ld + row : row * a.ld + inner);
+      const float* b_tile =
+          b.data + i * b.batch_stride + (args.trans_b ? col * b.ld + inner : inner * b.ld + col);
+      float* c_tile =
+          (chunk == 0 ? c_data : partial_data + (chunk - 1) * c_size) + i * m * n + row * n + col;
+      Sgemm(args.trans_a, args.trans_b, rows, cols, depth, args.alpha, a_tile, a.ld, b_tile, b.ld,
+            chunk == 0 ? args.beta : 0.0f, c_tile, n);
     }
   });
+  if (part.k_chunks > 1) {
+    ParallelFor(batch * m, n * (part.k_chunks - 1), [&](int64_t begin, int64_t end) {
+      for (int64_t q = 0; q < part.k_chunks - 1; ++q) {
+        const float* partial = partial_data + q * c_size;
+        for (int64_t j = begin * n; j < end * n; ++j) c_data[j] += partial[j];
+      }
+    });
+  }
 
   DispatchFloat(c.dtype(), [&]<typename T>() {
     if constexpr (!std::is_same_v<T, float>) StoreFloats(c_data, c.numel(), c.data<T>());

@@ -11,6 +11,7 @@
 // fp16 or bf16 the one final rounding adds half an ulp: 2^-11 (fp16) or 2^-8 (bf16) relative, and
 // 2^-25 absolute for fp16's subnormal range. The inputs the reference sees are the values after
 // rounding to the operand dtype (what the kernel reads), so no input-rounding error is tolerated.
+#include <array>
 #include <cmath>
 #include <limits>
 #include <string>
@@ -177,6 +178,27 @@ TEST_P(GemmTransposeTest, BatchedAndSharedOperands) {
     gc.b_shared = b_shared;
     gc.alpha = 0.5f;
     gc.beta = 1.0f;
+    CheckGemm(gc, seed += 3);
+  }
+}
+
+TEST_P(GemmTransposeTest, TilesAndKChunks) {
+  // Shapes the CPU kernel cuts into row and column blocks with short last ones, or into K
+  // chunks added afterwards (core/cpu/gemm_partition.h), one of them batched: alpha must scale
+  // every chunk and beta apply once.
+  const auto [trans_a, trans_b] = GetParam();
+  uint32_t seed = 200;
+  for (const auto& [batch, m, n, k] :
+       {std::array<int64_t, 4>{0, 300, 250, 150}, {0, 70, 130, 3000}, {2, 40, 70, 2100}}) {
+    GemmCase gc;
+    gc.batch = batch;
+    gc.m = m;
+    gc.n = n;
+    gc.k = k;
+    gc.trans_a = trans_a;
+    gc.trans_b = trans_b;
+    gc.alpha = 1.5f;
+    gc.beta = -0.75f;
     CheckGemm(gc, seed += 3);
   }
 }

@@ -6,7 +6,6 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <filesystem>
 #include <string>
 
 #include "core/ops/ops.h"
@@ -57,6 +56,17 @@ uint64_t RunAllOps() {
                      .trans_a = true,
                      .beta = 1.0f}));
     digest.Add(c);
+  }
+  {  // GEMM with a C too small for row blocks alone: column blocks (the tiny model's fc1,
+     // [256, 512] from K = 128), then K chunks added in order (an LM head's input gradient).
+    for (const auto& [m, n, k] : {std::array<int64_t, 3>{256, 512, 128}, {64, 96, 4000}}) {
+      Tensor c = Random(DType::kF32, {m, n}, 17);
+      Check(ops::Gemm({.a = Random(DType::kF32, {m, k}, 18),
+                       .b = Random(DType::kF32, {k, n}, 19),
+                       .c = c,
+                       .beta = 1.0f}));
+      digest.Add(c);
+    }
   }
   {  // LayerNorm forward and backward, bias gradient, activation, dropout.
     const int64_t rows = 512, cols = 256;
