@@ -25,7 +25,10 @@ absl::StatusOr<DurableWriter> DurableWriter::Create(const std::filesystem::path&
 }
 
 DurableWriter::DurableWriter(DurableWriter&& other) noexcept
-    : path_(std::move(other.path_)), fd_(other.fd_), size_(other.size_) {
+    : path_(std::move(other.path_)),
+      fd_(other.fd_),
+      size_(other.size_),
+      handed_to_disk_(other.handed_to_disk_) {
   other.fd_ = -1;
 }
 
@@ -44,6 +47,12 @@ absl::Status DurableWriter::Append(const void* data, int64_t size) {
     p += n;
     size -= n;
     size_ += n;
+  }
+  if (size_ - handed_to_disk_ >= kWritebackBytes) {
+    // Only a hint: where it fails (a file system without it), fsync still writes everything,
+    // and an I/O error surfaces there.
+    ::sync_file_range(fd_, handed_to_disk_, size_ - handed_to_disk_, SYNC_FILE_RANGE_WRITE);
+    handed_to_disk_ = size_;
   }
   return absl::OkStatus();
 }

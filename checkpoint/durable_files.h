@@ -13,7 +13,9 @@
 
 namespace nf::checkpoint {
 
-// A file being written sequentially; Close() fsyncs it.
+// A file being written sequentially; Close() fsyncs it. Appends start the disk writing what
+// they wrote every kWritebackBytes (sync_file_range), so that the disk works while the writer
+// computes and copies, and Close's fsync waits only for the tail.
 class DurableWriter {
  public:
   static absl::StatusOr<DurableWriter> Create(const std::filesystem::path& path);
@@ -27,9 +29,11 @@ class DurableWriter {
 
  private:
   DurableWriter(std::filesystem::path path, int fd) : path_(std::move(path)), fd_(fd) {}
+  static constexpr int64_t kWritebackBytes = int64_t{8} << 20;
   std::filesystem::path path_;
   int fd_ = -1;
   int64_t size_ = 0;
+  int64_t handed_to_disk_ = 0;  // bytes whose writeback has been started
 };
 
 // fsync of a directory: makes renames and creations inside it durable.

@@ -17,21 +17,26 @@
 #include "checkpoint/durable_files.h"
 #include "checkpoint/non_finite.h"
 #include "checkpoint/shard_mapping.h"
+#include "checkpoint/snapshot_copy.h"
 #include "core/ops/ops.h"
 #include "core/status.h"
 #include "parallel/rank_warnings.h"
 
 namespace nf::checkpoint {
 
-// This rank's pieces, copied into host memory with their descriptions: what a save writes,
-// taken at a step boundary so that training may go on while it is written. Only the copy
-// happens here; checksums are computed by the writer (off the training loop when async).
+// This rank's pieces with their descriptions: what a save writes, taken at a step boundary.
+// A synchronous save writes the pieces from where they lie (the training state, or host copies
+// of device buffers); an async save first copies them into `copy` so that training may go on
+// while they are written. Checksums are computed by the writer (off the loop when async).
 struct ShardSnapshot {
-  std::string file;               // "rank_00003.shard"
-  std::unique_ptr<char[]> bytes;  // the file's contents
-  int64_t size = 0;
-  int64_t capacity = 0;  // of `bytes`
-  Manifest fragment;     // this rank's records and pieces (checksums and files entry: when written)
+  std::string file;                  // "rank_00003.shard"
+  int64_t size = 0;                  // of the file
+  Manifest fragment;                 // this rank's records and pieces (checksums and files
+                                     // entry: when written)
+  std::vector<const char*> sources;  // each piece's bytes, in the file's order
+  std::vector<Tensor> host_copies;   // device buffers' host copies, which sources point into
+  std::unique_ptr<char[]> copy;      // async saves: each distinct piece once, back to back
+  int64_t copy_capacity = 0;
 };
 
 namespace {
@@ -102,25 +107,12 @@ absl::StatusOr<std::vector<PieceSource>> PiecesOf(const RankState& state,
   return pieces;
 }
 
-// `spare` is a previous snapshot's buffer, reused when large enough: its pages are already
-// mapped, which makes the copy several times faster than into fresh memory.
-absl::StatusOr<ShardSnapshot> Snapshot(const RankState& state, ShardSnapshot spare = {}) {
+// This rank's pieces as they lie: records and sources, nothing copied but device buffers.
+absl::StatusOr<ShardSnapshot> PlanShard(const RankState& state) {
   const parallel::Topology& t = state.topology;
-  std::vector<Tensor> host_copies;  // device buffers, read from here
-  NF_ASSIGN_OR_RETURN(const std::vector<PieceSource> sources, PiecesOf(state, host_copies));
-  ShardSnapshot shard{.file = absl::StrFormat("rank_%05d.shard", t.world_rank()),
-                      .bytes = std::move(spare.bytes),
-                      .size = 0,
-                      .capacity = spare.capacity,
-                      .fragment = {}};
-  for (const PieceSource& p : sources) {
-    shard.size += (p.end - p.begin) * static_cast<int64_t>(SizeOf(p.dtype));
-  }
-  if (shard.capacity < shard.size || shard.bytes == nullptr) {
-    shard.capacity = std::max<int64_t>(shard.size, 1);
-    shard.bytes.reset(new char[static_cast<size_t>(shard.capacity)]);
-  }
-  int64_t offset = 0;
+  ShardSnapshot shard;
+  shard.file = absl::StrFormat("rank_%05d.shard", t.world_rank());
+  NF_ASSIGN_OR_RETURN(const std::vector<PieceSource> sources, PiecesOf(state, shard.host_copies));
   for (const PieceSource& p : sources) {
     const model::ParamTable::Entry& e = *p.entry;
     const int64_t length = (p.end - p.begin) * static_cast<int64_t>(SizeOf(p.dtype));
@@ -132,41 +124,97 @@ absl::StatusOr<ShardSnapshot> Snapshot(const RankState& state, ShardSnapshot spa
     record->set_dtype(std::string(DTypeName(p.dtype)));
     Piece* piece = record->add_pieces();
     piece->set_file(shard.file);
-    piece->set_offset(offset);
+    piece->set_offset(shard.size);
     piece->set_length(length);
     piece->set_sharding(ShardingToProto(e.spec.sharding));
     piece->set_tp_rank(replicated ? 0 : t.tp_rank());
     piece->set_tp_size(replicated ? 1 : t.tp());
     piece->set_begin(p.begin);
     piece->set_end(p.end);
-    std::memcpy(shard.bytes.get() + offset, p.data, static_cast<size_t>(length));
-    offset += length;
+    shard.sources.push_back(p.data);
+    shard.size += length;
   }
   return shard;
 }
 
-// Checksums a snapshot's pieces, writes it into `staging` and fsyncs it; returns its fragment
-// with the file listed.
-absl::StatusOr<Manifest> WriteSnapshot(const fs::path& staging, ShardSnapshot& shard,
-                                       int world_rank) {
-  for (TensorRecord& record : *shard.fragment.mutable_tensors()) {
-    const DType dtype = *ParseDType(record.dtype());  // written by Snapshot
-    for (Piece& piece : *record.mutable_pieces()) {
-      const NonFinite bad =
-          FindNonFinite(shard.bytes.get() + piece.offset(), piece.end() - piece.begin(), dtype);
-      if (bad.count > 0) {
-        return absl::FailedPreconditionError(
-            absl::StrCat("checkpoint not saved: ", record.name(), " (",
-                         TensorRecord::Kind_Name(record.kind()), ") holds ", bad.count,
-                         " non-finite values on rank ", world_rank, " (the first at element ",
-                         piece.begin() + bad.first, "); the training state is not finite"));
+// Copies the pieces into the snapshot's own buffer, so that training may change the state
+// while they are written. `spare` is a previous snapshot, whose buffer is reused when large
+// enough: its pages are mapped already, which makes the copy several times faster than into
+// fresh memory. A piece whose bytes another piece holds too (the master weights of an f32 model
+// are its parameters) is copied once.
+void CopyPieces(ShardSnapshot& shard, ShardSnapshot& spare) {
+  std::vector<CopySpan> spans;
+  std::map<std::pair<const char*, int64_t>, int64_t> copied;  // (source, length) -> offset
+  std::vector<int64_t> copy_offsets;
+  int64_t copy_size = 0;
+  size_t i = 0;
+  for (const TensorRecord& record : shard.fragment.tensors()) {
+    for (const Piece& piece : record.pieces()) {
+      const auto [it, fresh] =
+          copied.emplace(std::make_pair(shard.sources[i++], piece.length()), copy_size);
+      if (fresh) {
+        spans.push_back({it->first.first, copy_size, piece.length()});
+        copy_size += piece.length();
       }
-      piece.set_crc32c(
-          Crc32c(shard.bytes.get() + piece.offset(), static_cast<size_t>(piece.length())));
+      copy_offsets.push_back(it->second);
     }
   }
+  shard.copy = std::move(spare.copy);
+  shard.copy_capacity = spare.copy_capacity;
+  if (shard.copy == nullptr || shard.copy_capacity < copy_size) {
+    shard.copy_capacity = std::max<int64_t>(copy_size, 1);
+    shard.copy.reset(new char[static_cast<size_t>(shard.copy_capacity)]);
+  }
+  CopySpans(spans, shard.copy.get());
+  for (size_t p = 0; p < shard.sources.size(); ++p) {
+    shard.sources[p] = shard.copy.get() + copy_offsets[p];
+  }
+  shard.host_copies.clear();  // nothing points into them any more
+}
+
+// Checks a piece for non-finite values, checksums it and appends it to `writer`, block by
+// block: a block is read from memory once, and checked and checksummed while cached before
+// write() copies it to the page cache.
+absl::StatusOr<uint32_t> AppendPiece(DurableWriter& writer, const char* data,
+                                     const TensorRecord& record, const Piece& piece, DType dtype,
+                                     int world_rank) {
+  constexpr int64_t kBlockBytes = int64_t{256} << 10;
+  const int64_t element = static_cast<int64_t>(SizeOf(dtype));
+  const int64_t block_elements = kBlockBytes / element;
+  const int64_t count = piece.end() - piece.begin();
+  uint32_t crc = 0;
+  for (int64_t first = 0; first < count; first += block_elements) {
+    const int64_t n = std::min(block_elements, count - first);
+    const char* block = data + first * element;
+    if (FindNonFinite(block, n, dtype).count > 0) {
+      const NonFinite bad = FindNonFinite(data, count, dtype);  // all of them, for the message
+      return absl::FailedPreconditionError(
+          absl::StrCat("checkpoint not saved: ", record.name(), " (",
+                       TensorRecord::Kind_Name(record.kind()), ") holds ", bad.count,
+                       " non-finite values on rank ", world_rank, " (the first at element ",
+                       piece.begin() + bad.first, "); the training state is not finite"));
+    }
+    crc = Crc32c(block, static_cast<size_t>(n * element), crc);
+    NF_RETURN_IF_ERROR(writer.Append(block, n * element));
+  }
+  return crc;
+}
+
+// Checksums a snapshot's pieces and writes them into `staging`, fsynced; returns its fragment
+// with the file listed. A non-finite value fails the save (the staging directory goes with
+// it), so no checkpoint ever holds one.
+absl::StatusOr<Manifest> WriteSnapshot(const fs::path& staging, ShardSnapshot& shard,
+                                       int world_rank) {
   NF_ASSIGN_OR_RETURN(DurableWriter writer, DurableWriter::Create(staging / shard.file));
-  NF_RETURN_IF_ERROR(writer.Append(shard.bytes.get(), shard.size));
+  size_t i = 0;
+  for (TensorRecord& record : *shard.fragment.mutable_tensors()) {
+    const DType dtype = *ParseDType(record.dtype());  // written by PlanShard
+    for (Piece& piece : *record.mutable_pieces()) {
+      NF_ASSIGN_OR_RETURN(const uint32_t crc, AppendPiece(writer, shard.sources[i++], record, piece,
+                                                          dtype, world_rank));
+      piece.set_crc32c(crc);
+    }
+  }
   NF_RETURN_IF_ERROR(writer.Close());
   ShardFile* file = shard.fragment.add_files();
   file->set_name(shard.file);
@@ -398,7 +446,8 @@ absl::Status SaveCheckpoint(const fs::path& checkpoints_dir, const RankState& st
   NF_ASSIGN_OR_RETURN(const fs::path staging,
                       PrepareStaging(checkpoints_dir, progress.step, world));
   absl::StatusOr<Manifest> fragment = [&]() -> absl::StatusOr<Manifest> {
-    NF_ASSIGN_OR_RETURN(ShardSnapshot shard, Snapshot(state));
+    // Nothing changes the state during a synchronous save: the pieces are written from it.
+    NF_ASSIGN_OR_RETURN(ShardSnapshot shard, PlanShard(state));
     return WriteSnapshot(staging, shard, state.topology.world_rank());
   }();
   return CommitCheckpoint(checkpoints_dir, CommitInfoOf(state, progress, retention), fragment,
@@ -427,7 +476,8 @@ absl::Status AsyncCheckpointer::Start(const RankState& state, const RunProgress&
   }
   NF_RETURN_IF_ERROR(Finish(world));
   NF_ASSIGN_OR_RETURN(const fs::path staging, PrepareStaging(dir_, progress.step, world));
-  auto shard = std::make_shared<absl::StatusOr<ShardSnapshot>>(Snapshot(state, std::move(*spare_)));
+  auto shard = std::make_shared<absl::StatusOr<ShardSnapshot>>(PlanShard(state));
+  if (shard->ok()) CopyPieces(**shard, *spare_);
   auto pending = std::make_unique<Pending>();
   pending->info = CommitInfoOf(state, progress, retention_);
   pending->snapshot = shard;
