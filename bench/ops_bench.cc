@@ -205,6 +205,13 @@ void RegisterAll() {
   add("openblas_sgemm/n", BM_OpenBlasSgemm, {1024});
   add("gemm_f32/m/n/k", BM_Gemm<DType::kF32>, {1024, 1024, 1024});
   add("gemm_f32/m/n/k", BM_Gemm<DType::kF32>, {2048, 3072, 768});
+  // One micro-batch's GEMMs, too few token rows for row blocks alone: the tiny model's q/k/v
+  // and fc1 (256 tokens), the 125M shape's q/k/v, LM head and its input gradient (128 tokens).
+  add("gemm_f32/m/n/k", BM_Gemm<DType::kF32>, {256, 128, 128});
+  add("gemm_f32/m/n/k", BM_Gemm<DType::kF32>, {256, 512, 128});
+  add("gemm_f32/m/n/k", BM_Gemm<DType::kF32>, {128, 768, 768});
+  add("gemm_f32/m/n/k", BM_Gemm<DType::kF32>, {128, 50304, 768});
+  add("gemm_f32/m/n/k", BM_Gemm<DType::kF32>, {128, 768, 50304});
   add("gemm_bf16/m/n/k", BM_Gemm<DType::kBF16>, {1024, 1024, 1024});
   add("gemm_f16/m/n/k", BM_Gemm<DType::kF16>, {1024, 1024, 1024});
   add("layer_norm_fwd_f32/rows/cols", BM_LayerNormForward<DType::kF32>, {8192, 768});

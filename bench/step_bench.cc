@@ -25,80 +25,16 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/string_view.h"
 #include "bench/ceilings.h"
+#include "bench/step_workloads.h"
 #include "core/status.h"
 #include "core/thread_pool.h"
-#include "data/synthetic_corpus.h"
 #include "launcher/config.h"
 #include "launcher/trainer.h"
 
 namespace nf::bench {
 namespace {
 
-// A model shape and its batch. Dropout as in deploy/configs: tiny.pbtxt sets dropout 0.1 only,
-// normformer-125m.pbtxt dropout and attention_dropout 0.1.
-struct Workload {
-  const char* name;
-  int num_layers, d_model, num_heads, ffn_dim, vocab_size;
-  int seq_len, micro_batch, global_batch;
-  float dropout, attention_dropout;
-  int default_steps;  // timed steps unless --steps says otherwise
-};
-
-constexpr Workload kWorkloads[] = {
-    {.name = "tiny",
-     .num_layers = 4,
-     .d_model = 128,
-     .num_heads = 4,
-     .ffn_dim = 512,
-     .vocab_size = 512,
-     .seq_len = 64,
-     .micro_batch = 4,
-     .global_batch = 16,
-     .dropout = 0.1f,
-     .attention_dropout = 0.0f,
-     .default_steps = 20},
-    {.name = "125m",
-     .num_layers = 12,
-     .d_model = 768,
-     .num_heads = 12,
-     .ffn_dim = 3072,
-     .vocab_size = 50257,
-     .seq_len = 64,
-     .micro_batch = 2,
-     .global_batch = 2,
-     .dropout = 0.1f,
-     .attention_dropout = 0.1f,
-     .default_steps = 9},
-};
-
 constexpr int kWarmupSteps = 2;
-
-launcher::TrainConfig MakeConfig(const Workload& w, bool normformer) {
-  launcher::TrainConfig config;
-  model::ModelConfig& m = *config.mutable_model();
-  m.set_num_layers(w.num_layers);
-  m.set_d_model(w.d_model);
-  m.set_num_heads(w.num_heads);
-  m.set_ffn_dim(w.ffn_dim);
-  m.set_vocab_size(w.vocab_size);
-  m.set_max_seq_len(w.seq_len);
-  m.set_dropout(w.dropout);
-  m.set_attention_dropout(w.attention_dropout);
-  model::NormFormerConfig& switches = *m.mutable_normformer();
-  switches.set_scale_attn(normformer);
-  switches.set_scale_heads(normformer);
-  switches.set_head_scale_placement(model::NormFormerConfig::BEFORE_OUT_PROJ);
-  switches.set_scale_fc(normformer);
-  switches.set_scale_resids(false);
-  launcher::TrainOptions& t = *config.mutable_train();
-  t.set_seq_len(w.seq_len);
-  t.set_micro_batch_size(w.micro_batch);
-  t.set_global_batch_size(w.global_batch);
-  t.set_precision(launcher::TrainOptions::FP32);
-  t.set_train_iters(1000);  // only the LR schedule sees it
-  t.mutable_lr_schedule()->set_warmup_iters(30);
-  return config;
-}
 
 double Median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
@@ -124,20 +60,9 @@ absl::StatusOr<std::unique_ptr<Variant>> MakeVariant(launcher::TrainConfig confi
   NF_RETURN_IF_ERROR(launcher::ValidateTrainConfig(config));
   auto v = std::make_unique<Variant>();
   NF_ASSIGN_OR_RETURN(v->trainer, launcher::Trainer::Create(config));
-  const launcher::TrainOptions& train = config.train();
-  const int64_t micro = train.micro_batch_size(), seq = train.seq_len();
-  NF_ASSIGN_OR_RETURN(v->inputs, Tensor::HostZeros(DType::kI32, {micro, seq}));
-  NF_ASSIGN_OR_RETURN(v->targets, Tensor::HostZeros(DType::kI32, {micro, seq}));
-  NF_ASSIGN_OR_RETURN(const data::SyntheticCorpus corpus,
-                      data::SyntheticCorpus::Create(config.model().vocab_size(),
-                                                    config.data().synthetic().branching(),
-                                                    config.data().synthetic().seed()));
-  std::vector<int32_t> sample(seq + 1);
-  for (int64_t b = 0; b < micro; ++b) {
-    corpus.Sample(b, seq + 1, sample.data());
-    std::copy(sample.begin(), sample.end() - 1, v->inputs.data<int32_t>() + b * seq);
-    std::copy(sample.begin() + 1, sample.end(), v->targets.data<int32_t>() + b * seq);
-  }
+  NF_ASSIGN_OR_RETURN(FixedBatch batch, MakeFixedBatch(config));
+  v->inputs = std::move(batch.inputs);
+  v->targets = std::move(batch.targets);
   v->config = std::move(config);
   return v;
 }
@@ -293,9 +218,7 @@ int Main(int argc, char** argv) {
     const Workload& w = *rows[i].workload;
     const Result& r = rows[i].result;
     const int64_t tokens = int64_t{w.global_batch} * w.seq_len;
-    const double flops_per_token =
-        6.0 * static_cast<double>(r.params) + 6.0 * w.num_layers * w.d_model * w.seq_len;
-    const double gflops = flops_per_token * static_cast<double>(tokens) / 1e9;
+    const double gflops = StepGflops(w, r.params);
     // Rows come in pairs, the baseline first.
     const std::string overhead =
         rows[i].normformer

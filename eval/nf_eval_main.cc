@@ -52,6 +52,9 @@
 
 namespace {
 
+using ::nf::parallel::LauncherRank;
+using ::nf::parallel::PrintsSharedErrors;
+
 namespace fs = std::filesystem;
 
 constexpr char kUsage[] =
@@ -106,17 +109,6 @@ struct Flags {
   int64_t batch_size = 8;
   std::string out, examples_out;
 };
-
-// This process's rank as an MPI launcher announces it before MPI starts; -1 without one.
-int LauncherRank() {
-  for (const char* variable : {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK"}) {
-    if (const char* value = std::getenv(variable)) return std::atoi(value);
-  }
-  return -1;
-}
-
-// Errors every rank meets alike are printed by rank 0 only.
-bool PrintsSharedErrors() { return LauncherRank() <= 0; }
 
 int UsageError(const std::string& message) {
   if (PrintsSharedErrors()) {

@@ -44,6 +44,9 @@
 
 namespace {
 
+using ::nf::parallel::LauncherRank;
+using ::nf::parallel::PrintsSharedErrors;
+
 namespace fs = std::filesystem;
 
 constexpr char kUsage[] =
@@ -93,25 +96,15 @@ struct Flags {
   std::string out;
 };
 
-// This process's rank as an MPI launcher announces it before MPI starts; -1 without one.
-int LauncherRank() {
-  for (const char* variable : {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK"}) {
-    if (const char* value = std::getenv(variable)) return std::atoi(value);
-  }
-  return -1;
-}
-
-bool PrintingRank() { return LauncherRank() <= 0; }
-
 int UsageError(const std::string& message) {
-  if (PrintingRank()) {
+  if (PrintsSharedErrors()) {
     std::cerr << "nf-generate: " << message << "\n(run nf-generate --help for usage)\n";
   }
   return 2;
 }
 
 int SharedFailure(const absl::Status& status) {
-  if (PrintingRank()) std::cerr << "nf-generate: " << status.message() << "\n";
+  if (PrintsSharedErrors()) std::cerr << "nf-generate: " << status.message() << "\n";
   return 1;
 }
 
@@ -326,7 +319,7 @@ int Run(int argc, char** argv) {
                : SharedFailure(plan.status());
   }
   std::unique_ptr<nf::generate::TextDecoder> decoder;
-  if (PrintingRank()) {
+  if (PrintsSharedErrors()) {
     const absl::StatusOr<std::string> helper = nf::eval::ProgramBesideThisOne("nf-tokenize");
     if (!helper.ok()) return SharedFailure(helper.status());
     absl::StatusOr<std::unique_ptr<nf::generate::TextDecoder>> started =

@@ -33,6 +33,10 @@
 
 namespace {
 
+using ::nf::parallel::LauncherRank;
+using ::nf::parallel::LauncherSize;
+using ::nf::parallel::PrintsSharedErrors;
+
 constexpr char kUsage[] =
     R"(usage: nf-launch --config FILE.pbtxt [--set field.path=value]... --run-dir DIR
 
@@ -79,26 +83,6 @@ exit codes: 0 done, 1 runtime error, 2 bad command line, configuration or run di
 (unwritable, or in use by another nf-launch), 3 stopped early with a checkpoint: run the
 same command to resume
 )";
-
-// This process's rank as an MPI launcher (mpirun, srun with PMI/PMIx) announces it before MPI
-// starts; -1 when no launcher started it.
-int LauncherRank() {
-  for (const char* variable : {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK"}) {
-    if (const char* value = std::getenv(variable)) return std::atoi(value);
-  }
-  return -1;
-}
-
-// The number of processes an MPI launcher started; 0 when none did.
-int LauncherSize() {
-  for (const char* variable : {"OMPI_COMM_WORLD_SIZE", "PMIX_SIZE", "PMI_SIZE"}) {
-    if (const char* value = std::getenv(variable)) return std::atoi(value);
-  }
-  return 0;
-}
-
-// Errors every rank hits alike (command line, configuration) are printed by rank 0 only.
-bool PrintsSharedErrors() { return LauncherRank() <= 0; }
 
 // Rank 0 alone holds the run directory (the others never write in it), taken only once every
 // refusal of the config is behind it: a refused launch leaves nothing in the run directory.

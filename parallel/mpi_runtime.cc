@@ -101,4 +101,18 @@ void AbortJob(int exit_code) {
   std::_Exit(exit_code);  // MPI_Abort does not return; this covers a job without MPI
 }
 
+int LauncherRank() {
+  for (const char* variable : {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK"}) {
+    if (const char* value = std::getenv(variable)) return std::atoi(value);
+  }
+  return -1;
+}
+
+int LauncherSize() {
+  for (const char* variable : {"OMPI_COMM_WORLD_SIZE", "PMIX_SIZE", "PMI_SIZE"}) {
+    if (const char* value = std::getenv(variable)) return std::atoi(value);
+  }
+  return 0;
+}
+
 }  // namespace nf::parallel

@@ -22,6 +22,17 @@ bool MpiThreadMultiple();
 // This process's rank in MPI_COMM_WORLD; -1 when MPI is not active.
 int MpiWorldRank();
 
+// This process's rank as an MPI launcher (mpirun, srun with PMI/PMIx) announces it in the
+// environment before MPI starts; -1 when no launcher started it.
+int LauncherRank();
+
+// The number of processes an MPI launcher started; 0 when none did.
+int LauncherSize();
+
+// Whether this process prints the errors every rank meets alike (command line, configuration):
+// rank 0 of a job, or a process no launcher started. Said once, not by every rank.
+inline bool PrintsSharedErrors() { return LauncherRank() <= 0; }
+
 // Ends every process of the job with `exit_code`: MPI_Abort(MPI_COMM_WORLD) when MPI is active,
 // else _Exit. An error that only some ranks hit must end the job this way: a plain exit()
 // would run MPI_Finalize, which waits for the ranks still blocked on this one.
