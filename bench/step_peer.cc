@@ -9,11 +9,12 @@
 // OpenBLAS all-core sgemm ceiling measured at start), then answers each line of stdin with one
 // line: "step" -> "step SECONDS", one Trainer::TrainStep (forward + backward over every
 // micro-batch, AdamW); "fb" -> "fb SECONDS", forward + backward of as many micro-batches, no
-// update. --seq changes the sequence length (and max_seq_len); --no-dropout sets every dropout
-// to 0. --dump FILE (needs --no-dropout) first writes, as safetensors, the initial parameters
-// under the model's names, one micro-batch as F32 "inputs" and "targets", and as metadata
-// "loss" (that micro-batch's mean token loss) and "grad_norm" (the norm of its gradient), for
-// the PyTorch model to recompute on the same weights and tokens.
+// update; "sgemm" -> "sgemm GFLOPS", the ceiling measured again. --seq changes the sequence length
+// (and max_seq_len); --no-dropout sets every dropout to 0. --dump FILE (needs --no-dropout) first
+// writes, as safetensors, the initial parameters under the model's names, one micro-batch as F32
+// "inputs" and "targets", and as metadata "loss" (that micro-batch's mean token loss) and
+// "grad_norm" (the norm of its gradient), for the PyTorch model to recompute on the same weights
+// and tokens.
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -159,6 +160,8 @@ absl::Status Serve(const Flags& flags) {
       NF_ASSIGN_OR_RETURN(const double seconds,
                           ForwardBackwardSeconds(*trainer, config.train(), batch));
       std::printf("fb %.6f\n", seconds);
+    } else if (line == "sgemm") {
+      std::printf("sgemm %.6f\n", MeasureCeilings().sgemm_gflops);
     } else if (line == "quit") {
       break;
     } else {
