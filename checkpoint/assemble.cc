@@ -26,27 +26,26 @@ std::string ShapeText(const Shape& shape) { return ShapeToString(shape); }
 
 }  // namespace
 
-absl::StatusOr<AssembledTensor> AssembleTensor(const fs::path& dir, const Manifest& manifest,
-                                               const TensorRecord& record) {
-  const std::string what =
-      absl::StrCat(record.name(), " (", TensorRecord::Kind_Name(record.kind()), ")");
+absl::StatusOr<CheckedRecord> CheckRecord(const fs::path& dir, const Manifest& manifest,
+                                          const TensorRecord& record) {
+  CheckedRecord checked;
+  checked.what = absl::StrCat(record.name(), " (", TensorRecord::Kind_Name(record.kind()), ")");
+  const std::string& what = checked.what;
   absl::StatusOr<DType> dtype = ParseDType(record.dtype());
   if (!dtype.ok())
     return Corrupt(dir, absl::StrCat(what, " has unknown dtype '", record.dtype(), "'"));
-  AssembledTensor a;
-  a.shape.assign(record.global_shape().begin(), record.global_shape().end());
-  if (a.shape.empty() || a.shape.size() > 2 ||
-      std::any_of(a.shape.begin(), a.shape.end(), [](int64_t d) { return d < 1; })) {
-    return Corrupt(dir, absl::StrCat(what, " has an invalid global shape ", ShapeText(a.shape)));
+  checked.dtype = *dtype;
+  Shape& shape = checked.shape;
+  shape.assign(record.global_shape().begin(), record.global_shape().end());
+  if (shape.empty() || shape.size() > 2 ||
+      std::any_of(shape.begin(), shape.end(), [](int64_t d) { return d < 1; })) {
+    return Corrupt(dir, absl::StrCat(what, " has an invalid global shape ", ShapeText(shape)));
   }
-  const int64_t numel = NumElements(a.shape);
+  const int64_t numel = NumElements(shape);
   const int64_t element = static_cast<int64_t>(SizeOf(*dtype));
-  // Uninitialised: the coverage check below proves every element written.
-  NF_ASSIGN_OR_RETURN(a.global, Tensor::HostEmpty(*dtype, {numel}));
-  std::vector<std::pair<int64_t, int64_t>> runs;  // (global index, count) written
+  std::vector<std::pair<int64_t, int64_t>> runs;  // (global index, count) covered
   std::map<std::string, int64_t> file_sizes;
   for (const ShardFile& f : manifest.files()) file_sizes[f.name()] = f.size();
-  std::vector<char> bytes;
   for (const Piece& p : record.pieces()) {
     const ShardPlace place{.sharding = ShardingFromProto(p.sharding()),
                            .tp_rank = p.tp_rank(),
@@ -56,31 +55,23 @@ absl::StatusOr<AssembledTensor> AssembleTensor(const fs::path& dir, const Manife
     const int64_t split_dim = place.sharding == model::Sharding::kSplitCols ? 1 : 0;
     if (size == file_sizes.end() || p.tp_size() < 1 || p.tp_rank() < 0 ||
         p.tp_rank() >= p.tp_size() ||
-        (split && (static_cast<int64_t>(a.shape.size()) <= split_dim ||
-                   a.shape[split_dim] % p.tp_size() != 0))) {
+        (split && (static_cast<int64_t>(shape.size()) <= split_dim ||
+                   shape[split_dim] % p.tp_size() != 0))) {
       return Corrupt(dir, absl::StrCat(what, ": a piece names an unknown file '", p.file(),
                                        "' or an impossible shard"));
     }
-    const int64_t local_numel = NumElements(LocalShape(a.shape, place));
+    const int64_t local_numel = NumElements(LocalShape(shape, place));
     if (p.begin() < 0 || p.begin() > p.end() || p.end() > local_numel ||
         p.length() != (p.end() - p.begin()) * element || p.offset() < 0 ||
         p.offset() + p.length() > size->second) {
       return Corrupt(dir, absl::StrCat(what, ": a piece in ", p.file(),
                                        " lies outside its shard or its file"));
     }
-    bytes.resize(static_cast<size_t>(p.length()));
-    NF_RETURN_IF_ERROR(ReadRange(dir / p.file(), p.offset(), p.length(), bytes.data()));
-    if (Crc32c(bytes.data(), bytes.size()) != p.crc32c()) {
-      return Corrupt(dir, absl::StrCat(what, ": the piece at byte ", p.offset(), " of ", p.file(),
-                                       " fails its checksum (the file is corrupt)"));
-    }
-    char* global = static_cast<char*>(a.global.raw_data());
-    ForEachGlobalRun(a.shape, place, p.begin(), p.end(),
-                     [&](int64_t local, int64_t global_index, int64_t count) {
-                       std::memcpy(global + global_index * element,
-                                   bytes.data() + (local - p.begin()) * element, count * element);
+    ForEachGlobalRun(shape, place, p.begin(), p.end(),
+                     [&](int64_t, int64_t global_index, int64_t count) {
                        runs.emplace_back(global_index, count);
                      });
+    checked.places.push_back(place);
   }
   // Exactly once: sorted by start, the runs must neither overlap nor leave gaps.
   std::sort(runs.begin(), runs.end());
@@ -93,6 +84,35 @@ absl::StatusOr<AssembledTensor> AssembleTensor(const fs::path& dir, const Manife
   if (next != numel) {
     return Corrupt(dir, absl::StrCat(what, " is incomplete: elements from ", next, " of ", numel,
                                      " are in no piece"));
+  }
+  return checked;
+}
+
+absl::StatusOr<AssembledTensor> AssembleTensor(const fs::path& dir, const Manifest& manifest,
+                                               const TensorRecord& record) {
+  NF_ASSIGN_OR_RETURN(const CheckedRecord checked, CheckRecord(dir, manifest, record));
+  const std::string& what = checked.what;
+  AssembledTensor a;
+  a.shape = checked.shape;
+  const int64_t numel = NumElements(a.shape);
+  const int64_t element = static_cast<int64_t>(SizeOf(checked.dtype));
+  // Uninitialised: CheckRecord proved every element covered by a piece.
+  NF_ASSIGN_OR_RETURN(a.global, Tensor::HostEmpty(checked.dtype, {numel}));
+  std::vector<char> bytes;
+  for (int i = 0; i < record.pieces_size(); ++i) {
+    const Piece& p = record.pieces(i);
+    bytes.resize(static_cast<size_t>(p.length()));
+    NF_RETURN_IF_ERROR(ReadRange(dir / p.file(), p.offset(), p.length(), bytes.data()));
+    if (Crc32c(bytes.data(), bytes.size()) != p.crc32c()) {
+      return Corrupt(dir, absl::StrCat(what, ": the piece at byte ", p.offset(), " of ", p.file(),
+                                       " fails its checksum (the file is corrupt)"));
+    }
+    char* global = static_cast<char*>(a.global.raw_data());
+    ForEachGlobalRun(a.shape, checked.places[i], p.begin(), p.end(),
+                     [&](int64_t local, int64_t global_index, int64_t count) {
+                       std::memcpy(global + global_index * element,
+                                   bytes.data() + (local - p.begin()) * element, count * element);
+                     });
   }
   const NonFinite bad = FindNonFinite(a.global.raw_data(), numel, a.global.dtype());
   if (bad.count > 0) {
@@ -107,15 +127,21 @@ bool IsVocabularyTable(const std::string& name) {
   return name == "decoder.embed_tokens.weight" || name == "decoder.output_projection.weight";
 }
 
+absl::Status CheckShapeFits(const fs::path& dir, const Shape& shape, const model::ParamSpec& spec) {
+  const Shape& want = spec.global_shape;
+  const bool rows_only = want.size() == shape.size() && want.size() == 2 && want[1] == shape[1];
+  if (want != shape && !(IsVocabularyTable(spec.name) && rows_only)) {
+    return Corrupt(dir, absl::StrCat(spec.name, " has global shape ", ShapeText(shape),
+                                     "; the model needs ", ShapeText(want)));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<Tensor> CutShard(const fs::path& dir, const AssembledTensor& a,
                                 const model::ParamSpec& spec, int64_t local_numel, int tp_rank,
                                 int tp_size) {
+  NF_RETURN_IF_ERROR(CheckShapeFits(dir, a.shape, spec));
   const Shape& want = spec.global_shape;
-  const bool rows_only = want.size() == a.shape.size() && want.size() == 2 && want[1] == a.shape[1];
-  if (want != a.shape && !(IsVocabularyTable(spec.name) && rows_only)) {
-    return Corrupt(dir, absl::StrCat(spec.name, " has global shape ", ShapeText(a.shape),
-                                     "; the model needs ", ShapeText(want)));
-  }
   const int64_t element = static_cast<int64_t>(SizeOf(a.global.dtype()));
   const ShardPlace place{.sharding = spec.sharding,
                          .tp_rank = spec.sharding == model::Sharding::kReplicated ? 0 : tp_rank,

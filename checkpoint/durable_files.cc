@@ -96,23 +96,26 @@ absl::Status ReadRange(const std::filesystem::path& path, int64_t offset, int64_
                        void* out) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return Errno("cannot open", path);
+  const absl::Status status = ReadRangeAt(fd, path, offset, length, out);
+  ::close(fd);
+  return status;
+}
+
+absl::Status ReadRangeAt(int fd, const std::filesystem::path& path, int64_t offset, int64_t length,
+                         void* out) {
   char* p = static_cast<char*>(out);
   int64_t done = 0;
   while (done < length) {
     const ssize_t n = ::pread(fd, p + done, static_cast<size_t>(length - done), offset + done);
     if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      const absl::Status status =
-          n < 0 ? Errno("cannot read", path)
-                : absl::OutOfRangeError(absl::StrCat(
-                      path.string(), " is truncated: bytes [", offset, ", ", offset + length,
-                      ") were expected, the file ends at ", offset + done));
-      ::close(fd);
-      return status;
+    if (n < 0) return Errno("cannot read", path);
+    if (n == 0) {
+      return absl::OutOfRangeError(
+          absl::StrCat(path.string(), " is truncated: bytes [", offset, ", ", offset + length,
+                       ") were expected, the file ends at ", offset + done));
     }
     done += n;
   }
-  ::close(fd);
   return absl::OkStatus();
 }
 

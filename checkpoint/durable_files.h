@@ -48,6 +48,10 @@ absl::Status ReplaceFileAtomically(const std::filesystem::path& path, const std:
 absl::Status ReadRange(const std::filesystem::path& path, int64_t offset, int64_t length,
                        void* out);
 
+// The same from a file open as `fd` (`path` names it in errors).
+absl::Status ReadRangeAt(int fd, const std::filesystem::path& path, int64_t offset, int64_t length,
+                         void* out);
+
 absl::StatusOr<std::string> ReadWholeFile(const std::filesystem::path& path);
 
 }  // namespace nf::checkpoint

@@ -12,6 +12,7 @@
 #include "absl/strings/str_join.h"
 #include "checkpoint/assemble.h"
 #include "checkpoint/durable_files.h"
+#include "checkpoint/piece_reader.h"
 #include "checkpoint/save.h"
 #include "checkpoint/shard_mapping.h"
 #include "core/ops/ops.h"
@@ -51,16 +52,47 @@ void DiffFields(const pb::Message& a, const pb::Message& b, const std::string& p
   }
 }
 
-// dst = src converted to dst's dtype, src on the host and dst anywhere: converted on the host,
-// then copied to dst's device.
-absl::Status CastInto(const Tensor& src, const Tensor& dst) {
-  if (dst.device().type == DeviceType::kCpu) return ops::Cast(src, dst);
-  Tensor converted = src;
-  if (src.dtype() != dst.dtype()) {
-    NF_ASSIGN_OR_RETURN(converted, Tensor::HostEmpty(dst.dtype(), src.shape()));
-    NF_RETURN_IF_ERROR(ops::Cast(src, converted));
+// The optimizer state `kind` of entry `e` into `buffer` (flat f32, indexed by the optimizer's
+// state offsets): only the slices this rank holds.
+absl::Status ReadOptimizerState(ShardReader& reader, const Manifest& manifest,
+                                const TensorRecord& record, const model::ParamTable::Entry& e,
+                                const parallel::DataParallelOptimizer& optimizer, int tp_rank,
+                                int tp_size, const Tensor& buffer) {
+  NF_ASSIGN_OR_RETURN(const CheckedRecord checked, CheckRecord(reader.dir(), manifest, record));
+  NF_RETURN_IF_ERROR(CheckShapeFits(reader.dir(), checked.shape, e.spec));
+  const ShardPlace place = PlaceOf(e.spec, tp_rank, tp_size);
+  const int64_t numel = e.value.numel();
+  // Straight into the buffer when it is host f32 like the record; else staged in the record's
+  // dtype (the whole local shard, only the held slices filled), converted and copied.
+  const bool direct = buffer.device().type == DeviceType::kCpu && checked.dtype == DType::kF32;
+  Tensor staged;
+  if (!direct) {
+    NF_ASSIGN_OR_RETURN(staged, Tensor::HostEmpty(checked.dtype, {numel}));
   }
-  return ops::Copy(converted, dst);
+  const int64_t element = static_cast<int64_t>(SizeOf(checked.dtype));
+  std::vector<LocalRange> ranges;
+  NF_RETURN_IF_ERROR(optimizer.ForEachHeldPiece(
+      e.offset, numel, [&](int64_t full_offset, int64_t state_offset, int64_t count) {
+        const int64_t begin = full_offset - e.offset;
+        char* out = direct ? static_cast<char*>(buffer.raw_data()) + state_offset * element
+                           : static_cast<char*>(staged.raw_data()) + begin * element;
+        ranges.push_back({begin, begin + count, out});
+        return absl::OkStatus();
+      }));
+  NF_RETURN_IF_ERROR(ReadLocalRanges(reader, record, checked, e.spec.global_shape, place, ranges));
+  if (direct) return absl::OkStatus();
+  Tensor staged32 = staged;
+  if (staged.dtype() != DType::kF32) {
+    NF_ASSIGN_OR_RETURN(staged32, Tensor::HostEmpty(DType::kF32, {numel}));
+    NF_RETURN_IF_ERROR(ops::Cast(staged, staged32));
+  }
+  return optimizer.ForEachHeldPiece(
+      e.offset, numel,
+      [&](int64_t full_offset, int64_t state_offset, int64_t count) -> absl::Status {
+        NF_ASSIGN_OR_RETURN(const Tensor from, staged32.Slice(full_offset - e.offset, count));
+        NF_ASSIGN_OR_RETURN(const Tensor to, buffer.Slice(state_offset, count));
+        return ops::Copy(from, to);
+      });
 }
 
 }  // namespace
@@ -178,7 +210,7 @@ absl::Status CheckSameModel(const fs::path& dir, const Manifest& manifest,
 }
 
 absl::StatusOr<RunProgress> LoadCheckpoint(const fs::path& dir, const Manifest& manifest,
-                                           const RankState& state) {
+                                           const RankState& state, LoadStats* stats) {
   std::map<std::pair<std::string, int>, const TensorRecord*> records;
   for (const TensorRecord& r : manifest.tensors()) {
     records[{r.name(), static_cast<int>(r.kind())}] = &r;
@@ -193,36 +225,23 @@ absl::StatusOr<RunProgress> LoadCheckpoint(const fs::path& dir, const Manifest& 
     return it->second;
   };
   const parallel::Topology& t = state.topology;
+  ShardReader reader(dir);
   for (const ChunkState& chunk : state.chunks) {
     optim::MixedPrecisionAdamW& adamw = chunk.optimizer->adamw();
     const auto states = OptimizerStateBuffers(adamw);
     for (const model::ParamTable::Entry& e : chunk.params->entries()) {
       NF_ASSIGN_OR_RETURN(const TensorRecord* param, find(e.spec.name, TensorRecord::PARAM));
-      NF_ASSIGN_OR_RETURN(const AssembledTensor value, AssembleTensor(dir, manifest, *param));
-      NF_ASSIGN_OR_RETURN(const Tensor shard,
-                          CutShard(dir, value, e.spec, e.value.numel(), t.tp_rank(), t.tp()));
       NF_ASSIGN_OR_RETURN(const Tensor target, e.value.Reshape({e.value.numel()}));
-      NF_RETURN_IF_ERROR(CastInto(shard, target));
+      NF_RETURN_IF_ERROR(
+          ReadParameterShard(reader, manifest, *param, e.spec, t.tp_rank(), t.tp(), target));
       for (const auto& [kind, tensor] : states) {
         NF_ASSIGN_OR_RETURN(const TensorRecord* record, find(e.spec.name, kind));
-        NF_ASSIGN_OR_RETURN(const AssembledTensor moment, AssembleTensor(dir, manifest, *record));
-        NF_ASSIGN_OR_RETURN(const Tensor local,
-                            CutShard(dir, moment, e.spec, e.value.numel(), t.tp_rank(), t.tp()));
-        Tensor local32 = local;
-        if (local.dtype() != DType::kF32) {
-          NF_ASSIGN_OR_RETURN(local32, Tensor::HostEmpty(DType::kF32, {local.numel()}));
-          NF_RETURN_IF_ERROR(ops::Cast(local, local32));
-        }
-        NF_RETURN_IF_ERROR(chunk.optimizer->ForEachHeldPiece(
-            e.offset, e.value.numel(),
-            [&](int64_t full_offset, int64_t state_offset, int64_t count) -> absl::Status {
-              NF_ASSIGN_OR_RETURN(const Tensor from, local32.Slice(full_offset - e.offset, count));
-              NF_ASSIGN_OR_RETURN(const Tensor to, tensor->Slice(state_offset, count));
-              return ops::Copy(from, to);
-            }));
+        NF_RETURN_IF_ERROR(ReadOptimizerState(reader, manifest, *record, e, *chunk.optimizer,
+                                              t.tp_rank(), t.tp(), *tensor));
       }
     }
   }
+  if (stats != nullptr) stats->bytes_read = reader.bytes_read();
   RunProgress progress{.step = manifest.step(),
                        .consumed_samples = manifest.consumed_samples(),
                        .data_stream_samples = manifest.data_stream_samples(),

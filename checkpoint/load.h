@@ -1,10 +1,10 @@
 // Loading a checkpoint into a run of any (tp, pp, dp, ZeRO) layout. Every rank reads the
 // manifest and, for each parameter its chunks hold, the pieces of that parameter's global
-// tensors (parameters, fp32 master weights, both moments) from whichever shard files hold
-// them, verifies each piece's checksum, assembles the global tensor and cuts out its own shard
-// (and its optimizer slices). Nothing in the files is ever executed or followed outside the
-// checkpoint directory; every problem is a one-line error naming the checkpoint and the file or
-// field, and nothing on disk is changed.
+// tensors (parameters, fp32 master weights, both moments) that hold elements of its own shard
+// (and of its optimizer slices), from whichever shard files hold them, verifies each piece's
+// checksum and copies the elements it needs into place. Nothing in the files is ever executed or
+// followed outside the checkpoint directory; every problem is a one-line error naming the
+// checkpoint and the file or field, and nothing on disk is changed.
 #pragma once
 
 #include <filesystem>
@@ -45,8 +45,15 @@ absl::StatusOr<ResumePoint> FindResumePoint(const std::filesystem::path& checkpo
 absl::Status CheckSameModel(const std::filesystem::path& dir, const Manifest& manifest,
                             const model::ModelConfig& model);
 
+// What a load read, for benchmarks and tests.
+struct LoadStats {
+  int64_t bytes_read = 0;  // from the shard files: whole pieces, only those this rank needs
+};
+
 // Loads parameters and optimizer state into `state`'s chunks and returns the run's progress.
+// A rank reads only the pieces that hold elements of its shards and optimizer slices.
 absl::StatusOr<RunProgress> LoadCheckpoint(const std::filesystem::path& dir,
-                                           const Manifest& manifest, const RankState& state);
+                                           const Manifest& manifest, const RankState& state,
+                                           LoadStats* stats = nullptr);
 
 }  // namespace nf::checkpoint

@@ -4,8 +4,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
-#include "checkpoint/assemble.h"
-#include "core/ops/ops.h"
+#include "checkpoint/piece_reader.h"
 #include "core/status.h"
 
 namespace nf::checkpoint {
@@ -16,24 +15,16 @@ absl::Status LoadParameters(const std::filesystem::path& dir, const Manifest& ma
   for (const TensorRecord& r : manifest.tensors()) {
     if (r.kind() == TensorRecord::PARAM) records[r.name()] = &r;
   }
+  ShardReader reader(dir);
   for (const model::ParamTable::Entry& e : params.entries()) {
     const auto record = records.find(e.spec.name);
     if (record == records.end()) {
       return absl::FailedPreconditionError(
           absl::StrCat("checkpoint ", dir.string(), " has no parameter ", e.spec.name));
     }
-    NF_ASSIGN_OR_RETURN(const AssembledTensor whole,
-                        AssembleTensor(dir, manifest, *record->second));
-    NF_ASSIGN_OR_RETURN(const Tensor shard,
-                        CutShard(dir, whole, e.spec, e.value.numel(), tp_rank, tp_size));
     NF_ASSIGN_OR_RETURN(const Tensor target, e.value.Reshape({e.value.numel()}));
-    // The shard is on the host in the checkpoint's dtype; the parameter may live on a GPU.
-    Tensor converted = shard;
-    if (shard.dtype() != target.dtype()) {
-      NF_ASSIGN_OR_RETURN(converted, Tensor::HostEmpty(target.dtype(), shard.shape()));
-      NF_RETURN_IF_ERROR(ops::Cast(shard, converted));
-    }
-    NF_RETURN_IF_ERROR(ops::Copy(converted, target));
+    NF_RETURN_IF_ERROR(
+        ReadParameterShard(reader, manifest, *record->second, e.spec, tp_rank, tp_size, target));
   }
   return absl::OkStatus();
 }

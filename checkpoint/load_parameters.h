@@ -1,8 +1,8 @@
 // Loading only a checkpoint's model parameters, for programs that run a model without training
 // it (nf-eval): no optimizer, so no fp32 master weights or moments are read or allocated. Like
-// LoadCheckpoint (load.h), any (tp, pp) layout loads any checkpoint: each parameter's global
-// tensor is reassembled from the shard files that hold it, its pieces' checksums verified, and
-// this rank's shard cut out and converted to the model's dtype.
+// LoadCheckpoint (load.h), any (tp, pp) layout loads any checkpoint: each parameter's shard is
+// read from the pieces that hold its elements (and no others), their checksums verified, and
+// converted to the model's dtype.
 #pragma once
 
 #include <filesystem>
@@ -15,7 +15,7 @@ namespace nf::checkpoint {
 
 // Fills every parameter of `params` (one model chunk on tensor-parallel rank tp_rank of tp_size)
 // from the PARAM records of the checkpoint in `dir`. FailedPrecondition naming the parameter
-// when the checkpoint lacks one; DataLoss as AssembleTensor and CutShard report it.
+// when the checkpoint lacks one; DataLoss as CheckRecord and ReadLocalRanges report it.
 absl::Status LoadParameters(const std::filesystem::path& dir, const Manifest& manifest,
                             model::ParamTable& params, int tp_rank, int tp_size);
 
