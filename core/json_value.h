@@ -1,18 +1,19 @@
-// A strict JSON reader for one line of a task file (JSON Lines): the whole value as a small
-// tree, so that a task can read strings, integers and arrays of strings by field name. RFC 8259
-// syntax (\uXXXX escapes with surrogate pairs decode to UTF-8); a syntax error is reported with
-// its byte column, and nesting deeper than 64 levels is refused rather than recursed into.
+// The general JSON reader: any value as a small tree, so that a caller can read strings,
+// numbers and arrays by field name (nf-eval's task files, nf-generate's prompt files). The
+// syntax is core/json_cursor.h's (RFC 8259, strict); nesting deeper than 64 levels is refused
+// rather than recursed into.
 #pragma once
 
-#include <cstdint>
 #include <map>
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "core/json_cursor.h"
 
-namespace nf::eval {
+namespace nf {
 
 struct JsonValue {
   enum class Kind { kNull, kBool, kNumber, kString, kArray, kObject };
@@ -28,7 +29,11 @@ struct JsonValue {
 // "column C: what" (C 1-based, in bytes) on a syntax error.
 absl::StatusOr<JsonValue> ParseJson(absl::string_view line);
 
-// "string", "number", ...: for messages that say what a field holds instead.
+// The value at `cursor` into *out, or only checked and passed over when `out` is null (a reader
+// that wants one field of an object skips the others without building them).
+absl::Status ReadJsonValue(JsonCursor& cursor, JsonValue* out);
+
+// "a string", "a number", ...: for messages that say what a field holds instead.
 absl::string_view JsonKindName(JsonValue::Kind kind);
 
-}  // namespace nf::eval
+}  // namespace nf

@@ -26,7 +26,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "eval/json_value.h"
+#include "core/json_value.h"
 
 namespace nf::eval {
 

@@ -4,7 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
-#include "eval/json_value.h"
+#include "core/json_value.h"
 
 namespace nf::generate {
 
@@ -22,16 +22,16 @@ absl::StatusOr<std::vector<std::string>> ReadPromptFile(const std::string& path)
   if (!jsonl || lines.empty()) return lines;
   std::vector<std::string> prompts;
   for (size_t i = 0; i < lines.size(); ++i) {
-    const auto value = eval::ParseJson(lines[i]);
+    const auto value = ParseJson(lines[i]);
     const std::string where = absl::StrCat(path, ": prompt ", i + 1);
     if (!value.ok())
       return absl::InvalidArgumentError(absl::StrCat(where, ": ", value.status().message()));
-    const eval::JsonValue* field = nullptr;
+    const JsonValue* field = nullptr;
     for (const char* name : {"prompt", "text"}) {
       const auto it = value->members.find(name);
       if (field == nullptr && it != value->members.end()) field = &it->second;
     }
-    if (field == nullptr || field->kind != eval::JsonValue::Kind::kString) {
+    if (field == nullptr || field->kind != JsonValue::Kind::kString) {
       return absl::InvalidArgumentError(
           absl::StrCat(where, ": a JSON line needs a \"prompt\" (or \"text\") string"));
     }
