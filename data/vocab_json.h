@@ -2,6 +2,7 @@
 // one flat JSON object mapping token strings to integer ids. Only that shape is accepted, as RFC
 // 8259 writes it (UTF-8, \uXXXX escapes with surrogate pairs), so a wrong or damaged file fails
 // at load with the place of the problem instead of yielding a vocabulary that encodes wrongly.
+// The syntax is read by core/json_cursor.h; this file adds the shape and the ids' rules.
 #pragma once
 
 #include <cstdint>
