@@ -7,11 +7,13 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
 #include "checkpoint/durable_files.h"
+#include "core/json_cursor.h"
 #include "core/status.h"
 
 namespace nf::checkpoint {
@@ -55,214 +57,78 @@ std::string Quoted(absl::string_view s) { return absl::StrCat("\"", JsonEscape(s
 
 // The subset of JSON a safetensors header uses: objects, arrays, strings and non-negative
 // integers. Objects keep their keys in order.
-struct JsonValue {
+struct HeaderValue {
   enum Kind { kObject, kArray, kString, kInteger } kind = kObject;
-  std::vector<std::pair<std::string, JsonValue>> members;
-  std::vector<JsonValue> elements;
+  std::vector<std::pair<std::string, HeaderValue>> members;
+  std::vector<HeaderValue> elements;
   std::string text;
   uint64_t integer = 0;
 };
 
-class HeaderParser {
- public:
-  explicit HeaderParser(absl::string_view json) : json_(json) {}
+// Nesting deeper than a header's (object > tensor entry > shape array) is refused.
+constexpr int kMaxHeaderDepth = 3;
 
-  absl::StatusOr<JsonValue> ParseDocument() {
-    NF_ASSIGN_OR_RETURN(JsonValue value, Parse(0));
-    SkipSpace();
-    if (pos_ != json_.size()) return Error("text after the header's object");
-    return value;
+// The header value at `cursor`, `depth` containers down: JSON's syntax, a header's shapes.
+absl::StatusOr<HeaderValue> ReadHeaderValue(JsonCursor& cursor, int depth) {
+  cursor.SkipSpace();
+  if (cursor.AtEnd()) return cursor.Error("the header ends inside a value");
+  const char c = cursor.Peek();
+  HeaderValue value;
+  if ((c == '{' || c == '[') && depth >= kMaxHeaderDepth) {
+    return cursor.Error("nested deeper than a safetensors header");
   }
-
- private:
-  // Nesting deeper than a header's (object > tensor entry > shape array) is refused.
-  static constexpr int kMaxDepth = 3;
-
-  absl::Status Error(absl::string_view what) const {
-    return absl::DataLossError(absl::StrCat("header byte ", pos_, ": ", what));
-  }
-  void SkipSpace() {
-    while (pos_ < json_.size() && (json_[pos_] == ' ' || json_[pos_] == '\t' ||
-                                   json_[pos_] == '\n' || json_[pos_] == '\r')) {
-      ++pos_;
-    }
-  }
-  bool Consume(char c) {
-    SkipSpace();
-    if (pos_ < json_.size() && json_[pos_] == c) {
-      ++pos_;
-      return true;
-    }
-    return false;
-  }
-
-  absl::StatusOr<JsonValue> Parse(int depth) {
-    SkipSpace();
-    if (pos_ >= json_.size()) return Error("the header ends inside a value");
-    const char c = json_[pos_];
-    if (c == '{' || c == '[') {
-      if (depth >= kMaxDepth) return Error("nested deeper than a safetensors header");
-      return c == '{' ? ParseObject(depth) : ParseArray(depth);
-    }
-    JsonValue value;
-    if (c == '"') {
-      value.kind = JsonValue::kString;
-      NF_ASSIGN_OR_RETURN(value.text, ParseString());
-      return value;
-    }
-    if (c >= '0' && c <= '9') {
-      value.kind = JsonValue::kInteger;
-      NF_ASSIGN_OR_RETURN(value.integer, ParseInteger());
-      return value;
-    }
-    return Error("expected an object, array, string or non-negative integer");
-  }
-
-  absl::StatusOr<JsonValue> ParseObject(int depth) {
-    ++pos_;  // '{'
-    JsonValue object;
-    object.kind = JsonValue::kObject;
-    if (Consume('}')) return object;
-    do {
-      SkipSpace();
-      if (pos_ >= json_.size() || json_[pos_] != '"') return Error("expected a key");
-      NF_ASSIGN_OR_RETURN(std::string key, ParseString());
-      for (const auto& member : object.members) {
-        if (member.first == key) return Error(absl::StrCat("duplicate key ", Quoted(key)));
-      }
-      if (!Consume(':')) return Error("expected ':'");
-      NF_ASSIGN_OR_RETURN(JsonValue value, Parse(depth + 1));
-      object.members.emplace_back(std::move(key), std::move(value));
-    } while (Consume(','));
-    if (!Consume('}')) return Error("expected ',' or '}'");
-    return object;
-  }
-
-  absl::StatusOr<JsonValue> ParseArray(int depth) {
-    ++pos_;  // '['
-    JsonValue array;
-    array.kind = JsonValue::kArray;
-    if (Consume(']')) return array;
-    do {
-      NF_ASSIGN_OR_RETURN(JsonValue value, Parse(depth + 1));
-      array.elements.push_back(std::move(value));
-    } while (Consume(','));
-    if (!Consume(']')) return Error("expected ',' or ']'");
-    return array;
-  }
-
-  absl::StatusOr<uint64_t> ParseInteger() {
-    uint64_t value = 0;
-    const size_t begin = pos_;
-    while (pos_ < json_.size() && json_[pos_] >= '0' && json_[pos_] <= '9') {
-      if (value > (uint64_t{1} << 53)) return Error("an integer too large for a size");
-      value = value * 10 + static_cast<uint64_t>(json_[pos_] - '0');
-      ++pos_;
-    }
-    if (pos_ - begin > 1 && json_[begin] == '0') return Error("an integer with a leading zero");
-    if (pos_ < json_.size() && (json_[pos_] == '.' || json_[pos_] == 'e' || json_[pos_] == 'E')) {
-      return Error("a fraction where an integer belongs");
-    }
-    return value;
-  }
-
-  absl::StatusOr<uint32_t> ParseHex4() {
-    if (pos_ + 4 > json_.size()) return Error("a \\u escape cut short");
-    uint32_t code = 0;
-    for (int i = 0; i < 4; ++i) {
-      const char h = json_[pos_++];
-      code <<= 4;
-      if (h >= '0' && h <= '9') {
-        code |= static_cast<uint32_t>(h - '0');
-      } else if (h >= 'a' && h <= 'f') {
-        code |= static_cast<uint32_t>(h - 'a' + 10);
-      } else if (h >= 'A' && h <= 'F') {
-        code |= static_cast<uint32_t>(h - 'A' + 10);
-      } else {
-        return Error("a \\u escape with a non-hex digit");
-      }
-    }
-    return code;
-  }
-
-  static void AppendUtf8(uint32_t code, std::string& out) {
-    if (code < 0x80) {
-      out += static_cast<char>(code);
-    } else if (code < 0x800) {
-      out += static_cast<char>(0xC0 | (code >> 6));
-      out += static_cast<char>(0x80 | (code & 0x3F));
-    } else if (code < 0x10000) {
-      out += static_cast<char>(0xE0 | (code >> 12));
-      out += static_cast<char>(0x80 | ((code >> 6) & 0x3F));
-      out += static_cast<char>(0x80 | (code & 0x3F));
-    } else {
-      out += static_cast<char>(0xF0 | (code >> 18));
-      out += static_cast<char>(0x80 | ((code >> 12) & 0x3F));
-      out += static_cast<char>(0x80 | ((code >> 6) & 0x3F));
-      out += static_cast<char>(0x80 | (code & 0x3F));
-    }
-  }
-
-  absl::StatusOr<std::string> ParseString() {
-    ++pos_;  // '"'
-    std::string out;
-    while (true) {
-      if (pos_ >= json_.size()) return Error("a string without its closing quote");
-      const char c = json_[pos_++];
-      if (c == '"') return out;
-      if (static_cast<unsigned char>(c) < 0x20) return Error("a control character in a string");
-      if (c != '\\') {
-        out += c;
-        continue;
-      }
-      if (pos_ >= json_.size()) return Error("an escape cut short");
-      const char e = json_[pos_++];
-      switch (e) {
-        case '"':
-        case '\\':
-        case '/':
-          out += e;
-          break;
-        case 'b':
-          out += '\b';
-          break;
-        case 'f':
-          out += '\f';
-          break;
-        case 'n':
-          out += '\n';
-          break;
-        case 'r':
-          out += '\r';
-          break;
-        case 't':
-          out += '\t';
-          break;
-        case 'u': {
-          NF_ASSIGN_OR_RETURN(uint32_t code, ParseHex4());
-          if (code >= 0xD800 && code < 0xDC00) {  // a high surrogate: its pair must follow
-            if (pos_ + 2 > json_.size() || json_[pos_] != '\\' || json_[pos_ + 1] != 'u') {
-              return Error("a lone surrogate in a \\u escape");
-            }
-            pos_ += 2;
-            NF_ASSIGN_OR_RETURN(const uint32_t low, ParseHex4());
-            if (low < 0xDC00 || low >= 0xE000) return Error("a lone surrogate in a \\u escape");
-            code = 0x10000 + ((code - 0xD800) << 10) + (low - 0xDC00);
-          } else if (code >= 0xDC00 && code < 0xE000) {
-            return Error("a lone surrogate in a \\u escape");
-          }
-          AppendUtf8(code, out);
-          break;
+  if (c == '{') {
+    value.kind = HeaderValue::kObject;
+    NF_RETURN_IF_ERROR(cursor.ReadObject([&](std::string key, size_t key_offset) -> absl::Status {
+      for (const auto& member : value.members) {
+        if (member.first == key) {
+          return cursor.ErrorAt(key_offset, absl::StrCat("duplicate key ", Quoted(key)));
         }
-        default:
-          return Error("an unknown escape");
       }
+      NF_ASSIGN_OR_RETURN(HeaderValue member, ReadHeaderValue(cursor, depth + 1));
+      value.members.emplace_back(std::move(key), std::move(member));
+      return absl::OkStatus();
+    }));
+  } else if (c == '[') {
+    value.kind = HeaderValue::kArray;
+    NF_RETURN_IF_ERROR(cursor.ReadArray([&]() -> absl::Status {
+      NF_ASSIGN_OR_RETURN(HeaderValue element, ReadHeaderValue(cursor, depth + 1));
+      value.elements.push_back(std::move(element));
+      return absl::OkStatus();
+    }));
+  } else if (c == '"') {
+    value.kind = HeaderValue::kString;
+    NF_RETURN_IF_ERROR(cursor.ReadString(&value.text));
+  } else if (c >= '0' && c <= '9') {
+    value.kind = HeaderValue::kInteger;
+    const size_t start = cursor.offset();
+    NF_ASSIGN_OR_RETURN(const absl::string_view literal, cursor.ReadNumber());
+    if (const size_t fraction = literal.find_first_of(".eE"); fraction != literal.npos) {
+      return cursor.ErrorAt(start + fraction, "a fraction where an integer belongs");
     }
+    // A size or offset past 2^53 is damage: readers that hold JSON numbers as doubles could not
+    // even read it exactly.
+    if (!absl::SimpleAtoi(literal, &value.integer) || value.integer > (uint64_t{1} << 53)) {
+      return cursor.ErrorAt(start, "an integer too large for a size");
+    }
+  } else {
+    return cursor.Error("expected an object, array, string or non-negative integer");
   }
+  return value;
+}
 
-  absl::string_view json_;
-  size_t pos_ = 0;
-};
+// The header `json`: one value, nothing after it. DataLoss "header byte B: what" when it is
+// not JSON or not a header's JSON.
+absl::StatusOr<HeaderValue> ParseHeader(absl::string_view json) {
+  JsonCursor cursor(json, JsonPlaces::kByte, "header");
+  absl::StatusOr<HeaderValue> value = ReadHeaderValue(cursor, 0);
+  if (value.ok()) {
+    cursor.SkipSpace();
+    if (!cursor.AtEnd()) value = cursor.Error("text after the header's object");
+  }
+  if (!value.ok()) return absl::DataLossError(value.status().message());
+  return value;
+}
 
 struct HeaderEntry {
   std::string name;
@@ -271,17 +137,17 @@ struct HeaderEntry {
   uint64_t begin = 0, end = 0;  // bytes into the data section
 };
 
-absl::StatusOr<HeaderEntry> ParseEntry(const std::string& name, const JsonValue& value) {
+absl::StatusOr<HeaderEntry> ParseEntry(const std::string& name, const HeaderValue& value) {
   const auto bad = [&](absl::string_view what) {
     return absl::DataLossError(absl::StrCat("tensor ", Quoted(name), ": ", what));
   };
-  if (value.kind != JsonValue::kObject) return bad("its entry is not an object");
+  if (value.kind != HeaderValue::kObject) return bad("its entry is not an object");
   HeaderEntry entry;
   entry.name = name;
   bool has_dtype = false, has_shape = false, has_offsets = false;
   for (const auto& [key, field] : value.members) {
     if (key == "dtype") {
-      if (field.kind != JsonValue::kString) return bad("dtype is not a string");
+      if (field.kind != HeaderValue::kString) return bad("dtype is not a string");
       if (field.text == "F32") {
         entry.dtype = DType::kF32;
       } else if (field.text == "F16") {
@@ -293,18 +159,18 @@ absl::StatusOr<HeaderEntry> ParseEntry(const std::string& name, const JsonValue&
       }
       has_dtype = true;
     } else if (key == "shape") {
-      if (field.kind != JsonValue::kArray) return bad("shape is not an array");
-      for (const JsonValue& dim : field.elements) {
-        if (dim.kind != JsonValue::kInteger || dim.integer > (uint64_t{1} << 40)) {
+      if (field.kind != HeaderValue::kArray) return bad("shape is not an array");
+      for (const HeaderValue& dim : field.elements) {
+        if (dim.kind != HeaderValue::kInteger || dim.integer > (uint64_t{1} << 40)) {
           return bad("shape holds something other than a dimension");
         }
         entry.shape.push_back(static_cast<int64_t>(dim.integer));
       }
       has_shape = true;
     } else if (key == "data_offsets") {
-      if (field.kind != JsonValue::kArray || field.elements.size() != 2 ||
-          field.elements[0].kind != JsonValue::kInteger ||
-          field.elements[1].kind != JsonValue::kInteger) {
+      if (field.kind != HeaderValue::kArray || field.elements.size() != 2 ||
+          field.elements[0].kind != HeaderValue::kInteger ||
+          field.elements[1].kind != HeaderValue::kInteger) {
         return bad("data_offsets is not [begin, end]");
       }
       entry.begin = field.elements[0].integer;
@@ -409,20 +275,20 @@ absl::StatusOr<SafetensorsContents> ReadSafetensors(const fs::path& file) {
   }
   std::string header(header_size, '\0');
   NF_RETURN_IF_ERROR(ReadRange(file, 8, static_cast<int64_t>(header_size), header.data()));
-  const absl::StatusOr<JsonValue> parsed = HeaderParser(header).ParseDocument();
+  const absl::StatusOr<HeaderValue> parsed = ParseHeader(header);
   if (!parsed.ok()) return in_file(parsed.status());
-  if (parsed->kind != JsonValue::kObject) {
+  if (parsed->kind != HeaderValue::kObject) {
     return in_file(absl::DataLossError("the header is not a JSON object"));
   }
   SafetensorsContents contents;
   std::vector<HeaderEntry> entries;
   for (const auto& [key, value] : parsed->members) {
     if (key == "__metadata__") {
-      if (value.kind != JsonValue::kObject) {
+      if (value.kind != HeaderValue::kObject) {
         return in_file(absl::DataLossError("__metadata__ is not an object"));
       }
       for (const auto& [meta_key, meta_value] : value.members) {
-        if (meta_value.kind != JsonValue::kString) {
+        if (meta_value.kind != HeaderValue::kString) {
           return in_file(absl::DataLossError(
               absl::StrCat("__metadata__ ", Quoted(meta_key), " is not a string")));
         }
