@@ -112,7 +112,7 @@ absl::Status Run(int argc, char** argv) {
   }
 
   std::vector<double> save_s, load_s, first_snapshot_s, snapshot_s, dd_write_s, dd_read_s;
-  int64_t bytes = 0;
+  int64_t bytes = 0, load_bytes = 0;
   for (int t = 0; t < trials; ++t) {
     const fs::path checkpoints = dir / absl::StrCat("save", t);
     auto start = std::chrono::steady_clock::now();
@@ -125,9 +125,11 @@ absl::Status Run(int argc, char** argv) {
     DropCache(saved);
     start = std::chrono::steady_clock::now();
     NF_ASSIGN_OR_RETURN(const checkpoint::Manifest manifest, checkpoint::ReadManifest(saved));
+    checkpoint::LoadStats stats;
     NF_RETURN_IF_ERROR(
-        checkpoint::LoadCheckpoint(saved, manifest, trainer->CheckpointState()).status());
+        checkpoint::LoadCheckpoint(saved, manifest, trainer->CheckpointState(), &stats).status());
     load_s.push_back(Seconds(start));
+    load_bytes = stats.bytes_read;
 
     // dd: the same bytes, one sequential stream, fsynced; then read back from the disk.
     const fs::path file = dir / absl::StrCat("dd", t);
@@ -175,6 +177,8 @@ absl::Status Run(int argc, char** argv) {
               Median(first_snapshot_s), Median(first_snapshot_s) / Median(save_s));
   std::printf("| async save, later ones: loop blocked | %.3f | | %.2f of a sync save |\n",
               Median(snapshot_s), Median(snapshot_s) / Median(save_s));
+  std::printf("the load read %lld of the checkpoint's %lld bytes\n",
+              static_cast<long long>(load_bytes), static_cast<long long>(bytes));
   fs::remove_all(dir, error);
   return absl::OkStatus();
 }
