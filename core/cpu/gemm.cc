@@ -52,7 +52,7 @@ absl::Status CpuBackend::Gemm(const ops::GemmArgs& args) {
   // Chunk 0 of K accumulates into C with beta; chunk q > 0 writes its partial product to
   // partials[q - 1], a [batch, m, n] array, added to C in chunk order once all tasks are done.
   // Reused across calls: only GEMMs with a small C and a long K are chunked, so it stays small
-  // (the 125M LM head's input gradient: 15 x 128 x 768 floats).
+  // (the 125M LM head's input gradient: 12 x 128 x 768 floats).
   // (Read through a pointer: inside the tasks, `partials` would name each worker's own.)
   thread_local std::vector<float> partials;
   const int64_t c_size = batch * m * n;

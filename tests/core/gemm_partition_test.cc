@@ -43,8 +43,8 @@ TEST(GemmPartitionTest, LongKSplitsK) {
   const GemmPartition p = PartitionGemm(1, 128, 768, 50304);
   ExpectCovers(p, 128, 768, 50304);
   EXPECT_EQ(p.col_blocks, 1);
-  EXPECT_GE(p.k_chunks, 16);
-  EXPECT_EQ(p.k_per_chunk % 256, 0);
+  EXPECT_GE(p.k_chunks, 8);
+  EXPECT_EQ(p.k_per_chunk % 1024, 0);
 }
 
 TEST(GemmPartitionTest, SmallWorkStaysOneTask) {
@@ -53,14 +53,25 @@ TEST(GemmPartitionTest, SmallWorkStaysOneTask) {
   EXPECT_EQ(p.tasks_per_batch(), 1);
 }
 
-TEST(GemmPartitionTest, TinyModelGemmsGetSeveralTasks) {
-  // The tiny model's micro-batch: 256 tokens, d_model 128, ffn 512.
-  for (const auto& [m, n, k] :
-       {std::array<int64_t, 3>{256, 128, 128}, {256, 512, 128}, {256, 128, 512}}) {
+TEST(GemmPartitionTest, OneMicroBatchGetsTasksOfFewerThan16Cores) {
+  // (m, n, k, tasks): the tiny model's fc1, fc2 and a [256, 128] x [128, 128] projection too small
+  // to split (256 tokens); the 125M shape's q/k/v in 128-wide column blocks (128 tokens).
+  for (const auto& [m, n, k, tasks] : {std::array<int64_t, 4>{256, 512, 128, 4},
+                                       {256, 128, 512, 2},
+                                       {256, 128, 128, 1},
+                                       {128, 768, 768, 6}}) {
     const GemmPartition p = PartitionGemm(1, m, n, k);
     ExpectCovers(p, m, n, k);
-    EXPECT_GE(p.tasks_per_batch(), 2) << m << " " << n << " " << k;
+    EXPECT_EQ(p.tasks_per_batch(), tasks) << m << " " << n << " " << k;
   }
+}
+
+TEST(GemmPartitionTest, KChunksTopUpFewColumnBlocks) {
+  // fc2 of the 125M shape: K = 3072 > 2 x 768 gives 3 chunks of 1024, then 128-wide columns.
+  const GemmPartition p = PartitionGemm(1, 128, 768, 3072);
+  ExpectCovers(p, 128, 768, 3072);
+  EXPECT_EQ(p.k_chunks, 3);
+  EXPECT_EQ(p.col_blocks, 6);
 }
 
 TEST(GemmPartitionTest, ZeroKIsOneChunk) {
