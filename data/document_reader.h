@@ -19,7 +19,7 @@ enum class InputFormat { kJsonl, kLines, kParagraphs };
 absl::StatusOr<InputFormat> ParseInputFormat(absl::string_view name);
 
 // The string value of `key` in the JSON object `line` (nullopt when the object lacks it).
-// InvalidArgument describing the first syntax error, or a non-string value under `key`.
+// InvalidArgument "column C: what" on the first syntax error, or a non-string value under `key`.
 absl::StatusOr<std::optional<std::string>> JsonStringField(absl::string_view line,
                                                            absl::string_view key);
 
