@@ -460,16 +460,6 @@ int Run(int argc, char** argv) {
 
 }  // namespace
 
-// An exception where no status was expected ends nf-eval with one line and exit 1 (the whole job
-// under mpirun), never with std::terminate's abort.
 int main(int argc, char** argv) {
-  try {
-    return Run(argc, argv);
-  } catch (const std::bad_alloc& e) {
-    std::cerr << "nf-eval: out of memory (" << e.what() << ")\n";
-  } catch (const std::exception& e) {
-    std::cerr << "nf-eval: " << e.what() << "\n";
-  }
-  if (LauncherRank() >= 0) nf::parallel::AbortJob(1);
-  return 1;
+  return nf::parallel::RunCatchingExceptions("nf-eval", Run, argc, argv);
 }

@@ -254,17 +254,6 @@ int Run(int argc, char** argv) {
   return ExitCode(*end);
 }
 
-// The last line of defence: an exception where no status was expected (std::bad_alloc for a
-// data index too big for memory, say) ends nf-launch with one line and exit 1, the whole job
-// under mpirun, never with std::terminate's abort and core dump.
 int main(int argc, char** argv) {
-  try {
-    return Run(argc, argv);
-  } catch (const std::bad_alloc& e) {
-    std::cerr << "nf-launch: out of memory (" << e.what() << ")\n";
-  } catch (const std::exception& e) {
-    std::cerr << "nf-launch: " << e.what() << "\n";
-  }
-  if (LauncherRank() >= 0) nf::parallel::AbortJob(1);
-  return 1;
+  return nf::parallel::RunCatchingExceptions("nf-launch", Run, argc, argv);
 }

@@ -4,7 +4,10 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <exception>
+#include <iostream>
 #include <mutex>
+#include <new>
 
 #include "absl/strings/str_cat.h"
 
@@ -113,6 +116,18 @@ int LauncherSize() {
     if (const char* value = std::getenv(variable)) return std::atoi(value);
   }
   return 0;
+}
+
+int RunCatchingExceptions(const char* program, int (*run)(int, char**), int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const std::bad_alloc& e) {
+    std::cerr << program << ": out of memory (" << e.what() << ")\n";
+  } catch (const std::exception& e) {
+    std::cerr << program << ": " << e.what() << "\n";
+  }
+  if (LauncherRank() >= 0) AbortJob(1);
+  return 1;
 }
 
 }  // namespace nf::parallel

@@ -33,6 +33,11 @@ int LauncherSize();
 // rank 0 of a job, or a process no launcher started. Said once, not by every rank.
 inline bool PrintsSharedErrors() { return LauncherRank() <= 0; }
 
+// Returns run(argc, argv); an exception no status was expected for becomes one line,
+// "<program>: out of memory (...)" for std::bad_alloc or "<program>: <what()>", and exit code 1
+// (for the whole job under an MPI launcher, which AbortJob ends), never std::terminate's abort.
+int RunCatchingExceptions(const char* program, int (*run)(int, char**), int argc, char** argv);
+
 // Ends every process of the job with `exit_code`: MPI_Abort(MPI_COMM_WORLD) when MPI is active,
 // else _Exit. An error that only some ranks hit must end the job this way: a plain exit()
 // would run MPI_Finalize, which waits for the ranks still blocked on this one.
