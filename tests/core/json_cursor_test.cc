@@ -47,7 +47,8 @@ TEST(JsonCursorTest, ReadsStringsIntoAStringOrOnlyChecksThem) {
 
 TEST(JsonCursorTest, ReadsNumbersAsWritten) {
   for (const absl::string_view number : {"0", "-0", "12", "-3.25", "1e5", "2.5E-3", "7e+2"}) {
-    JsonCursor cursor(absl::StrCat(number, ","));
+    const std::string text = absl::StrCat(number, ",");  // the cursor views it: keep it alive
+    JsonCursor cursor(text);
     const absl::StatusOr<absl::string_view> literal = cursor.ReadNumber();
     NF_ASSERT_OK(literal);
     EXPECT_EQ(*literal, number);
