@@ -42,6 +42,7 @@
 #include "eval/perplexity.h"
 #include "eval/prepared_tasks.h"
 #include "eval/report.h"
+#include "eval/run_on_layout.h"
 #include "eval/tokenizer_client.h"
 #include "eval/zero_shot.h"
 #include "google/protobuf/text_format.h"
@@ -52,7 +53,6 @@
 
 namespace {
 
-using ::nf::parallel::LauncherRank;
 using ::nf::parallel::PrintsSharedErrors;
 
 namespace fs = std::filesystem;
@@ -436,26 +436,9 @@ int Run(int argc, char** argv) {
                ? UsageError(std::string(plan.status().message()))
                : SharedFailure(plan.status());
   }
-  if (LauncherRank() < 0) {
-    if (tp * pp > 1) {
-      return UsageError(absl::StrCat("--tp ", tp, " x --pp ", pp, " needs ", tp * pp,
-                                     " ranks: run mpirun -np ", tp * pp, " nf-eval ..."));
-    }
-    nf::parallel::ProcessGroups groups = nf::parallel::SingleProcessGroups();
-    if (const absl::Status status = Evaluate(*plan, groups); !status.ok()) {
-      std::cerr << "nf-eval: " << status.message() << "\n";
-      return 1;
-    }
-    return 0;
-  }
-  auto groups = nf::parallel::CreateProcessGroups({.tp = tp, .pp = pp, .dp = 0});
-  if (!groups.ok()) return UsageError(std::string(groups.status().message()));
-  if (const absl::Status status = Evaluate(*plan, *groups); !status.ok()) {
-    // Other ranks may be waiting on this one: end the whole job.
-    std::cerr << "nf-eval: " << groups->topology.ToString() << ": " << status.message() << "\n";
-    nf::parallel::AbortJob(1);
-  }
-  return 0;
+  return nf::eval::RunOnLayout(
+      "nf-eval", {.tp = tp, .pp = pp, .dp = 0},
+      [&](nf::parallel::ProcessGroups& groups) { return Evaluate(*plan, groups); });
 }
 
 }  // namespace

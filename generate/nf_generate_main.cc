@@ -31,6 +31,7 @@
 #include "checkpoint/save.h"
 #include "core/status.h"
 #include "eval/eval_model.h"
+#include "eval/run_on_layout.h"
 #include "eval/tokenizer_client.h"
 #include "generate/generation.h"
 #include "generate/pipeline_lm.h"
@@ -44,7 +45,6 @@
 
 namespace {
 
-using ::nf::parallel::LauncherRank;
 using ::nf::parallel::PrintsSharedErrors;
 
 namespace fs = std::filesystem;
@@ -327,26 +327,9 @@ int Run(int argc, char** argv) {
     if (!started.ok()) return SharedFailure(started.status());
     decoder = *std::move(started);
   }
-  if (LauncherRank() < 0) {
-    if (tp * pp > 1) {
-      return UsageError(absl::StrCat("--tp ", tp, " x --pp ", pp, " needs ", tp * pp,
-                                     " ranks: run mpirun -np ", tp * pp, " nf-generate ..."));
-    }
-    nf::parallel::ProcessGroups groups = nf::parallel::SingleProcessGroups();
-    if (const absl::Status status = Generate(*plan, groups, decoder.get()); !status.ok()) {
-      std::cerr << "nf-generate: " << status.message() << "\n";
-      return 1;
-    }
-    return 0;
-  }
-  auto groups = nf::parallel::CreateProcessGroups({.tp = tp, .pp = pp, .dp = 1});
-  if (!groups.ok()) return UsageError(std::string(groups.status().message()));
-  if (const absl::Status status = Generate(*plan, *groups, decoder.get()); !status.ok()) {
-    // Other ranks may be waiting on this one: end the whole job.
-    std::cerr << "nf-generate: " << groups->topology.ToString() << ": " << status.message() << "\n";
-    nf::parallel::AbortJob(1);
-  }
-  return 0;
+  return nf::eval::RunOnLayout(
+      "nf-generate", {.tp = tp, .pp = pp, .dp = 1},
+      [&](nf::parallel::ProcessGroups& groups) { return Generate(*plan, groups, decoder.get()); });
 }
 
 }  // namespace
