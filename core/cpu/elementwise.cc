@@ -1,9 +1,11 @@
 // Elementwise and per-column CPU kernels: bias, activations, dropout, casts, fills, BLAS-1.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <numbers>
 
 #include "core/cpu/cpu_backend.h"
+#include "core/cpu/isa/elementwise_kernels.h"
 #include "core/cpu/kernel_util.h"
 #include "core/philox.h"
 
@@ -57,7 +59,13 @@ void ForEachElement(int64_t n, int64_t flops_per_element, F&& fn) {
 }  // namespace
 
 absl::Status CpuBackend::AddBias(const Tensor& x, const Tensor& bias) {
-  const int64_t cols = ops::Cols(x);
+  const int64_t rows = ops::Rows(x), cols = ops::Cols(x);
+  if (x.dtype() == DType::kF32 && bias.dtype() == DType::kF32) {
+    ParallelFor(rows, cols, [&](int64_t begin, int64_t end) {
+      Elementwise().add_bias(x.data<float>() + begin * cols, bias.data<float>(), end - begin, cols);
+    });
+    return absl::OkStatus();
+  }
   DispatchFloat(x.dtype(), [&]<typename T>() {
     DispatchFloat(bias.dtype(), [&]<typename B>() {
       T* px = x.data<T>();
@@ -73,6 +81,21 @@ absl::Status CpuBackend::AddBias(const Tensor& x, const Tensor& bias) {
 absl::Status CpuBackend::BiasBackward(const Tensor& dy, const Tensor& dbias) {
   const int64_t rows = ops::Rows(dy), cols = ops::Cols(dy);
   float* db = dbias.data<float>();
+  if (dy.dtype() == DType::kF32) {
+    // Parallel over blocks of 64 columns; each column sums its rows in order in double, so the
+    // result is the scalar loop's, for any thread count.
+    constexpr int64_t kBlock = 64;
+    ParallelFor((cols + kBlock - 1) / kBlock, rows * kBlock, [&](int64_t begin, int64_t end) {
+      double sums[kBlock];
+      for (int64_t block = begin; block < end; ++block) {
+        const int64_t first = block * kBlock, width = std::min(kBlock, cols - first);
+        std::fill_n(sums, width, 0.0);
+        Elementwise().sum_rows(dy.data<float>() + first, rows, width, cols, sums);
+        for (int64_t c = 0; c < width; ++c) db[first + c] += static_cast<float>(sums[c]);
+      }
+    });
+    return absl::OkStatus();
+  }
   DispatchFloat(dy.dtype(), [&]<typename T>() {
     const T* g = dy.data<T>();
     // Parallel over columns; each column sums its rows in order (deterministic).
