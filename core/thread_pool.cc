@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <string>
 
@@ -13,13 +14,34 @@ struct ThreadPool::Job {
   int64_t chunk;
   int64_t num_chunks;
   std::atomic<int64_t> next_chunk{0};
-  int active_workers = 0;  // workers inside RunChunks; guarded by done_mutex
-  std::mutex done_mutex;
-  std::condition_variable done;
 };
 
 namespace {
+
 thread_local bool inside_parallel_for = false;
+
+// How long an idle thread spins before it sleeps (workers) or yields (the submitter waiting for
+// the last chunks). Long enough to bridge the gap between two kernels of a training step
+// (single-threaded work of a few microseconds), short enough that an idle pool costs nothing.
+constexpr auto kSpin = std::chrono::microseconds(50);
+
+void CpuRelax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#endif
+}
+
+// Spins until done() or kSpin has passed; returns done().
+template <typename Done>
+bool SpinUntil(Done&& done) {
+  const auto deadline = std::chrono::steady_clock::now() + kSpin;
+  while (!done()) {
+    for (int i = 0; i < 64; ++i) CpuRelax();
+    if (std::chrono::steady_clock::now() >= deadline) return done();
+  }
+  return true;
+}
+
 }  // namespace
 
 ThreadPool::ThreadPool(int num_threads) {
@@ -47,25 +69,28 @@ void ThreadPool::RunChunks(Job& job) {
   inside_parallel_for = false;
 }
 
+void ThreadPool::WaitForJob(uint64_t seen) {
+  auto ready = [&] { return stopping_.load() || generation_.load() != seen; };
+  if (SpinUntil(ready)) return;
+  std::unique_lock<std::mutex> lock(mutex_);
+  ++sleepers_;
+  wake_.wait(lock, ready);
+  --sleepers_;
+}
+
+void ThreadPool::JoinPublishedJob() {
+  ++joined_workers_;
+  if (Job* job = job_.load(); job != nullptr) RunChunks(*job);
+  --joined_workers_;
+}
+
 void ThreadPool::WorkerLoop() {
-  uint64_t seen_generation = 0;
+  uint64_t seen = 0;
   while (true) {
-    Job* job;
-    {
-      std::unique_lock<std::mutex> lock(mutex_);
-      wake_.wait(lock, [&] { return stopping_ || generation_ != seen_generation; });
-      if (stopping_) return;
-      seen_generation = generation_;
-      job = job_;
-      if (job == nullptr) continue;
-      std::lock_guard<std::mutex> job_lock(job->done_mutex);
-      ++job->active_workers;
-    }
-    RunChunks(*job);
-    // Decrement and notify under the job's mutex: the submitter may destroy the job as soon as
-    // it sees zero active workers, so nothing here may touch the job after the unlock.
-    std::lock_guard<std::mutex> job_lock(job->done_mutex);
-    if (--job->active_workers == 0) job->done.notify_all();
+    WaitForJob(seen);
+    if (stopping_.load()) return;
+    seen = generation_.load();
+    JoinPublishedJob();
   }
 }
 
@@ -86,21 +111,19 @@ void ThreadPool::ParallelFor(int64_t n, int64_t grain,
   job.n = n;
   job.chunk = chunk;
   job.num_chunks = (n + chunk - 1) / chunk;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    job_ = &job;
-    ++generation_;
+  job_.store(&job);
+  ++generation_;
+  if (sleepers_.load() > 0) {
+    // Taking the mutex orders this notify after a sleeper's predicate check: it either saw the
+    // new generation or is waiting and gets woken.
+    { std::lock_guard<std::mutex> lock(mutex_); }
+    wake_.notify_all();
   }
-  wake_.notify_all();
   RunChunks(job);
-  {
-    // Unpublish the job so no further worker joins it; every chunk has been claimed, and the
-    // workers still running one are counted in active_workers.
-    std::lock_guard<std::mutex> lock(mutex_);
-    job_ = nullptr;
-  }
-  std::unique_lock<std::mutex> lock(job.done_mutex);
-  job.done.wait(lock, [&] { return job.active_workers == 0; });
+  // Every chunk is claimed; unpublish, then wait for the workers still inside the job.
+  job_.store(nullptr);
+  auto drained = [&] { return joined_workers_.load() == 0; };
+  while (!SpinUntil(drained)) std::this_thread::yield();
 }
 
 ThreadPool& ThreadPool::Global() {
