@@ -11,9 +11,11 @@ namespace {
 constexpr int64_t kRowsPerBlock = 256;
 // Enough tasks for a 16-core pool when the work allows it...
 constexpr int64_t kMaxTasks = 16;
-// ...but no task under ~8 MFLOP (~65 us on one core at the ~125 GFLOP/s single-threaded sgemm
-// reaches here), well above a pool wake-up (~10 us).
-constexpr int64_t kMinTaskFlops = 8'000'000;
+// ...but no task under ~2 MFLOP (~16 us on one core at the ~125 GFLOP/s single-threaded sgemm
+// reaches here), well above what handing a task to a spinning pool worker costs (~1 us,
+// nf-bench-thread-pool). With 8 MFLOP, the tiny model's [256, 128] x [128, 128] projections ran
+// on one core: 0.081-0.084 ms, against 0.045-0.050 ms in two column blocks.
+constexpr int64_t kMinTaskFlops = 2'000'000;
 // Column blocks are multiples of 64 and at least 128 wide unless C has at most 255 columns (then
 // two blocks): each block re-packs all of A, so a 64-wide block pays twice the packing per FLOP
 // of a 128-wide one (a [128, 768] x [768, 768] GEMM: 6 blocks of 128 columns, not 12 of 64).

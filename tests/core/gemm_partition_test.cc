@@ -54,11 +54,12 @@ TEST(GemmPartitionTest, SmallWorkStaysOneTask) {
 }
 
 TEST(GemmPartitionTest, OneMicroBatchGetsTasksOfFewerThan16Cores) {
-  // (m, n, k, tasks): the tiny model's fc1, fc2 and a [256, 128] x [128, 128] projection too small
-  // to split (256 tokens); the 125M shape's q/k/v in 128-wide column blocks (128 tokens).
+  // (m, n, k, tasks): the tiny model's fc1, fc2 and a [256, 128] x [128, 128] projection in two
+  // 64-wide column blocks (256 tokens); the 125M shape's q/k/v in 128-wide column blocks (128
+  // tokens).
   for (const auto& [m, n, k, tasks] : {std::array<int64_t, 4>{256, 512, 128, 4},
                                        {256, 128, 512, 2},
-                                       {256, 128, 128, 1},
+                                       {256, 128, 128, 2},
                                        {128, 768, 768, 6}}) {
     const GemmPartition p = PartitionGemm(1, m, n, k);
     ExpectCovers(p, m, n, k);
