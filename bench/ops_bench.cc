@@ -191,6 +191,67 @@ void BM_AdamWWouldOverflow(benchmark::State& state) {
   Run(state, 0, 16.0 * n, [&] { return ops::AdamWWouldOverflow(args, 1.0f, kModel, found); });
 }
 
+// ---- Elementwise fp32: memory-bound, bytes = tensors read and written -------------------------
+
+// act(x) over [rows, cols]: reads x, writes y.
+template <ops::Activation kAct>
+void BM_ActivationForward(benchmark::State& state) {
+  const int64_t rows = state.range(0), cols = state.range(1);
+  const Tensor x = Random(DType::kF32, {rows, cols}, 8.0f), y = Zeros(DType::kF32, {rows, cols});
+  Run(state, 0, 8.0 * rows * cols, [&] { return ops::ActivationForward(kAct, x, y); });
+}
+
+// dx = dy act'(x): reads x and dy, writes dx.
+template <ops::Activation kAct>
+void BM_ActivationBackward(benchmark::State& state) {
+  const int64_t rows = state.range(0), cols = state.range(1);
+  const Tensor x = Random(DType::kF32, {rows, cols}, 8.0f), dy = Random(DType::kF32, {rows, cols});
+  const Tensor dx = Zeros(DType::kF32, {rows, cols});
+  Run(state, 0, 12.0 * rows * cols, [&] { return ops::ActivationBackward(kAct, x, dy, dx); });
+}
+
+// Dropout p = 0.1 over [rows, cols] at an unaligned shard offset: reads x, writes y.
+void BM_Dropout(benchmark::State& state) {
+  const int64_t rows = state.range(0), cols = state.range(1);
+  const Tensor x = Random(DType::kF32, {rows, cols}), y = Zeros(DType::kF32, {rows, cols});
+  const ops::DropoutSpec spec{.p = 0.1f, .seed = 7, .site = 3, .seq_len = 256, .col_offset = 5};
+  Run(state, 0, 8.0 * rows * cols, [&] { return ops::Dropout(x, y, spec); });
+}
+
+// x [outer, channels, inner] times a per-channel scale: reads x, writes y.
+void BM_ScaleChannels(benchmark::State& state) {
+  const int64_t outer = state.range(0), channels = state.range(1), inner = state.range(2);
+  const Tensor x = Random(DType::kF32, {outer, channels, inner});
+  const Tensor scale = Random(DType::kF32, {channels}),
+               y = Zeros(DType::kF32, {outer, channels, inner});
+  Run(state, 0, 8.0 * x.numel(), [&] { return ops::ScaleChannels(x, scale, inner, y); });
+}
+
+// Its backward: reads x and dy (dscale), dy again and writes dx.
+void BM_ScaleChannelsBackward(benchmark::State& state) {
+  const int64_t outer = state.range(0), channels = state.range(1), inner = state.range(2);
+  const Shape shape{outer, channels, inner};
+  const Tensor x = Random(DType::kF32, shape), dy = Random(DType::kF32, shape);
+  const Tensor scale = Random(DType::kF32, {channels}), dscale = Zeros(DType::kF32, {channels});
+  const Tensor dx = Zeros(DType::kF32, shape);
+  Run(state, 0, 16.0 * x.numel(),
+      [&] { return ops::ScaleChannelsBackward(x, scale, inner, dy, dx, dscale); });
+}
+
+// y += alpha x over n floats: reads x and y, writes y.
+void BM_Axpy(benchmark::State& state) {
+  const int64_t n = state.range(0);
+  const Tensor x = Random(DType::kF32, {n}), y = Zeros(DType::kF32, {n});
+  Run(state, 0, 12.0 * n, [&] { return ops::Axpy(0.5f, x, y); });
+}
+
+// x *= alpha over n floats (alpha 1, so repeated runs stay finite): reads and writes x.
+void BM_Scale(benchmark::State& state) {
+  const int64_t n = state.range(0);
+  const Tensor x = Random(DType::kF32, {n});
+  Run(state, 0, 8.0 * n, [&] { return ops::Scale(x, 1.0f); });
+}
+
 // Registered after the ceilings are measured; names read "<op>_<dtype>/<shape>".
 void RegisterAll() {
   auto add = [](const std::string& name, auto fn, std::vector<int64_t> args) {
@@ -224,6 +285,27 @@ void RegisterAll() {
   add("adamw_overflow_check_f16/params", BM_AdamWWouldOverflow<DType::kF16>, {16 << 20});
   add("adamw_overflow_check_bf16/params", BM_AdamWWouldOverflow<DType::kBF16>, {16 << 20});
   add("adamw_overflow_check_f32/params", BM_AdamWWouldOverflow<DType::kF32>, {16 << 20});
+  // The 125M shape's fc1 output (8 sequences of 256 tokens), its hidden activations (dropout
+  // at a shard offset of 5 columns) and NormFormer's three scalings: the residual scale
+  // (inner 1), the head scale after the projection (inner = head_dim) and before it on
+  // [batch, heads, seq * head_dim].
+  add("gelu_fwd_f32/rows/cols", BM_ActivationForward<ops::Activation::kGelu>, {2048, 3072});
+  add("gelu_bwd_f32/rows/cols", BM_ActivationBackward<ops::Activation::kGelu>, {2048, 3072});
+  add("gelu_tanh_fwd_f32/rows/cols", BM_ActivationForward<ops::Activation::kGeluTanh>,
+      {2048, 3072});
+  add("gelu_tanh_bwd_f32/rows/cols", BM_ActivationBackward<ops::Activation::kGeluTanh>,
+      {2048, 3072});
+  add("relu_squared_bwd_f32/rows/cols", BM_ActivationBackward<ops::Activation::kReluSquared>,
+      {2048, 3072});
+  add("dropout_f32/rows/cols", BM_Dropout, {2048, 768});
+  add("scale_channels_f32/outer/channels/inner", BM_ScaleChannels, {2048, 768, 1});
+  add("scale_channels_f32/outer/channels/inner", BM_ScaleChannels, {2048, 12, 64});
+  add("scale_channels_f32/outer/channels/inner", BM_ScaleChannels, {8, 12, 256 * 64});
+  add("scale_channels_bwd_f32/outer/channels/inner", BM_ScaleChannelsBackward, {2048, 768, 1});
+  add("scale_channels_bwd_f32/outer/channels/inner", BM_ScaleChannelsBackward, {2048, 12, 64});
+  add("scale_channels_bwd_f32/outer/channels/inner", BM_ScaleChannelsBackward, {8, 12, 256 * 64});
+  add("axpy_f32/n", BM_Axpy, {16 << 20});
+  add("scale_f32/n", BM_Scale, {16 << 20});
 }
 
 }  // namespace
