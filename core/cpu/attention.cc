@@ -2,12 +2,16 @@
 // pair per task: the [seq, seq] score matrix through sgemm, then a masked row softmax, Philox
 // dropout and a second sgemm. The backward recomputes the probabilities from the saved
 // log-sum-exp, as flash attention does, so only O(seq) floats per row are kept between passes.
+// The score rows are fp32 whatever the dtype, so every row softmax (and its backward) runs the
+// vectorised kernels of core/cpu/isa/softmax_kernels.h; only the causal prefix of a row is
+// computed, the rest is zeroed for the following sgemm.
 #include <algorithm>
 #include <cmath>
 #include <limits>
 
 #include "core/cpu/blas.h"
 #include "core/cpu/cpu_backend.h"
+#include "core/cpu/isa/softmax_kernels.h"
 #include "core/cpu/kernel_util.h"
 #include "core/philox.h"
 
@@ -57,6 +61,7 @@ template <typename T>
 void AttentionForwardTyped(const ops::AttentionArgs& args) {
   const int64_t batch = args.q.dim(0), heads = args.q.dim(1);
   const int64_t seq = args.q.dim(2), dim = args.q.dim(3), n = seq * dim;
+  const SoftmaxKernels& kernels = Softmax();
   ParallelFor(batch * heads, 4 * seq * seq * dim, [&](int64_t begin, int64_t end) {
     std::vector<float> q_buf, k_buf, v_buf, scores(seq * seq), out(n);
     for (int64_t bh = begin; bh < end; ++bh) {
@@ -68,13 +73,8 @@ void AttentionForwardTyped(const ops::AttentionArgs& args) {
       MatMul(false, true, seq, seq, dim, args.scale, q, k, scores.data());
       for (int64_t i = 0; i < seq; ++i) {
         float* row = scores.data() + i * seq;
-        float max = kNegInf;
-        for (int64_t j = 0; j <= i; ++j) max = std::max(max, row[j]);
-        double sum = 0.0;
-        for (int64_t j = 0; j <= i; ++j) sum += std::exp(static_cast<double>(row[j] - max));
-        lse[i] = max + static_cast<float>(std::log(sum));
-        for (int64_t j = 0; j <= i; ++j) row[j] = std::exp(row[j] - lse[i]);
-        for (int64_t j = i + 1; j < seq; ++j) row[j] = 0.0f;
+        lse[i] = kernels.softmax(row, i + 1, row);
+        std::fill(row + i + 1, row + seq, 0.0f);
         dropout.Apply(i, row, i + 1);
       }
       MatMul(false, false, seq, dim, seq, 1.0f, scores.data(), v, out.data());
@@ -87,9 +87,13 @@ template <typename T>
 void AttentionBackwardTyped(const ops::AttentionBackwardArgs& args) {
   const int64_t batch = args.q.dim(0), heads = args.q.dim(1);
   const int64_t seq = args.q.dim(2), dim = args.q.dim(3), n = seq * dim;
+  const SoftmaxKernels& kernels = Softmax();
+  // Without dropout P' is P: dV reads the probabilities themselves, nothing is copied.
+  const bool dropout_on = args.dropout.p != 0.0f;
   ParallelFor(batch * heads, 10 * seq * seq * dim, [&](int64_t begin, int64_t end) {
     std::vector<float> q_buf, k_buf, v_buf, o_buf, do_buf;
-    std::vector<float> probs(seq * seq), dropped(seq * seq), grad_buf(seq * seq);
+    std::vector<float> probs(seq * seq), dropped_buf(dropout_on ? seq * seq : 0),
+        grad_buf(seq * seq);
     std::vector<float> result(n), row_dot(seq);
     for (int64_t bh = begin; bh < end; ++bh) {
       const DropoutRow dropout(args.dropout, bh / heads, bh % heads);
@@ -101,20 +105,21 @@ void AttentionBackwardTyped(const ops::AttentionBackwardArgs& args) {
       const float* lse = args.lse.data<float>() + bh * seq;
       // P (probabilities) and P' = dropout(P), both [seq, seq], zero above the diagonal.
       float* p = probs.data();
+      float* dropped = dropout_on ? dropped_buf.data() : p;
       MatMul(false, true, seq, seq, dim, args.scale, q, k, p);
       for (int64_t i = 0; i < seq; ++i) {
-        for (int64_t j = 0; j <= i; ++j) p[i * seq + j] = std::exp(p[i * seq + j] - lse[i]);
-        for (int64_t j = i + 1; j < seq; ++j) p[i * seq + j] = 0.0f;
-        std::copy(p + i * seq, p + (i + 1) * seq, dropped.data() + i * seq);
-        dropout.Apply(i, dropped.data() + i * seq, i + 1);
+        float* p_row = p + i * seq;
+        kernels.exp_shifted(p_row, i + 1, lse[i], p_row);
+        std::fill(p_row + i + 1, p_row + seq, 0.0f);
+        if (dropout_on) {
+          std::copy(p_row, p_row + seq, dropped + i * seq);
+          dropout.Apply(i, dropped + i * seq, i + 1);
+        }
         // sum_j P'_ij dP'_ij = sum_d dO_id O_id: the softmax backward's row term.
-        double dot = 0.0;
-        for (int64_t d = 0; d < dim; ++d)
-          dot += static_cast<double>(d_o[i * dim + d]) * o[i * dim + d];
-        row_dot[i] = static_cast<float>(dot);
+        row_dot[i] = static_cast<float>(kernels.dot(d_o + i * dim, o + i * dim, dim));
       }
       // dV = P'^T dO.
-      MatMul(true, false, seq, dim, seq, 1.0f, dropped.data(), d_o, result.data());
+      MatMul(true, false, seq, dim, seq, 1.0f, dropped, d_o, result.data());
       StoreFloats(result.data(), n, args.dv.data<T>() + bh * n);
       // dP' = dO V^T; dP = dropout(dP'); dS = P * (dP - row_dot).
       float* grad = grad_buf.data();
@@ -122,8 +127,8 @@ void AttentionBackwardTyped(const ops::AttentionBackwardArgs& args) {
       for (int64_t i = 0; i < seq; ++i) {
         float* g = grad + i * seq;
         dropout.Apply(i, g, i + 1);
-        for (int64_t j = 0; j <= i; ++j) g[j] = p[i * seq + j] * (g[j] - row_dot[i]);
-        for (int64_t j = i + 1; j < seq; ++j) g[j] = 0.0f;
+        kernels.softmax_grad(p + i * seq, g, i + 1, row_dot[i], g);
+        std::fill(g + i + 1, g + seq, 0.0f);
       }
       // dQ = scale * dS K; dK = scale * dS^T Q.
       MatMul(false, false, seq, dim, seq, args.scale, grad, k, result.data());
@@ -135,12 +140,13 @@ void AttentionBackwardTyped(const ops::AttentionBackwardArgs& args) {
 }
 
 // Per (batch, head): the new rows appended to the caches, then the new queries' [new, past +
-// new] scores through sgemm and the masked softmax with AttentionForwardTyped's arithmetic.
+// new] scores through sgemm and the masked row softmax of AttentionForwardTyped.
 template <typename T>
 void KvCacheAttentionTyped(const ops::KvCacheAttentionArgs& args) {
   const int64_t batch = args.q.dim(0), heads = args.q.dim(1);
   const int64_t fresh = args.q.dim(2), dim = args.q.dim(3), n = fresh * dim;
   const int64_t capacity = args.k_cache.dim(2), keys = args.past + fresh;
+  const SoftmaxKernels& kernels = Softmax();
   ParallelFor(batch * heads, 4 * fresh * keys * dim, [&](int64_t begin, int64_t end) {
     std::vector<float> q_buf, k_buf, v_buf, scores(fresh * keys), out(n);
     for (int64_t bh = begin; bh < end; ++bh) {
@@ -155,13 +161,8 @@ void KvCacheAttentionTyped(const ops::KvCacheAttentionArgs& args) {
       for (int64_t i = 0; i < fresh; ++i) {
         float* row = scores.data() + i * keys;
         const int64_t visible = args.past + i + 1;
-        float max = kNegInf;
-        for (int64_t j = 0; j < visible; ++j) max = std::max(max, row[j]);
-        double sum = 0.0;
-        for (int64_t j = 0; j < visible; ++j) sum += std::exp(static_cast<double>(row[j] - max));
-        const float lse = max + static_cast<float>(std::log(sum));
-        for (int64_t j = 0; j < visible; ++j) row[j] = std::exp(row[j] - lse);
-        for (int64_t j = visible; j < keys; ++j) row[j] = 0.0f;
+        kernels.softmax(row, visible, row);
+        std::fill(row + visible, row + keys, 0.0f);
       }
       MatMul(false, false, fresh, dim, keys, 1.0f, scores.data(), v, out.data());
       StoreFloats(out.data(), n, args.out.data<T>() + bh * n);
@@ -173,6 +174,14 @@ void KvCacheAttentionTyped(const ops::KvCacheAttentionArgs& args) {
 
 absl::Status CpuBackend::SoftmaxForward(const Tensor& x, const Tensor& y) {
   const int64_t cols = ops::Cols(x);
+  if (x.dtype() == DType::kF32) {
+    ParallelFor(ops::Rows(x), 20 * cols, [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r) {
+        Softmax().softmax(x.data<float>() + r * cols, cols, y.data<float>() + r * cols);
+      }
+    });
+    return absl::OkStatus();
+  }
   DispatchFloat(x.dtype(), [&]<typename T>() {
     const T* px = x.data<T>();
     T* py = y.data<T>();
@@ -202,6 +211,17 @@ absl::Status CpuBackend::SoftmaxForward(const Tensor& x, const Tensor& y) {
 
 absl::Status CpuBackend::SoftmaxBackward(const Tensor& y, const Tensor& dy, const Tensor& dx) {
   const int64_t cols = ops::Cols(y);
+  if (y.dtype() == DType::kF32) {
+    ParallelFor(ops::Rows(y), 4 * cols, [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r) {
+        const float* py = y.data<float>() + r * cols;
+        const float* pdy = dy.data<float>() + r * cols;
+        const float dot = static_cast<float>(Softmax().dot(py, pdy, cols));
+        Softmax().softmax_grad(py, pdy, cols, dot, dx.data<float>() + r * cols);
+      }
+    });
+    return absl::OkStatus();
+  }
   DispatchFloat(y.dtype(), [&]<typename T>() {
     const T* py = y.data<T>();
     const T* pdy = dy.data<T>();

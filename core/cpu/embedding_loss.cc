@@ -1,9 +1,13 @@
-// Token embedding and (vocab-parallel) cross-entropy on the CPU.
+// Token embedding and (vocab-parallel) cross-entropy on the CPU. fp32 logits run cross-entropy's
+// max, exp sums and gradient through the vectorised kernels of core/cpu/isa/softmax_kernels.h;
+// fp16 / bf16 keep the scalar loops.
 #include <cmath>
 #include <limits>
+#include <type_traits>
 
 #include "absl/strings/str_cat.h"
 #include "core/cpu/cpu_backend.h"
+#include "core/cpu/isa/softmax_kernels.h"
 #include "core/cpu/kernel_util.h"
 
 namespace nf::cpu {
@@ -21,6 +25,27 @@ int64_t LocalTarget(const ops::CrossEntropyArgs& args, int64_t r) {
   const int64_t target = args.targets.data<int32_t>()[r];
   const int64_t local = target - args.vocab_offset;
   return (target >= 0 && local >= 0 && local < ValidLocalColumns(args)) ? local : -1;
+}
+
+// Row r of the fp32 cross-entropy gradient, logits and grad [cols] (grad may be logits):
+// dloss * (exp(x - max) / sum_exp - onehot(target)) over the valid columns, 0 elsewhere and for
+// an ignored row. The target column is redone in double from its exp, so p - 1 does not lose
+// the fp32 product's rounding to cancellation.
+void CrossEntropyGradRowF32(const ops::CrossEntropyArgs& args, int64_t r, float max,
+                            float sum_exp, float dloss, const float* logits, float* grad) {
+  const int64_t cols = args.logits.dim(1), valid = ValidLocalColumns(args);
+  if (args.targets.data<int32_t>()[r] < 0) {
+    std::fill(grad, grad + cols, 0.0f);
+    return;
+  }
+  const SoftmaxKernels& kernels = Softmax();
+  const int64_t t = LocalTarget(args, r);
+  float target_exp = 0.0f;
+  if (t >= 0) kernels.exp_shifted(logits + t, 1, max, &target_exp);  // before grad overwrites it
+  const double inv_sum = 1.0 / sum_exp;
+  kernels.scaled_exp_shifted(logits, valid, max, static_cast<float>(dloss * inv_sum), grad);
+  std::fill(grad + valid, grad + cols, 0.0f);
+  if (t >= 0) grad[t] = static_cast<float>(dloss * (target_exp * inv_sum - 1.0));
 }
 
 }  // namespace
@@ -78,6 +103,14 @@ absl::Status CpuBackend::CrossEntropyRowMax(const ops::CrossEntropyArgs& args,
                                             const Tensor& row_max) {
   const int64_t cols = args.logits.dim(1), valid = ValidLocalColumns(args);
   float* out = row_max.data<float>();
+  if (args.logits.dtype() == DType::kF32) {
+    ParallelFor(args.logits.dim(0), valid, [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r) {
+        out[r] = Softmax().max(args.logits.data<float>() + r * cols, valid);
+      }
+    });
+    return absl::OkStatus();
+  }
   DispatchFloat(args.logits.dtype(), [&]<typename T>() {
     const T* logits = args.logits.data<T>();
     ParallelFor(args.logits.dim(0), valid, [&](int64_t begin, int64_t end) {
@@ -113,8 +146,12 @@ absl::Status CpuBackend::CrossEntropySumExp(const ops::CrossEntropyArgs& args,
         double sum = 0.0;
         // A slice whose valid columns are all -inf (or that has none) contributes nothing.
         if (max[r] != kNegInf) {
-          for (int64_t c = 0; c < valid; ++c) {
-            sum += std::exp(static_cast<double>(ToFloat(logits[r * cols + c])) - max[r]);
+          if constexpr (std::is_same_v<T, float>) {
+            sum = Softmax().sum_exp_shifted(logits + r * cols, valid, max[r]);
+          } else {
+            for (int64_t c = 0; c < valid; ++c) {
+              sum += std::exp(static_cast<double>(ToFloat(logits[r * cols + c])) - max[r]);
+            }
           }
         }
         sums[r] = static_cast<float>(sum);
@@ -166,6 +203,16 @@ absl::Status CpuBackend::CrossEntropyBackward(const ops::CrossEntropyArgs& args,
   const float* max = row_max.data<float>();
   const float* sums = sum_exp.data<float>();
   const float* dl = dloss.data<float>();
+  if (args.logits.dtype() == DType::kF32) {
+    ParallelFor(args.logits.dim(0), 20 * cols, [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r) {
+        CrossEntropyGradRowF32(args, r, max[r], sums[r], dl[r],
+                               args.logits.data<float>() + r * cols,
+                               dlogits.data<float>() + r * cols);
+      }
+    });
+    return absl::OkStatus();
+  }
   DispatchFloat(args.logits.dtype(), [&]<typename T>() {
     const T* logits = args.logits.data<T>();
     T* grad = dlogits.data<T>();

@@ -1,9 +1,12 @@
 // LayerNorm on the CPU, local and tensor-parallel. Both paths share the per-row normalisation
 // (from mean and rstd) and the per-row input gradient (from the two row sums); they differ only
 // in where the row statistics come from: this rank's columns, or sums all-reduced by the caller.
+// fp32 x and weight run the vectorised row kernels (core/cpu/isa/norm_kernels.h); fp16 / bf16
+// keep the scalar templates below.
 #include <cmath>
 
 #include "core/cpu/cpu_backend.h"
+#include "core/cpu/isa/norm_kernels.h"
 #include "core/cpu/kernel_util.h"
 
 namespace nf::cpu {
@@ -70,19 +73,42 @@ void InputGradRow(const ops::LayerNormBackwardArgs& args, int64_t r, double mean
   }
 }
 
-// dweight += sum_r dy * xhat, dbias += sum_r dy. Rows are read contiguously in fixed blocks,
-// each block's per-column partial sums kept in double, then the blocks added in order: cache
-// friendly, and the same result for any thread count.
+// Parameter gradients are summed over fixed blocks of rows, each block's per-column partials in
+// double, then the blocks added in order: cache friendly, and the same result for any thread
+// count.
+constexpr int64_t kRowsPerBlock = 64;
+
+int64_t RowBlocks(int64_t rows) { return (rows + kRowsPerBlock - 1) / kRowsPerBlock; }
+
+// dweight[c] += sum_block partial[block, 0, c], dbias[c] += sum_block partial[block, 1, c]:
+// partial is [blocks, 2, cols], the dweight partials then the dbias partials of each block.
+void AddBlockPartials(const std::vector<double>& partial, int64_t blocks, int64_t cols,
+                      const ops::LayerNormBackwardArgs& args) {
+  std::vector<double> sum_w(cols, 0.0), sum_b(cols, 0.0);
+  for (int64_t block = 0; block < blocks; ++block) {
+    const double* block_w = partial.data() + block * 2 * cols;
+    for (int64_t c = 0; c < cols; ++c) {
+      sum_w[c] += block_w[c];
+      sum_b[c] += block_w[cols + c];
+    }
+  }
+  float* dw = args.dweight.data<float>();
+  float* db = args.dbias.data<float>();
+  for (int64_t c = 0; c < cols; ++c) {
+    dw[c] += static_cast<float>(sum_w[c]);
+    db[c] += static_cast<float>(sum_b[c]);
+  }
+}
+
+// dweight += sum_r dy * xhat, dbias += sum_r dy (the fp16 / bf16 path).
 template <typename T>
 void ParamGrads(const ops::LayerNormBackwardArgs& args) {
-  constexpr int64_t kRowsPerBlock = 64;
   const int64_t rows = ops::Rows(args.x), cols = ops::Cols(args.x);
-  const int64_t blocks = (rows + kRowsPerBlock - 1) / kRowsPerBlock;
+  const int64_t blocks = RowBlocks(rows);
   const T* x = args.x.data<T>();
   const T* dy = args.dy.data<T>();
   const float* mean = args.mean.data<float>();
   const float* rstd = args.rstd.data<float>();
-  // [blocks, 2, cols]: per block, the dweight partials then the dbias partials.
   std::vector<double> partial(blocks * 2 * cols, 0.0);
   ParallelFor(blocks, 4 * kRowsPerBlock * cols, [&](int64_t begin, int64_t end) {
     for (int64_t block = begin; block < end; ++block) {
@@ -98,16 +124,64 @@ void ParamGrads(const ops::LayerNormBackwardArgs& args) {
       }
     }
   });
-  float* dw = args.dweight.data<float>();
-  float* db = args.dbias.data<float>();
-  for (int64_t c = 0; c < cols; ++c) {
-    double sum_w = 0.0, sum_b = 0.0;
-    for (int64_t block = 0; block < blocks; ++block) {
-      sum_w += partial[block * 2 * cols + c];
-      sum_b += partial[block * 2 * cols + cols + c];
+  AddBlockPartials(partial, blocks, cols, args);
+}
+
+bool IsF32(const Tensor& x, const Tensor& weight) {
+  return x.dtype() == DType::kF32 && weight.dtype() == DType::kF32;
+}
+
+// The fp32 backward in one pass over the rows: per row, while it is in cache, the input
+// gradient from the row's means (mean g, mean g * xhat) = row_means(r), then the row's share of
+// the parameter gradients into its block's partials.
+template <typename RowMeans>
+void BackwardF32(const ops::LayerNormBackwardArgs& args, RowMeans&& row_means) {
+  const NormKernels& kernels = Norm();
+  const int64_t rows = ops::Rows(args.x), cols = ops::Cols(args.x);
+  const int64_t blocks = RowBlocks(rows);
+  const float* x = args.x.data<float>();
+  const float* dy = args.dy.data<float>();
+  const float* w = args.weight.data<float>();
+  const float* mean = args.mean.data<float>();
+  const float* rstd = args.rstd.data<float>();
+  float* dx = args.dx.data<float>();
+  std::vector<double> partial(blocks * 2 * cols, 0.0);
+  ParallelFor(blocks, 12 * kRowsPerBlock * cols, [&](int64_t begin, int64_t end) {
+    for (int64_t block = begin; block < end; ++block) {
+      double* sum_w = partial.data() + block * 2 * cols;
+      for (int64_t r = block * kRowsPerBlock; r < std::min(rows, (block + 1) * kRowsPerBlock);
+           ++r) {
+        const int64_t at = r * cols;
+        const auto [mean_g, mean_g_xhat] = row_means(r);
+        kernels.input_grad_row(x + at, dy + at, w, mean[r], rstd[r], mean_g, mean_g_xhat, cols,
+                               dx + at);
+        kernels.param_grad_rows(x + at, dy + at, mean + r, rstd + r, 1, cols, sum_w,
+                                sum_w + cols);
+      }
     }
-    dw[c] += static_cast<float>(sum_w);
-    db[c] += static_cast<float>(sum_b);
+  });
+  AddBlockPartials(partial, blocks, cols, args);
+}
+
+// (sum g, sum g * xhat) of fp32 row r over this rank's columns.
+std::pair<double, double> RowSumsF32(const ops::LayerNormBackwardArgs& args, int64_t r) {
+  const int64_t cols = ops::Cols(args.x);
+  double sums[2];
+  Norm().backward_row_sums(args.x.data<float>() + r * cols, args.dy.data<float>() + r * cols,
+                           args.weight.data<float>(), args.mean.data<float>()[r],
+                           args.rstd.data<float>()[r], cols, sums);
+  return {sums[0], sums[1]};
+}
+
+// mean[r], rstd[r] from all-reduced (sum x, sum x^2) pairs over total_cols columns.
+void StatsFromSums(const double* s, int64_t begin, int64_t end, int64_t total_cols, float eps,
+                   float* mean, float* rstd) {
+  for (int64_t r = begin; r < end; ++r) {
+    const double mu = s[2 * r] / total_cols;
+    // E[x^2] - mean^2 can come out slightly negative from rounding: clamp at 0.
+    const double var = std::max(0.0, s[2 * r + 1] / total_cols - mu * mu);
+    mean[r] = static_cast<float>(mu);
+    rstd[r] = static_cast<float>(1.0 / std::sqrt(var + eps));
   }
 }
 
@@ -115,6 +189,15 @@ void ParamGrads(const ops::LayerNormBackwardArgs& args) {
 
 absl::Status CpuBackend::LayerNormForward(const ops::LayerNormArgs& args) {
   const int64_t cols = ops::Cols(args.x);
+  if (IsF32(args.x, args.weight)) {
+    ParallelFor(ops::Rows(args.x), 6 * cols, [&](int64_t begin, int64_t end) {
+      Norm().forward(args.x.data<float>() + begin * cols, args.weight.data<float>(),
+                     args.bias.data<float>(), end - begin, cols, args.eps,
+                     args.y.data<float>() + begin * cols, args.mean.data<float>() + begin,
+                     args.rstd.data<float>() + begin);
+    });
+    return absl::OkStatus();
+  }
   DispatchLayerNorm(args.x, args.weight, [&]<typename T, typename W>() {
     const T* x = args.x.data<T>();
     float* mean = args.mean.data<float>();
@@ -144,6 +227,12 @@ absl::Status CpuBackend::LayerNormForward(const ops::LayerNormArgs& args) {
 absl::Status CpuBackend::LayerNormPartialStats(const Tensor& x, const Tensor& stats) {
   const int64_t cols = ops::Cols(x);
   double* out = stats.data<double>();
+  if (x.dtype() == DType::kF32) {
+    ParallelFor(ops::Rows(x), 3 * cols, [&](int64_t begin, int64_t end) {
+      Norm().partial_stats(x.data<float>() + begin * cols, end - begin, cols, out + 2 * begin);
+    });
+    return absl::OkStatus();
+  }
   DispatchFloat(x.dtype(), [&]<typename T>() {
     const T* px = x.data<T>();
     ParallelFor(ops::Rows(x), 3 * cols, [&](int64_t begin, int64_t end) {
@@ -167,15 +256,19 @@ absl::Status CpuBackend::LayerNormForwardFromStats(const ops::LayerNormArgs& arg
   const double* s = stats.data<double>();
   float* mean = args.mean.data<float>();
   float* rstd = args.rstd.data<float>();
+  const int64_t cols = ops::Cols(args.x);
+  if (IsF32(args.x, args.weight)) {
+    ParallelFor(ops::Rows(args.x), 4 * cols, [&](int64_t begin, int64_t end) {
+      StatsFromSums(s, begin, end, total_cols, args.eps, mean, rstd);
+      Norm().normalize(args.x.data<float>() + begin * cols, args.weight.data<float>(),
+                       args.bias.data<float>(), mean + begin, rstd + begin, end - begin, cols,
+                       args.y.data<float>() + begin * cols);
+    });
+    return absl::OkStatus();
+  }
   DispatchLayerNorm(args.x, args.weight, [&]<typename T, typename W>() {
-    ParallelFor(ops::Rows(args.x), 4 * ops::Cols(args.x), [&](int64_t begin, int64_t end) {
-      for (int64_t r = begin; r < end; ++r) {
-        const double mu = s[2 * r] / total_cols;
-        // E[x^2] - mean^2 can come out slightly negative from rounding: clamp at 0.
-        const double var = std::max(0.0, s[2 * r + 1] / total_cols - mu * mu);
-        mean[r] = static_cast<float>(mu);
-        rstd[r] = static_cast<float>(1.0 / std::sqrt(var + args.eps));
-      }
+    ParallelFor(ops::Rows(args.x), 4 * cols, [&](int64_t begin, int64_t end) {
+      StatsFromSums(s, begin, end, total_cols, args.eps, mean, rstd);
       Normalize<T, W>(args, begin, end);
     });
   });
@@ -184,6 +277,13 @@ absl::Status CpuBackend::LayerNormForwardFromStats(const ops::LayerNormArgs& arg
 
 absl::Status CpuBackend::LayerNormBackward(const ops::LayerNormBackwardArgs& args) {
   const int64_t cols = ops::Cols(args.x);
+  if (IsF32(args.x, args.weight)) {
+    BackwardF32(args, [&](int64_t r) {
+      const auto [sum_g, sum_g_xhat] = RowSumsF32(args, r);
+      return std::pair{sum_g / cols, sum_g_xhat / cols};
+    });
+    return absl::OkStatus();
+  }
   DispatchLayerNorm(args.x, args.weight, [&]<typename T, typename W>() {
     ParallelFor(ops::Rows(args.x), 8 * cols, [&](int64_t begin, int64_t end) {
       for (int64_t r = begin; r < end; ++r) {
@@ -199,6 +299,16 @@ absl::Status CpuBackend::LayerNormBackward(const ops::LayerNormBackwardArgs& arg
 absl::Status CpuBackend::LayerNormBackwardPartialSums(const ops::LayerNormBackwardArgs& args,
                                                       const Tensor& sums) {
   float* out = sums.data<float>();
+  if (IsF32(args.x, args.weight)) {
+    ParallelFor(ops::Rows(args.x), 4 * ops::Cols(args.x), [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r) {
+        const auto [sum_g, sum_g_xhat] = RowSumsF32(args, r);
+        out[2 * r] = static_cast<float>(sum_g);
+        out[2 * r + 1] = static_cast<float>(sum_g_xhat);
+      }
+    });
+    return absl::OkStatus();
+  }
   DispatchLayerNorm(args.x, args.weight, [&]<typename T, typename W>() {
     ParallelFor(ops::Rows(args.x), 4 * ops::Cols(args.x), [&](int64_t begin, int64_t end) {
       for (int64_t r = begin; r < end; ++r) {
@@ -214,6 +324,13 @@ absl::Status CpuBackend::LayerNormBackwardPartialSums(const ops::LayerNormBackwa
 absl::Status CpuBackend::LayerNormBackwardFromSums(const ops::LayerNormBackwardArgs& args,
                                                    const Tensor& sums, int64_t total_cols) {
   const float* s = sums.data<float>();
+  if (IsF32(args.x, args.weight)) {
+    BackwardF32(args, [&](int64_t r) {
+      return std::pair{static_cast<double>(s[2 * r]) / total_cols,
+                       static_cast<double>(s[2 * r + 1]) / total_cols};
+    });
+    return absl::OkStatus();
+  }
   DispatchLayerNorm(args.x, args.weight, [&]<typename T, typename W>() {
     ParallelFor(ops::Rows(args.x), 4 * ops::Cols(args.x), [&](int64_t begin, int64_t end) {
       for (int64_t r = begin; r < end; ++r) {

@@ -1,0 +1,54 @@
+// Vectorised fp32 LayerNorm kernels of the CPU backend (core/cpu/layer_norm.cc calls them when x
+// and the weight are fp32; fp16 / bf16 keep the scalar loops). One table per ISA level
+// (core/cpu/isa/isa.h). Row reductions run in double over fixed lanes (core/cpu/isa/lanes.h), so
+// they differ from a sequential double sum by rounding only, and not at all between thread
+// counts; the elementwise parts do the scalar loops' arithmetic in the same order (the AVX2 and
+// AVX-512 levels may contract a multiply and an add into one FMA: rounding only).
+#pragma once
+
+#include <cstdint>
+
+#include "core/cpu/isa/isa.h"
+
+namespace nf::cpu {
+
+struct NormKernels {
+  // For each row r of x [rows, cols]: mean[r] and rstd[r] = 1 / sqrt(var + eps) by two double
+  // passes (mean, then centred squares: exact for rows with a large mean), then
+  // y[r, c] = (x[r, c] - mean[r]) * rstd[r] * w[c] + b[c] while the row is in cache.
+  void (*forward)(const float* x, const float* w, const float* b, int64_t rows, int64_t cols,
+                  float eps, float* y, float* mean, float* rstd);
+  // y = (x - mean) * rstd * w + b for rows whose mean / rstd are given (tensor parallel).
+  void (*normalize)(const float* x, const float* w, const float* b, const float* mean,
+                    const float* rstd, int64_t rows, int64_t cols, float* y);
+  // stats[2 r] = sum_c x[r, c], stats[2 r + 1] = sum_c x[r, c]^2, in double: one shard's part
+  // of the tensor-parallel statistics.
+  void (*partial_stats)(const float* x, int64_t rows, int64_t cols, double* stats);
+  // One row of the backward, x and dy [cols]: sums[0] = sum g, sums[1] = sum g * xhat with
+  // g = dy * w (in double) and xhat = (x - mean) * rstd (in float).
+  void (*backward_row_sums)(const float* x, const float* dy, const float* w, float mean,
+                            float rstd, int64_t cols, double* sums);
+  // dx = rstd * (g - mean_g - xhat * mean_g_xhat) for one row, in double, rounded once.
+  void (*input_grad_row)(const float* x, const float* dy, const float* w, float mean, float rstd,
+                         double mean_g, double mean_g_xhat, int64_t cols, float* dx);
+  // sum_w[c] += dy[r, c] * xhat[r, c] and sum_b[c] += dy[r, c] for rows [0, rows) in row order,
+  // in double: a row block's parameter-gradient partials.
+  void (*param_grad_rows)(const float* x, const float* dy, const float* mean, const float* rstd,
+                          int64_t rows, int64_t cols, double* sum_w, double* sum_b);
+};
+
+namespace isa_baseline { extern const NormKernels kNormKernels; }
+namespace isa_avx2 { extern const NormKernels kNormKernels; }
+namespace isa_avx512 { extern const NormKernels kNormKernels; }
+
+// The table of SelectedIsa(), or of a given level (tests compare every level).
+inline const NormKernels& NormKernelsFor(Isa isa) {
+  return TableFor(isa, isa_baseline::kNormKernels, isa_avx2::kNormKernels,
+                  isa_avx512::kNormKernels);
+}
+inline const NormKernels& Norm() {
+  static const NormKernels& table = NormKernelsFor(SelectedIsa());
+  return table;
+}
+
+}  // namespace nf::cpu
