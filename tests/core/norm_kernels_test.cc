@@ -1,0 +1,200 @@
+// The vectorised LayerNorm kernels (core/cpu/isa/norm_kernels.h) at every ISA level this CPU
+// runs, against float64 references written here, on widths that exercise the 16-lane main loop
+// and its tail (1, 3, 17, 130, 768) and on rows centred near 0 and near 1e4.
+//
+// Error model. Inputs are fp32 and read exactly. Row sums are double (n terms: error at most
+// n 2^-53 of the sum of magnitudes, far below the fp32 roundings); mean and rstd are rounded to
+// fp32 once (u32 relative; rstd's sqrt and division in double add ~1e-16). The kernels form
+// xhat = (x - mean) * rstd in fp32: two roundings, 2 u32 |xhat|, with mean and rstd given (the
+// backward) or the fp32 ones of the forward (whose rounding of mean, u32 |mean|, shifts xhat by
+// u32 |mean| rstd). Each further fp32 operation adds u32 of its result's magnitude.
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/cpu/isa/norm_kernels.h"
+#include "gtest/gtest.h"
+#include "test_util.h"
+
+namespace nf::cpu {
+namespace {
+
+using ::nf::testing::kU32;
+using ::nf::testing::RandomFloats;
+
+constexpr float kEps = 1e-5f;
+constexpr double kU64 = 0x1p-53;
+const std::vector<int64_t> kWidths = {1, 3, 17, 130, 768};
+constexpr int64_t kRows = 3;
+
+// Expects |actual[i] - expected[i]| <= tol[i].
+void ExpectWithin(const std::vector<float>& actual, const std::vector<double>& expected,
+                  const std::vector<double>& tol, const std::string& what) {
+  ASSERT_EQ(actual.size(), expected.size()) << what;
+  for (size_t i = 0; i < actual.size(); ++i) {
+    EXPECT_LE(std::abs(actual[i] - expected[i]), tol[i])
+        << what << " [" << i << "]: " << actual[i] << ", expected " << expected[i];
+  }
+}
+
+// Inputs of one width: x [kRows, cols] in [offset - 2, offset + 2), weight, bias, dy.
+struct Inputs {
+  int64_t cols;
+  std::vector<float> x, w, b, dy;
+  Inputs(int64_t c, float offset, uint32_t seed)
+      : cols(c),
+        x(RandomFloats(kRows * c, seed, offset - 2.0f, offset + 2.0f)),
+        w(RandomFloats(c, seed + 1, 0.5f, 1.5f)),
+        b(RandomFloats(c, seed + 2, -0.5f, 0.5f)),
+        dy(RandomFloats(kRows * c, seed + 3)) {}
+};
+
+// Two-pass float64 statistics of row r.
+void ReferenceStats(const Inputs& in, int64_t r, double& mean, double& rstd) {
+  double sum = 0.0, squares = 0.0;
+  for (int64_t c = 0; c < in.cols; ++c) sum += in.x[r * in.cols + c];
+  mean = sum / in.cols;
+  for (int64_t c = 0; c < in.cols; ++c) {
+    const double d = in.x[r * in.cols + c] - mean;
+    squares += d * d;
+  }
+  rstd = 1.0 / std::sqrt(squares / in.cols + double{kEps});
+}
+
+class NormKernelsTest : public ::testing::TestWithParam<float> {};  // the rows' offset
+INSTANTIATE_TEST_SUITE_P(Offsets, NormKernelsTest, ::testing::Values(0.0f, 1e4f));
+
+TEST_P(NormKernelsTest, ForwardAndNormalizeMatchFloat64) {
+  for (Isa isa : RunnableIsas()) {
+    SCOPED_TRACE(IsaName(isa));
+    const NormKernels& k = NormKernelsFor(isa);
+    for (int64_t cols : kWidths) {
+      const Inputs in(cols, GetParam(), 100 + cols);
+      std::vector<float> y(kRows * cols), mean(kRows), rstd(kRows);
+      k.forward(in.x.data(), in.w.data(), in.b.data(), kRows, cols, kEps, y.data(), mean.data(),
+                rstd.data());
+      std::vector<double> y_ref(kRows * cols), y_tol(kRows * cols);
+      for (int64_t r = 0; r < kRows; ++r) {
+        double mu, rs;
+        ReferenceStats(in, r, mu, rs);
+        // One fp32 rounding each, plus the double sums' ~1e-16 (2 u32 leaves room for both).
+        EXPECT_NEAR(mean[r], mu, 2 * kU32 * std::abs(mu) + 1e-30) << cols;
+        EXPECT_NEAR(rstd[r], rs, 2 * kU32 * rs) << cols;
+        for (int64_t c = 0; c < cols; ++c) {
+          const int64_t i = r * cols + c;
+          const double xhat = (in.x[i] - mu) * rs;
+          y_ref[i] = xhat * in.w[c] + in.b[c];
+          // The fp32 mean's and rstd's roundings move xhat by u32 (|mean| rstd + |xhat|); xhat's
+          // two roundings and y's two (product, sum) add 4 u32 of |xhat| |w| + |b|.
+          y_tol[i] = 2 * kU32 * (std::abs(mu) * rs + std::abs(xhat)) * in.w[c] +
+                     4 * kU32 * (std::abs(xhat) * in.w[c] + std::abs(in.b[c]));
+        }
+      }
+      ExpectWithin(y, y_ref, y_tol, "forward y, cols " + std::to_string(cols));
+      // normalize with the forward's statistics does the forward's elementwise arithmetic.
+      std::vector<float> y2(kRows * cols);
+      k.normalize(in.x.data(), in.w.data(), in.b.data(), mean.data(), rstd.data(), kRows, cols,
+                  y2.data());
+      EXPECT_EQ(y2, y) << cols;
+    }
+  }
+}
+
+TEST_P(NormKernelsTest, PartialStatsMatchFloat64) {
+  for (Isa isa : RunnableIsas()) {
+    SCOPED_TRACE(IsaName(isa));
+    for (int64_t cols : kWidths) {
+      const Inputs in(cols, GetParam(), 200 + cols);
+      std::vector<double> stats(2 * kRows);
+      NormKernelsFor(isa).partial_stats(in.x.data(), kRows, cols, stats.data());
+      for (int64_t r = 0; r < kRows; ++r) {
+        double sum = 0.0, squares = 0.0, magnitude = 0.0;
+        for (int64_t c = 0; c < cols; ++c) {
+          const double v = in.x[r * cols + c];
+          sum += v;
+          squares += v * v;
+          magnitude += std::abs(v);
+        }
+        // Exact products (fp32 squared fits in double); two double sums of cols terms each
+        // (the kernel's and the reference's).
+        EXPECT_NEAR(stats[2 * r], sum, 2 * cols * kU64 * magnitude) << cols;
+        EXPECT_NEAR(stats[2 * r + 1], squares, 2 * cols * kU64 * squares) << cols;
+      }
+    }
+  }
+}
+
+// The backward kernels take mean and rstd as given fp32 values: the reference uses the same.
+TEST_P(NormKernelsTest, BackwardKernelsMatchFloat64) {
+  for (Isa isa : RunnableIsas()) {
+    SCOPED_TRACE(IsaName(isa));
+    const NormKernels& k = NormKernelsFor(isa);
+    for (int64_t cols : kWidths) {
+      const Inputs in(cols, GetParam(), 300 + cols);
+      std::vector<float> mean(kRows), rstd(kRows), dx(kRows * cols);
+      for (int64_t r = 0; r < kRows; ++r) {
+        double mu, rs;
+        ReferenceStats(in, r, mu, rs);
+        mean[r] = static_cast<float>(mu);
+        rstd[r] = static_cast<float>(rs);
+      }
+      std::vector<double> dx_ref(kRows * cols), dx_tol(kRows * cols);
+      std::vector<double> sum_w_ref(cols, 0.0), sum_b_ref(cols, 0.0), sum_w_tol(cols, 0.0),
+          sum_b_tol(cols, 0.0);
+      for (int64_t r = 0; r < kRows; ++r) {
+        const float* x = in.x.data() + r * cols;
+        const float* dy = in.dy.data() + r * cols;
+        std::vector<double> xhat(cols);
+        double sum_g = 0.0, sum_g_xhat = 0.0, mag_g = 0.0, mag_g_xhat = 0.0;
+        for (int64_t c = 0; c < cols; ++c) {
+          xhat[c] = (double{x[c]} - mean[r]) * rstd[r];
+          const double g = double{dy[c]} * in.w[c];
+          sum_g += g;
+          sum_g_xhat += g * xhat[c];
+          mag_g += std::abs(g);
+          mag_g_xhat += std::abs(g * xhat[c]);
+          sum_w_ref[c] += dy[c] * xhat[c];
+          sum_b_ref[c] += dy[c];
+          // The fp32 xhat's 2 u32, and a few 2^-53 per double addition.
+          sum_w_tol[c] += (2 * kU32 + 4 * kU64) * std::abs(dy[c] * xhat[c]);
+          sum_b_tol[c] += 4 * kU64 * std::abs(dy[c]);
+        }
+        double sums[2];
+        k.backward_row_sums(x, dy, in.w.data(), mean[r], rstd[r], cols, sums);
+        // g is exact in double; xhat's 2 u32 relative carries into sum g * xhat.
+        EXPECT_NEAR(sums[0], sum_g, 2 * cols * kU64 * mag_g) << cols;
+        EXPECT_NEAR(sums[1], sum_g_xhat, 2 * kU32 * mag_g_xhat + 2 * cols * kU64 * mag_g_xhat)
+            << cols;
+
+        const double mean_g = sum_g / cols, mean_g_xhat = sum_g_xhat / cols;
+        k.input_grad_row(x, dy, in.w.data(), mean[r], rstd[r], mean_g, mean_g_xhat, cols,
+                         dx.data() + r * cols);
+        for (int64_t c = 0; c < cols; ++c) {
+          const double g = double{dy[c]} * in.w[c];
+          const int64_t i = r * cols + c;
+          dx_ref[i] = rstd[r] * (g - mean_g - xhat[c] * mean_g_xhat);
+          // The fp32 xhat's 2 u32 through the product with mean_g_xhat, the double arithmetic
+          // (a few 2^-53 of the terms), then one rounding to fp32.
+          dx_tol[i] = rstd[r] * (2 * kU32 * std::abs(xhat[c] * mean_g_xhat) +
+                                 8 * kU64 * (std::abs(g) + std::abs(mean_g) +
+                                             std::abs(xhat[c] * mean_g_xhat))) +
+                      kU32 * std::abs(dx_ref[i]);
+        }
+      }
+      ExpectWithin(dx, dx_ref, dx_tol, "dx, cols " + std::to_string(cols));
+
+      // Parameter partials over the rows, added to non-zero starting values.
+      std::vector<double> sum_w(cols, 0.5), sum_b(cols, -0.25);
+      k.param_grad_rows(in.x.data(), in.dy.data(), mean.data(), rstd.data(), kRows, cols,
+                        sum_w.data(), sum_b.data());
+      for (int64_t c = 0; c < cols; ++c) {
+        EXPECT_NEAR(sum_w[c], 0.5 + sum_w_ref[c], sum_w_tol[c] + kU64) << cols << " " << c;
+        EXPECT_NEAR(sum_b[c], -0.25 + sum_b_ref[c], sum_b_tol[c] + kU64) << cols << " " << c;
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace nf::cpu
