@@ -1,8 +1,11 @@
 // The arithmetic of one AdamW element update, shared by the CPU and CUDA kernels of
-// ops::AdamWStep and of the check that runs before it (ops::AdamWWouldOverflow): both call
-// these functions, so the check sees exactly the values the update would write (the same float
-// operations in the same order; neither backend is built with fast-math), and judges them by
-// the model dtype's overflow threshold, which is exactly where its rounding cast gives inf.
+// ops::AdamWStep and of the check that runs before it (ops::AdamWWouldOverflow), so the check
+// sees exactly the values the update would write (the same float operations in the same order;
+// neither backend is built with fast-math or contracts them into FMAs), and judges them by the
+// model dtype's overflow threshold, which is exactly where its rounding cast gives inf. The CUDA
+// kernels call these functions; the CPU's vectorised kernels (core/cpu/isa/optimizer_kernels.cc,
+// compiled once per ISA level, may not include this header) spell out the same operations, and
+// tests/core/optimizer_kernels_test.cc holds every level to these functions' bits.
 #pragma once
 
 #include <cmath>
