@@ -7,7 +7,9 @@
 // magnitudes) and, for fp16 / bf16 results, one final rounding of relative error u = 2^-11 /
 // 2^-8. Central differences are taken in double with h = 1e-5 on functions of size O(1-10):
 // truncation (h^2 / 6 |f'''|) and cancellation (1e-16 |f| / h) stay below 1e-8, which is added
-// to every gradient tolerance.
+// to every gradient tolerance. fp32 score rows take the CPU's vectorised exp, within
+// kExpMaxUlps ulp (kExpRel = 2 kExpMaxUlps u32 relative, core/cpu/isa/softmax_kernels.h) of the
+// exponential of its fp32 argument.
 #include <algorithm>
 #include <cmath>
 #include <functional>
@@ -17,6 +19,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/cpu/isa/softmax_kernels.h"
 #include "core/ops/ops.h"
 #include "core/philox.h"
 #include "gmock/gmock.h"
@@ -37,6 +40,9 @@ using ::nf::testing::Rounded;
 using ::nf::testing::ToDoubles;
 using ::nf::testing::UnitRoundoff;
 using ::testing::HasSubstr;
+
+// The CPU exp's relative error bound (see the error model above).
+constexpr double kExpRel = 2 * cpu::kExpMaxUlps * ::nf::testing::kU32;
 
 constexpr double kFdError = 1e-8;  // central differences in double, see the header comment
 constexpr float kInf = std::numeric_limits<float>::infinity();
@@ -81,10 +87,11 @@ TEST_P(SoftmaxDTypeTest, ForwardAndBackwardMatchReference) {
   NF_ASSERT_OK(ops::SoftmaxForward(tx, ty));
   const std::vector<double> y_ref = ReferenceSoftmax(x.d, rows, cols);
   // The kernel forms x - max in fp32: |x - max| < 8 here, so within half an ulp, 4 u32, of the
-  // exponent; the rest is double. Numerator and sum are then within 4 u32 relative each, and the
-  // fp32 result rounds once more: 9 u32, and 16 u32 keeps a margin. fp16 / bf16 add the output
-  // rounding u.
-  const double y_rtol = 16 * kU32 + u;
+  // exponent. fp32 takes the vectorised exp (kExpRel more), fp16 / bf16 a double one: numerator
+  // and sum (a weighted mean of its terms' errors) within 4 u32 + kExpRel relative each, then
+  // 1 / sum and the product round once each: 8 u32 + 2 kExpRel (14 u32), and 20 u32 keeps a
+  // margin. fp16 / bf16 add the output rounding u.
+  const double y_rtol = 20 * kU32 + u;
   ExpectAllClose(ToDoubles(ty), y_ref, 0.0, y_rtol, "softmax y");
 
   // Backward from the kernel's own y, as in training, against d/dx sum(softmax(x) * dy).
@@ -118,8 +125,8 @@ TEST_P(SoftmaxDTypeTest, MaskedRowsGiveZerosAndFiniteProbabilities) {
   const std::vector<double> y = ToDoubles(ty);
   const double p2 = 1.0 / (1.0 + std::exp(-1.0));  // softmax(1, 2) = (1 - p2, p2)
   // exp(-inf) is exactly 0 and a lone finite logit has probability exactly 1; the two-way
-  // split carries the fp32 computation (16 u32) and the output rounding u.
-  const double rtol = 16 * kU32 + UnitRoundoff(dtype);
+  // split carries the fp32 computation (20 u32, as above) and the output rounding u.
+  const double rtol = 20 * kU32 + UnitRoundoff(dtype);
   ExpectAllClose(y, {0, 0, 0, 0, 0, 1 - p2, p2, 0, 0, 0, 1, 0}, 0.0, rtol, "masked softmax");
 
   // Gradients through masked entries vanish: y = 0 there, and the whole first row is zero.
@@ -143,8 +150,8 @@ TEST(SoftmaxTest, HugeLogitsStayFinite) {
   NF_ASSERT_OK(ops::SoftmaxForward(tx, ty));
   const std::vector<double> y = ToDoubles(ty);
   for (size_t i = 0; i < y.size(); ++i) EXPECT_TRUE(std::isfinite(y[i])) << i;
-  // Every expected value is 0, 1/2, 1/4 or 1: exact in fp32 through the kernel's double exp
-  // (exp(0) = 1, exp(-huge) = 0) and division by 2 or 4, so no tolerance is needed.
+  // Every expected value is 0, 1/2, 1/4 or 1: exact in fp32 through the kernel's exp
+  // (exp(0) = 1, exp(-huge) = 0) and scaling by 1/2 or 1/4, so no tolerance is needed.
   ExpectAllClose(y, {0.5, 0, 0, 0.5, 0.25, 0.25, 0.25, 0.25, 1, 0, 0, 0}, 0.0, 0.0, "huge");
 }
 
@@ -158,7 +165,7 @@ TEST(SoftmaxTest, ChunkedRowsMatchReference) {
   Tensor ty = MakeZeros(DType::kF32, {rows, cols});
   NF_ASSERT_OK(ops::SoftmaxForward(MakeTensor(DType::kF32, {rows, cols}, x.f), ty));
   const std::vector<double> y_ref = ReferenceSoftmax(x.d, rows, cols);
-  const double y_rtol = 16 * kU32;
+  const double y_rtol = 20 * kU32;
   ExpectAllClose(ToDoubles(ty), y_ref, 0.0, y_rtol, "chunked softmax y");
   Tensor tdx = MakeZeros(DType::kF32, {rows, cols});
   NF_ASSERT_OK(ops::SoftmaxBackward(ty, MakeTensor(DType::kF32, {rows, cols}, dy.f), tdx));
@@ -346,9 +353,10 @@ double ScoreBound(const std::vector<double>& q, const std::vector<double>& k, co
 
 // fp32 error of a probability, relative: the score (a dim-term sgemm dot product, within dim u32
 // of scale sum|q||k| <= score_bound) enters exp() twice (directly and through lse), plus ~8 fp32
-// roundings of arguments up to 1 + score_bound.
+// roundings of arguments up to 1 + score_bound, plus the fp32 exp's own error in the numerator
+// and in the sum (the forward) or in the lse (the backward's recomputation): 2 kExpRel.
 double ProbabilityError(double score_bound, const Dims& n) {
-  return kU32 * (2 * n.dim * score_bound + 8 * (1 + score_bound));
+  return kU32 * (2 * n.dim * score_bound + 8 * (1 + score_bound)) + 2 * kExpRel;
 }
 
 // Expects |actual - expected| <= 2 bound + kFdError + rtol |expected| elementwise: twice the
@@ -389,10 +397,11 @@ void CheckAttention(DType dtype, const Dims& n, const ops::DropoutSpec& spec, ui
   const AttentionBounds bound = ErrorBounds(q.d, k.d, v.d, dout.d, ref.out, n, scale, spec, p_err,
                                             dtype == DType::kF32 ? 0.0 : u);
   ExpectWithinBounds(got.out, ref.out, bound.out, u, "out");
-  // lse = max + log(sum) in fp32: the score error (dim u32 of score_bound, twice) plus a few
-  // roundings of values up to |lse|.
-  ExpectAllClose(got.lse, ref.lse, kU32 * (2 * n.dim * score_bound + 4 * (1 + MaxAbs(ref.lse))),
-                 0.0, "lse");
+  // lse = max + log(sum) in fp32: the score error (dim u32 of score_bound, twice), the sum's exp
+  // error (kExpRel relative, absolute on its log) plus a few roundings of values up to |lse|.
+  ExpectAllClose(got.lse, ref.lse,
+                 kU32 * (2 * n.dim * score_bound + 4 * (1 + MaxAbs(ref.lse))) + kExpRel, 0.0,
+                 "lse");
 
   const auto loss = [&](const std::vector<double>& qq, const std::vector<double>& kk,
                         const std::vector<double>& vv) {

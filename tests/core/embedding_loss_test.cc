@@ -4,16 +4,20 @@
 //
 // Error model behind the tolerances: inputs are rounded to their dtype before the test starts
 // and the reference gets the same rounded values. The CPU cross-entropy keeps the row max and
-// the target logit exact (they are input values), sums exp() in double and stores sum_exp in
-// fp32 (relative error u32 = 2^-24), so log(sum_exp) is within u32 absolute; the loss is then
-// rounded to fp32 once more. Gradients stored as fp16 / bf16 add one rounding of relative error
-// u = 2^-11 / 2^-8.
+// the target logit exact (they are input values). For fp32 logits each term exp(x - max) takes
+// x - max in fp32 (u32 |x - max| absolute, so that much relative after exp) and the vectorised
+// fp32 exp (kExpRel relative, core/cpu/isa/softmax_kernels.h); fp16 / bf16 take a double exp of
+// the exact difference, within the same bound. The double sum of the terms is then within their
+// exp-weighted mean error, and sum_exp is stored in fp32 (u32 = 2^-24 more): SumExpError below,
+// which log(sum_exp) carries as an absolute error; the loss is then rounded to fp32 once more.
+// Gradients stored as fp16 / bf16 add one rounding of relative error u = 2^-11 / 2^-8.
 #include <algorithm>
 #include <cmath>
 #include <limits>
 #include <string>
 #include <vector>
 
+#include "core/cpu/isa/softmax_kernels.h"
 #include "core/ops/ops.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -36,6 +40,7 @@ using ::nf::testing::ToDoubles;
 using ::nf::testing::UnitRoundoff;
 
 constexpr double kFdError = 1e-8;  // central differences in double, h = 1e-5, O(1-10) losses
+constexpr double kExpRel = 2 * cpu::kExpMaxUlps * kU32;  // the fp32 exp's relative error
 
 std::string Name(const ::testing::TestParamInfo<DType>& info) {
   return std::string(DTypeName(info.param));
@@ -240,6 +245,32 @@ std::vector<double> ReferenceLoss(const std::vector<double>& logits, const std::
   return loss;
 }
 
+// The relative error bound of the fp32 sum_exp of the worst row (see the error model): over the
+// valid columns, kExpRel + u32 times the exp-weighted mean of |x - max| (terms far below the max
+// weigh nothing), plus u32 for storing the sum in fp32.
+double SumExpError(const std::vector<double>& logits, int64_t vocab, int64_t valid) {
+  double worst = 0.0;
+  for (size_t r = 0; r < logits.size() / vocab; ++r) {
+    const double* row = logits.data() + r * vocab;
+    double max = -INFINITY, sum = 0.0, spread = 0.0;
+    for (int64_t c = 0; c < valid; ++c) max = std::max(max, row[c]);
+    for (int64_t c = 0; c < valid; ++c) {
+      const double e = std::exp(row[c] - max);
+      sum += e;
+      if (e > 0.0) spread += e * (max - row[c]);
+    }
+    worst = std::max(worst, kExpRel + kU32 * (spread / sum + 1));
+  }
+  return worst;
+}
+
+// The absolute error bound of dlogits = dloss (p - onehot) for dloss <= max_dloss: p's relative
+// error is sum_exp's (SumExpError), its own term's (kExpRel + u32 |x - max|, and p |x - max| <=
+// 1/e as p <= exp(-|x - max|)) and two fp32 roundings (dloss / sum_exp, the product); p <= 1.
+double GradError(double sum_exp_error, double max_dloss) {
+  return max_dloss * (sum_exp_error + kExpRel + 3 * kU32);
+}
+
 struct LossResult {
   std::vector<double> loss, dlogits;
 };
@@ -276,9 +307,10 @@ TEST_P(CrossEntropyDTypeTest, MatchesReferenceAndFiniteDifferences) {
   const LossResult got = RunCrossEntropy(t, targets, 0, dloss);
 
   const std::vector<double> loss_ref = ReferenceLoss(logits, targets, vocab, vocab);
-  // log(sum_exp) is within u32 of the exact value (fp32 sum_exp), max - target is exact, and
-  // the loss is rounded to fp32: 2 u32 absolute + 2 u32 relative leaves a factor 2 of margin.
-  ExpectAllClose(got.loss, loss_ref, 2 * kU32, 2 * kU32, "loss");
+  // log(sum_exp) is within SumExpError of the exact value, max - target is exact, and the loss
+  // is rounded to fp32: 2 u32 relative leaves a factor 2 of margin there.
+  const double sum_error = SumExpError(logits, vocab, vocab);
+  ExpectAllClose(got.loss, loss_ref, sum_error, 2 * kU32, "loss");
   EXPECT_EQ(got.loss[2], 0.0);  // ignored row
 
   const auto weighted = [&](const std::vector<double>& x) {
@@ -288,10 +320,9 @@ TEST_P(CrossEntropyDTypeTest, MatchesReferenceAndFiniteDifferences) {
     return sum;
   };
   const std::vector<double> grad_ref = NumericGradient(weighted, logits, 1e-5);
-  // g = dloss (p - onehot) with p = exp(x - max) / sum_exp computed in double from the fp32
-  // sum_exp: p within 2 u32 relative, p <= 1, so 2 u32 dloss absolute; then the output
-  // rounding u.
-  const double atol = 2 * kU32 * *std::max_element(dloss.begin(), dloss.end()) + kFdError;
+  // g = dloss (p - onehot) within GradError, then the output rounding u.
+  const double atol =
+      GradError(sum_error, *std::max_element(dloss.begin(), dloss.end())) + kFdError;
   ExpectAllClose(got.dlogits, grad_ref, atol, u, "dlogits");
   for (int64_t c = 0; c < vocab; ++c) EXPECT_EQ(got.dlogits[2 * vocab + c], 0.0) << c;
 
@@ -320,7 +351,8 @@ TEST(CrossEntropyTest, PaddingColumnsAreExcluded) {
       RunCrossEntropy(MakeTensor(DType::kF32, {rows, vocab}, logits), targets, valid, dloss);
   const std::vector<double> logits_d(logits.begin(), logits.end());
   // See MatchesReferenceAndFiniteDifferences for the loss and gradient tolerances.
-  ExpectAllClose(got.loss, ReferenceLoss(logits_d, targets, vocab, valid), 2 * kU32, 2 * kU32,
+  const double sum_error = SumExpError(logits_d, vocab, valid);
+  ExpectAllClose(got.loss, ReferenceLoss(logits_d, targets, vocab, valid), sum_error, 2 * kU32,
                  "loss");
   const auto weighted = [&](const std::vector<double>& x) {
     const std::vector<double> loss = ReferenceLoss(x, targets, vocab, valid);
@@ -329,9 +361,9 @@ TEST(CrossEntropyTest, PaddingColumnsAreExcluded) {
     return sum;
   };
   // The reference ignores columns 6 and 7, so its finite-difference gradient there is 0.
-  // 2 u32 max|dloss| = 4 u32 absolute, then the fp32 output rounding u32.
-  ExpectAllClose(got.dlogits, NumericGradient(weighted, logits_d, 1e-5), 4 * kU32 + kFdError, kU32,
-                 "dlogits");
+  // GradError for max|dloss| = 2, then the fp32 output rounding u32.
+  ExpectAllClose(got.dlogits, NumericGradient(weighted, logits_d, 1e-5),
+                 GradError(sum_error, 2.0) + kFdError, kU32, "dlogits");
   for (int64_t r = 0; r < rows; ++r) {
     EXPECT_EQ(got.dlogits[r * vocab + 6], 0.0) << r;
     EXPECT_EQ(got.dlogits[r * vocab + 7], 0.0) << r;
@@ -351,7 +383,8 @@ TEST(CrossEntropyTest, ChunkedRowsMatchReference) {
   const LossResult got =
       RunCrossEntropy(MakeTensor(DType::kF32, {rows, vocab}, logits), targets, 0, dloss);
   const std::vector<double> logits_d(logits.begin(), logits.end());
-  ExpectAllClose(got.loss, ReferenceLoss(logits_d, targets, vocab, vocab), 2 * kU32, 2 * kU32,
+  const double sum_error = SumExpError(logits_d, vocab, vocab);
+  ExpectAllClose(got.loss, ReferenceLoss(logits_d, targets, vocab, vocab), sum_error, 2 * kU32,
                  "chunked loss");
   std::vector<double> expected(rows * vocab, 0.0);
   for (int64_t r = 0; r < rows; ++r) {
@@ -364,8 +397,8 @@ TEST(CrossEntropyTest, ChunkedRowsMatchReference) {
                                             (c == targets[r] ? 1.0 : 0.0));
     }
   }
-  // 2 u32 of p <= 1 times dloss <= 2, then the fp32 rounding.
-  ExpectAllClose(got.dlogits, expected, 4 * kU32, kU32, "chunked dlogits");
+  // GradError for dloss <= 2, then the fp32 rounding.
+  ExpectAllClose(got.dlogits, expected, GradError(sum_error, 2.0), kU32, "chunked dlogits");
 }
 
 TEST(CrossEntropyTest, HugeLogitsStayFiniteAndExact) {
@@ -383,13 +416,15 @@ TEST(CrossEntropyTest, HugeLogitsStayFiniteAndExact) {
   for (size_t i = 0; i < got.dlogits.size(); ++i) EXPECT_TRUE(std::isfinite(got.dlogits[i])) << i;
   const std::vector<double> logits_d(logits.begin(), logits.end());
   // Same error model as for small logits: max - target is exact in double whatever the
-  // magnitudes, so 2 u32 absolute (log of the fp32 sum_exp) + 2 u32 relative (the fp32 loss).
-  ExpectAllClose(got.loss, ReferenceLoss(logits_d, targets, vocab, vocab), 2 * kU32, 2 * kU32,
+  // magnitudes, and terms far below the max weigh nothing in SumExpError, so SumExpError
+  // absolute (log of the fp32 sum_exp) + 2 u32 relative (the fp32 loss). The uniform row's
+  // terms are all exp(0) = 1 exactly: log(5) then the fp32 sum and loss roundings.
+  const double sum_error = SumExpError(logits_d, vocab, vocab);
+  ExpectAllClose(got.loss, ReferenceLoss(logits_d, targets, vocab, vocab), sum_error, 2 * kU32,
                  "loss");
   EXPECT_NEAR(got.loss[1], std::log(5.0), 2 * kU32 * (1 + std::log(5.0)));
-  // Gradients: softmax - onehot from a float64 softmax. The kernel's p = exp(x - max) / sum_exp
-  // uses exact differences and the fp32 sum_exp: within 2 u32 of p <= 1 absolute, then the
-  // fp32 rounding (u32 relative).
+  // Gradients: softmax - onehot from a float64 softmax, within GradError for dloss = 1, then
+  // the fp32 rounding (u32 relative).
   std::vector<double> expected(rows * vocab);
   for (int64_t r = 0; r < rows; ++r) {
     double max = -INFINITY, sum = 0.0;
@@ -400,7 +435,7 @@ TEST(CrossEntropyTest, HugeLogitsStayFiniteAndExact) {
           std::exp(logits_d[r * vocab + c] - max) / sum - (c == targets[r] ? 1.0 : 0.0);
     }
   }
-  ExpectAllClose(got.dlogits, expected, 2 * kU32, kU32, "dlogits");
+  ExpectAllClose(got.dlogits, expected, GradError(sum_error, 1.0), kU32, "dlogits");
 }
 
 // Vocab-parallel cross-entropy over column slices: the documented sequence RowMax -> all-reduce
@@ -487,8 +522,11 @@ TEST_P(CrossEntropySplitTest, SlicesMatchUnsplitLossAndGradient) {
                                        MakeTensor(DType::kF32, {rows}, target_a), loss));
     // The split sum_exp has one fp32 rounding per slice partial and per all-reduce addition
     // (re-basing: a few more), against one for the unsplit sum: within (slices + 3) u32
-    // relative, i.e. absolute on log(sum_exp); both losses are then rounded to fp32 (2 u32).
-    ExpectAllClose(ToDoubles(loss), full.loss, (slices + 3) * kU32, 2 * kU32, "split loss");
+    // relative, i.e. absolute on log(sum_exp); re-basing also takes exp of x - max_s instead
+    // of x - max, whose fp32 exps differ by up to 2 kExpRel (and u32 |x - max| <= 8 u32 for
+    // these logits in [-4, 4]); both losses are then rounded to fp32 (2 u32).
+    const double split_error = (slices + 3) * kU32 + 2 * kExpRel + 8 * kU32;
+    ExpectAllClose(ToDoubles(loss), full.loss, split_error, 2 * kU32, "split loss");
 
     for (int64_t s = 0; s < slices; ++s) {
       const int64_t begin = split.bounds[s], width = split.bounds[s + 1] - begin;
@@ -500,11 +538,11 @@ TEST_P(CrossEntropySplitTest, SlicesMatchUnsplitLossAndGradient) {
         expected.insert(expected.end(), full.dlogits.begin() + r * vocab + begin,
                         full.dlogits.begin() + r * vocab + begin + width);
       }
-      // p = exp(x - max) / sum_exp moves with sum_exp's (slices + 3) u32, times p <= 1 and
-      // dloss; both gradients are rounded to fp32 (2 u32 relative). Padding columns and the
-      // ignored row are exactly 0 on both sides.
+      // p = exp(x - max) / sum_exp moves with sum_exp's split_error, times p <= 1 and dloss;
+      // both gradients are rounded to fp32 (2 u32 relative). Padding columns and the ignored
+      // row are exactly 0 on both sides.
       const double max_dloss = *std::max_element(dloss.begin(), dloss.end());
-      ExpectAllClose(ToDoubles(dlogits), expected, (slices + 3) * kU32 * max_dloss, 2 * kU32,
+      ExpectAllClose(ToDoubles(dlogits), expected, split_error * max_dloss, 2 * kU32,
                      "slice dlogits");
       for (int64_t r = 0; r < rows; ++r) {
         for (int64_t c = 0; c < width; ++c) {
