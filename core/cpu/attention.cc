@@ -11,6 +11,7 @@
 
 #include "core/cpu/blas.h"
 #include "core/cpu/cpu_backend.h"
+#include "core/cpu/isa/elementwise_kernels.h"
 #include "core/cpu/isa/softmax_kernels.h"
 #include "core/cpu/kernel_util.h"
 #include "core/philox.h"
@@ -40,14 +41,19 @@ struct DropoutRow {
         threshold(DropoutThreshold(s.p)),
         keep_scale(1.0f / (1.0f - s.p)) {}
 
-  // row[j] *= multiplier(i, j) for j < length.
+  // row[j] *= multiplier(i, j) for j < length, through the vectorised row kernel (key
+  // positions are the columns, from 0).
   void Apply(int64_t i, float* row, int64_t length) const {
     if (spec.p == 0.0f) return;
-    PhiloxCounter words{};
-    for (int64_t j = 0; j < length; ++j) {
-      if ((j & 3) == 0) words = DropoutWords(spec.seed, spec.site, sample, head, i, j);
-      row[j] = words[j & 3] >= threshold ? row[j] * keep_scale : 0.0f;
-    }
+    const DropoutRowArgs args{.seed = spec.seed,
+                              .site = spec.site,
+                              .sample = sample,
+                              .head = head,
+                              .row = static_cast<uint64_t>(i),
+                              .first_col = 0,
+                              .threshold = threshold,
+                              .keep_scale = keep_scale};
+    Elementwise().dropout_row(args, row, row, length);
   }
 };
 

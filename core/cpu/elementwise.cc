@@ -17,6 +17,7 @@ constexpr float kInvSqrt2Pi = 0.39894228040143268f;   // 1 / sqrt(2 pi)
 constexpr float kSqrt2OverPi = 0.79788456080286536f;  // sqrt(2 / pi)
 constexpr float kGeluTanhCubic = 0.044715f;
 
+// The scalar activations of the fp16 / bf16 paths (fp32 runs the vectorised kernels).
 float Activate(ops::Activation act, float x) {
   switch (act) {
     case ops::Activation::kGelu:
@@ -46,6 +47,25 @@ float ActivationDerivative(ops::Activation act, float x) {
       return x > 0.0f ? 2.0f * x : 0.0f;
   }
   return 0.0f;
+}
+
+// The vectorised fp32 kernels of `act` (core/cpu/isa/elementwise_kernels.h).
+const ActivationKernels& ActivationKernelsOf(ops::Activation act) {
+  switch (act) {
+    case ops::Activation::kGelu:
+      return Elementwise().gelu;
+    case ops::Activation::kGeluTanh:
+      return Elementwise().gelu_tanh;
+    case ops::Activation::kReluSquared:
+      break;
+  }
+  return Elementwise().relu_squared;
+}
+
+// Flops per element of the vectorised activations, for ParallelFor's grain: the GELUs' exp,
+// division and polynomials are some 40 operations.
+int64_t ActivationCost(ops::Activation act) {
+  return act == ops::Activation::kReluSquared ? 2 : 40;
 }
 
 // Applies fn(i) for every element index, in parallel.
@@ -111,6 +131,13 @@ absl::Status CpuBackend::BiasBackward(const Tensor& dy, const Tensor& dbias) {
 }
 
 absl::Status CpuBackend::ActivationForward(ops::Activation act, const Tensor& x, const Tensor& y) {
+  if (x.dtype() == DType::kF32) {
+    const ActivationKernels& kernels = ActivationKernelsOf(act);
+    ParallelFor(x.numel(), ActivationCost(act), [&](int64_t begin, int64_t end) {
+      kernels.forward(x.data<float>() + begin, y.data<float>() + begin, end - begin);
+    });
+    return absl::OkStatus();
+  }
   DispatchFloat(x.dtype(), [&]<typename T>() {
     const T* px = x.data<T>();
     T* py = y.data<T>();
@@ -122,6 +149,14 @@ absl::Status CpuBackend::ActivationForward(ops::Activation act, const Tensor& x,
 
 absl::Status CpuBackend::ActivationBackward(ops::Activation act, const Tensor& x, const Tensor& dy,
                                             const Tensor& dx) {
+  if (x.dtype() == DType::kF32) {
+    const ActivationKernels& kernels = ActivationKernelsOf(act);
+    ParallelFor(x.numel(), ActivationCost(act) + 1, [&](int64_t begin, int64_t end) {
+      kernels.backward(x.data<float>() + begin, dy.data<float>() + begin, dx.data<float>() + begin,
+                       end - begin);
+    });
+    return absl::OkStatus();
+  }
   DispatchFloat(x.dtype(), [&]<typename T>() {
     const T* px = x.data<T>();
     const T* pdy = dy.data<T>();
@@ -138,6 +173,23 @@ absl::Status CpuBackend::Dropout(const Tensor& x, const Tensor& y, const ops::Dr
   const int64_t rows = ops::Rows(x), cols = ops::Cols(x);
   const uint32_t threshold = DropoutThreshold(spec.p);
   const float keep_scale = 1.0f / (1.0f - spec.p);
+  if (x.dtype() == DType::kF32) {
+    ParallelFor(rows, cols * 4, [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r) {
+        const DropoutRowArgs row{.seed = spec.seed,
+                                 .site = spec.site,
+                                 .sample = spec.first_sample + r / spec.seq_len,
+                                 .head = 0,
+                                 .row = static_cast<uint64_t>(r % spec.seq_len),
+                                 .first_col = static_cast<uint64_t>(spec.col_offset),
+                                 .threshold = threshold,
+                                 .keep_scale = keep_scale};
+        Elementwise().dropout_row(row, x.data<float>() + r * cols, y.data<float>() + r * cols,
+                                  cols);
+      }
+    });
+    return absl::OkStatus();
+  }
   DispatchFloat(x.dtype(), [&]<typename T>() {
     const T* px = x.data<T>();
     T* py = y.data<T>();
@@ -213,6 +265,13 @@ absl::Status CpuBackend::Fill(const Tensor& x, float value) {
 }
 
 absl::Status CpuBackend::Scale(const Tensor& x, float alpha) {
+  if (x.dtype() == DType::kF32) {
+    float* p = x.data<float>();
+    ParallelFor(x.numel(), 1, [&](int64_t begin, int64_t end) {
+      Elementwise().scale(p + begin, alpha, p + begin, end - begin);
+    });
+    return absl::OkStatus();
+  }
   DispatchFloat(x.dtype(), [&]<typename T>() {
     T* p = x.data<T>();
     ForEachElement(x.numel(), 1, [&](int64_t i) { p[i] = FromFloat<T>(alpha * ToFloat(p[i])); });
@@ -221,6 +280,12 @@ absl::Status CpuBackend::Scale(const Tensor& x, float alpha) {
 }
 
 absl::Status CpuBackend::Axpy(float alpha, const Tensor& x, const Tensor& y) {
+  if (x.dtype() == DType::kF32 && y.dtype() == DType::kF32) {
+    ParallelFor(x.numel(), 2, [&](int64_t begin, int64_t end) {
+      Elementwise().axpy(alpha, x.data<float>() + begin, y.data<float>() + begin, end - begin);
+    });
+    return absl::OkStatus();
+  }
   DispatchFloat(x.dtype(), [&]<typename X>() {
     DispatchFloat(y.dtype(), [&]<typename Y>() {
       const X* px = x.data<X>();

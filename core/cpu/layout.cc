@@ -1,9 +1,86 @@
 // Per-channel scaling and the head layout permutation on the CPU.
+#include <algorithm>
+#include <vector>
+
 #include "core/cpu/cpu_backend.h"
+#include "core/cpu/isa/elementwise_kernels.h"
 #include "core/cpu/kernel_util.h"
 
 namespace nf::cpu {
 namespace {
+
+// Column blocks of the scale gradient's sums: one Elementwise().sum_rows_product call each.
+constexpr int64_t kColumnBlock = 64;
+
+// y = x * scale[channel] for fp32 x, y [outer, channels, inner] (y may be x): rows of channels
+// for inner = 1 (NormFormer's residual scale), else one scaled run of `inner` per (outer,
+// channel) block (its head scales).
+void ScaleChannelsF32(const float* x, const float* scale, int64_t outer, int64_t channels,
+                      int64_t inner, float* y) {
+  const ElementwiseKernels& kernels = Elementwise();
+  if (inner == 1) {
+    ParallelFor(outer, channels, [&](int64_t begin, int64_t end) {
+      kernels.scale_columns(x + begin * channels, scale, y + begin * channels, end - begin,
+                            channels);
+    });
+    return;
+  }
+  ParallelFor(outer * channels, inner, [&](int64_t begin, int64_t end) {
+    for (int64_t block = begin; block < end; ++block) {
+      kernels.scale(x + block * inner, scale[block % channels], y + block * inner, inner);
+    }
+  });
+}
+
+// dscale[c] += sum over (outer, inner) of dy * x at channel c, fp32 inputs, in double (each
+// product exact). Deterministic for any thread count: the sums run over the [outer, channels *
+// inner] matrices column by column, each column over the rows in order (sum_rows_product).
+// For inner = 1 the columns are the channels, so each channel is the scalar loop's sum over
+// outer in order; otherwise a channel's inner columns are taken in parts of up to 64, a part's
+// column sums added in column order and the parts in order.
+void ScaleGradientF32(const float* x, const float* dy, int64_t outer, int64_t channels,
+                      int64_t inner, float* dscale) {
+  const ElementwiseKernels& kernels = Elementwise();
+  const int64_t cols = channels * inner;
+  // Column sums of columns [first, first + width), width <= kColumnBlock, into sums.
+  const auto column_sums = [&](int64_t first, int64_t width, double* sums) {
+    std::fill_n(sums, width, 0.0);
+    kernels.sum_rows_product(dy + first, x + first, outer, width, cols, sums);
+  };
+  if (inner == 1) {
+    ParallelFor((channels + kColumnBlock - 1) / kColumnBlock, 2 * outer * kColumnBlock,
+                [&](int64_t begin, int64_t end) {
+                  double sums[kColumnBlock];
+                  for (int64_t block = begin; block < end; ++block) {
+                    const int64_t first = block * kColumnBlock;
+                    const int64_t width = std::min(kColumnBlock, channels - first);
+                    column_sums(first, width, sums);
+                    for (int64_t c = 0; c < width; ++c) {
+                      dscale[first + c] += static_cast<float>(sums[c]);
+                    }
+                  }
+                });
+    return;
+  }
+  const int64_t parts = (inner + kColumnBlock - 1) / kColumnBlock;
+  std::vector<double> part_sums(channels * parts);
+  ParallelFor(channels * parts, 2 * outer * kColumnBlock, [&](int64_t begin, int64_t end) {
+    double sums[kColumnBlock];
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t part = task % parts, offset = part * kColumnBlock;
+      const int64_t width = std::min(kColumnBlock, inner - offset);
+      column_sums((task / parts) * inner + offset, width, sums);
+      double sum = 0.0;
+      for (int64_t c = 0; c < width; ++c) sum += sums[c];
+      part_sums[task] = sum;
+    }
+  });
+  for (int64_t c = 0; c < channels; ++c) {
+    double sum = 0.0;
+    for (int64_t part = 0; part < parts; ++part) sum += part_sums[c * parts + part];
+    dscale[c] += static_cast<float>(sum);
+  }
+}
 
 // Copies between [batch, seq, heads, dim] (token order) and [batch, heads, seq, dim].
 template <typename T>
@@ -28,6 +105,11 @@ void PermuteHeads(const Tensor& four_d, const T* src, T* dst, bool to_heads) {
 absl::Status CpuBackend::ScaleChannels(const Tensor& x, const Tensor& scale, int64_t inner,
                                        const Tensor& y) {
   const int64_t channels = scale.numel();
+  if (x.dtype() == DType::kF32 && scale.dtype() == DType::kF32) {
+    ScaleChannelsF32(x.data<float>(), scale.data<float>(), x.numel() / (channels * inner), channels,
+                     inner, y.data<float>());
+    return absl::OkStatus();
+  }
   DispatchFloat(x.dtype(), [&]<typename T>() {
     DispatchFloat(scale.dtype(), [&]<typename S>() {
       const T* px = x.data<T>();
@@ -49,6 +131,13 @@ absl::Status CpuBackend::ScaleChannelsBackward(const Tensor& x, const Tensor& sc
   const int64_t channels = scale.numel();
   const int64_t outer = x.numel() / (channels * inner);
   float* ds = dscale.data<float>();
+  if (x.dtype() == DType::kF32 && scale.dtype() == DType::kF32) {
+    // The scale gradient first: dx may overwrite dy.
+    ScaleGradientF32(x.data<float>(), dy.data<float>(), outer, channels, inner, ds);
+    ScaleChannelsF32(dy.data<float>(), scale.data<float>(), outer, channels, inner,
+                     dx.data<float>());
+    return absl::OkStatus();
+  }
   DispatchFloat(x.dtype(), [&]<typename T>() {
     DispatchFloat(scale.dtype(), [&]<typename S>() {
       const T* px = x.data<T>();

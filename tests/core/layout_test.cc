@@ -31,7 +31,12 @@ INSTANTIATE_TEST_SUITE_P(Shapes, ScaleChannelsTest,
                                            ChannelCase{DType::kF16, 7, 4, 2},
                                            ChannelCase{DType::kBF16, 2, 3, 1},  // resid scale
                                            ChannelCase{DType::kF32, 1, 1, 1},
-                                           ChannelCase{DType::kF32, 300, 8, 40}));
+                                           ChannelCase{DType::kF32, 300, 8, 40},
+                                           // fp32 fast paths: inner = 1 over 64-column blocks
+                                           // and a tail, inner in parts of 64 and a tail
+                                           ChannelCase{DType::kF32, 5, 130, 1},
+                                           ChannelCase{DType::kF32, 3, 2, 130},
+                                           ChannelCase{DType::kF32, 4, 3, 17}));
 
 TEST_P(ScaleChannelsTest, ForwardAndBackwardMatchFloat64) {
   const ChannelCase c = GetParam();
