@@ -118,8 +118,10 @@ TEST(SoftmaxKernelsTest, ExpIsWithinItsStatedUlpsOverTheWholeNormalRange) {
 }
 
 TEST(SoftmaxKernelsTest, ExpSpecialValues) {
-  const std::vector<float> x = {0.0f,   -0.0f,  -kInf,  kInf,    std::nanf(""), -87.3f,
-                                -88.0f, -100.f, 88.7f,  88.8f,   1e-30f,        -1e-30f};
+  // 88.7228317 is the largest fp32 x with exp(x) <= FLT_MAX, 88.7228394 the next one up.
+  const std::vector<float> x = {0.0f,   -0.0f,  -kInf, kInf,   std::nanf(""), -87.3f,
+                                -88.0f, -100.f, 88.7f, 88.8f,  1e-30f,        -1e-30f,
+                                88.7228317f, 88.7228394f};
   for (Isa isa : RunnableIsas()) {
     SCOPED_TRACE(IsaName(isa));
     std::vector<float> y(x.size());
@@ -136,6 +138,8 @@ TEST(SoftmaxKernelsTest, ExpSpecialValues) {
     EXPECT_EQ(y[9], kInf);
     EXPECT_EQ(y[10], 1.0f);
     EXPECT_EQ(y[11], 1.0f);
+    EXPECT_NEAR(y[12] / std::exp(double{x[12]}), 1.0, kExpRel);
+    EXPECT_EQ(y[13], kInf);
   }
 }
 

@@ -17,21 +17,34 @@ constexpr float kInf = std::numeric_limits<float>::infinity();
 // 2^k for k in [-126, 127], built in the exponent bits.
 inline float Pow2(int32_t k) { return std::bit_cast<float>((k + 127) << 23); }
 
+// cond ? a : b as bit operations under a mask. Written as a select, GCC's PRE evaluates exp's
+// arithmetic on the clamped constant for the out-of-range paths and leaves the in-range path
+// behind a branch (it may not speculate trapping FP operations), which the loop vectoriser
+// gives up on below AVX-512. The comparisons are quiet ones (std::isless, std::isgreater) for
+// the same reason: an ordinary < may trap on NaN.
+inline float Blend(bool cond, float a, float b) {
+  const int32_t mask = -static_cast<int32_t>(cond);
+  return std::bit_cast<float>((std::bit_cast<int32_t>(a) & mask) |
+                              (std::bit_cast<int32_t>(b) & ~mask));
+}
+
 // exp(x) in fp32 without branches or tables, so that loops calling it vectorise. With
 // n = round(x / ln 2), x = n ln 2 + r and |r| <= ln(2) / 2; r is formed in two steps
 // (Cody-Waite: n * kLn2Hi is exact, as n has at most 8 bits and kLn2Hi 15). exp(r) is its
 // degree-7 Taylor polynomial, whose truncation (r^8 / 8! < 6e-9 relative) is well under
 // rounding; 2^n is applied as two factors so that n = 128 (x near ln FLT_MAX) stays finite.
 // Results below 2^-126 flush to 0; x above ln(FLT_MAX) gives inf; NaN stays NaN (r is NaN).
+// Every select is a Blend, so the compiler sees no branch.
 inline float Exp(float x) {
   constexpr float kMinArg = -87.33654f;  // ln(2^-126)
-  constexpr float kMaxArg = 88.72284f;   // ln(FLT_MAX)
+  constexpr float kMaxArg = 88.7228317f;  // the largest x with exp(x) <= FLT_MAX
   constexpr float kLog2e = 1.44269504f;
   constexpr float kLn2Hi = 0x1.62e4p-1f;
   constexpr float kLn2Lo = static_cast<float>(0.69314718055994531 - 0x1.62e4p-1);
   constexpr float kRound = 0x1.8p23f;  // t + kRound rounds t to an integer (|t| < 2^22)
-  // Clamped so that n stays in [-126, 128]; the comparisons keep NaN.
-  const float xc = std::min(std::max(x, kMinArg), kMaxArg);
+  // Clamped so that n stays in [-126, 128]; NaN passes.
+  const float xc =
+      Blend(std::isless(x, kMinArg), kMinArg, Blend(std::isgreater(x, kMaxArg), kMaxArg, x));
   const float shifted = xc * kLog2e + kRound;
   const float n = shifted - kRound;
   const int32_t ni = std::bit_cast<int32_t>(shifted) - std::bit_cast<int32_t>(kRound);
@@ -46,7 +59,7 @@ inline float Exp(float x) {
   p = p * r + 1.0f;
   const int32_t half = ni >> 1;
   const float result = p * Pow2(half) * Pow2(ni - half);
-  return x < kMinArg ? 0.0f : (x > kMaxArg ? kInf : result);
+  return Blend(std::isless(x, kMinArg), 0.0f, Blend(std::isgreater(x, kMaxArg), kInf, result));
 }
 
 void ExpShifted(const float* x, int64_t n, float shift, float* out) {
