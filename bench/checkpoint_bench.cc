@@ -1,8 +1,9 @@
 // nf-bench-checkpoint: checkpoint save and load throughput on one process, next to `dd`
 // writing and reading a file of the same size on the same disk in the same run (the ceiling:
 // one sequential stream with fsync), and how long an async save blocks the training loop
-// (the host snapshot) against a whole synchronous save. Before every read, the files' pages are
-// dropped from the page cache (posix_fadvise DONTNEED), for dd and for the load alike.
+// (Start, and the next step's optimizer update waiting for the snapshot copy that runs beside
+// its forward and backward) against a whole synchronous save. Before every read, the files'
+// pages are dropped from the page cache (posix_fadvise DONTNEED), for dd and for the load alike.
 //
 //   build/bench/nf-bench-checkpoint [--dir DIR] [--d-model N] [--layers N] [--trials N]
 //
@@ -96,10 +97,13 @@ absl::Status Run(int argc, char** argv) {
   m.set_num_heads(8);
   m.set_ffn_dim(4 * d_model);
   m.set_vocab_size(32000);
-  m.set_max_seq_len(16);
-  config.mutable_train()->set_seq_len(16);
-  config.mutable_train()->set_micro_batch_size(1);
-  config.mutable_train()->set_global_batch_size(1);
+  // A step of 4 x 128 tokens (~0.5-1 s of forward and backward here): an async save's copy
+  // runs beside a step's forward and backward, so a step of a size people train with.
+  constexpr int kSeq = 128, kBatch = 4, step_tokens = kSeq * kBatch;
+  m.set_max_seq_len(kSeq);
+  config.mutable_train()->set_seq_len(kSeq);
+  config.mutable_train()->set_micro_batch_size(kBatch);
+  config.mutable_train()->set_global_batch_size(kBatch);
   config.mutable_train()->mutable_lr_schedule()->set_warmup_iters(1);
   NF_ASSIGN_OR_RETURN(std::unique_ptr<launcher::Trainer> trainer,
                       launcher::Trainer::Create(config));
@@ -112,6 +116,7 @@ absl::Status Run(int argc, char** argv) {
   }
 
   std::vector<double> save_s, load_s, first_snapshot_s, snapshot_s, dd_write_s, dd_read_s;
+  std::vector<double> step_alone_s, step_with_copy_s;
   int64_t bytes = 0, load_bytes = 0;
   for (int t = 0; t < trials; ++t) {
     const fs::path checkpoints = dir / absl::StrCat("save", t);
@@ -146,16 +151,26 @@ absl::Status Run(int argc, char** argv) {
     if (std::system(read.c_str()) != 0) return absl::InternalError("dd read failed");
     dd_read_s.push_back(Seconds(start));
 
-    // Async: what the loop waits for is Start (the snapshot); the write runs behind it. The
+    // Async: the loop is blocked for Start plus whatever the next step's optimizer update
+    // waits for the snapshot copy, which runs beside that step's forward and backward. The
     // first save of a run copies into fresh memory; later ones reuse the buffer, as periodic
-    // checkpointing does: the second is timed.
+    // checkpointing does: the second is timed, and its step against one without a save.
     checkpoint::AsyncCheckpointer saver(dir / absl::StrCat("async", t), {});
     for (int save = 0; save < 2; ++save) {
       NF_RETURN_IF_ERROR(saver.Finish(world));
       start = std::chrono::steady_clock::now();
       NF_RETURN_IF_ERROR(saver.Start(trainer->CheckpointState(), trainer->Progress(), world));
-      (save == 0 ? first_snapshot_s : snapshot_s).push_back(Seconds(start));
+      double blocked = Seconds(start);
+      const double waited = trainer->state_reader_wait_seconds();
+      start = std::chrono::steady_clock::now();
+      NF_RETURN_IF_ERROR(trainer->TrainStep().status());
+      if (save == 1) step_with_copy_s.push_back(Seconds(start));
+      blocked += trainer->state_reader_wait_seconds() - waited;
+      (save == 0 ? first_snapshot_s : snapshot_s).push_back(blocked);
     }
+    start = std::chrono::steady_clock::now();
+    NF_RETURN_IF_ERROR(trainer->TrainStep().status());
+    step_alone_s.push_back(Seconds(start));
     NF_RETURN_IF_ERROR(saver.Finish(world));
     fs::remove_all(checkpoints, error);
     fs::remove_all(dir / absl::StrCat("async", t), error);
@@ -177,6 +192,10 @@ absl::Status Run(int argc, char** argv) {
               Median(first_snapshot_s), Median(first_snapshot_s) / Median(save_s));
   std::printf("| async save, later ones: loop blocked | %.3f | | %.2f of a sync save |\n",
               Median(snapshot_s), Median(snapshot_s) / Median(save_s));
+  std::printf("| training step (%d tokens) without a save | %.3f | | |\n", step_tokens,
+              Median(step_alone_s));
+  std::printf("| the same step, an async save's copy beside it | %.3f | | |\n",
+              Median(step_with_copy_s));
   std::printf("the load read %lld of the checkpoint's %lld bytes\n",
               static_cast<long long>(load_bytes), static_cast<long long>(bytes));
   fs::remove_all(dir, error);

@@ -17,7 +17,6 @@
 #include "checkpoint/durable_files.h"
 #include "checkpoint/non_finite.h"
 #include "checkpoint/shard_mapping.h"
-#include "checkpoint/snapshot_copy.h"
 #include "core/ops/ops.h"
 #include "core/status.h"
 #include "parallel/rank_warnings.h"
@@ -141,9 +140,14 @@ absl::StatusOr<ShardSnapshot> PlanShard(const RankState& state) {
 // while they are written. `spare` is a previous snapshot, whose buffer is reused when large
 // enough: its pages are mapped already, which makes the copy several times faster than into
 // fresh memory. A piece whose bytes another piece holds too (the master weights of an f32 model
-// are its parameters) is copied once.
+// are its parameters) is copied once. An async save calls it on its writer thread, beside the
+// next training step, so it copies on that one thread: the pool belongs to the step's kernels.
 void CopyPieces(ShardSnapshot& shard, ShardSnapshot& spare) {
-  std::vector<CopySpan> spans;
+  struct Span {
+    const char* from;
+    int64_t offset, length;
+  };
+  std::vector<Span> spans;
   std::map<std::pair<const char*, int64_t>, int64_t> copied;  // (source, length) -> offset
   std::vector<int64_t> copy_offsets;
   int64_t copy_size = 0;
@@ -165,7 +169,9 @@ void CopyPieces(ShardSnapshot& shard, ShardSnapshot& spare) {
     shard.copy_capacity = std::max<int64_t>(copy_size, 1);
     shard.copy.reset(new char[static_cast<size_t>(shard.copy_capacity)]);
   }
-  CopySpans(spans, shard.copy.get());
+  for (const Span& span : spans) {
+    std::memcpy(shard.copy.get() + span.offset, span.from, static_cast<size_t>(span.length));
+  }
   for (size_t p = 0; p < shard.sources.size(); ++p) {
     shard.sources[p] = shard.copy.get() + copy_offsets[p];
   }
@@ -477,16 +483,32 @@ absl::Status AsyncCheckpointer::Start(const RankState& state, const RunProgress&
   NF_RETURN_IF_ERROR(Finish(world));
   NF_ASSIGN_OR_RETURN(const fs::path staging, PrepareStaging(dir_, progress.step, world));
   auto shard = std::make_shared<absl::StatusOr<ShardSnapshot>>(PlanShard(state));
-  if (shard->ok()) CopyPieces(**shard, *spare_);
+  // The snapshot copy runs on the writer thread, beside the next step's forward and backward
+  // (which only read the state); each chunk's next Update, the only writer of what is saved,
+  // waits for it. `copied` is fulfilled however the copy ends, or that Update would wait forever.
+  auto copied = std::make_shared<std::promise<void>>();
+  const std::shared_future<void> copy_done = copied->get_future().share();
+  for (const ChunkState& chunk : state.chunks) {
+    if (chunk.optimizer != nullptr) chunk.optimizer->AddStateReader(copy_done);
+  }
   auto pending = std::make_unique<Pending>();
   pending->info = CommitInfoOf(state, progress, retention_);
   pending->snapshot = shard;
   const int world_rank = state.topology.world_rank();
+  ShardSnapshot* spare = spare_.get();  // untouched by this thread until Commit
   pending->write =
-      std::async(std::launch::async, [staging, world_rank, shard]() -> absl::StatusOr<Manifest> {
-        if (!shard->ok()) return shard->status();
-        return WriteSnapshot(staging, **shard, world_rank);
-      });
+      std::async(std::launch::async,
+                 [staging, world_rank, shard, spare, copied]() -> absl::StatusOr<Manifest> {
+                   {
+                     struct Fulfil {
+                       std::promise<void>& promise;
+                       ~Fulfil() { promise.set_value(); }
+                     } fulfil{*copied};
+                     if (!shard->ok()) return shard->status();
+                     CopyPieces(**shard, *spare);
+                   }
+                   return WriteSnapshot(staging, **shard, world_rank);
+                 });
   pending_ = std::move(pending);
   return absl::OkStatus();
 }

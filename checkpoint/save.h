@@ -64,11 +64,14 @@ struct CommitInfo {
   RetentionPolicy retention;
 };
 
-// Saving in the background: Start takes a snapshot of this rank's state in host memory (the
-// only part that stops training) and writes it on a thread while training continues; the
+// Saving in the background: Start plans this rank's shard and returns; a thread copies the
+// state into host memory while the next step's forward and backward run (each chunk's next
+// optimizer Update, the only writer of the saved state, waits for that copy:
+// DataParallelOptimizer::AddStateReader), then writes the copy while training continues. The
 // commit, which is collective, happens in Poll once every rank's write has finished, or in
 // Finish. At most one save is in flight: Start finishes the previous one first. Errors of a
-// background write surface from the Poll or Finish that commits it, on every rank.
+// background write surface from the Poll or Finish that commits it, on every rank. The state
+// must outlive the save: Finish, or destroy the checkpointer, before the trainer.
 class AsyncCheckpointer {
  public:
   // on_commit (optional) is called with each checkpoint directory once it is committed.

@@ -199,6 +199,7 @@ class TrainingRun {
       parallel::SetCurrentStep(next);
       NF_ASSIGN_OR_RETURN(const StepStats stats,
                           trainer_->TrainStep(next % log_interval == 0 || next == total));
+      RecordAsyncSaveWait();
       NF_RETURN_IF_ERROR(checkpointer_.Poll(world));
       RecordMetrics(stats);
       NF_RETURN_IF_ERROR(Report(stats));
@@ -321,6 +322,9 @@ class TrainingRun {
     if (config_.checkpoint().async_save()) {
       NF_RETURN_IF_ERROR(
           checkpointer_.Start(trainer_->CheckpointState(), trainer_->Progress(), world));
+      async_save_ = AsyncSaveBlock{.start_seconds = SecondsSince(start),
+                                   .wait_before = trainer_->state_reader_wait_seconds(),
+                                   .step = trainer_->step()};
     } else {
       NF_RETURN_IF_ERROR(checkpoint::SaveCheckpoint(
           checkpoints_, trainer_->CheckpointState(), trainer_->Progress(), world,
@@ -330,6 +334,17 @@ class TrainingRun {
     }
     if (metrics_) metrics_->RecordCheckpointSave(SecondsSince(start), trainer_->step());
     return absl::OkStatus();
+  }
+
+  // An async save blocks training for its Start and for the wait of the next step's optimizer
+  // update for the snapshot copy: once that step is done, the gauge gets both.
+  void RecordAsyncSaveWait() {
+    if (!async_save_) return;
+    const double waited = trainer_->state_reader_wait_seconds() - async_save_->wait_before;
+    if (metrics_) {
+      metrics_->RecordCheckpointSave(async_save_->start_seconds + waited, async_save_->step);
+    }
+    async_save_.reset();
   }
 
   // Every rank serves its metrics when monitoring.enabled (monitoring/rank_metrics.h).
@@ -443,6 +458,13 @@ class TrainingRun {
   std::unique_ptr<monitoring::RankMetrics> metrics_;  // when monitoring.enabled
   int64_t window_tokens_ = 0;
   double window_seconds_ = 0.0;
+
+  struct AsyncSaveBlock {
+    double start_seconds;  // AsyncCheckpointer::Start
+    double wait_before;    // Trainer::state_reader_wait_seconds() when it returned
+    int64_t step;
+  };
+  std::optional<AsyncSaveBlock> async_save_;  // until the step after the save is done
 };
 
 }  // namespace

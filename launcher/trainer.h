@@ -82,6 +82,12 @@ class Trainer {
   // This rank's model chunks, in virtual-stage order (one without interleaving).
   const std::vector<std::unique_ptr<model::NormFormerModel>>& chunks() const { return chunks_; }
   parallel::DataParallelOptimizer& optimizer(int chunk) { return *optimizers_[chunk]; }
+  // Seconds the optimizer updates have waited for an async save's snapshot copy, over the run.
+  double state_reader_wait_seconds() const {
+    double seconds = 0.0;
+    for (const auto& optimizer : optimizers_) seconds += optimizer->state_reader_wait_seconds();
+    return seconds;
+  }
   const optim::DynamicLossScaler* loss_scaler() const { return scaler_ ? &*scaler_ : nullptr; }
   const BatchSource& batches() const { return *batches_; }
   const PipelineExecutor& executor() const { return *executor_; }

@@ -1,6 +1,7 @@
 #include "parallel/data_parallel_optimizer.h"
 
 #include <algorithm>
+#include <chrono>
 
 #include "absl/strings/str_cat.h"
 #include "core/ops/backend.h"
@@ -173,6 +174,13 @@ absl::StatusOr<bool> DataParallelOptimizer::UpdateWouldOverflow(float lr, double
 }
 
 absl::Status DataParallelOptimizer::Update(float lr, double grad_norm) {
+  if (!state_readers_.empty()) {
+    const auto start = std::chrono::steady_clock::now();
+    for (const std::shared_future<void>& reader : state_readers_) reader.wait();
+    state_readers_.clear();
+    state_reader_wait_seconds_ +=
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  }
   NF_RETURN_IF_ERROR(adamw_->Update(lr, grad_norm));
   if (!sharded()) return absl::OkStatus();
   std::vector<std::unique_ptr<CommHandle>> gathers;

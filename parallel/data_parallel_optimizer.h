@@ -24,6 +24,7 @@
 #pragma once
 
 #include <cstdint>
+#include <future>
 #include <memory>
 #include <vector>
 
@@ -87,7 +88,15 @@ class DataParallelOptimizer {
   // writes nothing. A max over the world of the flag gives every rank the same decision.
   absl::StatusOr<bool> UpdateWouldOverflow(float lr, double grad_norm);
   // Clip, AdamW, master -> parameters; when sharded, all-gathers the updated parameters.
+  // Waits first for the state readers (AddStateReader).
   absl::Status Update(float lr, double grad_norm);
+
+  // Something reading this rank's parameters, master weights and moments in the background (an
+  // async checkpoint's snapshot copy, taken while the next step's forward and backward run):
+  // the next Update, the only thing that writes them, waits until `done` is ready.
+  void AddStateReader(std::shared_future<void> done) { state_readers_.push_back(std::move(done)); }
+  // Seconds Update has waited for state readers, over the optimizer's life.
+  double state_reader_wait_seconds() const { return state_reader_wait_seconds_; }
 
   bool sharded() const { return options_.shard_optimizer; }
   // Where this rank keeps optimizer state for the full-buffer elements [offset, offset +
@@ -124,6 +133,8 @@ class DataParallelOptimizer {
   // Sharded: this rank's [n / dp] parameters (model dtype) and reduced gradients (f32).
   Tensor shard_params_, shard_grads_;
   std::unique_ptr<optim::MixedPrecisionAdamW> adamw_;
+  std::vector<std::shared_future<void>> state_readers_;
+  double state_reader_wait_seconds_ = 0.0;
 };
 
 }  // namespace nf::parallel

@@ -3,9 +3,11 @@
 // that names the problem, without changing anything on disk.
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <memory>
 #include <string>
 #include <vector>
@@ -171,6 +173,24 @@ TEST(AsyncCheckpointerTest, SavesTheSnapshotWhileTrainingGoesOn) {
       EXPECT_EQ(continued[i], expected[from + i]) << name << " step " << from + i + 1;
     }
   }
+}
+
+// The state an async save copies beside the next step stays unchanged until the copy is done:
+// the step's optimizer update waits for every state reader (here one that finishes 200 ms
+// later), and the step then goes on as usual.
+TEST(AsyncCheckpointerTest, TheNextUpdateWaitsForTheSnapshotCopy) {
+  auto trainer = MakeTrainer(TinyConfig(launcher::TrainOptions::FP32));
+  const std::vector<float> before = *ToFloatVector(trainer->chunks().front()->params().params());
+  std::promise<void> copied;
+  trainer->optimizer(0).AddStateReader(copied.get_future().share());
+  std::future<absl::StatusOr<launcher::StepStats>> step =
+      std::async(std::launch::async, [&] { return trainer->TrainStep(); });
+  EXPECT_EQ(step.wait_for(std::chrono::milliseconds(200)), std::future_status::timeout);
+  EXPECT_EQ(*ToFloatVector(trainer->chunks().front()->params().params()), before);
+  copied.set_value();
+  NF_ASSERT_OK(step.get().status());
+  EXPECT_NE(*ToFloatVector(trainer->chunks().front()->params().params()), before);
+  EXPECT_GT(trainer->optimizer(0).state_reader_wait_seconds(), 0.0);
 }
 
 // Converting to another layout and back reproduces the original shard byte for byte, and the
