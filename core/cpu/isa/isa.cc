@@ -36,8 +36,10 @@ Isa IsaFromEnvironment() {
   for (Isa isa : {Isa::kBaseline, Isa::kAvx2, Isa::kAvx512}) {
     if (std::strcmp(requested, IsaName(isa)) == 0) return isa < detected ? isa : detected;
   }
-  std::fprintf(stderr, "NF_CPU_ISA=%s: expected baseline, avx2 or avx512 (unset: the best this CPU runs, %s)\n",
-               requested, IsaName(detected));
+  std::fprintf(
+      stderr,
+      "NF_CPU_ISA=%s: expected baseline, avx2 or avx512 (unset: the best this CPU runs, %s)\n",
+      requested, IsaName(detected));
   std::exit(2);
 }
 
