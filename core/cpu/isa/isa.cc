@@ -27,11 +27,7 @@ Isa DetectedIsa() {
   return Isa::kBaseline;
 }
 
-namespace {
-
-Isa IsaFromEnvironment() {
-  const Isa detected = DetectedIsa();
-  const char* requested = std::getenv("NF_CPU_ISA");
+Isa CappedIsa(const char* requested, Isa detected) {
   if (requested == nullptr || *requested == '\0') return detected;
   for (Isa isa : {Isa::kBaseline, Isa::kAvx2, Isa::kAvx512}) {
     if (std::strcmp(requested, IsaName(isa)) == 0) return isa < detected ? isa : detected;
@@ -43,10 +39,8 @@ Isa IsaFromEnvironment() {
   std::exit(2);
 }
 
-}  // namespace
-
 Isa SelectedIsa() {
-  static const Isa selected = IsaFromEnvironment();
+  static const Isa selected = CappedIsa(std::getenv("NF_CPU_ISA"), DetectedIsa());
   return selected;
 }
 

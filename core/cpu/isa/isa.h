@@ -32,6 +32,10 @@ Isa DetectedIsa();
 // it is set. A value that is none of these ends the process with a one-line message (exit 2).
 Isa SelectedIsa();
 
+// SelectedIsa's rule: `detected`, capped by `requested` (NF_CPU_ISA's value; null or empty:
+// no cap); any other value ends the process with a one-line message naming it (exit 2).
+Isa CappedIsa(const char* requested, Isa detected);
+
 // Every level this CPU can run, baseline first (what tests compare the levels over).
 std::vector<Isa> RunnableIsas();
 
