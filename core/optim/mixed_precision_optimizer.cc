@@ -277,14 +277,27 @@ absl::Status MixedPrecisionAdamW::Update(float lr, double grad_norm) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<StepResult> MixedPrecisionAdamW::Step(float lr, float loss_scale) {
-  NF_ASSIGN_OR_RETURN(const bool nonfinite, UnscaleAndCheck(loss_scale));
-  if (nonfinite) {
-    return StepResult{.skipped = true,
-                      .reason = SkipReason::kNonFiniteGradients,
-                      .grad_norm = std::numeric_limits<double>::quiet_NaN()};
+absl::StatusOr<double> MixedPrecisionAdamW::UnscaledSquaredGradNorm(float loss_scale) {
+  constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+  if (loss_scale != 1.0f) {
+    NF_ASSIGN_OR_RETURN(const bool nonfinite, UnscaleAndCheck(loss_scale));
+    if (nonfinite) return kNaN;
+    return SquaredGradNorm();
   }
+  // Unscaling by 1 changes nothing, and a sum of squares is finite only when every term is:
+  // the norm's pass alone clears the gradients, and the check runs only on a non-finite sum.
   NF_ASSIGN_OR_RETURN(const double squared, SquaredGradNorm());
+  if (std::isfinite(squared)) return squared;
+  NF_ASSIGN_OR_RETURN(const bool nonfinite, UnscaleAndCheck(loss_scale));
+  return nonfinite ? kNaN : squared;
+}
+
+absl::StatusOr<StepResult> MixedPrecisionAdamW::Step(float lr, float loss_scale) {
+  NF_ASSIGN_OR_RETURN(const double squared, UnscaledSquaredGradNorm(loss_scale));
+  if (std::isnan(squared)) {
+    return StepResult{
+        .skipped = true, .reason = SkipReason::kNonFiniteGradients, .grad_norm = squared};
+  }
   const double norm = std::sqrt(squared);
   // Finite gradients whose squares overflow the fp32 accumulator: as good as an overflow.
   if (!std::isfinite(norm)) {

@@ -121,7 +121,8 @@ class MixedPrecisionAdamW {
   // The four stages on one rank. A non-finite gradient, a norm that overflows fp32, or an
   // update that would overflow the model dtype skips the update entirely (master, model
   // params, moments and updates() untouched; the grads stay divided by loss_scale until the
-  // next step zeroes them); feed `skipped` to DynamicLossScaler::Update.
+  // next step zeroes them); feed `skipped` to DynamicLossScaler::Update. With loss_scale 1 the
+  // squared norm's pass also serves as the non-finite check (the same results, one pass fewer).
   absl::StatusOr<StepResult> Step(float lr, float loss_scale);
 
   // Buffers for checkpoints (flat [n] each; master() is model_params() for f32 models).
@@ -153,6 +154,10 @@ class MixedPrecisionAdamW {
   };
 
   MixedPrecisionAdamW() = default;
+  // UnscaleAndCheck then SquaredGradNorm, as Step needs them: the squared norm of the unscaled
+  // grads, NaN when one of them is not finite. Without loss scaling (1) in one pass over the
+  // grads instead of two.
+  absl::StatusOr<double> UnscaledSquaredGradNorm(float loss_scale);
   // The argument checks of Update and UpdateWouldOverflow (`stage` names the caller).
   absl::Status CheckUpdateArgs(absl::string_view stage, float lr, double grad_norm) const;
   // The factor clipping multiplies the grads by (1 when it does not apply).

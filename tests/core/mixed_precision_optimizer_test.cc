@@ -282,6 +282,63 @@ TEST(MixedPrecisionAdamWTest, NonFiniteGradSkipsTheStep) {
   EXPECT_EQ(opt.updates(), 2);
 }
 
+// Without loss scaling Step takes the squared norm's pass as the non-finite check: the same
+// results and bytes as the four stages, the same skips and reported norms.
+TEST(MixedPrecisionAdamWTest, StepWithoutLossScalingMatchesTheStages) {
+  AdamWConfig config = kConfig;
+  config.clip_grad = 1.0f;
+  const std::vector<float> params = RandomFloats(kNumel, 6, -2.0f, 2.0f);
+  const Tensor model = MakeTensor(DType::kF16, {kNumel}, params);
+  const Tensor staged_model = MakeTensor(DType::kF16, {kNumel}, params);
+  const Tensor grads = MakeZeros(DType::kF32, {kNumel});
+  const Tensor staged_grads = MakeZeros(DType::kF32, {kNumel});
+  MixedPrecisionAdamW opt = MakeOptimizer(model, grads, config);
+  MixedPrecisionAdamW staged = MakeOptimizer(staged_model, staged_grads, config);
+  const float inf = std::numeric_limits<float>::infinity();
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  // Finite steps (the second clipped), then a NaN, an inf, a norm past fp32 and a NaN in the
+  // padding.
+  std::vector<std::vector<float>> steps = {SignedGrads(1), SignedGrads(2), SignedGrads(3),
+                                           SignedGrads(4), std::vector<float>(kNumel, 1e20f)};
+  for (float& g : steps[1]) g *= 0.01f;
+  steps[2][15] = nan;
+  steps[3][39] = -inf;
+  for (size_t s = 0; s <= steps.size(); ++s) {
+    SCOPED_TRACE(absl::StrCat("step ", s));
+    const bool padded = s == steps.size();
+    const std::vector<float> g = padded ? SignedGrads(5) : steps[s];
+    std::vector<float> with_padding = g;
+    for (int64_t i = 40; i < kNumel; ++i) with_padding[i] = padded ? nan : 7.0f;
+    NF_ASSERT_OK(CopyFromFloats(grads, with_padding));
+    NF_ASSERT_OK(CopyFromFloats(staged_grads, with_padding));
+    const absl::StatusOr<StepResult> result = opt.Step(1e-2f, 1.0f);
+    NF_ASSERT_OK(result);
+
+    const StepResult expected = [&]() -> StepResult {
+      const StepResult skipped{.skipped = true,
+                               .reason = SkipReason::kNonFiniteGradients,
+                               .grad_norm = std::numeric_limits<double>::quiet_NaN()};
+      if (*staged.UnscaleAndCheck(1.0f)) return skipped;
+      const double norm = std::sqrt(*staged.SquaredGradNorm());
+      if (!std::isfinite(norm))
+        return {.skipped = true, .reason = skipped.reason, .grad_norm = norm};
+      NF_EXPECT_OK(staged.Update(1e-2f, norm));
+      return {.skipped = false, .grad_norm = norm};
+    }();
+    EXPECT_EQ(result->skipped, expected.skipped);
+    EXPECT_EQ(result->reason, expected.reason);
+    EXPECT_EQ(std::bit_cast<uint64_t>(result->grad_norm),
+              std::bit_cast<uint64_t>(expected.grad_norm));
+    EXPECT_EQ(opt.updates(), staged.updates());
+    EXPECT_EQ(Bytes(model), Bytes(staged_model));
+    EXPECT_EQ(Bytes(grads), Bytes(staged_grads));
+    EXPECT_EQ(Bytes(opt.master()), Bytes(staged.master()));
+    EXPECT_EQ(Bytes(opt.exp_avg()), Bytes(staged.exp_avg()));
+    EXPECT_EQ(Bytes(opt.exp_avg_sq()), Bytes(staged.exp_avg_sq()));
+  }
+  EXPECT_EQ(opt.updates(), 3);  // the finite steps: all but the NaN, the inf and the 1e20s
+}
+
 TEST(MixedPrecisionAdamWTest, ReducedPrecisionModelIsTheRoundedMaster) {
   for (DType dtype : {DType::kF16, DType::kBF16}) {
     SCOPED_TRACE(DTypeName(dtype));

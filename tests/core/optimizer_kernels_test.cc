@@ -77,8 +77,8 @@ TEST(OptimizerKernelsTest, AdamWStepIsTheElementFunctionBitForBit) {
                            KernelConstants(k));
         EXPECT_EQ(s.g, before.g);  // read only (no NaN among the inputs)
         for (int64_t i = 1; i <= n; ++i) {
-          const AdamWElement e = AdamWUpdateElement(k, before.p[i], before.g[i], before.m[i],
-                                                    before.v[i]);
+          const AdamWElement e =
+              AdamWUpdateElement(k, before.p[i], before.g[i], before.m[i], before.v[i]);
           ASSERT_EQ(std::bit_cast<uint32_t>(s.p[i]), std::bit_cast<uint32_t>(e.param)) << i;
           ASSERT_EQ(std::bit_cast<uint32_t>(s.m[i]), std::bit_cast<uint32_t>(e.exp_avg)) << i;
           ASSERT_EQ(std::bit_cast<uint32_t>(s.v[i]), std::bit_cast<uint32_t>(e.exp_avg_sq)) << i;
@@ -103,8 +103,8 @@ TEST(OptimizerKernelsTest, AdamWWouldOverflowMatchesTheElementPredicate) {
           const int64_t n = 37;
           const State s = RandomState(n, 7);
           for (int64_t i = 1; i <= n; ++i) {
-            SCOPED_TRACE(absl::StrCat(IsaName(isa), " ", DTypeName(model), " scale ",
-                                      grad_scale, " element ", i));
+            SCOPED_TRACE(absl::StrCat(IsaName(isa), " ", DTypeName(model), " scale ", grad_scale,
+                                      " element ", i));
             State one{std::vector<float>(n + 1, 0.0f), std::vector<float>(n + 1, 0.0f),
                       std::vector<float>(n + 1, 0.0f), std::vector<float>(n + 1, 0.0f)};
             one.p[i] = s.p[i];
@@ -149,9 +149,9 @@ TEST(OptimizerKernelsTest, AdamWWouldOverflowSeesTheStepsBits) {
         const float at = std::fabs(stepped.p[i]);
         if (at == 0.0f) continue;  // zeros elsewhere would fire at threshold 0 too
         auto fires = [&](float threshold) {
-          return kernels.adamw_would_overflow(one.p.data() + 1, one.g.data() + 1,
-                                              one.m.data() + 1, one.v.data() + 1, n,
-                                              KernelConstants(k), 1.0f, threshold);
+          return kernels.adamw_would_overflow(one.p.data() + 1, one.g.data() + 1, one.m.data() + 1,
+                                              one.v.data() + 1, n, KernelConstants(k), 1.0f,
+                                              threshold);
         };
         EXPECT_TRUE(fires(at));
         EXPECT_FALSE(fires(std::nextafter(at, kInf)));
@@ -168,8 +168,8 @@ TEST(OptimizerKernelsTest, AdamWWouldOverflowFlagsNonFiniteMomentsAnywhere) {
       SCOPED_TRACE(absl::StrCat(IsaName(isa), " at ", where));
       std::vector<float> p(n, 1.0f), g(n, 0.5f), m(n, 0.1f), v(n, 0.01f);
       auto check = [&] {
-        return OptimizerKernelsFor(isa).adamw_would_overflow(
-            p.data(), g.data(), m.data(), v.data(), n, KernelConstants(k), 1.0f, kInf);
+        return OptimizerKernelsFor(isa).adamw_would_overflow(p.data(), g.data(), m.data(), v.data(),
+                                                             n, KernelConstants(k), 1.0f, kInf);
       };
       EXPECT_FALSE(check());
       g[where] = 1e21f;  // finite, but (1 - beta2) g g overflows exp_avg_sq
@@ -240,8 +240,7 @@ TEST(OptimizerKernelsTest, SquaredNormPropagatesNonFiniteValues) {
     x[20] = -kInf;
     EXPECT_EQ(OptimizerKernelsFor(isa).squared_norm(x.data(), 37), kInf) << IsaName(isa);
     x[3] = kNaN;
-    EXPECT_TRUE(std::isnan(OptimizerKernelsFor(isa).squared_norm(x.data(), 37)))
-        << IsaName(isa);
+    EXPECT_TRUE(std::isnan(OptimizerKernelsFor(isa).squared_norm(x.data(), 37))) << IsaName(isa);
   }
 }
 
