@@ -19,8 +19,9 @@ struct ActivationKernels {
 };
 
 // One row of Philox dropout (core/philox.h): element c of the row has the global coordinates
-// (sample, head, row, first_col + c) and is kept, times keep_scale, when its word is
-// >= threshold (DropoutThreshold), else zeroed: the mask DropoutWords gives, bit for bit.
+// (sample, head, row, first_col + c), taken as DropoutWords takes them (the counter keeps 32
+// bits of each), and is kept, times keep_scale, when its word is >= threshold
+// (DropoutThreshold), else set to +0: the scalar loop's mask and values, bit for bit.
 struct DropoutRowArgs {
   uint32_t seed, site;
   uint64_t sample, head, row, first_col;
