@@ -114,9 +114,11 @@ class MixedPrecisionAdamW {
   // inf or NaN) or a non-finite moment. Computes every updated value with exactly the float
   // operations of Update (clipping included) and writes nothing: grads, master, moments, model
   // params and updates() stay as they are. Same arguments, and checks, as Update. It runs for
-  // every model dtype: one more pass over master, grads and moments without writes, about as
-  // long as AdamW itself on the CPU (sqrt and division per element; bench/ops_bench.cc
-  // adamw_overflow_check_*), ~16 of AdamW's 28 bytes per parameter on a GPU.
+  // every model dtype: one more pass over master, grads and moments without writes, 16 of
+  // AdamW's 28 bytes per parameter (memory-bound on either backend; bench/ops_bench.cc
+  // adamw_overflow_check_*). No cheaper bound can stand in for it: ruling overflow out needs
+  // bounds on master and moments, which only this pass, or figures kept from the last update
+  // (stale once a checkpoint restore or anyone else writes the buffers), could give.
   absl::StatusOr<bool> UpdateWouldOverflow(float lr, double grad_norm);
   // The four stages on one rank. A non-finite gradient, a norm that overflows fp32, or an
   // update that would overflow the model dtype skips the update entirely (master, model
