@@ -124,7 +124,7 @@ absl::Status Run(int argc, char** argv) {
     NF_RETURN_IF_ERROR(checkpoint::SaveCheckpoint(checkpoints, trainer->CheckpointState(),
                                                   trainer->Progress(), world));
     save_s.push_back(Seconds(start));
-    const fs::path saved = checkpoints / checkpoint::IterationDirName(0);
+    const fs::path saved = checkpoints / checkpoint::IterationDirName(trainer->step());
     bytes = DirectoryBytes(saved);
 
     DropCache(saved);

@@ -51,18 +51,6 @@ struct ElementwiseKernels {
   void (*dropout_row)(const DropoutRowArgs& args, const float* x, float* y, int64_t n);
 };
 
-namespace isa_baseline { extern const ElementwiseKernels kElementwiseKernels; }
-namespace isa_avx2 { extern const ElementwiseKernels kElementwiseKernels; }
-namespace isa_avx512 { extern const ElementwiseKernels kElementwiseKernels; }
-
-// The table of SelectedIsa(), or of a given level (tests compare the levels).
-inline const ElementwiseKernels& ElementwiseKernelsFor(Isa isa) {
-  return TableFor(isa, isa_baseline::kElementwiseKernels, isa_avx2::kElementwiseKernels,
-                  isa_avx512::kElementwiseKernels);
-}
-inline const ElementwiseKernels& Elementwise() {
-  static const ElementwiseKernels& table = ElementwiseKernelsFor(SelectedIsa());
-  return table;
-}
+NF_ISA_KERNEL_TABLES(ElementwiseKernels, kElementwiseKernels, ElementwiseKernelsFor, Elementwise)
 
 }  // namespace nf::cpu

@@ -54,3 +54,24 @@ const Table& TableFor(Isa isa, const Table& baseline, const Table& avx2, const T
 }
 
 }  // namespace nf::cpu
+
+// Declares, in nf::cpu, a kernel family's three tables (each defined by the family's source in
+// its compilation's namespace, `const Table name = {...}`) and two accessors: `for_isa(isa)`,
+// the table of a level (tests compare the levels), and `selected()`, the table of SelectedIsa().
+#define NF_ISA_KERNEL_TABLES(Table, name, for_isa, selected)                    \
+  namespace isa_baseline {                                                      \
+  extern const Table name;                                                      \
+  }                                                                             \
+  namespace isa_avx2 {                                                          \
+  extern const Table name;                                                      \
+  }                                                                             \
+  namespace isa_avx512 {                                                        \
+  extern const Table name;                                                      \
+  }                                                                             \
+  inline const Table& for_isa(Isa isa) {                                        \
+    return TableFor(isa, isa_baseline::name, isa_avx2::name, isa_avx512::name); \
+  }                                                                             \
+  inline const Table& selected() {                                              \
+    static const Table& table = for_isa(SelectedIsa());                         \
+    return table;                                                               \
+  }

@@ -26,8 +26,8 @@ struct NormKernels {
   void (*partial_stats)(const float* x, int64_t rows, int64_t cols, double* stats);
   // One row of the backward, x and dy [cols]: sums[0] = sum g, sums[1] = sum g * xhat with
   // g = dy * w (in double) and xhat = (x - mean) * rstd (in float).
-  void (*backward_row_sums)(const float* x, const float* dy, const float* w, float mean,
-                            float rstd, int64_t cols, double* sums);
+  void (*backward_row_sums)(const float* x, const float* dy, const float* w, float mean, float rstd,
+                            int64_t cols, double* sums);
   // dx = rstd * (g - mean_g - xhat * mean_g_xhat) for one row, in double, rounded once.
   void (*input_grad_row)(const float* x, const float* dy, const float* w, float mean, float rstd,
                          double mean_g, double mean_g_xhat, int64_t cols, float* dx);
@@ -37,18 +37,6 @@ struct NormKernels {
                           int64_t rows, int64_t cols, double* sum_w, double* sum_b);
 };
 
-namespace isa_baseline { extern const NormKernels kNormKernels; }
-namespace isa_avx2 { extern const NormKernels kNormKernels; }
-namespace isa_avx512 { extern const NormKernels kNormKernels; }
-
-// The table of SelectedIsa(), or of a given level (tests compare every level).
-inline const NormKernels& NormKernelsFor(Isa isa) {
-  return TableFor(isa, isa_baseline::kNormKernels, isa_avx2::kNormKernels,
-                  isa_avx512::kNormKernels);
-}
-inline const NormKernels& Norm() {
-  static const NormKernels& table = NormKernelsFor(SelectedIsa());
-  return table;
-}
+NF_ISA_KERNEL_TABLES(NormKernels, kNormKernels, NormKernelsFor, Norm)
 
 }  // namespace nf::cpu

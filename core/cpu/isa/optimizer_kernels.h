@@ -39,18 +39,6 @@ struct OptimizerKernels {
   double (*squared_norm)(const float* x, int64_t n);
 };
 
-namespace isa_baseline { extern const OptimizerKernels kOptimizerKernels; }
-namespace isa_avx2 { extern const OptimizerKernels kOptimizerKernels; }
-namespace isa_avx512 { extern const OptimizerKernels kOptimizerKernels; }
-
-// The table of SelectedIsa(), or of a given level (tests compare the levels).
-inline const OptimizerKernels& OptimizerKernelsFor(Isa isa) {
-  return TableFor(isa, isa_baseline::kOptimizerKernels, isa_avx2::kOptimizerKernels,
-                  isa_avx512::kOptimizerKernels);
-}
-inline const OptimizerKernels& Optimizer() {
-  static const OptimizerKernels& table = OptimizerKernelsFor(SelectedIsa());
-  return table;
-}
+NF_ISA_KERNEL_TABLES(OptimizerKernels, kOptimizerKernels, OptimizerKernelsFor, Optimizer)
 
 }  // namespace nf::cpu

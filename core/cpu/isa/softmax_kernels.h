@@ -40,18 +40,6 @@ struct SoftmaxKernels {
   void (*softmax_grad)(const float* p, const float* g, int64_t n, float row_dot, float* out);
 };
 
-namespace isa_baseline { extern const SoftmaxKernels kSoftmaxKernels; }
-namespace isa_avx2 { extern const SoftmaxKernels kSoftmaxKernels; }
-namespace isa_avx512 { extern const SoftmaxKernels kSoftmaxKernels; }
-
-// The table of SelectedIsa(), or of a given level (tests compare every level).
-inline const SoftmaxKernels& SoftmaxKernelsFor(Isa isa) {
-  return TableFor(isa, isa_baseline::kSoftmaxKernels, isa_avx2::kSoftmaxKernels,
-                  isa_avx512::kSoftmaxKernels);
-}
-inline const SoftmaxKernels& Softmax() {
-  static const SoftmaxKernels& table = SoftmaxKernelsFor(SelectedIsa());
-  return table;
-}
+NF_ISA_KERNEL_TABLES(SoftmaxKernels, kSoftmaxKernels, SoftmaxKernelsFor, Softmax)
 
 }  // namespace nf::cpu
