@@ -65,9 +65,7 @@ const ActivationKernels& ActivationKernelsOf(ops::Activation act) {
 // Work per element of the vectorised activations for ParallelFor's grain, in scalar-flop
 // equivalents: a GELU's ~40 operations on 16 lanes take about as long as 8 scalar flops (~1 ns
 // at AVX-512), ReLU^2 is as cheap as a bias add.
-int64_t ActivationCost(ops::Activation act) {
-  return act == ops::Activation::kReluSquared ? 1 : 8;
-}
+int64_t ActivationCost(ops::Activation act) { return act == ops::Activation::kReluSquared ? 1 : 8; }
 
 // Applies fn(i) for every element index, in parallel.
 template <typename F>
@@ -216,7 +214,8 @@ absl::Status CpuBackend::Dropout(const Tensor& x, const Tensor& y, const ops::Dr
 
 absl::Status CpuBackend::Cast(const Tensor& src, const Tensor& dst) {
   if (src.dtype() == dst.dtype()) {
-    if (src.raw_data() != dst.raw_data()) std::memmove(dst.raw_data(), src.raw_data(), src.nbytes());
+    if (src.raw_data() != dst.raw_data())
+      std::memmove(dst.raw_data(), src.raw_data(), src.nbytes());
     return absl::OkStatus();
   }
   DispatchFloat(src.dtype(), [&]<typename S>() {

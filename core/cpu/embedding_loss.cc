@@ -31,8 +31,8 @@ int64_t LocalTarget(const ops::CrossEntropyArgs& args, int64_t r) {
 // dloss * (exp(x - max) / sum_exp - onehot(target)) over the valid columns, 0 elsewhere and for
 // an ignored row. The target column is redone in double from its exp, so p - 1 does not lose
 // the fp32 product's rounding to cancellation.
-void CrossEntropyGradRowF32(const ops::CrossEntropyArgs& args, int64_t r, float max,
-                            float sum_exp, float dloss, const float* logits, float* grad) {
+void CrossEntropyGradRowF32(const ops::CrossEntropyArgs& args, int64_t r, float max, float sum_exp,
+                            float dloss, const float* logits, float* grad) {
   const int64_t cols = args.logits.dim(1), valid = ValidLocalColumns(args);
   if (args.targets.data<int32_t>()[r] < 0) {
     std::fill(grad, grad + cols, 0.0f);

@@ -155,8 +155,7 @@ void BackwardF32(const ops::LayerNormBackwardArgs& args, RowMeans&& row_means) {
         const auto [mean_g, mean_g_xhat] = row_means(r);
         kernels.input_grad_row(x + at, dy + at, w, mean[r], rstd[r], mean_g, mean_g_xhat, cols,
                                dx + at);
-        kernels.param_grad_rows(x + at, dy + at, mean + r, rstd + r, 1, cols, sum_w,
-                                sum_w + cols);
+        kernels.param_grad_rows(x + at, dy + at, mean + r, rstd + r, 1, cols, sum_w, sum_w + cols);
       }
     }
   });

@@ -125,8 +125,8 @@ absl::Status CpuBackend::ScaleChannels(const Tensor& x, const Tensor& scale, int
   return absl::OkStatus();
 }
 
-absl::Status CpuBackend::ScaleChannelsBackward(const Tensor& x, const Tensor& scale,
-                                               int64_t inner, const Tensor& dy, const Tensor& dx,
+absl::Status CpuBackend::ScaleChannelsBackward(const Tensor& x, const Tensor& scale, int64_t inner,
+                                               const Tensor& dy, const Tensor& dx,
                                                const Tensor& dscale) {
   const int64_t channels = scale.numel();
   const int64_t outer = x.numel() / (channels * inner);

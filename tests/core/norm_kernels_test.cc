@@ -176,10 +176,11 @@ TEST_P(NormKernelsTest, BackwardKernelsMatchFloat64) {
           dx_ref[i] = rstd[r] * (g - mean_g - xhat[c] * mean_g_xhat);
           // The fp32 xhat's 2 u32 through the product with mean_g_xhat, the double arithmetic
           // (a few 2^-53 of the terms), then one rounding to fp32.
-          dx_tol[i] = rstd[r] * (2 * kU32 * std::abs(xhat[c] * mean_g_xhat) +
-                                 8 * kU64 * (std::abs(g) + std::abs(mean_g) +
-                                             std::abs(xhat[c] * mean_g_xhat))) +
-                      kU32 * std::abs(dx_ref[i]);
+          dx_tol[i] =
+              rstd[r] *
+                  (2 * kU32 * std::abs(xhat[c] * mean_g_xhat) +
+                   8 * kU64 * (std::abs(g) + std::abs(mean_g) + std::abs(xhat[c] * mean_g_xhat))) +
+              kU32 * std::abs(dx_ref[i]);
         }
       }
       ExpectWithin(dx, dx_ref, dx_tol, "dx, cols " + std::to_string(cols));

@@ -119,9 +119,9 @@ TEST(SoftmaxKernelsTest, ExpIsWithinItsStatedUlpsOverTheWholeNormalRange) {
 
 TEST(SoftmaxKernelsTest, ExpSpecialValues) {
   // 88.7228317 is the largest fp32 x with exp(x) <= FLT_MAX, 88.7228394 the next one up.
-  const std::vector<float> x = {0.0f,   -0.0f,  -kInf, kInf,   std::nanf(""), -87.3f,
-                                -88.0f, -100.f, 88.7f, 88.8f,  1e-30f,        -1e-30f,
-                                88.7228317f, 88.7228394f};
+  const std::vector<float> x = {0.0f,   -0.0f,   -kInf,       kInf,       std::nanf(""),
+                                -87.3f, -88.0f,  -100.f,      88.7f,      88.8f,
+                                1e-30f, -1e-30f, 88.7228317f, 88.7228394f};
   for (Isa isa : RunnableIsas()) {
     SCOPED_TRACE(IsaName(isa));
     std::vector<float> y(x.size());
@@ -132,9 +132,10 @@ TEST(SoftmaxKernelsTest, ExpSpecialValues) {
     EXPECT_EQ(y[3], kInf);
     EXPECT_TRUE(std::isnan(y[4]));
     EXPECT_NEAR(y[5] / std::exp(double{x[5]}), 1.0, kExpRel);  // just above the smallest normal
-    EXPECT_EQ(y[6], 0.0f);                              // would be subnormal: flushed
+    EXPECT_EQ(y[6], 0.0f);                                     // would be subnormal: flushed
     EXPECT_EQ(y[7], 0.0f);
-    EXPECT_NEAR(y[8] / std::exp(double{x[8]}), 1.0, kExpRel);  // n = 128: the split 2^n stays finite
+    EXPECT_NEAR(y[8] / std::exp(double{x[8]}), 1.0,
+                kExpRel);  // n = 128: the split 2^n stays finite
     EXPECT_EQ(y[9], kInf);
     EXPECT_EQ(y[10], 1.0f);
     EXPECT_EQ(y[11], 1.0f);

@@ -17,12 +17,12 @@ void NormalizeRow(const float* x, const float* w, const float* b, float mean, fl
   for (int64_t c = 0; c < cols; ++c) y[c] = Xhat(x[c], mean, rstd) * w[c] + b[c];
 }
 
-void Forward(const float* x, const float* w, const float* b, int64_t rows, int64_t cols,
-             float eps, float* y, float* mean, float* rstd) {
+void Forward(const float* x, const float* w, const float* b, int64_t rows, int64_t cols, float eps,
+             float* y, float* mean, float* rstd) {
   for (int64_t r = 0; r < rows; ++r) {
     const float* row = x + r * cols;
-    const double mu = cols > 0 ? LaneSum(cols, [&](int64_t c) { return double{row[c]}; }) / cols
-                               : 0.0;
+    const double mu =
+        cols > 0 ? LaneSum(cols, [&](int64_t c) { return double{row[c]}; }) / cols : 0.0;
     const double squares = LaneSum(cols, [&](int64_t c) {
       const double d = row[c] - mu;
       return d * d;
@@ -34,8 +34,8 @@ void Forward(const float* x, const float* w, const float* b, int64_t rows, int64
   }
 }
 
-void Normalize(const float* x, const float* w, const float* b, const float* mean,
-               const float* rstd, int64_t rows, int64_t cols, float* y) {
+void Normalize(const float* x, const float* w, const float* b, const float* mean, const float* rstd,
+               int64_t rows, int64_t cols, float* y) {
   for (int64_t r = 0; r < rows; ++r) {
     NormalizeRow(x + r * cols, w, b, mean[r], rstd[r], cols, y + r * cols);
   }

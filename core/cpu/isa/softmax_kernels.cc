@@ -36,7 +36,7 @@ inline float Blend(bool cond, float a, float b) {
 // Results below 2^-126 flush to 0; x above ln(FLT_MAX) gives inf; NaN stays NaN (r is NaN).
 // Every select is a Blend, so the compiler sees no branch.
 inline float Exp(float x) {
-  constexpr float kMinArg = -87.33654f;  // ln(2^-126)
+  constexpr float kMinArg = -87.33654f;   // ln(2^-126)
   constexpr float kMaxArg = 88.7228317f;  // the largest x with exp(x) <= FLT_MAX
   constexpr float kLog2e = 1.44269504f;
   constexpr float kLn2Hi = 0x1.62e4p-1f;
