@@ -14,6 +14,16 @@ TEST(IsaTest, RunnableLevelsGoFromTheBaselineToTheDetectedOne) {
   EXPECT_LE(SelectedIsa(), DetectedIsa());
 }
 
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+// The CPUID reading agrees with GCC's own test of the levels the variants are compiled for.
+TEST(IsaTest, DetectionAgreesWithGccsLevelTest) {
+  const Isa gcc = __builtin_cpu_supports("x86-64-v4")   ? Isa::kAvx512
+                  : __builtin_cpu_supports("x86-64-v3") ? Isa::kAvx2
+                                                        : Isa::kBaseline;
+  EXPECT_EQ(DetectedIsa(), gcc);
+}
+#endif
+
 TEST(IsaTest, TheEnvironmentCapsTheLevelAndNeverRaisesIt) {
   EXPECT_EQ(CappedIsa(nullptr, Isa::kAvx2), Isa::kAvx2);
   EXPECT_EQ(CappedIsa("", Isa::kAvx2), Isa::kAvx2);
