@@ -48,6 +48,17 @@ struct State {
   std::vector<float> p, g, m, v;
 };
 
+// Zeros but for element i of s (zeros update to zeros, so only that element can overflow).
+State OnlyElement(const State& s, int64_t i) {
+  const std::vector<float> zeros(s.p.size(), 0.0f);
+  State one{zeros, zeros, zeros, zeros};
+  one.p[i] = s.p[i];
+  one.g[i] = s.g[i];
+  one.m[i] = s.m[i];
+  one.v[i] = s.v[i];
+  return one;
+}
+
 std::vector<float> Spread(int64_t n, uint32_t seed, bool non_negative) {
   std::vector<float> x = RandomFloats(n + 1, seed, non_negative ? 0.0f : -1.0f, 1.0f);
   const std::vector<float> exponent = RandomFloats(n + 1, seed + 100, -30.0f, 30.0f);
@@ -105,12 +116,7 @@ TEST(OptimizerKernelsTest, AdamWWouldOverflowMatchesTheElementPredicate) {
           for (int64_t i = 1; i <= n; ++i) {
             SCOPED_TRACE(absl::StrCat(IsaName(isa), " ", DTypeName(model), " scale ", grad_scale,
                                       " element ", i));
-            State one{std::vector<float>(n + 1, 0.0f), std::vector<float>(n + 1, 0.0f),
-                      std::vector<float>(n + 1, 0.0f), std::vector<float>(n + 1, 0.0f)};
-            one.p[i] = s.p[i];
-            one.g[i] = s.g[i];
-            one.m[i] = s.m[i];
-            one.v[i] = s.v[i];
+            const State one = OnlyElement(s, i);
             const bool expected = AdamWElementOverflows(
                 AdamWUpdateElement(k, s.p[i], grad_scale * s.g[i], s.m[i], s.v[i]), threshold);
             EXPECT_EQ(kernels.adamw_would_overflow(one.p.data() + 1, one.g.data() + 1,
@@ -140,12 +146,7 @@ TEST(OptimizerKernelsTest, AdamWWouldOverflowSeesTheStepsBits) {
                          n + 1, KernelConstants(k));
       for (int64_t i = 1; i <= n; ++i) {
         SCOPED_TRACE(absl::StrCat(IsaName(isa), " element ", i, " p_new ", stepped.p[i]));
-        State one{std::vector<float>(n + 1, 0.0f), std::vector<float>(n + 1, 0.0f),
-                  std::vector<float>(n + 1, 0.0f), std::vector<float>(n + 1, 0.0f)};
-        one.p[i] = s.p[i];
-        one.g[i] = s.g[i];
-        one.m[i] = s.m[i];
-        one.v[i] = s.v[i];
+        const State one = OnlyElement(s, i);
         const float at = std::fabs(stepped.p[i]);
         if (at == 0.0f) continue;  // zeros elsewhere would fire at threshold 0 too
         auto fires = [&](float threshold) {

@@ -256,7 +256,6 @@ void Axpy(float alpha, const float* x, float* y, int64_t n) {
 
 }  // namespace
 
-extern const ElementwiseKernels kElementwiseKernels;
 const ElementwiseKernels kElementwiseKernels = {
     .add_bias = AddBias,
     .sum_rows = SumRows,

@@ -92,7 +92,6 @@ void ParamGradRows(const float* x, const float* dy, const float* mean, const flo
 
 }  // namespace
 
-extern const NormKernels kNormKernels;
 const NormKernels kNormKernels = {
     .forward = Forward,
     .normalize = Normalize,

@@ -84,7 +84,6 @@ double SquaredNorm(const float* x, int64_t n) {
 
 }  // namespace
 
-extern const OptimizerKernels kOptimizerKernels;
 const OptimizerKernels kOptimizerKernels = {
     .adamw_step = AdamWStep,
     .adamw_would_overflow = AdamWWouldOverflow,

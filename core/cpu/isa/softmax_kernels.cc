@@ -109,7 +109,6 @@ void SoftmaxGrad(const float* p, const float* g, int64_t n, float row_dot, float
 
 }  // namespace
 
-extern const SoftmaxKernels kSoftmaxKernels;
 const SoftmaxKernels kSoftmaxKernels = {
     .exp_shifted = ExpShifted,
     .max = Max,
