@@ -300,6 +300,12 @@ void RegisterAll() {
   add("layer_norm_fwd_f32/rows/cols", BM_LayerNormForward<DType::kF32>, {8192, 768});
   add("layer_norm_fwd_bf16/rows/cols", BM_LayerNormForward<DType::kBF16>, {8192, 768});
   add("layer_norm_bwd_f32/rows/cols", BM_LayerNormBackward<DType::kF32>, {8192, 768});
+  // The tiny model's NormFormer LayerNorms, one micro-batch (256 tokens): after attention
+  // (d_model 128) and on the FFN activation (ffn 512).
+  for (const int64_t cols : {128, 512}) {
+    add("layer_norm_fwd_f32/rows/cols", BM_LayerNormForward<DType::kF32>, {256, cols});
+    add("layer_norm_bwd_f32/rows/cols", BM_LayerNormBackward<DType::kF32>, {256, cols});
+  }
   add("attention_fwd_f32/b/h/s/d", BM_AttentionForward<DType::kF32>, {4, 12, 256, 64});
   add("attention_bwd_f32/b/h/s/d", BM_AttentionBackward<DType::kF32>, {4, 12, 256, 64});
   add("attention_fwd_bf16/b/h/s/d", BM_AttentionForward<DType::kBF16>, {4, 12, 256, 64});
@@ -328,6 +334,9 @@ void RegisterAll() {
   add("scale_channels_bwd_f32/outer/channels/inner", BM_ScaleChannelsBackward, {2048, 768, 1});
   add("scale_channels_bwd_f32/outer/channels/inner", BM_ScaleChannelsBackward, {2048, 12, 64});
   add("scale_channels_bwd_f32/outer/channels/inner", BM_ScaleChannelsBackward, {8, 12, 256 * 64});
+  // The tiny model's head scale (256 tokens, 4 heads of 32).
+  add("scale_channels_f32/outer/channels/inner", BM_ScaleChannels, {256, 4, 32});
+  add("scale_channels_bwd_f32/outer/channels/inner", BM_ScaleChannelsBackward, {256, 4, 32});
   add("axpy_f32/n", BM_Axpy, {16 << 20});
   add("scale_f32/n", BM_Scale, {16 << 20});
 }

@@ -153,9 +153,8 @@ void BackwardF32(const ops::LayerNormBackwardArgs& args, RowMeans&& row_means) {
            ++r) {
         const int64_t at = r * cols;
         const auto [mean_g, mean_g_xhat] = row_means(r);
-        kernels.input_grad_row(x + at, dy + at, w, mean[r], rstd[r], mean_g, mean_g_xhat, cols,
-                               dx + at);
-        kernels.param_grad_rows(x + at, dy + at, mean + r, rstd + r, 1, cols, sum_w, sum_w + cols);
+        kernels.input_and_param_grad_row(x + at, dy + at, w, mean[r], rstd[r], mean_g, mean_g_xhat,
+                                         cols, dx + at, sum_w, sum_w + cols);
       }
     }
   });

@@ -101,6 +101,35 @@ TEST_P(NormKernelsTest, ForwardAndNormalizeMatchFloat64) {
   }
 }
 
+// The forward's one-pass statistics shift each row by its first element, losing the bits of
+// (mean - first)^2 / var: a first element far out in the tail is the worst case, at most
+// log2(cols) bits of double's 53 (12 at 4096). Mean and rstd must stay within the fp32 rounding
+// of the float64 reference there, and for a constant row.
+TEST(NormKernelsOutlierTest, FirstElementFarFromTheMeanKeepsStatisticsExact) {
+  for (Isa isa : RunnableIsas()) {
+    SCOPED_TRACE(IsaName(isa));
+    for (const int64_t cols : {768, 4096}) {
+      for (const float outlier : {1e3f, -3e5f, 1.0f}) {
+        Inputs in(cols, 0.0f, 400 + cols);
+        in.x.resize(cols);                                   // one row
+        const float spread = outlier == 1.0f ? 0.0f : 1.0f;  // 1.0: a constant row of ones
+        for (float& v : in.x) v = outlier == 1.0f ? 1.0f : v * spread;
+        in.x[0] = outlier;
+        std::vector<float> y(cols), mean(1), rstd(1);
+        NormKernelsFor(isa).forward(in.x.data(), in.w.data(), in.b.data(), 1, cols, kEps, y.data(),
+                                    mean.data(), rstd.data());
+        double mu = 0.0, squares = 0.0;
+        for (const float v : in.x) mu += v;
+        mu /= cols;
+        for (const float v : in.x) squares += (v - mu) * (v - mu);
+        const double rs = 1.0 / std::sqrt(squares / cols + double{kEps});
+        EXPECT_NEAR(mean[0], mu, 2 * kU32 * std::abs(mu) + 1e-30) << cols << " " << outlier;
+        EXPECT_NEAR(rstd[0], rs, 2 * kU32 * rs) << cols << " " << outlier;
+      }
+    }
+  }
+}
+
 TEST_P(NormKernelsTest, PartialStatsMatchFloat64) {
   for (Isa isa : RunnableIsas()) {
     SCOPED_TRACE(IsaName(isa));
@@ -140,8 +169,11 @@ TEST_P(NormKernelsTest, BackwardKernelsMatchFloat64) {
         rstd[r] = static_cast<float>(rs);
       }
       std::vector<double> dx_ref(kRows * cols), dx_tol(kRows * cols);
-      std::vector<double> sum_w_ref(cols, 0.0), sum_b_ref(cols, 0.0), sum_w_tol(cols, 0.0),
-          sum_b_tol(cols, 0.0);
+      // Parameter partials, row by row, added to non-zero starting values (each addition onto
+      // the running ~0.5 rounds by up to 2^-54: 4 kU64 covers the kRows of them).
+      std::vector<double> sum_w(cols, 0.5), sum_b(cols, -0.25);
+      std::vector<double> sum_w_ref(cols, 0.5), sum_b_ref(cols, -0.25), sum_w_tol(cols, 4 * kU64),
+          sum_b_tol(cols, 4 * kU64);
       for (int64_t r = 0; r < kRows; ++r) {
         const float* x = in.x.data() + r * cols;
         const float* dy = in.dy.data() + r * cols;
@@ -168,8 +200,8 @@ TEST_P(NormKernelsTest, BackwardKernelsMatchFloat64) {
             << cols;
 
         const double mean_g = sum_g / cols, mean_g_xhat = sum_g_xhat / cols;
-        k.input_grad_row(x, dy, in.w.data(), mean[r], rstd[r], mean_g, mean_g_xhat, cols,
-                         dx.data() + r * cols);
+        k.input_and_param_grad_row(x, dy, in.w.data(), mean[r], rstd[r], mean_g, mean_g_xhat, cols,
+                                   dx.data() + r * cols, sum_w.data(), sum_b.data());
         for (int64_t c = 0; c < cols; ++c) {
           const double g = double{dy[c]} * in.w[c];
           const int64_t i = r * cols + c;
@@ -185,13 +217,9 @@ TEST_P(NormKernelsTest, BackwardKernelsMatchFloat64) {
       }
       ExpectWithin(dx, dx_ref, dx_tol, "dx, cols " + std::to_string(cols));
 
-      // Parameter partials over the rows, added to non-zero starting values.
-      std::vector<double> sum_w(cols, 0.5), sum_b(cols, -0.25);
-      k.param_grad_rows(in.x.data(), in.dy.data(), mean.data(), rstd.data(), kRows, cols,
-                        sum_w.data(), sum_b.data());
       for (int64_t c = 0; c < cols; ++c) {
-        EXPECT_NEAR(sum_w[c], 0.5 + sum_w_ref[c], sum_w_tol[c] + kU64) << cols << " " << c;
-        EXPECT_NEAR(sum_b[c], -0.25 + sum_b_ref[c], sum_b_tol[c] + kU64) << cols << " " << c;
+        EXPECT_NEAR(sum_w[c], sum_w_ref[c], sum_w_tol[c]) << cols << " " << c;
+        EXPECT_NEAR(sum_b[c], sum_b_ref[c], sum_b_tol[c]) << cols << " " << c;
       }
     }
   }

@@ -40,6 +40,24 @@ void AddToLanes(double (&lanes)[kLanes], int64_t n, Term&& term) {
   for (int64_t l = 0; c + l < n; ++l) lanes[l] += term(c + l);
 }
 
+// Two lane sets in one pass: term(c, t1, t2) sets the two terms of index c, added to lanes1 and
+// lanes2 as AddToLanes would add them.
+template <typename Terms>
+void AddToLanes2(double (&lanes1)[kLanes], double (&lanes2)[kLanes], int64_t n, Terms&& terms) {
+  const auto add = [&](int64_t c, int64_t l) {
+    double t1, t2;
+    terms(c, t1, t2);
+    lanes1[l] += t1;
+    lanes2[l] += t2;
+  };
+  int64_t c = 0;
+  for (; c + kLanes <= n; c += kLanes) {
+#pragma GCC unroll 1
+    for (int64_t l = 0; l < kLanes; ++l) add(c + l, l);
+  }
+  for (int64_t l = 0; c + l < n; ++l) add(c + l, l);
+}
+
 // sum over c in [0, n) of term(c) (a double), in kLanes lanes.
 template <typename Term>
 double LaneSum(int64_t n, Term&& term) {

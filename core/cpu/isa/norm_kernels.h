@@ -13,8 +13,9 @@
 namespace nf::cpu {
 
 struct NormKernels {
-  // For each row r of x [rows, cols]: mean[r] and rstd[r] = 1 / sqrt(var + eps) by two double
-  // passes (mean, then centred squares: exact for rows with a large mean), then
+  // For each row r of x [rows, cols]: mean[r] and rstd[r] = 1 / sqrt(var + eps) from one double
+  // pass over the row shifted by its first element (sums of x - x[0] and its squares: exact for
+  // rows with a large mean, at most log2(cols) bits of double lost to the shift), then
   // y[r, c] = (x[r, c] - mean[r]) * rstd[r] * w[c] + b[c] while the row is in cache.
   void (*forward)(const float* x, const float* w, const float* b, int64_t rows, int64_t cols,
                   float eps, float* y, float* mean, float* rstd);
@@ -28,13 +29,13 @@ struct NormKernels {
   // g = dy * w (in double) and xhat = (x - mean) * rstd (in float).
   void (*backward_row_sums)(const float* x, const float* dy, const float* w, float mean, float rstd,
                             int64_t cols, double* sums);
-  // dx = rstd * (g - mean_g - xhat * mean_g_xhat) for one row, in double, rounded once.
-  void (*input_grad_row)(const float* x, const float* dy, const float* w, float mean, float rstd,
-                         double mean_g, double mean_g_xhat, int64_t cols, float* dx);
-  // sum_w[c] += dy[r, c] * xhat[r, c] and sum_b[c] += dy[r, c] for rows [0, rows) in row order,
-  // in double: a row block's parameter-gradient partials.
-  void (*param_grad_rows)(const float* x, const float* dy, const float* mean, const float* rstd,
-                          int64_t rows, int64_t cols, double* sum_w, double* sum_b);
+  // One row of the backward, given mean_g = mean(g) and mean_g_xhat = mean(g * xhat) over the
+  // full (possibly tensor-parallel) row, in one pass: dx = rstd * (g - mean_g - xhat *
+  // mean_g_xhat) in double, rounded once, and the row's parameter-gradient terms added in
+  // double to a row block's partials, sum_w[c] += dy[c] * xhat[c] and sum_b[c] += dy[c].
+  void (*input_and_param_grad_row)(const float* x, const float* dy, const float* w, float mean,
+                                   float rstd, double mean_g, double mean_g_xhat, int64_t cols,
+                                   float* dx, double* sum_w, double* sum_b);
 };
 
 NF_ISA_KERNEL_TABLES(NormKernels, kNormKernels, NormKernelsFor, Norm)
