@@ -23,6 +23,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "bench/statistics.h"
 #include "checkpoint/load.h"
 #include "checkpoint/save.h"
 #include "core/status.h"
@@ -33,15 +34,6 @@ namespace nf::bench {
 namespace {
 
 namespace fs = std::filesystem;
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
-double Seconds(std::chrono::steady_clock::time_point start) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-}
 
 // Evicts every file under `path` from the page cache (clean pages only: call after fsync).
 void DropCache(const fs::path& path) {

@@ -45,6 +45,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 #include "bench/ceilings.h"
+#include "bench/statistics.h"
 #include "core/status.h"
 #include "data/batch_loader.h"
 #include "data/blending.h"
@@ -71,15 +72,6 @@ constexpr int64_t kMicroBatch = 4, kGlobalBatch = 8;
 constexpr int64_t kSeqLens[] = {2048, 128};
 constexpr double kLoaderEpochs = 2.0;  // the training stream covers the train split this often
 constexpr int kLoaderPasses = 5;       // timed passes over the stream, after one warm-up
-
-double Seconds(std::chrono::steady_clock::time_point start) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-}
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
 
 // SplitMix64: a fixed generator, so the corpus is the same on every machine and library.
 class Rng {

@@ -19,6 +19,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "bench/statistics.h"
 #include "core/cuda/cuda_context.h"
 #include "core/ops/backend.h"
 #include "core/ops/ops.h"
@@ -68,11 +69,6 @@ launcher::TrainConfig MakeConfig(const Workload& w, launcher::TrainOptions::Prec
   t.set_train_iters(1000);
   t.mutable_lr_schedule()->set_warmup_iters(100);
   return config;
-}
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
 }
 
 // cuBLASLt bf16 GEMM with fp32 accumulation, n x n x n, median TFLOP/s of `reps` calls.

@@ -28,6 +28,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "bench/ceilings.h"
+#include "bench/statistics.h"
 #include "core/status.h"
 #include "core/thread_pool.h"
 #include "launcher/config.h"
@@ -48,20 +49,6 @@ struct Flags {
   int port = 9690;
   int scrape_ms = 1000;
 };
-
-// The median of `v` and a 95% confidence interval for it: the order statistics at
-// n/2 -+ 1.96 sqrt(n)/2 (the normal approximation of the binomial count below the median).
-struct MedianInterval {
-  double median, low, high;
-};
-MedianInterval MedianWithInterval(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const int n = static_cast<int>(v.size());
-  const int half_width = static_cast<int>(std::ceil(1.96 * std::sqrt(n) / 2));
-  return {.median = v[n / 2],
-          .low = v[std::max(0, n / 2 - half_width)],
-          .high = v[std::min(n - 1, n / 2 + half_width)]};
-}
 
 // Scrapes 127.0.0.1:port/metrics every `interval` while enabled, as Prometheus would.
 class Scraper {

@@ -7,7 +7,9 @@
 // The two variants of a model are timed in alternation, so the shared machine's noise falls
 // on both alike and the overhead column compares like with like.
 //
-//   NF_NUM_THREADS=2 build/bench/nf-bench-step [--steps N] [--only tiny|125m]
+// --no-dropout sets every dropout probability to 0 (the dropout masks' share of the overhead).
+//
+//   NF_NUM_THREADS=2 build/bench/nf-bench-step [--steps N] [--only tiny|125m] [--no-dropout]
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -25,6 +27,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/string_view.h"
 #include "bench/ceilings.h"
+#include "bench/statistics.h"
 #include "bench/step_workloads.h"
 #include "core/status.h"
 #include "core/thread_pool.h"
@@ -35,15 +38,6 @@ namespace nf::bench {
 namespace {
 
 constexpr int kWarmupSteps = 2;
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
-double Seconds(std::chrono::steady_clock::time_point start) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-}
 
 // One configuration under test: its trainer, one fixed micro-batch for timing forward and
 // backward on their own, a second AdamW over the model's buffers for timing the optimizer on
@@ -109,6 +103,7 @@ struct Result {
   int64_t params = 0;  // global parameter count, padded vocabulary rows included
   int steps = 0;
   double step_s = 0, min_step_s = 0, max_step_s = 0;  // median, min and max of TrainStep
+  std::vector<double> step_times;                     // every timed TrainStep, in round order
   // The step's parts, each the median of its own timings: forward and backward summed over
   // the step's micro-batches, and the optimizer step.
   double forward_s = 0, backward_s = 0, optimizer_s = 0;
@@ -122,6 +117,7 @@ Result Summarize(const Variant& v) {
           .step_s = Median(v.step_s),
           .min_step_s = *std::min_element(v.step_s.begin(), v.step_s.end()),
           .max_step_s = *std::max_element(v.step_s.begin(), v.step_s.end()),
+          .step_times = v.step_s,
           .forward_s = micro_batches * Median(v.forward_s),
           .backward_s = micro_batches * Median(v.backward_s),
           .optimizer_s = Median(v.optimizer_s)};
@@ -154,6 +150,7 @@ absl::StatusOr<std::vector<Result>> MeasurePair(const Workload& w, int steps) {
 struct Flags {
   int steps = 0;     // 0: each workload's default
   std::string only;  // empty: every workload
+  bool no_dropout = false;
 };
 
 bool ParseFlags(int argc, char** argv, Flags& flags) {
@@ -164,6 +161,8 @@ bool ParseFlags(int argc, char** argv, Flags& flags) {
       if (flags.steps < 1) return false;
     } else if (arg == "--only" && i + 1 < argc) {
       flags.only = argv[++i];
+    } else if (arg == "--no-dropout") {
+      flags.no_dropout = true;
     } else {
       return false;
     }
@@ -176,7 +175,8 @@ bool ParseFlags(int argc, char** argv, Flags& flags) {
 int Main(int argc, char** argv) {
   Flags flags;
   if (!ParseFlags(argc, argv, flags)) {
-    std::fprintf(stderr, "usage: %s [--steps N (>= 1)] [--only tiny|125m]\n", argv[0]);
+    std::fprintf(stderr, "usage: %s [--steps N (>= 1)] [--only tiny|125m] [--no-dropout]\n",
+                 argv[0]);
     return 2;
   }
   const Ceilings ceilings = MeasureCeilings();
@@ -186,8 +186,9 @@ int Main(int argc, char** argv) {
       ceilings.sgemm_gflops, ceilings.memcpy_gbytes_per_s);
   std::printf(
       "Kernel threads: %d (NF_NUM_THREADS). fp32, Trainer::TrainStep; median of the "
-      "timed steps after %d warmup steps,\nPre-LN and NormFormer steps alternating.\n",
-      ThreadPool::Global().num_threads(), kWarmupSteps);
+      "timed steps after %d warmup steps,\nPre-LN and NormFormer steps alternating%s.\n",
+      ThreadPool::Global().num_threads(), kWarmupSteps,
+      flags.no_dropout ? "; every dropout probability 0 (--no-dropout)" : "");
   std::printf(
       "Model FLOPs per token = 6 x params + 6 x layers x d_model x seq_len (llm.c); "
       "params = the model's global\nparameter count, embedding rows padded to a multiple "
@@ -198,8 +199,12 @@ int Main(int argc, char** argv) {
     bool normformer;
     Result result;
   };
+  std::vector<Workload> workloads(std::begin(kWorkloads), std::end(kWorkloads));
+  if (flags.no_dropout) {
+    for (Workload& w : workloads) w.dropout = w.attention_dropout = 0.0f;
+  }
   std::vector<Row> rows;
-  for (const Workload& w : kWorkloads) {
+  for (const Workload& w : workloads) {
     if (!flags.only.empty() && flags.only != w.name) continue;
     const absl::StatusOr<std::vector<Result>> pair =
         MeasurePair(w, flags.steps > 0 ? flags.steps : w.default_steps);
@@ -211,7 +216,7 @@ int Main(int argc, char** argv) {
     rows.push_back({&w, true, (*pair)[1]});
   }
 
-  std::printf("%-5s %-10s %11s %6s %6s %10s %15s %9s %7s %8s %8s %8s\n", "model", "variant",
+  std::printf("%-5s %-10s %11s %6s %6s %10s %15s %9s %7s %8s %8s  %s\n", "model", "variant",
               "params", "tok/st", "steps", "step ms", "min-max ms", "tokens/s", "GFLOP", "GFLOP/s",
               "vs sgemm", "overhead");
   for (size_t i = 0; i < rows.size(); ++i) {
@@ -219,12 +224,21 @@ int Main(int argc, char** argv) {
     const Result& r = rows[i].result;
     const int64_t tokens = int64_t{w.global_batch} * w.seq_len;
     const double gflops = StepGflops(w, r.params);
-    // Rows come in pairs, the baseline first.
-    const std::string overhead =
-        rows[i].normformer
-            ? absl::StrFormat("%+.1f%%", 100 * (r.step_s / rows[i - 1].result.step_s - 1))
-            : "-";
-    std::printf("%-5s %-10s %11lld %6lld %6d %10.1f %7.1f-%-7.1f %9.0f %7.2f %8.1f %8.3f %8s\n",
+    // Rows come in pairs, the baseline first. The overhead is the median of the per-round
+    // ratios (the two steps of a round ran back to back, so the machine's slow spells fall on
+    // both), with its 95% interval.
+    std::string overhead = "-";
+    if (rows[i].normformer) {
+      const std::vector<double>& base = rows[i - 1].result.step_times;
+      std::vector<double> ratios;
+      for (size_t k = 0; k < r.step_times.size(); ++k) {
+        ratios.push_back(r.step_times[k] / base[k] - 1);
+      }
+      const MedianInterval m = MedianWithInterval(ratios);
+      overhead =
+          absl::StrFormat("%+.1f%% [%+.1f, %+.1f]", 100 * m.median, 100 * m.low, 100 * m.high);
+    }
+    std::printf("%-5s %-10s %11lld %6lld %6d %10.1f %7.1f-%-7.1f %9.0f %7.2f %8.1f %8.3f  %s\n",
                 w.name, rows[i].normformer ? "NormFormer" : "Pre-LN",
                 static_cast<long long>(r.params), static_cast<long long>(tokens), r.steps,
                 1e3 * r.step_s, 1e3 * r.min_step_s, 1e3 * r.max_step_s, tokens / r.step_s, gflops,

@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <vector>
 
+#include "bench/statistics.h"
 #include "core/thread_pool.h"
 
 namespace {
@@ -33,10 +34,7 @@ double MicrosPerCall(int calls, F&& call) {
          calls;
 }
 
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
+using nf::bench::Median;
 
 }  // namespace
 
