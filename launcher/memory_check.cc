@@ -1,7 +1,5 @@
 #include "launcher/memory_check.h"
 
-#include <unistd.h>
-
 #include <iostream>
 #include <limits>
 #include <memory>
@@ -15,17 +13,12 @@
 #include "launcher/memory_estimate.h"
 #include "launcher/trainer.h"
 #include "parallel/agreement.h"
+#include "parallel/placement.h"
 
 namespace nf::launcher {
 namespace {
 
 std::string Gib(double bytes) { return absl::StrFormat("%.2f GiB", bytes / (1 << 30)); }
-
-std::string HostName() {
-  char name[256] = {};
-  if (::gethostname(name, sizeof(name) - 1) != 0) return "(unknown)";
-  return name;
-}
 
 // This rank's estimate from its pipeline rank's (tp 0, dp 0) row, which overstates the other
 // data-parallel ranks' snapshots: dp rank 0 alone writes the parameters, and without ZeRO-1
@@ -43,7 +36,7 @@ PipelineRankMemory ThisRank(PipelineRankMemory row, const TrainConfig& config,
 // what is available counts. Collective over `node` when there is one.
 absl::StatusOr<MemoryDemand> HostDemand(double needed, std::string parts,
                                         parallel::Communicator* node) {
-  MemoryDemand demand{.memory = absl::StrCat("host memory of node ", HostName()),
+  MemoryDemand demand{.memory = absl::StrCat("host memory of node ", parallel::ThisHostName()),
                       .ranks = 1,
                       .needed_bytes = needed,
                       .parts = std::move(parts),
@@ -73,7 +66,7 @@ absl::StatusOr<MemoryDemand> HostDemand(double needed, std::string parts,
 absl::StatusOr<MemoryDemand> DeviceDemand(double needed, std::string parts, Device device) {
   NF_ASSIGN_OR_RETURN(const int64_t free_bytes, ops::FreeGpuMemory(device.index));
   return MemoryDemand{
-      .memory = absl::StrCat(device.ToString(), " of node ", HostName()),
+      .memory = absl::StrCat(device.ToString(), " of node ", parallel::ThisHostName()),
       .ranks = 1,
       .needed_bytes = needed,
       .parts = std::move(parts),

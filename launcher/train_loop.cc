@@ -27,6 +27,7 @@
 #include "launcher/trainer.h"
 #include "monitoring/rank_metrics.h"
 #include "monitoring/socket_address.h"
+#include "parallel/placement.h"
 #include "parallel/watchdog.h"
 
 namespace nf::launcher {
@@ -287,6 +288,14 @@ class TrainingRun {
           topology.world_size(), topology.tp(), topology.pp(), topology.dp(),
           ParallelConfig::Schedule_Name(config_.parallel().pipeline_schedule()),
           config_.parallel().distributed_optimizer() ? ", distributed optimizer" : "");
+      const std::vector<std::string>& hosts = trainer_->groups().hosts;
+      console_ << parallel::DescribePlacement(topology, hosts) << "\n";
+      if (topology.tp() > 1 &&
+          parallel::GroupsSpanNodes(topology, parallel::GroupKind::kTensor, hosts)) {
+        console_ << "normformer: warning: tensor-parallel groups span nodes: every layer's "
+                    "all-reduces cross the network; give each node whole tp groups of "
+                    "consecutive ranks (mpirun --map-by slot, srun --distribution=block)\n";
+      }
     }
     console_ << absl::StrFormat(
         "MFU: model FLOPs (6 x params + 6 x layers x d_model x seq per token) against the GEMM "

@@ -11,6 +11,7 @@
 #include "core/status.h"
 #include "parallel/local_communicator.h"
 #include "parallel/mpi_runtime.h"
+#include "parallel/placement.h"
 #include "parallel/watchdog.h"
 
 namespace nf::parallel {
@@ -35,6 +36,7 @@ Communicator* ProcessGroups::group(GroupKind kind) const {
 
 ProcessGroups SingleProcessGroups() {
   ProcessGroups groups;
+  groups.hosts = {ThisHostName()};
   groups.world = std::make_unique<LocalCommunicator>("world");
   std::unique_ptr<Communicator>* slots[] = {&groups.tp, &groups.dp, &groups.pp, &groups.mp,
                                             &groups.embedding};
@@ -57,6 +59,8 @@ absl::StatusOr<ProcessGroups> CreateProcessGroups(ParallelSizes sizes,
   SetRankLabel(topology.ToString());
 
   NF_ASSIGN_OR_RETURN(std::unique_ptr<MpiCommunicator> world, MpiCommunicator::World(options));
+  NF_ASSIGN_OR_RETURN(groups.hosts, GatherHostNames(*world));
+  SetRankHosts(groups.hosts);
   std::unique_ptr<Communicator>* slots[] = {&groups.tp, &groups.dp, &groups.pp, &groups.mp,
                                             &groups.embedding};
   for (int k = 0; k < static_cast<int>(GroupKind::kCount); ++k) {

@@ -4,6 +4,8 @@
 #pragma once
 
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "parallel/communicator.h"
@@ -14,6 +16,7 @@ namespace nf::parallel {
 
 struct ProcessGroups {
   Topology topology;
+  std::vector<std::string> hosts;  // the host of every world rank (parallel/placement.h)
   std::unique_ptr<Communicator> world;
   std::unique_ptr<Communicator> tp, dp, pp, mp;
   std::unique_ptr<Communicator> embedding;  // null on middle pipeline stages
@@ -26,7 +29,7 @@ struct ProcessGroups {
 // MPI_Comm_split per kind, color = the group's index). Collective over the world: every rank
 // calls it, with the same sizes. Sizes that do not fit the world are refused on every rank
 // alike, before any communication, with Topology::Create's message. Sets the watchdog's rank
-// label to "rank R (tp=.., dp=.., pp=..)".
+// label to "rank R (tp=.., dp=.., pp=..)" and gathers every rank's host for it.
 absl::StatusOr<ProcessGroups> CreateProcessGroups(ParallelSizes sizes,
                                                   MpiCommunicator::Options options = {});
 

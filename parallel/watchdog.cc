@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <mutex>
 #include <thread>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -20,6 +21,7 @@ std::atomic<int64_t> current_step{-1};
 struct Label {
   std::mutex mu;
   std::string text;
+  std::vector<std::string> hosts;  // by world rank; empty until SetRankHosts
 };
 
 Label& GetLabel() {
@@ -40,6 +42,18 @@ void SetRankLabel(std::string label) {
   l.text = std::move(label);
 }
 
+void SetRankHosts(std::vector<std::string> hosts) {
+  Label& l = GetLabel();
+  std::lock_guard<std::mutex> lock(l.mu);
+  l.hosts = std::move(hosts);
+}
+
+std::vector<std::string> RankHosts() {
+  Label& l = GetLabel();
+  std::lock_guard<std::mutex> lock(l.mu);
+  return l.hosts;
+}
+
 std::string RankLabel() {
   Label& l = GetLabel();
   {
@@ -50,12 +64,21 @@ std::string RankLabel() {
 }
 
 std::string WatchdogReport(absl::string_view rank_label, const WaitTarget& target,
-                           absl::Duration timeout, int64_t step) {
+                           absl::Duration timeout, int64_t step,
+                           absl::Span<const std::string> hosts) {
+  const bool one_host =
+      std::all_of(hosts.begin(), hosts.end(), [&](const std::string& h) { return h == hosts[0]; });
+  const auto peer = [&](std::string* out, int rank) {
+    absl::StrAppend(out, rank);
+    if (!one_host && rank >= 0 && rank < static_cast<int>(hosts.size())) {
+      absl::StrAppend(out, " on ", hosts[rank]);
+    }
+  };
   return absl::StrCat(
       rank_label, ": ", target.operation, " on group ", target.group, " (ranks [",
       absl::StrJoin(target.group_ranks, ", "), "]) did not complete within ",
       FormatSeconds(timeout), step < 0 ? " before the first step" : absl::StrCat(" at step ", step),
-      "; waiting for peers [", absl::StrJoin(target.peers, ", "), "]; aborting the job");
+      "; waiting for peers [", absl::StrJoin(target.peers, ", ", peer), "]; aborting the job");
 }
 
 absl::Status WaitUnderWatchdog(absl::FunctionRef<absl::StatusOr<bool>()> poll,
@@ -77,8 +100,8 @@ absl::Status WaitUnderWatchdog(absl::FunctionRef<absl::StatusOr<bool>()> poll,
     NF_ASSIGN_OR_RETURN(const bool done, poll());
     if (done) return absl::OkStatus();
     if (Clock::now() >= deadline) {
-      const std::string line =
-          absl::StrCat(WatchdogReport(RankLabel(), target, options.timeout, CurrentStep()), "\n");
+      const std::string line = absl::StrCat(
+          WatchdogReport(RankLabel(), target, options.timeout, CurrentStep(), RankHosts()), "\n");
       // One write, so the line stays whole among the other ranks' output.
       std::fwrite(line.data(), 1, line.size(), stderr);
       before_abort();

@@ -8,11 +8,14 @@
 //   300s at step 1200; waiting for peers [1]; aborting the job
 //
 // (one line in reality). Point-to-point operations know their peer; a collective cannot tell
-// which ranks are missing, so it names every other rank of the group.
+// which ranks are missing, so it names every other rank of the group. In a job across nodes
+// each peer comes with its host ("waiting for peers [1 on node7]"): a lost node shows as the
+// ranks of one host.
 #pragma once
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
@@ -43,6 +46,11 @@ int64_t CurrentStep();
 void SetRankLabel(std::string label);
 std::string RankLabel();
 
+// The host of every world rank (parallel/placement.h gathers them), for the reports; empty
+// (the default) names no hosts.
+void SetRankHosts(std::vector<std::string> hosts);
+std::vector<std::string> RankHosts();
+
 // What a blocked operation waits for. Ranks are world ranks.
 struct WaitTarget {
   absl::string_view operation;  // CommOpName(op), or e.g. "split" for group creation
@@ -52,9 +60,11 @@ struct WaitTarget {
 };
 
 // The report line (no newline): "<rank label>: <op> on group <group> (ranks [...]) did not
-// complete within <timeout> at step <step>; waiting for peers [...]; aborting the job".
+// complete within <timeout> at step <step>; waiting for peers [...]; aborting the job". With
+// `hosts` (by world rank) naming more than one host, each peer is "<rank> on <host>".
 std::string WatchdogReport(absl::string_view rank_label, const WaitTarget& target,
-                           absl::Duration timeout, int64_t step);
+                           absl::Duration timeout, int64_t step,
+                           absl::Span<const std::string> hosts = {});
 
 // Calls `poll` until it returns true (the operation completed) or an error (returned as is),
 // sleeping between calls with a backoff from microseconds up to a millisecond, so a waiting

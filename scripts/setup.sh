@@ -21,6 +21,7 @@ packages=(
   # scripts/plot-run (run by Debian's /usr/bin/python3)
   prometheus python3-matplotlib
   curl  # reads /metrics pages in the monitoring test and the user guide
+  iproute2 util-linux  # ip, unshare: the multi-node tests' cluster of network namespaces
 )
 
 missing=()

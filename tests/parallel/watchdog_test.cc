@@ -32,6 +32,22 @@ TEST(WatchdogTest, ReportNamesRankOperationGroupStepAndPeers) {
             "the first step; waiting for peers [1]; aborting the job");
 }
 
+TEST(WatchdogTest, ReportNamesPeerHostsOnlyAcrossNodes) {
+  const int ranks[] = {0, 1, 2, 3};
+  const int peers[] = {1, 3};
+  const WaitTarget target = {
+      .operation = "all_reduce", .group = "dp", .group_ranks = ranks, .peers = peers};
+  const std::vector<std::string> two_nodes = {"n0", "n1", "n0", "n1"};
+  EXPECT_THAT(WatchdogReport("rank 0", target, absl::Seconds(5), 3, two_nodes),
+              ::testing::HasSubstr("waiting for peers [1 on n1, 3 on n1]; aborting the job"));
+  const std::vector<std::string> one_node = {"n0", "n0", "n0", "n0"};
+  EXPECT_THAT(WatchdogReport("rank 0", target, absl::Seconds(5), 3, one_node),
+              ::testing::HasSubstr("waiting for peers [1, 3]; aborting the job"));
+  SetRankHosts(two_nodes);
+  EXPECT_EQ(RankHosts(), two_nodes);
+  SetRankHosts({});
+}
+
 TEST(WatchdogTest, StepAndLabelAreSettable) {
   SetCurrentStep(41);
   EXPECT_EQ(CurrentStep(), 41);
