@@ -24,6 +24,7 @@
 #include "launcher/dry_run.h"
 #include "launcher/memory_check.h"
 #include "launcher/run_dir_lock.h"
+#include "launcher/shared_run_dir.h"
 #include "launcher/stop_requests.h"
 #include "launcher/train_loop.h"
 #include "launcher/trainer.h"
@@ -242,6 +243,12 @@ int Run(int argc, char** argv) {
     // Rank 0 alone knows: the others are already on their way into the run's first collective.
     std::cerr << "nf-launch: " << lock.status().message() << "\n";
     nf::parallel::AbortJob(2);
+  }
+  if (const absl::Status shared =
+          nf::launcher::CheckRunDirectoryShared(run_dir, *groups->world, groups->hosts);
+      !shared.ok()) {  // the same error on every rank
+    if (PrintsSharedErrors()) std::cerr << "nf-launch: " << shared.message() << "\n";
+    return 1;
   }
   const auto end =
       nf::launcher::RunTraining(*config, run_dir, std::cout, &*groups, after_validation);
