@@ -5,6 +5,8 @@
 #
 #   source tests/cluster/cluster.sh
 #   cluster_up 2            # nodes nf<tag>n0, nf<tag>n1; fails the test if it cannot
+#   cluster_up 2 node       # nodes node0, node1 (names a user would write; one such cluster
+#                           # at a time on the machine)
 #   cluster_exec 0 hostname # runs a command on node 0: prints nf<tag>n0
 #   cluster_down            # also run by the EXIT trap cluster_up installs
 #
@@ -24,6 +26,7 @@ CLUSTER_SCRIPTS=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 cluster_up() {
   local nodes=$1
   CLUSTER_TAG=$(( $$ % 100000 ))
+  local prefix=${2:-nf${CLUSTER_TAG}n}
   CLUSTER_DIR=$(mktemp -d)
   CLUSTER_NODES=() CLUSTER_ADDRS=()
   # Second octet from the tag: two clusters at once get different subnets (collisions need two
@@ -39,7 +42,7 @@ cluster_up() {
   ip -n "$switch" link set lo up
   local i hosts=""
   for ((i = 0; i < nodes; i++)); do
-    CLUSTER_NODES+=("nf${CLUSTER_TAG}n$i")
+    CLUSTER_NODES+=("$prefix$i")
     CLUSTER_ADDRS+=("10.$octet.0.$((i + 1))")
     hosts+="${CLUSTER_ADDRS[i]} ${CLUSTER_NODES[i]}"$'\n'
   done

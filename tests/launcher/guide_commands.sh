@@ -17,6 +17,27 @@ mkdir -p "$dir/corpora/guide" "$dir/runs"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export OMPI_MCA_btl_vader_single_copy_mechanism=none
 
+# The multi-node section's nodes, node0 and node1: a test cluster of network namespaces
+# (tests/cluster/cluster.sh). Its mpirun with a --hostfile starts on node0 and reaches node1
+# through node-agent.sh, as it would through ssh; every other mpirun is Open MPI's own.
+source "$repo/tests/cluster/cluster.sh"
+cluster_up 2 node
+trap 'cluster_down; rm -rf "$dir"' EXIT
+export CLUSTER_DIR
+mkdir -p "$dir/bin"
+real_mpirun=$(command -v mpirun)
+cat >"$dir/bin/mpirun" <<EOF
+#!/usr/bin/env bash
+case " \$* " in
+  *" --hostfile "*)
+    exec "$CLUSTER_SCRIPTS/in-node.sh" node0 "$real_mpirun" \\
+      --mca plm_rsh_agent "$CLUSTER_SCRIPTS/node-agent.sh" "\$@" ;;
+esac
+exec "$real_mpirun" "\$@"
+EOF
+chmod +x "$dir/bin/mpirun"
+export PATH=$dir/bin:$PATH
+
 # Split the guide's bash blocks into block-N.sh files.
 awk -v out="$dir/block" '
   /^```bash$/ { n++; inside = 1; file = sprintf("%s-%02d.sh", out, n); next }
