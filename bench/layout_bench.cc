@@ -6,7 +6,13 @@
 //
 //   mpirun -np 4 build/bench/nf-bench-layout --config deploy/configs/tiny.pbtxt
 //       --set parallel.tensor_parallel=2 --set parallel.pipeline_parallel=2 [--steps N]
-//       [--send-peaks 4,16,64]
+//       [--send-peaks 4,16,64] [--links]
+//
+// --links: afterwards, for each group of rank 0 with more than one member (tp, pp, dp), a row
+// saying whether it spans nodes, its bytes and communication wait per step in the run above,
+// and what its links deliver (bench/group_links.h): all-reduce latency (8 bytes) and bus
+// bandwidth (4 MiB), send/recv latency and bandwidth between its first two members. Across
+// nodes this shows what the layout sends over the network and what that costs.
 //
 // --send-peaks M1,M2,...: afterwards, for each M, one training step of a fresh trainer with M
 // micro-batches per data-parallel rank (the global batch scaled to match) and one evaluation,
@@ -42,11 +48,13 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/time.h"
+#include "bench/group_links.h"
 #include "core/status.h"
 #include "launcher/config.h"
 #include "launcher/trainer.h"
 #include "model/vocab.h"
 #include "parallel/mpi_runtime.h"
+#include "parallel/placement.h"
 #include "parallel/process_groups.h"
 
 namespace nf::bench {
@@ -148,29 +156,69 @@ absl::Status SendPeaks(const launcher::TrainConfig& base, parallel::ProcessGroup
   return absl::OkStatus();
 }
 
+// --links: one row per group of rank 0 (every rank measures its own groups alike).
+absl::Status Links(parallel::ProcessGroups& groups, int steps) {
+  const parallel::Topology& topology = groups.topology;
+  NF_RETURN_IF_ERROR(groups.world->Barrier());  // after every rank's row above
+  if (topology.world_rank() == 0) {
+    std::printf(
+        "\n%s\n\n| group | ranks | across nodes | bytes / step | wait s / step | all-reduce 8 B "
+        "µs | all-reduce 4 MiB bus GB/s | send/recv 8 B µs | send/recv 4 MiB GB/s |\n"
+        "|---|---|---|---|---|---|---|---|---|\n",
+        parallel::DescribePlacement(topology, groups.hosts).c_str());
+    std::fflush(stdout);
+  }
+  for (const GroupKind kind : {GroupKind::kTensor, GroupKind::kPipeline, GroupKind::kData}) {
+    parallel::Communicator& group = *groups.group(kind);
+    if (group.size() < 2) continue;
+    const parallel::CommStats& run = group.stats();  // the timed steps' traffic
+    const int64_t bytes = run.total_bytes() / steps;
+    double wait = 0;
+    for (const double s : run.seconds) wait += s;
+    NF_ASSIGN_OR_RETURN(const LinkFigures links, MeasureGroupLinks(group));
+    if (topology.world_rank() != 0) continue;
+    std::printf("| %s | %s | %s | %lld | %.4f | %.1f | %.2f | %.1f | %.2f |\n",
+                std::string(parallel::GroupKindName(kind)).c_str(),
+                absl::StrJoin(topology.group(kind), ", ").c_str(),
+                parallel::GroupsSpanNodes(topology, kind, groups.hosts) ? "yes" : "no",
+                static_cast<long long>(bytes), wait / steps, links.all_reduce_small_us,
+                links.all_reduce_bus_gbytes, links.send_recv_small_us, links.send_recv_gbytes);
+    std::fflush(stdout);
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Run(int argc, char** argv) {
   std::string config_path = "deploy/configs/tiny.pbtxt";
   std::vector<std::string> overrides;
   int steps = 10;
   std::vector<int> send_peaks;
-  for (int i = 1; i + 1 < argc; i += 2) {
+  bool links = false;
+  for (int i = 1; i < argc; ++i) {
     const std::string flag = argv[i];
-    if (flag == "--config")
-      config_path = argv[i + 1];
-    else if (flag == "--set")
-      overrides.push_back(argv[i + 1]);
-    else if (flag == "--steps")
-      steps = std::atoi(argv[i + 1]);
-    else if (flag == "--send-peaks") {
-      for (absl::string_view m : absl::StrSplit(argv[i + 1], ',')) {
-        int value = 0;
-        if (!absl::SimpleAtoi(m, &value) || value < 1) {
+    if (flag == "--links") {
+      links = true;
+      continue;
+    }
+    if (i + 1 >= argc) return absl::InvalidArgumentError(flag + " needs a value");
+    const char* value = argv[++i];
+    if (flag == "--config") {
+      config_path = value;
+    } else if (flag == "--set") {
+      overrides.push_back(value);
+    } else if (flag == "--steps") {
+      steps = std::atoi(value);
+    } else if (flag == "--send-peaks") {
+      for (absl::string_view m : absl::StrSplit(value, ',')) {
+        int count = 0;
+        if (!absl::SimpleAtoi(m, &count) || count < 1) {
           return absl::InvalidArgumentError(absl::StrCat("--send-peaks: bad count '", m, "'"));
         }
-        send_peaks.push_back(value);
+        send_peaks.push_back(count);
       }
-    } else
+    } else {
       return absl::InvalidArgumentError("unknown flag " + flag);
+    }
   }
   NF_ASSIGN_OR_RETURN(launcher::TrainConfig config,
                       launcher::LoadTrainConfig(config_path, overrides));
@@ -211,6 +259,7 @@ absl::Status Run(int argc, char** argv) {
     return absl::InternalError(
         absl::StrCat(topology.ToString(), ": measured bytes differ from the formulas (!)"));
   }
+  if (links) NF_RETURN_IF_ERROR(Links(groups, steps));
   if (!send_peaks.empty()) NF_RETURN_IF_ERROR(SendPeaks(config, groups, send_peaks));
   return absl::OkStatus();
 }

@@ -6,11 +6,12 @@
 #    node: tp across the nodes, pp inside), which must work too and be warned about;
 #  - tp = 2 inside each node and dp = 2 across them, ZeRO-1.
 # The header's placement line must say which groups cross nodes, and the nodes' links must have
-# carried the traffic.
+# carried the traffic. Last, nf-bench-layout --links on the first layout: a row per group, the
+# pipeline group's marked as crossing nodes and the tensor group's not.
 #
-#   layouts_across_nodes.sh NF_LAUNCH REPO_ROOT
+#   layouts_across_nodes.sh NF_LAUNCH NF_BENCH_LAYOUT REPO_ROOT
 set -euo pipefail
-nf_launch=$1 repo=$2
+nf_launch=$1 bench_layout=$2 repo=$3
 source "$repo/tests/cluster/cluster.sh"
 source "$repo/tests/cluster/cluster_mpirun.sh"
 cluster_up 2
@@ -53,3 +54,10 @@ grep -F "warning: tensor-parallel groups span nodes" "$out" ||
 run slot "within a node: tp; across nodes: dp" \
   --set parallel.tensor_parallel=2 --set parallel.distributed_optimizer=true
 echo "layouts_across_nodes: every layout matched the single process"
+
+cluster_mpirun_command slot 2
+"${CLUSTER_MPIRUN[@]}" -np 4 "$bench_layout" --config "$config" --set parallel.tensor_parallel=2 \
+  --set parallel.pipeline_parallel=2 --steps 2 --links >"$out" 2>&1 || { cat "$out"; exit 1; }
+grep -E '^\| (tp|pp) \|' "$out"
+grep -qE '^\| tp \| 0, 1 \| no \|' "$out" && grep -qE '^\| pp \| 0, 2 \| yes \|' "$out" ||
+  { cat "$out"; echo "layouts_across_nodes: nf-bench-layout --links: wrong groups or nodes" >&2; exit 1; }
