@@ -5,8 +5,10 @@
 # node's address; each node publishes its two ranks with deploy/prometheus/normformer-targets.sh
 # into one targets folder (a shared file system's, as on a cluster), and Debian's Prometheus,
 # running on node 0 with the project's scrape config, must scrape all four ranks across the
-# network, each from the node that runs it. SIGUSR1 to mpirun then stops every rank with a
-# checkpoint (exit code 3).
+# network, each from the node that runs it. Then node 1's link is slowed down: rank 0's
+# communication wait per step must grow in the group whose traffic crosses it (pp) and not in
+# the one inside node 0 (tp). SIGUSR1 to mpirun then stops every rank with a checkpoint (exit
+# code 3).
 #
 #   metrics_across_nodes.sh NF_LAUNCH REPO_ROOT
 set -euo pipefail
@@ -79,8 +81,45 @@ done
 [[ "$placement"$'\n' == "$expected" ]] || fail "targets and ranks do not match; expected:
 $expected"
 # And straight from the other node: node 1 reads node 0's rank 1 over the link.
-cluster_exec 1 curl -sf "http://${CLUSTER_NODES[0]}:$((port_base + 1))/metrics" |
-  grep -q "^normformer_steps_total{.*rank=\"1\"" || fail "node 1 cannot read rank 1's page on node 0"
+page=$(cluster_exec 1 curl -sf "http://${CLUSTER_NODES[0]}:$((port_base + 1))/metrics") || true
+grep -q "^normformer_steps_total{.*rank=\"1\"" <<<"$page" || fail "node 1 cannot read rank 1's page on node 0"
+
+# A slow link shows where a user looks for it: node 1's link limited to 20 Mbit/s each way
+# (tc's token bucket; netem, for delay, is not in every kernel): rank 0's wait seconds per step
+# must at least double in the pp group, whose traffic crosses it. (They grow in the tp group
+# too, which stays on node 0: wait seconds count late peers, and rank 0's tp partner is held up
+# by its own pipeline receives.) Read from rank 0's page over two windows of steps.
+waits_per_step() {  # prints "pp_seconds_per_step tp_seconds_per_step" between two page reads
+  local first second
+  first=$(cluster_exec 1 curl -sf "http://${CLUSTER_NODES[0]}:$port_base/metrics")
+  sleep "$1"
+  second=$(cluster_exec 1 curl -sf "http://${CLUSTER_NODES[0]}:$port_base/metrics")
+  python3 - <(echo "$first") <(echo "$second") <<'PY'
+import re, sys
+def read(path):
+    values = {"steps": 0.0, "pp": 0.0, "tp": 0.0}
+    for line in open(path):
+        if line.startswith("normformer_steps_total{"):
+            values["steps"] = float(line.split()[-1])
+        match = re.match(r'normformer_comm_seconds_total\{.*group="(pp|tp)"', line)
+        if match:
+            values[match.group(1)] += float(line.split()[-1])
+    return values
+a, b = read(sys.argv[1]), read(sys.argv[2])
+steps = b["steps"] - a["steps"]
+assert steps > 0, "no steps in the window"
+print(f'{(b["pp"] - a["pp"]) / steps:.4f} {(b["tp"] - a["tp"]) / steps:.4f}')
+PY
+}
+read -r pp_before tp_before < <(waits_per_step 3)
+ip netns exec "${CLUSTER_NODES[1]}" tc qdisc replace dev eth0 root tbf rate 20mbit burst 32kb latency 1s
+ip netns exec "nf${CLUSTER_TAG}sw" tc qdisc replace dev "v${CLUSTER_NODES[1]}" root tbf rate 20mbit burst 32kb latency 1s
+sleep 2
+read -r pp_after tp_after < <(waits_per_step 6)
+echo "wait seconds per step on rank 0: pp $pp_before -> $pp_after, tp $tp_before -> $tp_after (node 1's link at 20 Mbit/s)"
+python3 -c "import sys; pp0, pp1 = map(float, sys.argv[1:]); sys.exit(not pp1 > 2 * pp0)" \
+  "$pp_before" "$pp_after" ||
+  fail "the slow link did not show as pp wait seconds (pp $pp_before -> $pp_after, tp $tp_before -> $tp_after)"
 
 kill -USR1 "$launcher"  # mpirun forwards it to every rank, on every node
 status=0
