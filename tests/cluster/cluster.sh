@@ -13,7 +13,7 @@
 # After cluster_up: CLUSTER_DIR (scratch folder: the hostfile, the node map for the launcher's
 # agent), CLUSTER_NODES (the hostnames, in order), CLUSTER_ADDRS (their addresses),
 # CLUSTER_SUBNET (for Open MPI's *_if_include). Hostnames resolve on every node through its
-# /etc/hosts (`ip netns exec` mounts /etc/netns/NAME/hosts there). A hostname is set per
+# /etc/hosts (tests/cluster/in-node.sh mounts /etc/netns/NAME/hosts there). A hostname is set per
 # process: `unshare --uts` gives each command entered into a node a UTS namespace of its own
 # named after the node, which its children inherit.
 #
