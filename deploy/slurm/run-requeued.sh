@@ -1,7 +1,12 @@
 #!/bin/bash
 # What both batch scripts do once they have chosen a launcher: run it, pass Slurm's SIGUSR1
 # (ten minutes before the time limit) to it, and requeue the job when the ranks stopped with a
-# checkpoint (exit code 3). With PROMETHEUS_TARGETS set, it also turns monitoring on and
+# checkpoint (exit code 3). A run the collective watchdog ended (exit code 134: a peer lost or
+# hung, typically a node gone) is requeued as well, at most NF_FAILURE_REQUEUES times in a row
+# (default 3; counted in RUN_DIR/.failure-requeues, reset by a run that ends with 0 or 3): srun
+# returns about half a minute after its tasks end, long before Slurm marks a silent node down
+# (SlurmdTimeout, 300 s by default) and requeues the job itself, so without this a lost node
+# would end the job. The restart resumes from the last complete checkpoint. With PROMETHEUS_TARGETS set, it also turns monitoring on and
 # publishes every node's ranks for Prometheus in that directory (one file per node, written
 # atomically, removed once the launcher has ended: deploy/prometheus/normformer-targets.sh).
 #
@@ -53,8 +58,22 @@ if [[ -n $targets ]]; then
   wait "$targets"
   rm -f "$stop"
 fi
+failures_file=$RUN_DIR/.failure-requeues
+if ((status == 0 || status == 3)); then
+  rm -f "$failures_file"
+fi
 if ((status == 3)); then
   scontrol requeue "$SLURM_JOB_ID"
   exit 0
+fi
+if ((status == 134)); then
+  failures=$(( $(cat "$failures_file" 2>/dev/null || echo 0) + 1 ))
+  if ((failures <= ${NF_FAILURE_REQUEUES:-3})); then
+    echo "$failures" >"$failures_file"
+    echo "$(date -Is) the collective watchdog ended the run: requeueing (failure $failures of at most ${NF_FAILURE_REQUEUES:-3} in a row)"
+    scontrol requeue "$SLURM_JOB_ID"
+    exit 0
+  fi
+  echo "$(date -Is) the collective watchdog ended the run again: $((failures - 1)) requeues in a row did not help; giving up"
 fi
 exit "$status"

@@ -4,9 +4,12 @@
 # batch script deploy/slurm/normformer-LAUNCHER.sbatch (mpirun, or srun --mpi=pmix) submitted
 # with `sbatch -N 2` on the tiny config (two ranks per node, data parallel 4). Mid-run one of the
 # job's nodes goes down (its slurmd and every process on it killed, its link cut): the job must
-# come back by itself (the batch script requeues a failed run; Slurm marks the node down) on the
-# two nodes left, resume from the last complete checkpoint and end with every step's loss equal
-# to an uninterrupted run's (1e-5 relative).
+# come back by itself on the two nodes left, resume from the last complete checkpoint and end
+# with every step's loss equal to an uninterrupted run's (1e-5 relative). Two ways back, one per
+# launcher: with mpirun, Slurm notices the silent node first (SlurmdTimeout 10 s) and requeues
+# the job for the node failure; with srun, Slurm is made slow to notice (SlurmdTimeout 90 s, as
+# with its 300 s default in production), srun returns with the watchdog's exit code 134 and the
+# batch script requeues the job itself (deploy/slurm/run-requeued.sh).
 #
 #   slurm_across_nodes.sh NF_LAUNCH REPO_ROOT mpirun|srun
 set -euo pipefail
@@ -41,7 +44,8 @@ for ((i = 0; i < 3; i++)); do
   nodes+="NodeName=${CLUSTER_NODES[i]} NodeAddr=${CLUSTER_ADDRS[i]} CPUs=2 State=UNKNOWN"$'\n'
 done
 # Each node has its own ports (its own network namespace): Slurm's defaults serve. A node that
-# stops answering is marked down after SlurmdTimeout (10 s here, 300 s by default).
+# stops answering is marked down after SlurmdTimeout (300 s by default).
+if [[ $launcher == mpirun ]]; then slurmd_timeout=10; else slurmd_timeout=90; fi
 cat >"$SLURM_CONF" <<CONF
 ClusterName=normformer-cluster-test
 SlurmctldHost=${CLUSTER_NODES[0]}(${CLUSTER_ADDRS[0]})
@@ -65,7 +69,7 @@ SelectTypeParameters=CR_Core
 MpiDefault=none
 ReturnToService=2
 JobRequeue=1
-SlurmdTimeout=10
+SlurmdTimeout=$slurmd_timeout
 TmpFS=$dir/node-tmp
 $nodes
 PartitionName=test Nodes=ALL Default=YES MaxTime=INFINITE State=UP
@@ -111,10 +115,16 @@ lost_index=$(cluster_node_of "$lost")
 ip -n "$lost" link set eth0 down
 for pid in $(ip netns pids "$lost"); do kill -9 "$pid" 2>/dev/null || true; done
 requeued() { [[ $(job_field JobState) == PENDING && $(job_field Restarts) == 1 ]]; }
-wait_for 120 "the job to requeue itself" requeued
+wait_for 150 "the job to requeue itself" requeued
 echo "requeued: $(on0 sinfo -h -n "$lost" -o '%n %t') ($(job_field Reason))"
-# A requeued job becomes eligible again after a delay (about two minutes): release it now that
-# the lost node is down.
+if [[ $launcher == srun ]]; then
+  grep -q "the collective watchdog ended the run: requeueing (failure 1 of" "$dir/job.out" ||
+    fail "the batch script did not requeue the job after the watchdog"
+fi
+# A requeued job becomes eligible again after a delay (about two minutes): release it once the
+# lost node is down, so that the restart cannot be placed on it.
+lost_down() { [[ $(on0 sinfo -h -n "$lost" -o %t) == down* ]]; }
+wait_for 150 "Slurm to mark $lost down" lost_down
 on0 scontrol update JobId="$job" StartTime=now
 finished() { [[ $(job_field JobState) == COMPLETED ]]; }
 wait_for 240 "the job to complete" finished
@@ -136,4 +146,5 @@ worst = max(abs(run[s] - reference[s]) / abs(reference[s]) for s in reference)
 print(f"slurm_across_nodes: {steps} steps compared with the uninterrupted run, worst relative difference {worst:.1e}")
 sys.exit(worst > 1e-5)
 PY
-echo "slurm_across_nodes: $launcher: lost $lost at step $(grep -o 'at step [0-9]*;' "$dir/job.out" | head -1 | grep -o '[0-9]*'), requeued by Slurm, resumed on the nodes left"
+if [[ $launcher == srun ]]; then by="the batch script, after the watchdog"; else by="Slurm, for the node failure"; fi
+echo "slurm_across_nodes: $launcher: lost $lost at step $(grep -o 'at step [0-9]*;' "$dir/job.out" | head -1 | grep -o '[0-9]*'), requeued by $by, resumed on the nodes left"
