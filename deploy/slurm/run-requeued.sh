@@ -37,6 +37,19 @@ if [[ -n ${PROMETHEUS_TARGETS:-} ]]; then
   targets=$!
 fi
 
+# The job's targets files, removed whatever state their publishers are in.
+withdraw_targets() {
+  local node
+  for node in $(scontrol show hostnames "$SLURM_JOB_NODELIST"); do
+    rm -f "$PROMETHEUS_TARGETS/$job-$node.json"
+  done
+}
+# Slurm cancelling the job (scancel, the time limit, a node failure) sends SIGTERM first: the
+# publishers may not get to withdraw their files (one on a failed node cannot), so do it here.
+if [[ -n $targets ]]; then
+  trap 'echo "$(date -Is) SIGTERM: withdrawing the Prometheus targets"; withdraw_targets; exit 143' TERM
+fi
+
 echo "$(date -Is) job $SLURM_JOB_ID (restart ${SLURM_RESTART_COUNT:-0}) on $SLURM_JOB_NODELIST"
 "${command[@]}" &
 launcher=$!
@@ -55,7 +68,15 @@ done
 echo "$(date -Is) nf-launch exited with $status"
 if [[ -n $targets ]]; then
   touch "$stop"
-  wait "$targets"
+  # The publishers see the stop file within a second; one on a lost node never will, and must
+  # not hold up the requeue: after 10 s its srun is killed and the files it left are removed.
+  for ((i = 0; i < 20; i++)); do kill -0 "$targets" 2>/dev/null || break; sleep 0.5; done
+  if kill -0 "$targets" 2>/dev/null; then
+    echo "$(date -Is) a node's Prometheus publisher did not stop: withdrawing its targets here"
+    kill -9 "$targets" 2>/dev/null
+    withdraw_targets
+  fi
+  wait "$targets" 2>/dev/null
   rm -f "$stop"
 fi
 failures_file=$RUN_DIR/.failure-requeues

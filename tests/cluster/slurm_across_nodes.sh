@@ -95,14 +95,33 @@ mpirun --oversubscribe -np 4 "$nf_launch" --config "$repo/deploy/configs/tiny.pb
   fail "the reference run failed: $(tail -n 5 "$dir/reference.out")"
 
 # ---- the batch job on two of the three nodes -----------------------------------------------------------
+mkdir -p "$dir/targets"
 job=$(cd "$repo" && CONFIG=deploy/configs/tiny.pbtxt RUN_DIR="$dir/run" NF_LAUNCH="$nf_launch" \
-  on0 sbatch --parsable --nodes=2 --ntasks-per-node=2 --cpus-per-task=1 --time=30 \
+  PROMETHEUS_TARGETS="$dir/targets" on0 sbatch --parsable --nodes=2 --ntasks-per-node=2 --cpus-per-task=1 --time=30 \
   --gpus-per-node=0 --output="$dir/job.out" --chdir="$repo" \
   "deploy/slurm/normformer-$launcher.sbatch" "${run_args[@]}")
 echo "submitted job $job"
 job_field() { on0 scontrol show job "$job" 2>/dev/null | grep -oE "(^| )$1=[^ ]*" | head -1 | cut -d= -f2; }
 steps_logged() { [[ -f $dir/run/log.jsonl ]] && (($(wc -l <"$dir/run/log.jsonl") >= $1)); }
 wait_for 120 "step 15 of the first run" steps_logged 15
+# While it runs: each of the job's nodes has published its two ranks (deploy/prometheus file-based
+# discovery, written on the node), at the node's own name and port_base + local rank (from the
+# launcher's local rank variables: OMPI's under mpirun, SLURM_LOCALID under srun), and every
+# one of them answers there with a rank of that node (ranks 0-1 on the first, 2-3 on the second).
+for node in $(on0 scontrol show hostnames "$(job_field NodeList)"); do
+  targets_file=$dir/targets/run-$node.json
+  [[ -f $targets_file ]] || fail "no targets file for $node in $dir/targets: $(ls "$dir/targets")"
+  for target in $(python3 -c 'import json, sys
+print(" ".join(t for g in json.load(open(sys.argv[1])) for t in g["targets"]))' "$targets_file"); do
+    [[ $target == "$node":960[01] ]] || fail "$node publishes $target"
+    page=$(on0 curl -sf "http://$target/metrics") || fail "nothing answers at $target"
+    rank=$(grep '^normformer_steps_total{' <<<"$page" | grep -o '[{,]rank="[0-9]*"' | grep -o '[0-9]*')
+    echo "$target serves rank $rank"
+    expected_node=$(on0 scontrol show hostnames "$(job_field NodeList)" | sed -n "$((rank / 2 + 1))p")
+    [[ $node == "$expected_node" && $((rank % 2)) == "${target##*:960}" ]] ||
+      fail "$target serves rank $rank, which should be on $expected_node at port 960$((rank % 2))"
+  done
+done
 # The node to lose: one of the job's that runs neither its batch script nor slurmctld.
 batch_host=$(job_field BatchHost)
 lost=
@@ -130,6 +149,7 @@ finished() { [[ $(job_field JobState) == COMPLETED ]]; }
 wait_for 240 "the job to complete" finished
 cat "$dir/job.out"
 grep -q "(restart 1) on" "$dir/job.out" || fail "the job did not restart"
+[[ -z $(ls -A "$dir/targets") ]] || fail "Prometheus targets left behind: $(ls "$dir/targets")"
 grep -q "resumed from" "$dir/job.out" || fail "the restart did not resume from a checkpoint"
 grep -F "(restart 1) on" "$dir/job.out" | grep -qF "$lost" && fail "the restart ran on the lost node $lost"
 python3 - "$dir/reference/log.jsonl" "$dir/run/log.jsonl" "$steps" <<'PY' || fail "the losses differ"
