@@ -152,19 +152,7 @@ grep -q "(restart 1) on" "$dir/job.out" || fail "the job did not restart"
 [[ -z $(ls -A "$dir/targets") ]] || fail "Prometheus targets left behind: $(ls "$dir/targets")"
 grep -q "resumed from" "$dir/job.out" || fail "the restart did not resume from a checkpoint"
 grep -F "(restart 1) on" "$dir/job.out" | grep -qF "$lost" && fail "the restart ran on the lost node $lost"
-python3 - "$dir/reference/log.jsonl" "$dir/run/log.jsonl" "$steps" <<'PY' || fail "the losses differ"
-import json, sys
-def last_per_step(path):  # a resumed run appends: its records win
-    last = {}
-    for line in open(path):
-        record = json.loads(line)
-        last[record["step"]] = record["loss"]
-    return last
-reference, run, steps = last_per_step(sys.argv[1]), last_per_step(sys.argv[2]), int(sys.argv[3])
-assert sorted(reference) == sorted(run) == list(range(1, steps + 1)), (sorted(run), steps)
-worst = max(abs(run[s] - reference[s]) / abs(reference[s]) for s in reference)
-print(f"slurm_across_nodes: {steps} steps compared with the uninterrupted run, worst relative difference {worst:.1e}")
-sys.exit(worst > 1e-5)
-PY
+"$repo/tests/scripts/compare_losses.py" "$dir/reference/log.jsonl" "$dir/run/log.jsonl" "$steps" ||
+  fail "the losses differ from the uninterrupted run's"
 if [[ $launcher == srun ]]; then by="the batch script, after the watchdog"; else by="Slurm, for the node failure"; fi
 echo "slurm_across_nodes: $launcher: lost $lost at step $(grep -o 'at step [0-9]*;' "$dir/job.out" | head -1 | grep -o '[0-9]*'), requeued by $by, resumed on the nodes left"
