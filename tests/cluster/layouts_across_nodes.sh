@@ -6,12 +6,13 @@
 #    node: tp across the nodes, pp inside), which must work too and be warned about;
 #  - tp = 2 inside each node and dp = 2 across them, ZeRO-1.
 # The header's placement line must say which groups cross nodes, and the nodes' links must have
-# carried the traffic. Last, nf-bench-layout --links on the first layout: a row per group, the
-# pipeline group's marked as crossing nodes and the tensor group's not.
+# carried the traffic. Last, with NF_BENCH_LAYOUT (a build with the benchmarks), nf-bench-layout
+# --links on the first layout: a row per group, the pipeline group's marked as crossing nodes
+# and the tensor group's not.
 #
-#   layouts_across_nodes.sh NF_LAUNCH NF_BENCH_LAYOUT REPO_ROOT
+#   layouts_across_nodes.sh NF_LAUNCH REPO_ROOT [NF_BENCH_LAYOUT]
 set -euo pipefail
-nf_launch=$1 bench_layout=$2 repo=$3
+nf_launch=$1 repo=$2 bench_layout=${3:-}
 source "$repo/tests/cluster/cluster.sh"
 source "$repo/tests/cluster/cluster_mpirun.sh"
 cluster_up 2
@@ -54,6 +55,7 @@ grep -F "warning: tensor-parallel groups span nodes" "$out" ||
 run slot "within a node: tp; across nodes: dp" \
   --set parallel.tensor_parallel=2 --set parallel.distributed_optimizer=true
 echo "layouts_across_nodes: every layout matched the single process"
+[[ -n $bench_layout ]] || exit 0
 
 cluster_mpirun_command slot 2
 "${CLUSTER_MPIRUN[@]}" -np 4 "$bench_layout" --config "$config" --set parallel.tensor_parallel=2 \
