@@ -17,7 +17,7 @@ namespace {
 
 constexpr char kCheckFile[] = ".shared-check";
 
-// What this rank finds in the check file: its contents, or why there are none.
+// What this rank finds in the check file: its contents, "" when it cannot open it.
 std::string ReadToken(const std::filesystem::path& file) {
   std::ifstream in(file);
   if (!in) return "";
