@@ -13,6 +13,7 @@
 #include "bench/ceilings.h"
 #include "core/ops/ops.h"
 #include "core/optim/mixed_precision_optimizer.h"
+#include "core/status.h"
 
 namespace nf::bench {
 namespace {
@@ -219,6 +220,67 @@ void BM_Dropout(benchmark::State& state) {
   Run(state, 0, 8.0 * rows * cols, [&] { return ops::Dropout(x, y, spec); });
 }
 
+// ---- The FFN middle, one micro-batch: Pre-LN's activation + dropout against NormFormer's
+// fused activation + dropout + LayerNorm. Bytes: fp32 tensors read and written (forward: x in,
+// the result out; backward: x and dy in, dx out).
+
+ops::DropoutSpec FfnDropout(int64_t rows) {
+  return {.p = 0.1f, .seed = 7, .site = 3, .seq_len = rows, .col_offset = 0};
+}
+
+void BM_ActivationDropoutForward(benchmark::State& state) {
+  const int64_t rows = state.range(0), cols = state.range(1);
+  const Tensor x = Random(DType::kF32, {rows, cols}, 8.0f), y = Zeros(DType::kF32, {rows, cols});
+  Run(state, 0, 8.0 * rows * cols, [&] {
+    NF_RETURN_IF_ERROR(ops::ActivationForward(ops::Activation::kGelu, x, y));
+    return ops::Dropout(y, y, FfnDropout(rows));
+  });
+}
+
+void BM_ActivationDropoutBackward(benchmark::State& state) {
+  const int64_t rows = state.range(0), cols = state.range(1);
+  const Tensor x = Random(DType::kF32, {rows, cols}, 8.0f), dy = Random(DType::kF32, {rows, cols});
+  const Tensor dx = Zeros(DType::kF32, {rows, cols});
+  Run(state, 0, 12.0 * rows * cols, [&] {
+    NF_RETURN_IF_ERROR(ops::Dropout(dy, dx, FfnDropout(rows)));
+    return ops::ActivationBackward(ops::Activation::kGelu, x, dx, dx);
+  });
+}
+
+ops::ActivationNormArgs ActivationNormInputs(int64_t rows, int64_t cols) {
+  return {.dropout = FfnDropout(rows),
+          .x = Random(DType::kF32, {rows, cols}, 8.0f),
+          .weight = Random(DType::kF32, {cols}),
+          .bias = Random(DType::kF32, {cols}),
+          .y = Zeros(DType::kF32, {rows, cols}),
+          .mean = Zeros(DType::kF32, {rows}),
+          .rstd = Zeros(DType::kF32, {rows}),
+          .scratch = Zeros(DType::kF32, {rows, cols})};
+}
+
+void BM_ActivationNormForward(benchmark::State& state) {
+  const int64_t rows = state.range(0), cols = state.range(1);
+  const ops::ActivationNormArgs args = ActivationNormInputs(rows, cols);
+  Run(state, 0, 8.0 * rows * cols, [&] { return ops::ActivationNormForward(args); });
+}
+
+void BM_ActivationNormBackward(benchmark::State& state) {
+  const int64_t rows = state.range(0), cols = state.range(1);
+  const ops::ActivationNormArgs fwd = ActivationNormInputs(rows, cols);
+  if (!ops::ActivationNormForward(fwd).ok()) state.SkipWithError("forward failed");
+  const ops::ActivationNormBackwardArgs args{.dropout = fwd.dropout,
+                                             .dy = Random(DType::kF32, {rows, cols}),
+                                             .x = fwd.x,
+                                             .weight = fwd.weight,
+                                             .mean = fwd.mean,
+                                             .rstd = fwd.rstd,
+                                             .dx = Zeros(DType::kF32, {rows, cols}),
+                                             .dweight = Zeros(DType::kF32, {cols}),
+                                             .dbias = Zeros(DType::kF32, {cols}),
+                                             .scratch = fwd.scratch};
+  Run(state, 0, 12.0 * rows * cols, [&] { return ops::ActivationNormBackward(args); });
+}
+
 // x [outer, channels, inner] times a per-channel scale: reads x, writes y.
 void BM_ScaleChannels(benchmark::State& state) {
   const int64_t outer = state.range(0), channels = state.range(1), inner = state.range(2);
@@ -334,6 +396,11 @@ void RegisterAll() {
   add("scale_channels_bwd_f32/outer/channels/inner", BM_ScaleChannelsBackward, {2048, 768, 1});
   add("scale_channels_bwd_f32/outer/channels/inner", BM_ScaleChannelsBackward, {2048, 12, 64});
   add("scale_channels_bwd_f32/outer/channels/inner", BM_ScaleChannelsBackward, {8, 12, 256 * 64});
+  // The tiny model's FFN middle (256 tokens, ffn 512, dropout 0.1): Pre-LN's, NormFormer's.
+  add("gelu_dropout_fwd_f32/rows/cols", BM_ActivationDropoutForward, {256, 512});
+  add("gelu_dropout_bwd_f32/rows/cols", BM_ActivationDropoutBackward, {256, 512});
+  add("gelu_dropout_layer_norm_fwd_f32/rows/cols", BM_ActivationNormForward, {256, 512});
+  add("gelu_dropout_layer_norm_bwd_f32/rows/cols", BM_ActivationNormBackward, {256, 512});
   // The tiny model's head scale (256 tokens, 4 heads of 32).
   add("scale_channels_f32/outer/channels/inner", BM_ScaleChannels, {256, 4, 32});
   add("scale_channels_bwd_f32/outer/channels/inner", BM_ScaleChannelsBackward, {256, 4, 32});

@@ -40,6 +40,9 @@ uint32_t DropoutSite(int layer, DropoutKind kind) {
 
 namespace {
 
+// Whether tensor parallelism splits LN_ffn_mid's row across ranks (its statistics all-reduced).
+bool FfnNormIsSharded(const LayerShape& s) { return s.ffn != s.ffn_total; }
+
 // The activations of one layer, each tensor made by new_tensor(dtype, shape): Allocate makes
 // them, Bytes counts them (aliases are views, counted once).
 template <typename NewTensor>
@@ -73,10 +76,13 @@ absl::StatusOr<LayerActivations> MakeActivations(const LayerShape& s, const Laye
   NF_ASSIGN_OR_RETURN(a.ffn_in_mean, New(f32, {t}));
   NF_ASSIGN_OR_RETURN(a.ffn_in_rstd, New(f32, {t}));
   NF_ASSIGN_OR_RETURN(a.fc1_out, New(dt, {t, s.ffn}));
-  NF_ASSIGN_OR_RETURN(a.act_out, New(dt, {t, s.ffn}));
+  // The activation's output is kept where something reads it later: fc2 without LN_ffn_mid, the
+  // sharded LN_ffn_mid's backward. The whole LN_ffn_mid recomputes it (ops::ActivationNorm).
+  if (!options.scale_fc || FfnNormIsSharded(s)) {
+    NF_ASSIGN_OR_RETURN(a.act_out, New(dt, {t, s.ffn}));
+  }
   NF_ASSIGN_OR_RETURN(a.mid_mean, New(f32, {t}));
   NF_ASSIGN_OR_RETURN(a.mid_rstd, New(f32, {t}));
-  // Without LN_ffn_mid, fc2 reads the activation output directly.
   if (options.scale_fc) {
     NF_ASSIGN_OR_RETURN(a.fc2_in, New(dt, {t, s.ffn}));
   } else {
@@ -223,10 +229,24 @@ absl::Status DecoderLayer::Forward(const Tensor& x, const Tensor& y, const Step&
   NF_RETURN_IF_ERROR(LayerNorm(acts.residual, p.ffn_norm_weight, p.ffn_norm_bias, acts.ffn_in_norm,
                                acts.ffn_in_mean, acts.ffn_in_rstd, eps));
   NF_RETURN_IF_ERROR(LinearForward(acts.ffn_in_norm, p.fc1_weight, p.fc1_bias, acts.fc1_out));
-  NF_RETURN_IF_ERROR(ops::ActivationForward(options_.activation, acts.fc1_out, acts.act_out));
-  NF_RETURN_IF_ERROR(
-      ops::Dropout(acts.act_out, acts.act_out, Dropout(DropoutKind::kActivation, step)));
-  if (options_.scale_fc) {
+  if (options_.scale_fc && !FfnNormIsSharded(s)) {
+    NF_RETURN_IF_ERROR(
+        ops::ActivationNormForward({.act = options_.activation,
+                                    .dropout = Dropout(DropoutKind::kActivation, step),
+                                    .x = acts.fc1_out,
+                                    .weight = p.mid_ffn_norm_weight.value,
+                                    .bias = p.mid_ffn_norm_bias.value,
+                                    .y = acts.fc2_in,
+                                    .mean = acts.mid_mean,
+                                    .rstd = acts.mid_rstd,
+                                    .scratch = scratch.ffn_width[0],
+                                    .eps = eps}));
+  } else {
+    NF_RETURN_IF_ERROR(ops::ActivationForward(options_.activation, acts.fc1_out, acts.act_out));
+    NF_RETURN_IF_ERROR(
+        ops::Dropout(acts.act_out, acts.act_out, Dropout(DropoutKind::kActivation, step)));
+  }
+  if (options_.scale_fc && FfnNormIsSharded(s)) {
     NF_RETURN_IF_ERROR(ShardedLayerNormForward({.x = acts.act_out,
                                                 .weight = p.mid_ffn_norm_weight.value,
                                                 .bias = p.mid_ffn_norm_bias.value,
@@ -269,19 +289,34 @@ absl::Status DecoderLayer::Backward(const Tensor& x, const Tensor& dy, const Ten
   NF_RETURN_IF_ERROR(LinearBackward(acts.fc2_in, p.fc2_weight, p.fc2_bias, d_model, d_fc2_in,
                                     /*accumulate_dx=*/false));
   const Tensor& d_act = options_.scale_fc ? scratch.ffn_width[1] : d_fc2_in;
-  if (options_.scale_fc) {
-    NF_RETURN_IF_ERROR(ShardedLayerNormBackward({.dy = d_fc2_in,
-                                                 .x = acts.act_out,
-                                                 .weight = p.mid_ffn_norm_weight.value,
-                                                 .mean = acts.mid_mean,
-                                                 .rstd = acts.mid_rstd,
-                                                 .dx = d_act,
-                                                 .dweight = p.mid_ffn_norm_weight.grad,
-                                                 .dbias = p.mid_ffn_norm_bias.grad},
-                                                s.ffn_total, scratch.row_sums, *tp_));
+  if (options_.scale_fc && !FfnNormIsSharded(s)) {
+    NF_RETURN_IF_ERROR(
+        ops::ActivationNormBackward({.act = options_.activation,
+                                     .dropout = Dropout(DropoutKind::kActivation, step),
+                                     .dy = d_fc2_in,
+                                     .x = acts.fc1_out,
+                                     .weight = p.mid_ffn_norm_weight.value,
+                                     .mean = acts.mid_mean,
+                                     .rstd = acts.mid_rstd,
+                                     .dx = d_act,
+                                     .dweight = p.mid_ffn_norm_weight.grad,
+                                     .dbias = p.mid_ffn_norm_bias.grad,
+                                     .scratch = scratch.ffn_width[2]}));
+  } else {
+    if (options_.scale_fc) {
+      NF_RETURN_IF_ERROR(ShardedLayerNormBackward({.dy = d_fc2_in,
+                                                   .x = acts.act_out,
+                                                   .weight = p.mid_ffn_norm_weight.value,
+                                                   .mean = acts.mid_mean,
+                                                   .rstd = acts.mid_rstd,
+                                                   .dx = d_act,
+                                                   .dweight = p.mid_ffn_norm_weight.grad,
+                                                   .dbias = p.mid_ffn_norm_bias.grad},
+                                                  s.ffn_total, scratch.row_sums, *tp_));
+    }
+    NF_RETURN_IF_ERROR(ops::Dropout(d_act, d_act, Dropout(DropoutKind::kActivation, step)));
+    NF_RETURN_IF_ERROR(ops::ActivationBackward(options_.activation, acts.fc1_out, d_act, d_act));
   }
-  NF_RETURN_IF_ERROR(ops::Dropout(d_act, d_act, Dropout(DropoutKind::kActivation, step)));
-  NF_RETURN_IF_ERROR(ops::ActivationBackward(options_.activation, acts.fc1_out, d_act, d_act));
   NF_RETURN_IF_ERROR(LinearBackward(acts.ffn_in_norm, p.fc1_weight, p.fc1_bias, d_act, d_model,
                                     /*accumulate_dx=*/false));
   NF_RETURN_IF_ERROR(ReduceInputGrad(d_model, *tp_));  // fc1 is column-parallel

@@ -60,9 +60,9 @@ struct LayerActivations {
   Tensor residual;                                  // [T, d]: x after the attention block
   Tensor ffn_in_norm, ffn_in_mean, ffn_in_rstd;     // [T, d], [T], [T]
   Tensor fc1_out;                                   // [T, F]: before the activation
-  Tensor act_out;                                   // [T, F]: after activation dropout
-  Tensor mid_mean, mid_rstd;                        // [T]
-  Tensor fc2_in;                                    // [T, F]: LN_ffn_mid's output
+  Tensor act_out;  // [T, F]: after activation dropout; unset under an unsharded LN_ffn_mid
+  Tensor mid_mean, mid_rstd;  // [T]
+  Tensor fc2_in;              // [T, F]: LN_ffn_mid's output
 
   static absl::StatusOr<LayerActivations> Allocate(const LayerShape& shape,
                                                    const LayerOptions& options);
@@ -75,7 +75,7 @@ struct LayerScratch {
   Tensor local_tokens[3];  // [T, H * Dh]
   Tensor heads[4];         // [B, H, S, Dh]
   Tensor model_width[3];   // [T, d]
-  Tensor ffn_width[2];     // [T, F]
+  Tensor ffn_width[3];     // [T, F]
   Tensor row_stats;        // f64 [T, 2]: the sharded LN_ffn_mid's forward statistics
   Tensor row_sums;         // f32 [T, 2]: and its backward sums
 

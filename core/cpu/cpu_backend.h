@@ -40,6 +40,9 @@ class CpuBackend final : public ops::Backend {
   absl::Status LayerNormBackwardFromSums(const ops::LayerNormBackwardArgs& args, const Tensor& sums,
                                          int64_t total_cols) override;
 
+  absl::Status ActivationNormForward(const ops::ActivationNormArgs& args) override;
+  absl::Status ActivationNormBackward(const ops::ActivationNormBackwardArgs& args) override;
+
   absl::Status SoftmaxForward(const Tensor& x, const Tensor& y) override;
   absl::Status SoftmaxBackward(const Tensor& y, const Tensor& dy, const Tensor& dx) override;
   absl::Status AttentionForward(const ops::AttentionArgs& args) override;

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <numbers>
 
+#include "core/cpu/activation_rows.h"
 #include "core/cpu/cpu_backend.h"
 #include "core/cpu/isa/elementwise_kernels.h"
 #include "core/cpu/kernel_util.h"
@@ -49,7 +50,16 @@ float ActivationDerivative(ops::Activation act, float x) {
   return 0.0f;
 }
 
-// The vectorised fp32 kernels of `act` (core/cpu/isa/elementwise_kernels.h).
+// Applies fn(i) for every element index, in parallel.
+template <typename F>
+void ForEachElement(int64_t n, int64_t flops_per_element, F&& fn) {
+  ParallelFor(n, flops_per_element, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) fn(i);
+  });
+}
+
+}  // namespace
+
 const ActivationKernels& ActivationKernelsOf(ops::Activation act) {
   switch (act) {
     case ops::Activation::kGelu:
@@ -62,20 +72,20 @@ const ActivationKernels& ActivationKernelsOf(ops::Activation act) {
   return Elementwise().relu_squared;
 }
 
-// Work per element of the vectorised activations for ParallelFor's grain, in scalar-flop
-// equivalents: a GELU's ~40 operations on 16 lanes take about as long as 8 scalar flops (~1 ns
-// at AVX-512), ReLU^2 is as cheap as a bias add.
+// A GELU's ~40 operations on 16 lanes take about as long as 8 scalar flops (~1 ns at AVX-512),
+// ReLU^2 is as cheap as a bias add.
 int64_t ActivationCost(ops::Activation act) { return act == ops::Activation::kReluSquared ? 1 : 8; }
 
-// Applies fn(i) for every element index, in parallel.
-template <typename F>
-void ForEachElement(int64_t n, int64_t flops_per_element, F&& fn) {
-  ParallelFor(n, flops_per_element, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) fn(i);
-  });
+DropoutRowArgs DropoutRowOf(const ops::DropoutSpec& spec, int64_t r) {
+  return {.seed = spec.seed,
+          .site = spec.site,
+          .sample = spec.first_sample + r / spec.seq_len,
+          .head = 0,
+          .row = static_cast<uint64_t>(r % spec.seq_len),
+          .first_col = static_cast<uint64_t>(spec.col_offset),
+          .threshold = DropoutThreshold(spec.p),
+          .keep_scale = 1.0f / (1.0f - spec.p)};
 }
-
-}  // namespace
 
 absl::Status CpuBackend::AddBias(const Tensor& x, const Tensor& bias) {
   const int64_t rows = ops::Rows(x), cols = ops::Cols(x);
@@ -175,16 +185,8 @@ absl::Status CpuBackend::Dropout(const Tensor& x, const Tensor& y, const ops::Dr
   if (x.dtype() == DType::kF32) {
     ParallelFor(rows, cols * 4, [&](int64_t begin, int64_t end) {
       for (int64_t r = begin; r < end; ++r) {
-        const DropoutRowArgs row{.seed = spec.seed,
-                                 .site = spec.site,
-                                 .sample = spec.first_sample + r / spec.seq_len,
-                                 .head = 0,
-                                 .row = static_cast<uint64_t>(r % spec.seq_len),
-                                 .first_col = static_cast<uint64_t>(spec.col_offset),
-                                 .threshold = threshold,
-                                 .keep_scale = keep_scale};
-        Elementwise().dropout_row(row, x.data<float>() + r * cols, y.data<float>() + r * cols,
-                                  cols);
+        Elementwise().dropout_row(DropoutRowOf(spec, r), x.data<float>() + r * cols,
+                                  y.data<float>() + r * cols, cols);
       }
     });
     return absl::OkStatus();

@@ -8,6 +8,7 @@
 #include "core/cpu/cpu_backend.h"
 #include "core/cpu/isa/norm_kernels.h"
 #include "core/cpu/kernel_util.h"
+#include "core/cpu/layer_norm_blocks.h"
 
 namespace nf::cpu {
 namespace {
@@ -73,58 +74,22 @@ void InputGradRow(const ops::LayerNormBackwardArgs& args, int64_t r, double mean
   }
 }
 
-// Parameter gradients are summed over fixed blocks of rows, each block's per-column partials in
-// double, then the blocks added in order: cache friendly, and the same result for any thread
-// count.
-constexpr int64_t kRowsPerBlock = 64;
-
-int64_t RowBlocks(int64_t rows) { return (rows + kRowsPerBlock - 1) / kRowsPerBlock; }
-
-// dweight[c] += sum_block partial[block, 0, c], dbias[c] += sum_block partial[block, 1, c]:
-// partial is [blocks, 2, cols], the dweight partials then the dbias partials of each block.
-void AddBlockPartials(const std::vector<double>& partial, int64_t blocks, int64_t cols,
-                      const ops::LayerNormBackwardArgs& args) {
-  std::vector<double> sum_w(cols, 0.0), sum_b(cols, 0.0);
-  for (int64_t block = 0; block < blocks; ++block) {
-    const double* block_w = partial.data() + block * 2 * cols;
-    for (int64_t c = 0; c < cols; ++c) {
-      sum_w[c] += block_w[c];
-      sum_b[c] += block_w[cols + c];
-    }
-  }
-  float* dw = args.dweight.data<float>();
-  float* db = args.dbias.data<float>();
-  for (int64_t c = 0; c < cols; ++c) {
-    dw[c] += static_cast<float>(sum_w[c]);
-    db[c] += static_cast<float>(sum_b[c]);
-  }
-}
-
 // dweight += sum_r dy * xhat, dbias += sum_r dy (the fp16 / bf16 path).
 template <typename T>
 void ParamGrads(const ops::LayerNormBackwardArgs& args) {
-  const int64_t rows = ops::Rows(args.x), cols = ops::Cols(args.x);
-  const int64_t blocks = RowBlocks(rows);
+  const int64_t cols = ops::Cols(args.x);
   const T* x = args.x.data<T>();
   const T* dy = args.dy.data<T>();
   const float* mean = args.mean.data<float>();
   const float* rstd = args.rstd.data<float>();
-  std::vector<double> partial(blocks * 2 * cols, 0.0);
-  ParallelFor(blocks, 4 * kRowsPerBlock * cols, [&](int64_t begin, int64_t end) {
-    for (int64_t block = begin; block < end; ++block) {
-      double* sum_w = partial.data() + block * 2 * cols;
-      double* sum_b = sum_w + cols;
-      for (int64_t r = block * kRowsPerBlock; r < std::min(rows, (block + 1) * kRowsPerBlock);
-           ++r) {
-        for (int64_t c = 0; c < cols; ++c) {
-          const double g = ToFloat(dy[r * cols + c]);
-          sum_w[c] += g * ((ToFloat(x[r * cols + c]) - mean[r]) * rstd[r]);
-          sum_b[c] += g;
-        }
-      }
-    }
-  });
-  AddBlockPartials(partial, blocks, cols, args);
+  ForEachRowWithParamGrads(ops::Rows(args.x), cols, 4 * cols, args.dweight, args.dbias,
+                           [&](int64_t r, double* sum_w, double* sum_b) {
+                             for (int64_t c = 0; c < cols; ++c) {
+                               const double g = ToFloat(dy[r * cols + c]);
+                               sum_w[c] += g * ((ToFloat(x[r * cols + c]) - mean[r]) * rstd[r]);
+                               sum_b[c] += g;
+                             }
+                           });
 }
 
 bool IsF32(const Tensor& x, const Tensor& weight) {
@@ -137,28 +102,21 @@ bool IsF32(const Tensor& x, const Tensor& weight) {
 template <typename RowMeans>
 void BackwardF32(const ops::LayerNormBackwardArgs& args, RowMeans&& row_means) {
   const NormKernels& kernels = Norm();
-  const int64_t rows = ops::Rows(args.x), cols = ops::Cols(args.x);
-  const int64_t blocks = RowBlocks(rows);
+  const int64_t cols = ops::Cols(args.x);
   const float* x = args.x.data<float>();
   const float* dy = args.dy.data<float>();
   const float* w = args.weight.data<float>();
   const float* mean = args.mean.data<float>();
   const float* rstd = args.rstd.data<float>();
   float* dx = args.dx.data<float>();
-  std::vector<double> partial(blocks * 2 * cols, 0.0);
-  ParallelFor(blocks, 12 * kRowsPerBlock * cols, [&](int64_t begin, int64_t end) {
-    for (int64_t block = begin; block < end; ++block) {
-      double* sum_w = partial.data() + block * 2 * cols;
-      for (int64_t r = block * kRowsPerBlock; r < std::min(rows, (block + 1) * kRowsPerBlock);
-           ++r) {
-        const int64_t at = r * cols;
-        const auto [mean_g, mean_g_xhat] = row_means(r);
-        kernels.input_and_param_grad_row(x + at, dy + at, w, mean[r], rstd[r], mean_g, mean_g_xhat,
-                                         cols, dx + at, sum_w, sum_w + cols);
-      }
-    }
-  });
-  AddBlockPartials(partial, blocks, cols, args);
+  ForEachRowWithParamGrads(ops::Rows(args.x), cols, 12 * cols, args.dweight, args.dbias,
+                           [&](int64_t r, double* sum_w, double* sum_b) {
+                             const int64_t at = r * cols;
+                             const auto [mean_g, mean_g_xhat] = row_means(r);
+                             kernels.input_and_param_grad_row(x + at, dy + at, w, mean[r], rstd[r],
+                                                              mean_g, mean_g_xhat, cols, dx + at,
+                                                              sum_w, sum_b);
+                           });
 }
 
 // (sum g, sum g * xhat) of fp32 row r over this rank's columns.

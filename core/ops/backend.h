@@ -39,6 +39,9 @@ class Backend {
   virtual absl::Status LayerNormBackwardFromSums(const LayerNormBackwardArgs& args,
                                                  const Tensor& sums, int64_t total_cols) = 0;
 
+  virtual absl::Status ActivationNormForward(const ActivationNormArgs& args) = 0;
+  virtual absl::Status ActivationNormBackward(const ActivationNormBackwardArgs& args) = 0;
+
   virtual absl::Status SoftmaxForward(const Tensor& x, const Tensor& y) = 0;
   virtual absl::Status SoftmaxBackward(const Tensor& y, const Tensor& dy, const Tensor& dx) = 0;
   virtual absl::Status AttentionForward(const AttentionArgs& args) = 0;

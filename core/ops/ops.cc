@@ -327,6 +327,53 @@ absl::Status LayerNormBackwardFromSums(const LayerNormBackwardArgs& args, const 
   return backend->LayerNormBackwardFromSums(args, sums, total_cols);
 }
 
+// ---- NormFormer's FFN LayerNorm, fused with the activation before it --------------------------
+
+namespace {
+
+// scratch like x, on x's device.
+absl::Status CheckScratch(absl::string_view op, const Tensor& scratch, const Tensor& x) {
+  NF_RETURN_IF_ERROR(CheckSameDevice(op, {{"x", x}, {"scratch", scratch}}));
+  NF_RETURN_IF_ERROR(CheckFloatingSameDType(op, {"x", x}, {"scratch", scratch}));
+  return CheckShape(op, {"scratch", scratch}, x.shape());
+}
+
+}  // namespace
+
+absl::Status ActivationNormForward(const ActivationNormArgs& args) {
+  constexpr absl::string_view op = "ActivationNormForward";
+  NF_RETURN_IF_ERROR(CheckLayerNormArgs(op, {.x = args.x,
+                                             .weight = args.weight,
+                                             .bias = args.bias,
+                                             .y = args.y,
+                                             .mean = args.mean,
+                                             .rstd = args.rstd,
+                                             .eps = args.eps}));
+  NF_RETURN_IF_ERROR(CheckScratch(op, args.scratch, args.x));
+  NF_RETURN_IF_ERROR(CheckDropout(op, args.dropout));
+  NF_BACKEND(args.x);
+  return backend->ActivationNormForward(args);
+}
+
+absl::Status ActivationNormBackward(const ActivationNormBackwardArgs& args) {
+  constexpr absl::string_view op = "ActivationNormBackward";
+  NF_RETURN_IF_ERROR(CheckLayerNormBackwardArgs(op, {.dy = args.dy,
+                                                     .x = args.x,
+                                                     .weight = args.weight,
+                                                     .mean = args.mean,
+                                                     .rstd = args.rstd,
+                                                     .dx = args.dx,
+                                                     .dweight = args.dweight,
+                                                     .dbias = args.dbias}));
+  NF_RETURN_IF_ERROR(CheckScratch(op, args.scratch, args.x));
+  NF_RETURN_IF_ERROR(CheckDropout(op, args.dropout));
+  if (args.dx.numel() > 0 && args.dx.raw_data() == args.dy.raw_data()) {
+    return absl::InvalidArgumentError(absl::StrCat(op, ": dx must not be dy's memory"));
+  }
+  NF_BACKEND(args.x);
+  return backend->ActivationNormBackward(args);
+}
+
 // ---- Softmax and attention ---------------------------------------------------------------------
 
 absl::Status SoftmaxForward(const Tensor& x, const Tensor& y) {

@@ -121,6 +121,32 @@ absl::Status LayerNormBackwardPartialSums(const LayerNormBackwardArgs& args, con
 absl::Status LayerNormBackwardFromSums(const LayerNormBackwardArgs& args, const Tensor& sums,
                                        int64_t total_cols);
 
+// ---- NormFormer's FFN LayerNorm, fused with the activation before it --------------------------
+
+// y = LayerNorm(dropout(act(x))) over the last dimension: NormFormer's FFN middle, fc1's output
+// x [rows, cols] to fc2's input y, each row in one pass. The activation's output is not kept:
+// the backward recomputes it and its dropout mask from x, so a layer stores x and y as a Pre-LN
+// layer stores x and act(x). weight, bias [cols] of one dtype; mean, rstd fp32 [rows]; scratch
+// is like x, for backends that compose the unfused ops (activation, dropout, LayerNorm) in it.
+// The results are those of that composition.
+struct ActivationNormArgs {
+  Activation act = Activation::kGelu;
+  DropoutSpec dropout;
+  Tensor x, weight, bias, y, mean, rstd, scratch;
+  float eps = 1e-5f;
+};
+absl::Status ActivationNormForward(const ActivationNormArgs& args);
+
+// The backward of ActivationNormForward from its x, mean and rstd: dx from dy (dx distinct from
+// dy);
+// dweight, dbias (fp32) accumulated; scratch as in the forward.
+struct ActivationNormBackwardArgs {
+  Activation act = Activation::kGelu;
+  DropoutSpec dropout;
+  Tensor dy, x, weight, mean, rstd, dx, dweight, dbias, scratch;
+};
+absl::Status ActivationNormBackward(const ActivationNormBackwardArgs& args);
+
 // ---- Softmax and attention ---------------------------------------------------------------------
 
 // y = softmax(x) over the last dimension. A row that is entirely -inf yields zeros.

@@ -280,6 +280,40 @@ TEST(IsaElementwiseTest, VectorBodyAndRemainderGiveTheSameBits) {
   }
 }
 
+// value_and_derivative is forward's value and backward's multiplier: y has forward's bits, and
+// dy * dydx has backward's, for dy of every sign and size (the multiplier is one fp32 value,
+// not an expression backward could round differently). Also one element per call.
+TEST(IsaElementwiseTest, ValueAndDerivativeGiveForwardAndBackwardBits) {
+  std::vector<float> x = ActivationInputs();
+  x.push_back(kNaN);
+  x.push_back(kInf);
+  x.push_back(-kInf);
+  const std::vector<float> dy = RandomFloats(x.size(), 12, -3.0f, 3.0f);
+  const int64_t n = std::ssize(x);
+  for (Isa isa : RunnableIsas()) {
+    const ElementwiseKernels& kernels = ElementwiseKernelsFor(isa);
+    for (const auto& [name, activation] :
+         {std::pair{"gelu", kernels.gelu}, std::pair{"gelu_tanh", kernels.gelu_tanh},
+          std::pair{"relu_squared", kernels.relu_squared}}) {
+      const std::string what = absl::StrCat(IsaName(isa), " ", name);
+      std::vector<float> y(n), dx(n), value(n), slope(n), value_single(n), slope_single(n);
+      activation.forward(x.data(), y.data(), n);
+      activation.backward(x.data(), dy.data(), dx.data(), n);
+      activation.value_and_derivative(x.data(), value.data(), slope.data(), n);
+      for (int64_t i = 0; i < n; ++i) {
+        activation.value_and_derivative(x.data() + i, value_single.data() + i,
+                                        slope_single.data() + i, 1);
+      }
+      std::vector<float> dx_from_slope(n);
+      for (int64_t i = 0; i < n; ++i) dx_from_slope[i] = dy[i] * slope[i];
+      ExpectSameBits(value, y, what + " value vs forward");
+      ExpectSameBits(dx_from_slope, dx, what + " dy * derivative vs backward");
+      ExpectSameBits(value_single, value, what + " value, one element per call");
+      ExpectSameBits(slope_single, slope, what + " derivative, one element per call");
+    }
+  }
+}
+
 // ---- Dropout: the scalar Philox's mask, bit for bit --------------------------------------------
 
 // What the scalar code computes for element c: DropoutWords' word (first_col + c) & 3 of the
@@ -322,6 +356,12 @@ TEST(IsaDropoutTest, MaskAndValuesEqualTheScalarPhilox) {
           std::vector<float> y(n);
           ElementwiseKernelsFor(isa).dropout_row(args, x.data(), y.data(), n);
           ExpectSameBits(y, expected, what);
+          // The same mask again from the multipliers of a row of ones.
+          std::vector<float> multipliers(n, 1.0f), again(n);
+          ElementwiseKernelsFor(isa).dropout_row(args, multipliers.data(), multipliers.data(), n);
+          ElementwiseKernelsFor(isa).apply_dropout_multipliers(multipliers.data(), x.data(),
+                                                               again.data(), n);
+          ExpectSameBits(again, expected, what + " from the multipliers");
           ElementwiseKernelsFor(isa).dropout_row(args, x.data(), x.data(), n);
           ExpectSameBits(x, expected, what + " in place");
         }

@@ -142,6 +142,16 @@ void GeluBackward(const float* x, const float* dy, float* dx, int64_t n) {
   }
 }
 
+void GeluValueAndDerivative(const float* x, float* y, float* dydx, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = x[i];
+    const float e = ExpMinusHalfSquare(v);
+    const float cdf = NormalCdf(v, e);
+    y[i] = v * cdf;
+    dydx[i] = cdf + v * (kInvSqrt2Pi * e);
+  }
+}
+
 // 0.5 x (1 + tanh u) = x sigmoid(2u).
 void GeluTanhForward(const float* x, float* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) {
@@ -162,6 +172,16 @@ void GeluTanhBackward(const float* x, const float* dy, float* dx, int64_t n) {
   }
 }
 
+void GeluTanhValueAndDerivative(const float* x, float* y, float* dydx, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = x[i];
+    const Sigmoid sig = SigmoidOfTwice(GeluTanhInner(v));
+    const float dinner = kSqrt2OverPi * (1.0f + 3.0f * kGeluTanhCubic * v * v);
+    y[i] = v * sig.s;
+    dydx[i] = sig.s + 2.0f * v * sig.s * sig.one_minus_s * dinner;
+  }
+}
+
 // x for x > 0, else +0 (NaN and -0 included), as `x > 0 ? x : 0`.
 inline float PositivePart(float x) { return Select(MaskIf(x > 0.0f), x, 0.0f); }
 
@@ -174,6 +194,14 @@ void ReluSquaredForward(const float* x, float* y, int64_t n) {
 
 void ReluSquaredBackward(const float* x, const float* dy, float* dx, int64_t n) {
   for (int64_t i = 0; i < n; ++i) dx[i] = dy[i] * (2.0f * PositivePart(x[i]));
+}
+
+void ReluSquaredValueAndDerivative(const float* x, float* y, float* dydx, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float positive = PositivePart(x[i]);
+    y[i] = positive * positive;
+    dydx[i] = 2.0f * positive;
+  }
 }
 
 // ---- Dropout -----------------------------------------------------------------------------------
@@ -254,6 +282,14 @@ void Axpy(float alpha, const float* x, float* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] += alpha * x[i];
 }
 
+// A dropout mask applied again from the multipliers dropout_row gave a row of ones: kept
+// elements times keep_scale, dropped ones +0, as dropout_row itself computes them.
+void ApplyDropoutMultipliers(const float* multipliers, const float* x, float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    y[i] = Select(MaskIf(multipliers[i] != 0.0f), x[i] * multipliers[i], 0.0f);
+  }
+}
+
 }  // namespace
 
 const ElementwiseKernels kElementwiseKernels = {
@@ -263,10 +299,11 @@ const ElementwiseKernels kElementwiseKernels = {
     .scale_columns = ScaleColumns,
     .scale = Scale,
     .axpy = Axpy,
-    .gelu = {GeluForward, GeluBackward},
-    .gelu_tanh = {GeluTanhForward, GeluTanhBackward},
-    .relu_squared = {ReluSquaredForward, ReluSquaredBackward},
+    .gelu = {GeluForward, GeluBackward, GeluValueAndDerivative},
+    .gelu_tanh = {GeluTanhForward, GeluTanhBackward, GeluTanhValueAndDerivative},
+    .relu_squared = {ReluSquaredForward, ReluSquaredBackward, ReluSquaredValueAndDerivative},
     .dropout_row = DropoutRow,
+    .apply_dropout_multipliers = ApplyDropoutMultipliers,
 };
 
 }  // namespace nf::cpu::NF_ISA_NAMESPACE

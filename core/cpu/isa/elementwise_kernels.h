@@ -12,10 +12,14 @@
 
 namespace nf::cpu {
 
-// y = f(x) and dx = dy f'(x) over n elements; y may be x, dx may be dy.
+// y = f(x) and dx = dy f'(x) over n elements; y may be x, dx may be dy. value_and_derivative
+// gives both f(x) and f'(x) in one pass (sharing erf and exp), with forward's bits for y and
+// bits for dydx such that dy * dydx[i] is backward's dx[i]: a backward that needs the
+// activation's output recomputes it for the cost of the derivative alone.
 struct ActivationKernels {
   void (*forward)(const float* x, float* y, int64_t n);
   void (*backward)(const float* x, const float* dy, float* dx, int64_t n);
+  void (*value_and_derivative)(const float* x, float* y, float* dydx, int64_t n);
 };
 
 // One row of Philox dropout (core/philox.h): element c of the row has the global coordinates
@@ -49,6 +53,10 @@ struct ElementwiseKernels {
   ActivationKernels gelu, gelu_tanh, relu_squared;
   // Dropout of one row of n elements, x to y (y may be x).
   void (*dropout_row)(const DropoutRowArgs& args, const float* x, float* y, int64_t n);
+  // y = x * m where m != 0, else +0, with m the multipliers dropout_row wrote for a row of ones
+  // (keep_scale or +0): that row's dropout again, bit for bit, without the Philox words (y may
+  // be x).
+  void (*apply_dropout_multipliers)(const float* multipliers, const float* x, float* y, int64_t n);
 };
 
 NF_ISA_KERNEL_TABLES(ElementwiseKernels, kElementwiseKernels, ElementwiseKernelsFor, Elementwise)
