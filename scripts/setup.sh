@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Installs the Debian packages normformer builds and tests with, only those that are missing.
+# Installs the Debian packages normformer builds and tests with, only those that are missing
+# (with --experiment also those of scripts/make-experiment-corpus).
 # Does nothing (and needs no network) when everything is already installed.
 set -euo pipefail
 
@@ -23,6 +24,15 @@ packages=(
   curl  # reads /metrics pages in the monitoring test and the user guide
   iproute2 util-linux  # ip, unshare: the multi-node tests' cluster of network namespaces
 )
+
+# --experiment: also the English text of the NormFormer vs Pre-LN experiment
+# (scripts/make-experiment-corpus): a dictionary, the King James Bible and its reader.
+for arg in "$@"; do
+  case "$arg" in
+    --experiment) packages+=(dict-gcide bible-kjv bible-kjv-text) ;;
+    *) echo "setup: unknown argument '$arg' (known: --experiment)" >&2; exit 2 ;;
+  esac
+done
 
 missing=()
 for pkg in "${packages[@]}"; do
