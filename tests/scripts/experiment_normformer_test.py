@@ -1,0 +1,115 @@
+#!/usr/bin/python3
+"""scripts/experiment-normformer end to end on a corpus made here (random English words,
+nf-preprocess with a 128-piece SentencePiece vocabulary) with a 16-wide model shrunk by --set:
+a sweep over depths 1 and 2 and learning rates 1e-2 and 30 (far past stable), then the
+followup. Checks that
+  - a time limit (--hours) stops the driver with the running arm checkpointed, and the next
+    invocation resumes that arm (its log repeats no step before the checkpoint's) and goes on;
+  - every arm ends with arm.json: lr 30 diverged (its training loss climbs above where it
+    started), the others done with validation and test losses;
+  - the followup's seeds and ablations use each variant's lower-loss learning rate;
+  - a rerun starts no training; bad arguments are one line and exit 2.
+
+usage: experiment_normformer_test.py REPO_ROOT BUILD_DIR
+"""
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+
+WORDS = ("the a of to and in is it you that he was for on are with as I his they be at one have "
+         "this from or had by word but what some we can out other were all there when up use "
+         "your how said an each she which do their time if will way about many then them write "
+         "would like so these her long make thing see him two has look more day could go come "
+         "did number sound no most people my over know water than call first who may down side "
+         "been now find")
+
+SHRINK = ["model.d_model=16", "model.num_heads=2", "model.ffn_dim=32", "model.vocab_size=128",
+          "model.max_seq_len=16", "train.seq_len=16", "train.micro_batch_size=2",
+          "train.global_batch_size=4", "train.eval_iters=2", "data.split=80,10,10"]
+
+
+def check(condition, message):
+    if not condition:
+        print("FAIL: " + message)
+        sys.exit(1)
+
+
+def main():
+    repo, build = sys.argv[1], sys.argv[2]
+    with tempfile.TemporaryDirectory() as root:
+        rng = random.Random(1)
+        words = WORDS.split()
+        with open(os.path.join(root, "c.jsonl"), "w", encoding="utf-8") as f:
+            for _ in range(400):
+                text = " ".join(rng.choice(words) for _ in range(rng.randint(20, 80)))
+                f.write(json.dumps({"text": text}) + "\n")
+        corpus = os.path.join(root, "c")
+        subprocess.run([os.path.join(build, "data", "nf-preprocess"), "--input",
+                        corpus + ".jsonl", "--output-prefix", corpus, "--tokenizer",
+                        "sentencepiece", "--spm-train-vocab-size", "128"],
+                       check=True, capture_output=True)
+        runs = os.path.join(root, "runs")
+        command = [os.path.join(repo, "scripts", "experiment-normformer"), "--corpus", corpus,
+                   "--runs", runs, "--build", build, "--tokens", "262144", "--depths", "1,2",
+                   "--lrs", "1e-2,30"]
+        for setting in SHRINK:
+            command += ["--set", setting]
+
+        # Half a second: the first arm (4096 steps) is stopped part-way and checkpointed.
+        first = subprocess.run(command + ["--hours", str(0.5 / 3600)], capture_output=True,
+                               text=True)
+        check(first.returncode == 0, f"time-limited run: exit {first.returncode}: {first.stderr}")
+        check("stopped at the time limit" in first.stdout, first.stdout)
+        stopped = os.path.join(runs, "preln-L1-lr0.01-s1")
+        check(not os.path.exists(os.path.join(stopped, "arm.json")), "a stopped arm has arm.json")
+
+        done = subprocess.run(command, capture_output=True, text=True)
+        check(done.returncode == 0, f"exit {done.returncode}: {done.stderr}")
+        check("every arm of the phases sweep,followup has finished" in done.stdout, done.stdout)
+        with open(os.path.join(stopped, "log.jsonl"), encoding="utf-8") as f:
+            steps = [json.loads(line)["step"] for line in f]
+        check(steps[-1] == 4096, f"the resumed arm ended at step {steps[-1]}")
+        check(steps[0] == 1 and len(steps) >= 4096, "the resumed arm's log lacks steps")
+
+        arms = {}
+        for name in sorted(os.listdir(runs)):
+            path = os.path.join(runs, name, "arm.json")
+            if os.path.isfile(path):
+                with open(path, encoding="utf-8") as f:
+                    arms[name] = json.load(f)
+        check(len(arms) == 16, f"{len(arms)} arms finished, expected 8 swept + 8 followup: "
+              f"{sorted(arms)}")
+        for name, arm in arms.items():
+            if arm["lr"] == 30:
+                check(arm["status"] == "diverged", f"{name}: lr 30 {arm['status']}")
+            else:
+                check(arm["status"] == "done", f"{name}: {arm['status']}")
+                check(arm["final_valid_loss"] < arm["first_valid_loss"], f"{name}: no learning")
+                check(os.path.isfile(os.path.join(runs, name, "test.json")), f"{name}: no test")
+        for seed in (2, 3):
+            check(f"preln-L2-lr0.01-s{seed}" in arms and f"normformer-L2-lr0.01-s{seed}" in arms,
+                  f"seed {seed} arms missing at the best learning rate")
+        for ablation in ("no-post-attn-ln", "no-head-scale", "no-ffn-ln", "fairseq-placement"):
+            check(f"normformer-{ablation}-L2-lr0.01-s1" in arms, f"{ablation} missing")
+
+        outs = {n: os.path.getsize(os.path.join(runs, n + ".out")) for n in arms}
+        again = subprocess.run(command, capture_output=True, text=True)
+        check(again.returncode == 0 and "training" not in again.stdout, again.stdout)
+        check(outs == {n: os.path.getsize(os.path.join(runs, n + ".out")) for n in arms},
+              "a rerun trained again")
+
+        bad = subprocess.run(command + ["--depths", "4,x"], capture_output=True, text=True)
+        check(bad.returncode == 2 and bad.stderr.count("\n") == 1 and "--depths" in bad.stderr,
+              f"bad --depths: exit {bad.returncode}: {bad.stderr}")
+        missing = subprocess.run(command + ["--corpus", os.path.join(root, "none")],
+                                 capture_output=True, text=True)
+        check(missing.returncode == 2 and "none.idx is missing" in missing.stderr,
+              f"missing corpus: exit {missing.returncode}: {missing.stderr}")
+    print("experiment-normformer: ok")
+
+
+if __name__ == "__main__":
+    main()
