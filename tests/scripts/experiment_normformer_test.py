@@ -3,8 +3,9 @@
 nf-preprocess with a 128-piece SentencePiece vocabulary) with a 16-wide model shrunk by --set:
 a sweep over depths 1 and 2 and learning rates 1e-2 and 30 (far past stable), then the
 followup. Checks that
-  - a time limit (--hours) stops the driver with the running arm checkpointed, and the next
-    invocation resumes that arm (its log repeats no step before the checkpoint's) and goes on;
+  - a time limit already reached (--hours 0) starts nothing; an arm that nf-launch stops with a
+    checkpoint (exit 3, here at train.exit_interval) stops the driver, and the next invocation
+    resumes that arm and goes on;
   - every arm ends with arm.json: lr 30 diverged (its training loss climbs above where it
     started), the others done with validation and test losses;
   - the followup's seeds and ablations use each variant's lower-loss learning rate;
@@ -58,11 +59,18 @@ def main():
         for setting in SHRINK:
             command += ["--set", setting]
 
-        # Half a second: the first arm (4096 steps) is stopped part-way and checkpointed.
-        first = subprocess.run(command + ["--hours", str(0.5 / 3600)], capture_output=True,
-                               text=True)
-        check(first.returncode == 0, f"time-limited run: exit {first.returncode}: {first.stderr}")
-        check("stopped at the time limit" in first.stdout, first.stdout)
+        # A time limit already reached starts nothing.
+        none = subprocess.run(command + ["--hours", "0"], capture_output=True, text=True)
+        check(none.returncode == 0 and "time limit (--hours) is reached" in none.stdout,
+              f"--hours 0: exit {none.returncode}: {none.stdout}{none.stderr}")
+        check(not os.path.exists(os.path.join(runs, "preln-L1-lr0.01-s1", "log.jsonl")),
+              "--hours 0 trained")
+        # The first arm stops at step 1000 with a checkpoint (nf-launch exit 3, as at a time
+        # limit or a signal): the driver stops there.
+        first = subprocess.run(command + ["--set", "train.exit_interval=1000"],
+                               capture_output=True, text=True)
+        check(first.returncode == 0, f"stopped run: exit {first.returncode}: {first.stderr}")
+        check("preln-L1-lr0.01-s1: stopped with a checkpoint" in first.stdout, first.stdout)
         stopped = os.path.join(runs, "preln-L1-lr0.01-s1")
         check(not os.path.exists(os.path.join(stopped, "arm.json")), "a stopped arm has arm.json")
 
