@@ -9,7 +9,8 @@ followup. Checks that
   - every arm ends with arm.json: lr 30 diverged (its training loss climbs above where it
     started), the others done with validation and test losses;
   - the followup's seeds and ablations use each variant's lower-loss learning rate;
-  - a rerun starts no training; bad arguments are one line and exit 2.
+  - a rerun starts no training; bad arguments are one line and exit 2;
+  - scripts/plot-experiment draws the three plots and tabulates every arm.
 
 usage: experiment_normformer_test.py REPO_ROOT BUILD_DIR
 """
@@ -108,6 +109,27 @@ def main():
         check(again.returncode == 0 and "training" not in again.stdout, again.stdout)
         check(outs == {n: os.path.getsize(os.path.join(runs, n + ".out")) for n in arms},
               "a rerun trained again")
+
+        # scripts/plot-experiment on these arms: three plots and the tables.
+        plots = os.path.join(root, "plots")
+        table = os.path.join(root, "table.md")
+        plotted = subprocess.run([os.path.join(repo, "scripts", "plot-experiment"), runs, "-o",
+                                  plots, "--table", table], capture_output=True, text=True)
+        check(plotted.returncode == 0, f"plot-experiment: exit {plotted.returncode}: "
+              f"{plotted.stderr}")
+        for png in ("validation_ppl.png", "followup_ppl.png", "grad_norm_ratio.png"):
+            path = os.path.join(plots, png)
+            check(os.path.isfile(path) and os.path.getsize(path) > 5000, f"{png} missing")
+        with open(table, encoding="utf-8") as f:
+            text = f.read()
+        for name, arm in arms.items():
+            status = "diverged" if arm["lr"] == 30 else "done"
+            check(f"| {name} | {status} |" in text, f"{name} not in the table as {status}")
+        check("| 2 | NormFormer | 0.01 | 30 |" in text, "stable rates table:\n" + text)
+        check("Pre-LN (lr 0.01, 2 layers) | 1, 2, 3 |" in text, "seeds table:\n" + text)
+        empty = subprocess.run([os.path.join(repo, "scripts", "plot-experiment"),
+                                os.path.join(root, "nothing")], capture_output=True, text=True)
+        check(empty.returncode == 2 and empty.stderr.count("\n") == 1, empty.stderr)
 
         bad = subprocess.run(command + ["--depths", "4,x"], capture_output=True, text=True)
         check(bad.returncode == 2 and bad.stderr.count("\n") == 1 and "--depths" in bad.stderr,
