@@ -127,6 +127,20 @@ def main():
             check(f"| {name} | {status} |" in text, f"{name} not in the table as {status}")
         check("| 2 | NormFormer | 0.01 | 30 |" in text, "stable rates table:\n" + text)
         check("Pre-LN (lr 0.01, 2 layers) | 1, 2, 3 |" in text, "seeds table:\n" + text)
+        # Exported (logs gzipped) and plotted again from the export: the same tables.
+        evidence = os.path.join(root, "evidence")
+        again_table = os.path.join(root, "again.md")
+        exported = subprocess.run([os.path.join(repo, "scripts", "plot-experiment"), runs, "-o",
+                                   plots, "--export", evidence], capture_output=True, text=True)
+        check(exported.returncode == 0, exported.stderr)
+        check(os.path.isfile(os.path.join(evidence, "preln-L1-lr0.01-s1", "log.jsonl.gz")),
+              "the export has no gzipped log")
+        replotted = subprocess.run([os.path.join(repo, "scripts", "plot-experiment"), evidence,
+                                    "-o", os.path.join(root, "plots2"), "--table", again_table],
+                                   capture_output=True, text=True)
+        check(replotted.returncode == 0, replotted.stderr)
+        with open(again_table, encoding="utf-8") as f:
+            check(f.read() == text, "the export's tables differ from the runs'")
         empty = subprocess.run([os.path.join(repo, "scripts", "plot-experiment"),
                                 os.path.join(root, "nothing")], capture_output=True, text=True)
         check(empty.returncode == 2 and empty.stderr.count("\n") == 1, empty.stderr)
