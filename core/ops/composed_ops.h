@@ -8,6 +8,10 @@
 
 namespace nf::ops {
 
+// The LayerNorm inside a fused activation + LayerNorm, reading `a` (the activation's output).
+LayerNormArgs LayerNormOf(const ActivationNormArgs& args, const Tensor& a);
+LayerNormBackwardArgs LayerNormBackwardOf(const ActivationNormBackwardArgs& args, const Tensor& a);
+
 // scratch = dropout(act(x)); y = LayerNorm(scratch).
 absl::Status ComposedActivationNormForward(Backend& backend, const ActivationNormArgs& args);
 

@@ -6,6 +6,8 @@
 #include "absl/strings/str_cat.h"
 #include "core/ops/backend.h"
 #include "core/ops/checks.h"
+#include "core/ops/composed_ops.h"
+#include "core/ops/composed_ops.h"
 #include "core/status.h"
 
 namespace nf::ops {
@@ -342,13 +344,7 @@ absl::Status CheckScratch(absl::string_view op, const Tensor& scratch, const Ten
 
 absl::Status ActivationNormForward(const ActivationNormArgs& args) {
   constexpr absl::string_view op = "ActivationNormForward";
-  NF_RETURN_IF_ERROR(CheckLayerNormArgs(op, {.x = args.x,
-                                             .weight = args.weight,
-                                             .bias = args.bias,
-                                             .y = args.y,
-                                             .mean = args.mean,
-                                             .rstd = args.rstd,
-                                             .eps = args.eps}));
+  NF_RETURN_IF_ERROR(CheckLayerNormArgs(op, LayerNormOf(args, args.x)));
   NF_RETURN_IF_ERROR(CheckScratch(op, args.scratch, args.x));
   NF_RETURN_IF_ERROR(CheckDropout(op, args.dropout));
   NF_BACKEND(args.x);
@@ -357,14 +353,7 @@ absl::Status ActivationNormForward(const ActivationNormArgs& args) {
 
 absl::Status ActivationNormBackward(const ActivationNormBackwardArgs& args) {
   constexpr absl::string_view op = "ActivationNormBackward";
-  NF_RETURN_IF_ERROR(CheckLayerNormBackwardArgs(op, {.dy = args.dy,
-                                                     .x = args.x,
-                                                     .weight = args.weight,
-                                                     .mean = args.mean,
-                                                     .rstd = args.rstd,
-                                                     .dx = args.dx,
-                                                     .dweight = args.dweight,
-                                                     .dbias = args.dbias}));
+  NF_RETURN_IF_ERROR(CheckLayerNormBackwardArgs(op, LayerNormBackwardOf(args, args.x)));
   NF_RETURN_IF_ERROR(CheckScratch(op, args.scratch, args.x));
   NF_RETURN_IF_ERROR(CheckDropout(op, args.dropout));
   if (args.dx.numel() > 0 && args.dx.raw_data() == args.dy.raw_data()) {
