@@ -1,13 +1,16 @@
 #!/usr/bin/python3
-"""scripts/experiment-normformer end to end on a corpus made here (random English words,
-nf-preprocess with a 128-piece SentencePiece vocabulary) with a 16-wide model shrunk by --set:
+"""scripts/experiment-normformer end to end on a corpus made here (random English words, half
+of the documents dictionary entries "Headword, n. definition.", nf-preprocess with a 128-piece
+SentencePiece vocabulary) with a 16-wide model shrunk by --set:
 a sweep over depths 1 and 2 and learning rates 1e-2 and 30 (far past stable), then the
 followup. Checks that
   - a time limit already reached (--hours 0) starts nothing; an arm that nf-launch stops with a
     checkpoint (exit 3, here at train.exit_interval) stops the driver, and the next invocation
     resumes that arm and goes on;
   - every arm ends with arm.json: lr 30 diverged (its training loss climbs above where it
-    started), the others done with validation and test losses;
+    started), the others done with validation and test losses and the zero-shot headword
+    choice's accuracy (nf-eval on RUNS/headword-choice.jsonl); a done arm whose accuracy is
+    missing gets it on the next run without training;
   - the followup's seeds and ablations use each variant's lower-loss learning rate;
   - a rerun starts no training; bad arguments are one line and exit 2;
   - scripts/plot-experiment draws the three plots and tabulates every arm.
@@ -45,8 +48,12 @@ def main():
         rng = random.Random(1)
         words = WORDS.split()
         with open(os.path.join(root, "c.jsonl"), "w", encoding="utf-8") as f:
-            for _ in range(400):
-                text = " ".join(rng.choice(words) for _ in range(rng.randint(20, 80)))
+            for k in range(400):
+                if k % 2:
+                    text = " ".join(rng.choice(words) for _ in range(rng.randint(20, 80)))
+                else:
+                    definition = " ".join(rng.choice(words) for _ in range(3))  # fits seq 16
+                    text = f"{rng.choice(words).capitalize()}ness, n. {definition}."
                 f.write(json.dumps({"text": text}) + "\n")
         corpus = os.path.join(root, "c")
         subprocess.run([os.path.join(build, "data", "nf-preprocess"), "--input",
@@ -98,17 +105,36 @@ def main():
                 check(arm["status"] == "done", f"{name}: {arm['status']}")
                 check(arm["final_valid_loss"] < arm["first_valid_loss"], f"{name}: no learning")
                 check(os.path.isfile(os.path.join(runs, name, "test.json")), f"{name}: no test")
+                check(arm["headword_examples"] > 10 and 0 <= arm["headword_acc"] <= 1,
+                      f"{name}: headword choice {arm.get('headword_acc')} on "
+                      f"{arm.get('headword_examples')} examples")
         for seed in (2, 3):
             check(f"preln-L2-lr0.01-s{seed}" in arms and f"normformer-L2-lr0.01-s{seed}" in arms,
                   f"seed {seed} arms missing at the best learning rate")
         for ablation in ("no-post-attn-ln", "no-head-scale", "no-ffn-ln", "fairseq-placement"):
             check(f"normformer-{ablation}-L2-lr0.01-s1" in arms, f"{ablation} missing")
 
+        with open(os.path.join(runs, "headword-choice.jsonl"), encoding="utf-8") as f:
+            task = [json.loads(line) for line in f]
+        check(len(task) == arms["preln-L1-lr0.01-s1"]["headword_examples"], "task size")
+        check(all(t["sentence"].startswith("_ ") and t["option1"] != t["option2"]
+                  and t["answer"] in ("1", "2") for t in task), f"task format: {task[0]}")
+
+        # A done arm without the accuracy gets it back; nothing trains again.
+        evaluated = os.path.join(runs, "normformer-L1-lr0.01-s1", "arm.json")
+        with open(evaluated, encoding="utf-8") as f:
+            record = json.load(f)
+        accuracy = record.pop("headword_acc")
+        with open(evaluated, "w", encoding="utf-8") as f:
+            json.dump(record, f)
         outs = {n: os.path.getsize(os.path.join(runs, n + ".out")) for n in arms}
         again = subprocess.run(command, capture_output=True, text=True)
         check(again.returncode == 0 and "training" not in again.stdout, again.stdout)
         check(outs == {n: os.path.getsize(os.path.join(runs, n + ".out")) for n in arms},
               "a rerun trained again")
+        check("normformer-L1-lr0.01-s1: headword choice" in again.stdout, again.stdout)
+        with open(evaluated, encoding="utf-8") as f:
+            check(json.load(f)["headword_acc"] == accuracy, "the re-evaluated accuracy differs")
 
         # scripts/plot-experiment on these arms: three plots and the tables.
         plots = os.path.join(root, "plots")
@@ -125,6 +151,8 @@ def main():
         for name, arm in arms.items():
             status = "diverged" if arm["lr"] == 30 else "done"
             check(f"| {name} | {status} |" in text, f"{name} not in the table as {status}")
+            if status == "done":
+                check(f"| {arm['headword_acc']:.3f} |" in text, f"{name}: no accuracy in the table")
         check("| 2 | NormFormer | 0.01 | 30 |" in text, "stable rates table:\n" + text)
         check("Pre-LN (lr 0.01, 2 layers) | 1, 2, 3 |" in text, "seeds table:\n" + text)
         # Exported (logs gzipped) and plotted again from the export: the same tables.
