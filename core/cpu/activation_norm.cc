@@ -74,9 +74,9 @@ absl::Status CpuBackend::ActivationNormBackward(const ops::ActivationNormBackwar
   float* dx = args.dx.data<float>();
   const bool dropout = args.dropout.p > 0.0f;
   const int64_t work = cols * WorkPerElement(args.dropout, args.act, 12);
-  ForEachRowWithParamGrads(
+  ForEachRowWithParamGrads<float>(
       ops::Rows(args.x), cols, work, args.dweight, args.dbias,
-      [&](int64_t r, double* sum_w, double* sum_b) {
+      [&](int64_t r, float* sum_w, float* sum_b) {
         // [4, cols]: the row's dropout(act(x)), act'(x), the LayerNorm's input gradient, and
         // the dropout's multipliers (keep_scale or 0: one Philox pass serves both uses).
         float* a = RowBuffers(4, cols);
@@ -92,8 +92,9 @@ absl::Status CpuBackend::ActivationNormBackward(const ops::ActivationNormBackwar
         }
         double sums[2];  // sum g, sum g * xhat over the row (g = dy * w)
         norm.backward_row_sums(a, dy + at, w, mean[r], rstd[r], cols, sums);
-        norm.input_and_param_grad_row(a, dy + at, w, mean[r], rstd[r], sums[0] / cols,
-                                      sums[1] / cols, cols, da, sum_w, sum_b);
+        norm.input_and_param_grad_row(a, dy + at, w, mean[r], rstd[r],
+                                      static_cast<float>(sums[0] / cols),
+                                      static_cast<float>(sums[1] / cols), cols, da, sum_w, sum_b);
         if (dropout) Elementwise().apply_dropout_multipliers(kept, da, da, cols);
         Elementwise().scale_columns(da, slope, dx + at, 1, cols);  // dx = da * act'(x)
       });

@@ -82,14 +82,15 @@ void ParamGrads(const ops::LayerNormBackwardArgs& args) {
   const T* dy = args.dy.data<T>();
   const float* mean = args.mean.data<float>();
   const float* rstd = args.rstd.data<float>();
-  ForEachRowWithParamGrads(ops::Rows(args.x), cols, 4 * cols, args.dweight, args.dbias,
-                           [&](int64_t r, double* sum_w, double* sum_b) {
-                             for (int64_t c = 0; c < cols; ++c) {
-                               const double g = ToFloat(dy[r * cols + c]);
-                               sum_w[c] += g * ((ToFloat(x[r * cols + c]) - mean[r]) * rstd[r]);
-                               sum_b[c] += g;
-                             }
-                           });
+  ForEachRowWithParamGrads<double>(ops::Rows(args.x), cols, 4 * cols, args.dweight, args.dbias,
+                                   [&](int64_t r, double* sum_w, double* sum_b) {
+                                     for (int64_t c = 0; c < cols; ++c) {
+                                       const double g = ToFloat(dy[r * cols + c]);
+                                       sum_w[c] +=
+                                           g * ((ToFloat(x[r * cols + c]) - mean[r]) * rstd[r]);
+                                       sum_b[c] += g;
+                                     }
+                                   });
 }
 
 bool IsF32(const Tensor& x, const Tensor& weight) {
@@ -109,14 +110,15 @@ void BackwardF32(const ops::LayerNormBackwardArgs& args, RowMeans&& row_means) {
   const float* mean = args.mean.data<float>();
   const float* rstd = args.rstd.data<float>();
   float* dx = args.dx.data<float>();
-  ForEachRowWithParamGrads(ops::Rows(args.x), cols, 12 * cols, args.dweight, args.dbias,
-                           [&](int64_t r, double* sum_w, double* sum_b) {
-                             const int64_t at = r * cols;
-                             const auto [mean_g, mean_g_xhat] = row_means(r);
-                             kernels.input_and_param_grad_row(x + at, dy + at, w, mean[r], rstd[r],
-                                                              mean_g, mean_g_xhat, cols, dx + at,
-                                                              sum_w, sum_b);
-                           });
+  ForEachRowWithParamGrads<float>(ops::Rows(args.x), cols, 12 * cols, args.dweight, args.dbias,
+                                  [&](int64_t r, float* sum_w, float* sum_b) {
+                                    const int64_t at = r * cols;
+                                    const auto [mean_g, mean_g_xhat] = row_means(r);
+                                    kernels.input_and_param_grad_row(
+                                        x + at, dy + at, w, mean[r], rstd[r],
+                                        static_cast<float>(mean_g), static_cast<float>(mean_g_xhat),
+                                        cols, dx + at, sum_w, sum_b);
+                                  });
 }
 
 // (sum g, sum g * xhat) of fp32 row r over this rank's columns.

@@ -7,7 +7,10 @@
 // fp32 once (u32 relative; rstd's sqrt and division in double add ~1e-16). The kernels form
 // xhat = (x - mean) * rstd in fp32: two roundings, 2 u32 |xhat|, with mean and rstd given (the
 // backward) or the fp32 ones of the forward (whose rounding of mean, u32 |mean|, shifts xhat by
-// u32 |mean| rstd). Each further fp32 operation adds u32 of its result's magnitude.
+// u32 |mean| rstd). Each further fp32 operation adds u32 of its result's magnitude. The
+// backward computes in fp32: a sum of n terms over the 32 fixed lanes goes through at most
+// L(n) = ceil(n / 32) + 5 roundings per term, so its error is at most L u32 times the sum of the
+// terms' magnitudes.
 #include <cmath>
 #include <cstdint>
 #include <string>
@@ -25,6 +28,9 @@ using ::nf::testing::RandomFloats;
 
 constexpr float kEps = 1e-5f;
 constexpr double kU64 = 0x1p-53;
+
+// Roundings a term goes through in a fixed-lane fp32 sum of n terms.
+double LaneRoundings(int64_t n) { return static_cast<double>((n + 31) / 32 + 5); }
 const std::vector<int64_t> kWidths = {1, 3, 17, 130, 768};
 constexpr int64_t kRows = 3;
 
@@ -169,11 +175,12 @@ TEST_P(NormKernelsTest, BackwardKernelsMatchFloat64) {
         rstd[r] = static_cast<float>(rs);
       }
       std::vector<double> dx_ref(kRows * cols), dx_tol(kRows * cols);
-      // Parameter partials, row by row, added to non-zero starting values (each addition onto
-      // the running ~0.5 rounds by up to 2^-54: 4 kU64 covers the kRows of them).
-      std::vector<double> sum_w(cols, 0.5), sum_b(cols, -0.25);
-      std::vector<double> sum_w_ref(cols, 0.5), sum_b_ref(cols, -0.25), sum_w_tol(cols, 4 * kU64),
-          sum_b_tol(cols, 4 * kU64);
+      // fp32 parameter partials, row by row, added to non-zero starting values: each addition
+      // rounds by u of the running sum, bounded by the starting value plus the terms so far.
+      std::vector<float> sum_w(cols, 0.5f), sum_b(cols, -0.25f);
+      std::vector<double> sum_w_ref(cols, 0.5), sum_b_ref(cols, -0.25), sum_w_tol(cols, 0.0),
+          sum_b_tol(cols, 0.0), running_w(cols, 0.5), running_b(cols, 0.25);
+      const double l = LaneRoundings(cols);
       for (int64_t r = 0; r < kRows; ++r) {
         const float* x = in.x.data() + r * cols;
         const float* dy = in.dy.data() + r * cols;
@@ -188,31 +195,33 @@ TEST_P(NormKernelsTest, BackwardKernelsMatchFloat64) {
           mag_g_xhat += std::abs(g * xhat[c]);
           sum_w_ref[c] += dy[c] * xhat[c];
           sum_b_ref[c] += dy[c];
-          // The fp32 xhat's 2 u32, and a few 2^-53 per double addition.
-          sum_w_tol[c] += (2 * kU32 + 4 * kU64) * std::abs(dy[c] * xhat[c]);
-          sum_b_tol[c] += 4 * kU64 * std::abs(dy[c]);
+          running_w[c] += std::abs(dy[c] * xhat[c]);
+          running_b[c] += std::abs(dy[c]);
+          // The term: xhat's 2 u and the product's u; the addition: u of the running sum.
+          sum_w_tol[c] += 3 * kU32 * std::abs(dy[c] * xhat[c]) + kU32 * running_w[c];
+          sum_b_tol[c] += kU32 * running_b[c];
         }
         double sums[2];
         k.backward_row_sums(x, dy, in.w.data(), mean[r], rstd[r], cols, sums);
-        // g is exact in double; xhat's 2 u32 relative carries into sum g * xhat.
-        EXPECT_NEAR(sums[0], sum_g, 2 * cols * kU64 * mag_g) << cols;
-        EXPECT_NEAR(sums[1], sum_g_xhat, 2 * kU32 * mag_g_xhat + 2 * cols * kU64 * mag_g_xhat)
-            << cols;
+        // g's rounding and the lane sum; for g * xhat also xhat's 2 u and the product's u.
+        EXPECT_NEAR(sums[0], sum_g, (l + 1) * kU32 * mag_g) << cols;
+        EXPECT_NEAR(sums[1], sum_g_xhat, (l + 4) * kU32 * mag_g_xhat) << cols;
 
-        const double mean_g = sum_g / cols, mean_g_xhat = sum_g_xhat / cols;
+        // The kernel takes the row means as fp32: the reference uses the same values.
+        const float mean_g = static_cast<float>(sum_g / cols);
+        const float mean_g_xhat = static_cast<float>(sum_g_xhat / cols);
         k.input_and_param_grad_row(x, dy, in.w.data(), mean[r], rstd[r], mean_g, mean_g_xhat, cols,
                                    dx.data() + r * cols, sum_w.data(), sum_b.data());
         for (int64_t c = 0; c < cols; ++c) {
           const double g = double{dy[c]} * in.w[c];
           const int64_t i = r * cols + c;
           dx_ref[i] = rstd[r] * (g - mean_g - xhat[c] * mean_g_xhat);
-          // The fp32 xhat's 2 u32 through the product with mean_g_xhat, the double arithmetic
-          // (a few 2^-53 of the terms), then one rounding to fp32.
-          dx_tol[i] =
-              rstd[r] *
-                  (2 * kU32 * std::abs(xhat[c] * mean_g_xhat) +
-                   8 * kU64 * (std::abs(g) + std::abs(mean_g) + std::abs(xhat[c] * mean_g_xhat))) +
-              kU32 * std::abs(dx_ref[i]);
+          // g's rounding, the two differences', the product's and xhat's 2 u through the
+          // product: 3 u |g| + 2 u |mean_g| + 4 u |xhat mean_g_xhat| at most; then the product
+          // with rstd: u |dx|.
+          dx_tol[i] = 4 * kU32 * rstd[r] *
+                          (std::abs(g) + std::abs(mean_g) + std::abs(xhat[c] * mean_g_xhat)) +
+                      kU32 * std::abs(dx_ref[i]);
         }
       }
       ExpectWithin(dx, dx_ref, dx_tol, "dx, cols " + std::to_string(cols));

@@ -3,8 +3,8 @@
 // namespace (one copy per ISA level: an inline function shared across levels would let the
 // linker keep the AVX-512 copy for the baseline too).
 //
-// A reduction over n terms keeps kLanes partial sums: term c goes to lane c % kLanes, each lane
-// adds its terms in index order, and the lanes are combined by a fixed tree. The grouping
+// A reduction over n terms of type T keeps N = kLanesOf<T> partial sums: term c goes to lane c % N,
+// each lane adds its terms in index order, and the lanes are combined by a fixed tree. The grouping
 // depends on n only, never on the ISA level or the thread count, and the lane loop has no
 // cross-iteration dependence, so GCC vectorises it without -ffast-math. The lane loops carry
 // `#pragma GCC unroll 1`: unrolled first, GCC turns the lanes into scalars and leaves them so
@@ -16,52 +16,58 @@
 
 namespace nf::cpu::NF_ISA_NAMESPACE {
 
-// 16 doubles: two AVX-512 registers, four AVX2 or eight SSE2 ones; several independent
-// accumulators also hide the adds' latency.
-inline constexpr int64_t kLanes = 16;
+// A reduction's lanes fill 128 bytes: 16 doubles or 32 floats, two AVX-512 registers (four AVX2
+// or eight SSE2 ones); several independent accumulators also hide the adds' latency.
+template <typename T>
+inline constexpr int64_t kLanesOf = 128 / sizeof(T);
+inline constexpr int64_t kLanes = kLanesOf<double>;
 
-// lanes[0] + ... + lanes[kLanes - 1] by a fixed tree (lane l += lane l + width, halving).
-inline double CombineLanes(double (&lanes)[kLanes]) {
-  for (int64_t width = kLanes / 2; width > 0; width /= 2) {
+// lanes[0] + ... + lanes[N - 1] by a fixed tree (lane l += lane l + width, halving).
+template <typename T, int64_t N>
+T CombineLanes(T (&lanes)[N]) {
+  static_assert(N == kLanesOf<T>);
+  for (int64_t width = N / 2; width > 0; width /= 2) {
     for (int64_t l = 0; l < width; ++l) lanes[l] += lanes[l + width];
   }
   return lanes[0];
 }
 
-// lanes[c % kLanes] += term(c) for c in [0, n), in index order: a row's sum taken in pieces
-// whose lengths (but the last) are multiples of kLanes gives LaneSum's bits.
-template <typename Term>
-void AddToLanes(double (&lanes)[kLanes], int64_t n, Term&& term) {
+// lanes[c % N] += term(c) for c in [0, n), in index order: a row's sum taken in pieces whose
+// lengths (but the last) are multiples of N gives LaneSum's bits.
+template <typename T, int64_t N, typename Term>
+void AddToLanes(T (&lanes)[N], int64_t n, Term&& term) {
+  static_assert(N == kLanesOf<T>);
   int64_t c = 0;
-  for (; c + kLanes <= n; c += kLanes) {
+  for (; c + N <= n; c += N) {
 #pragma GCC unroll 1
-    for (int64_t l = 0; l < kLanes; ++l) lanes[l] += term(c + l);
+    for (int64_t l = 0; l < N; ++l) lanes[l] += term(c + l);
   }
   for (int64_t l = 0; c + l < n; ++l) lanes[l] += term(c + l);
 }
 
-// Two lane sets in one pass: term(c, t1, t2) sets the two terms of index c, added to lanes1 and
-// lanes2 as AddToLanes would add them.
-template <typename Terms>
-void AddToLanes2(double (&lanes1)[kLanes], double (&lanes2)[kLanes], int64_t n, Terms&& terms) {
+// Two lane sets in one pass: terms(c, t1, t2) sets the two terms of index c (T&), added to
+// lanes1 and lanes2 as AddToLanes would add them.
+template <typename T, int64_t N, typename Terms>
+void AddToLanes2(T (&lanes1)[N], T (&lanes2)[N], int64_t n, Terms&& terms) {
+  static_assert(N == kLanesOf<T>);
   const auto add = [&](int64_t c, int64_t l) {
-    double t1, t2;
+    T t1, t2;
     terms(c, t1, t2);
     lanes1[l] += t1;
     lanes2[l] += t2;
   };
   int64_t c = 0;
-  for (; c + kLanes <= n; c += kLanes) {
+  for (; c + N <= n; c += N) {
 #pragma GCC unroll 1
-    for (int64_t l = 0; l < kLanes; ++l) add(c + l, l);
+    for (int64_t l = 0; l < N; ++l) add(c + l, l);
   }
   for (int64_t l = 0; c + l < n; ++l) add(c + l, l);
 }
 
-// sum over c in [0, n) of term(c) (a double), in kLanes lanes.
-template <typename Term>
-double LaneSum(int64_t n, Term&& term) {
-  double lanes[kLanes] = {};
+// sum over c in [0, n) of term(c) (a T: double unless asked), in kLanesOf<T> lanes.
+template <typename T = double, typename Term>
+T LaneSum(int64_t n, Term&& term) {
+  T lanes[kLanesOf<T>] = {};
   AddToLanes(lanes, n, term);
   return CombineLanes(lanes);
 }

@@ -67,32 +67,26 @@ void PartialStats(const float* x, int64_t rows, int64_t cols, double* stats) {
 
 void BackwardRowSums(const float* x, const float* dy, const float* w, float mean, float rstd,
                      int64_t cols, double* sums) {
-  // Two lane sets in one pass: sum g and sum g * xhat.
-  double sum_g[kLanes] = {}, sum_g_xhat[kLanes] = {};
-  const auto add = [&](int64_t c, int64_t l) {
-    const double g = double{dy[c]} * w[c];
-    sum_g[l] += g;
-    sum_g_xhat[l] += g * Xhat(x[c], mean, rstd);
-  };
-  int64_t c = 0;
-  for (; c + kLanes <= cols; c += kLanes) {
-#pragma GCC unroll 1
-    for (int64_t l = 0; l < kLanes; ++l) add(c + l, l);
-  }
-  for (int64_t l = 0; c + l < cols; ++l) add(c + l, l);
+  float sum_g[kLanesOf<float>] = {}, sum_g_xhat[kLanesOf<float>] = {};
+  AddToLanes2(sum_g, sum_g_xhat, cols, [&](int64_t c, float& g, float& g_xhat) {
+    g = dy[c] * w[c];
+    g_xhat = g * Xhat(x[c], mean, rstd);
+  });
   sums[0] = CombineLanes(sum_g);
   sums[1] = CombineLanes(sum_g_xhat);
 }
 
 // One pass over a row: its input gradient and its share of the parameter gradients.
+// The partials are the row block's own (core/cpu/layer_norm_blocks.h), never any other
+// argument: __restrict__ says so, else GCC gives up on the alias checks of six float pointers
+// and leaves the loop scalar. dx may be dy (in place): it is read and written at the same index.
 void InputAndParamGradRow(const float* x, const float* dy, const float* w, float mean, float rstd,
-                          double mean_g, double mean_g_xhat, int64_t cols, float* dx, double* sum_w,
-                          double* sum_b) {
+                          float mean_g, float mean_g_xhat, int64_t cols, float* dx,
+                          float* __restrict__ sum_w, float* __restrict__ sum_b) {
   for (int64_t c = 0; c < cols; ++c) {
     const float xhat = Xhat(x[c], mean, rstd);
-    const double g = double{dy[c]} * w[c];
-    dx[c] = static_cast<float>(rstd * (g - mean_g - double{xhat} * mean_g_xhat));
-    sum_w[c] += double{dy[c]} * xhat;
+    dx[c] = rstd * (dy[c] * w[c] - mean_g - xhat * mean_g_xhat);
+    sum_w[c] += dy[c] * xhat;
     sum_b[c] += dy[c];
   }
 }

@@ -1,9 +1,12 @@
 // Vectorised fp32 LayerNorm kernels of the CPU backend (core/cpu/layer_norm.cc calls them when x
 // and the weight are fp32; fp16 / bf16 keep the scalar loops). One table per ISA level
-// (core/cpu/isa/isa.h). Row reductions run in double over fixed lanes (core/cpu/isa/lanes.h), so
-// they differ from a sequential double sum by rounding only, and not at all between thread
-// counts; the elementwise parts do the scalar loops' arithmetic in the same order (the AVX2 and
-// AVX-512 levels may contract a multiply and an add into one FMA: rounding only).
+// (core/cpu/isa/isa.h). Reductions run over fixed lanes (core/cpu/isa/lanes.h), the same bits
+// for any thread count. The forward's statistics are double: the row's mean and rstd within
+// fp32 rounding for any row, its outputs the base of everything after. The backward computes in
+// fp32, as PyTorch's and the CUDA backend's do: its row sums within (n / 32 + 5) roundings of fp32
+// for a row of n (tests/core/norm_kernels_test.cc has the error model), at twice the vector
+// width of double. The AVX2 and AVX-512 levels may contract a multiply and an add into one FMA:
+// rounding only.
 #pragma once
 
 #include <cstdint>
@@ -26,16 +29,17 @@ struct NormKernels {
   // of the tensor-parallel statistics.
   void (*partial_stats)(const float* x, int64_t rows, int64_t cols, double* stats);
   // One row of the backward, x and dy [cols]: sums[0] = sum g, sums[1] = sum g * xhat with
-  // g = dy * w (in double) and xhat = (x - mean) * rstd (in float).
+  // g = dy * w and xhat = (x - mean) * rstd, in fp32 lanes (returned as double, the type the
+  // tensor-parallel all-reduce adds).
   void (*backward_row_sums)(const float* x, const float* dy, const float* w, float mean, float rstd,
                             int64_t cols, double* sums);
   // One row of the backward, given mean_g = mean(g) and mean_g_xhat = mean(g * xhat) over the
-  // full (possibly tensor-parallel) row, in one pass: dx = rstd * (g - mean_g - xhat *
-  // mean_g_xhat) in double, rounded once, and the row's parameter-gradient terms added in
-  // double to a row block's partials, sum_w[c] += dy[c] * xhat[c] and sum_b[c] += dy[c].
+  // full (possibly tensor-parallel) row, in one fp32 pass: dx = rstd * (g - mean_g - xhat *
+  // mean_g_xhat), and the row's parameter-gradient terms added to a row block's partials,
+  // sum_w[c] += dy[c] * xhat[c] and sum_b[c] += dy[c].
   void (*input_and_param_grad_row)(const float* x, const float* dy, const float* w, float mean,
-                                   float rstd, double mean_g, double mean_g_xhat, int64_t cols,
-                                   float* dx, double* sum_w, double* sum_b);
+                                   float rstd, float mean_g, float mean_g_xhat, int64_t cols,
+                                   float* dx, float* sum_w, float* sum_b);
 };
 
 NF_ISA_KERNEL_TABLES(NormKernels, kNormKernels, NormKernelsFor, Norm)
