@@ -20,10 +20,6 @@
 namespace nf::cpu {
 namespace {
 
-bool IsF32(const Tensor& x, const Tensor& weight) {
-  return x.dtype() == DType::kF32 && weight.dtype() == DType::kF32;
-}
-
 // A row's working buffers, one set per thread: [count, cols] floats.
 float* RowBuffers(int64_t count, int64_t cols) {
   thread_local std::vector<float> buffers;
@@ -40,7 +36,7 @@ int64_t WorkPerElement(const ops::DropoutSpec& dropout, ops::Activation act, int
 }  // namespace
 
 absl::Status CpuBackend::ActivationNormForward(const ops::ActivationNormArgs& args) {
-  if (!IsF32(args.x, args.weight)) return ops::ComposedActivationNormForward(*this, args);
+  if (!UsesF32Kernels(args.x, args.weight)) return ops::ComposedActivationNormForward(*this, args);
   const ActivationKernels& activation = ActivationKernelsOf(args.act);
   const NormKernels& norm = Norm();
   const int64_t cols = ops::Cols(args.x);
@@ -62,7 +58,7 @@ absl::Status CpuBackend::ActivationNormForward(const ops::ActivationNormArgs& ar
 }
 
 absl::Status CpuBackend::ActivationNormBackward(const ops::ActivationNormBackwardArgs& args) {
-  if (!IsF32(args.x, args.weight)) return ops::ComposedActivationNormBackward(*this, args);
+  if (!UsesF32Kernels(args.x, args.weight)) return ops::ComposedActivationNormBackward(*this, args);
   const ActivationKernels& activation = ActivationKernelsOf(args.act);
   const NormKernels& norm = Norm();
   const int64_t cols = ops::Cols(args.x);

@@ -93,10 +93,6 @@ void ParamGrads(const ops::LayerNormBackwardArgs& args) {
                                    });
 }
 
-bool IsF32(const Tensor& x, const Tensor& weight) {
-  return x.dtype() == DType::kF32 && weight.dtype() == DType::kF32;
-}
-
 // The fp32 backward in one pass over the rows: per row, while it is in cache, the input
 // gradient from the row's means (mean g, mean g * xhat) = row_means(r), then the row's share of
 // the parameter gradients into its block's partials.
@@ -147,7 +143,7 @@ void StatsFromSums(const double* s, int64_t begin, int64_t end, int64_t total_co
 
 absl::Status CpuBackend::LayerNormForward(const ops::LayerNormArgs& args) {
   const int64_t cols = ops::Cols(args.x);
-  if (IsF32(args.x, args.weight)) {
+  if (UsesF32Kernels(args.x, args.weight)) {
     ParallelFor(ops::Rows(args.x), 6 * cols, [&](int64_t begin, int64_t end) {
       Norm().forward(args.x.data<float>() + begin * cols, args.weight.data<float>(),
                      args.bias.data<float>(), end - begin, cols, args.eps,
@@ -215,7 +211,7 @@ absl::Status CpuBackend::LayerNormForwardFromStats(const ops::LayerNormArgs& arg
   float* mean = args.mean.data<float>();
   float* rstd = args.rstd.data<float>();
   const int64_t cols = ops::Cols(args.x);
-  if (IsF32(args.x, args.weight)) {
+  if (UsesF32Kernels(args.x, args.weight)) {
     ParallelFor(ops::Rows(args.x), 4 * cols, [&](int64_t begin, int64_t end) {
       StatsFromSums(s, begin, end, total_cols, args.eps, mean, rstd);
       Norm().normalize(args.x.data<float>() + begin * cols, args.weight.data<float>(),
@@ -235,7 +231,7 @@ absl::Status CpuBackend::LayerNormForwardFromStats(const ops::LayerNormArgs& arg
 
 absl::Status CpuBackend::LayerNormBackward(const ops::LayerNormBackwardArgs& args) {
   const int64_t cols = ops::Cols(args.x);
-  if (IsF32(args.x, args.weight)) {
+  if (UsesF32Kernels(args.x, args.weight)) {
     BackwardF32(args, [&](int64_t r) {
       const auto [sum_g, sum_g_xhat] = RowSumsF32(args, r);
       return std::pair{sum_g / cols, sum_g_xhat / cols};
@@ -257,7 +253,7 @@ absl::Status CpuBackend::LayerNormBackward(const ops::LayerNormBackwardArgs& arg
 absl::Status CpuBackend::LayerNormBackwardPartialSums(const ops::LayerNormBackwardArgs& args,
                                                       const Tensor& sums) {
   float* out = sums.data<float>();
-  if (IsF32(args.x, args.weight)) {
+  if (UsesF32Kernels(args.x, args.weight)) {
     ParallelFor(ops::Rows(args.x), 4 * ops::Cols(args.x), [&](int64_t begin, int64_t end) {
       for (int64_t r = begin; r < end; ++r) {
         const auto [sum_g, sum_g_xhat] = RowSumsF32(args, r);
@@ -282,7 +278,7 @@ absl::Status CpuBackend::LayerNormBackwardPartialSums(const ops::LayerNormBackwa
 absl::Status CpuBackend::LayerNormBackwardFromSums(const ops::LayerNormBackwardArgs& args,
                                                    const Tensor& sums, int64_t total_cols) {
   const float* s = sums.data<float>();
-  if (IsF32(args.x, args.weight)) {
+  if (UsesF32Kernels(args.x, args.weight)) {
     BackwardF32(args, [&](int64_t r) {
       return std::pair{static_cast<double>(s[2 * r]) / total_cols,
                        static_cast<double>(s[2 * r + 1]) / total_cols};

@@ -1,8 +1,9 @@
-// The LayerNorm backward's parameter gradients on the CPU, shared by the LayerNorm kernels
-// (layer_norm.cc) and the fused activation + LayerNorm (activation_norm.cc): rows are taken in
-// fixed blocks of 64, each block sums its rows' terms per column (in Partial: float for the fp32
-// kernels, 64 terms a partial, double for the scalar fp16 / bf16 loops), then the blocks are
-// added in order in double. Cache friendly, and the same bits for any thread count.
+// What the CPU LayerNorm (layer_norm.cc) and the fused activation + LayerNorm
+// (activation_norm.cc) share: the choice of the vectorised fp32 kernels, and the backward's
+// parameter gradients. For those, rows are taken in fixed blocks of 64, each block sums its
+// rows' terms per column (in Partial: float for the fp32 kernels, 64 terms a partial, double for
+// the scalar fp16 / bf16 loops), then the blocks are added in order in double. Cache friendly,
+// and the same bits for any thread count.
 #pragma once
 
 #include <algorithm>
@@ -15,6 +16,12 @@
 namespace nf::cpu {
 
 inline constexpr int64_t kLayerNormRowsPerBlock = 64;
+
+// Whether the vectorised fp32 kernels (core/cpu/isa/norm_kernels.h) apply: fp32 x and weight;
+// other dtypes take the scalar loops.
+inline bool UsesF32Kernels(const Tensor& x, const Tensor& weight) {
+  return x.dtype() == DType::kF32 && weight.dtype() == DType::kF32;
+}
 
 // For every row r of [0, rows): row_body(r, sum_w, sum_b), where sum_w and sum_b [cols] are the
 // Partial partials of r's block (the row adds its dweight and dbias terms to them); in parallel
