@@ -154,6 +154,9 @@ def main():
             if status == "done":
                 check(f"| {arm['headword_acc']:.3f} |" in text, f"{name}: no accuracy in the table")
         check("| 2 | NormFormer | 0.01 | 30 |" in text, "stable rates table:\n" + text)
+        check("| learning rate | Pre-LN, 1 layers | NormFormer, 1 layers | Pre-LN, 2 layers | "
+              "NormFormer, 2 layers |" in text and "| 30 | diverged | diverged | diverged | "
+              "diverged |" in text, "learning-rate table:\n" + text)
         check("Pre-LN (lr 0.01, 2 layers) | 1, 2, 3 |" in text, "seeds table:\n" + text)
         # Exported (logs gzipped) and plotted again from the export: the same tables.
         evidence = os.path.join(root, "evidence")
