@@ -8,9 +8,12 @@
 
 #include <chrono>
 #include <cstdio>
+#include <utility>
 #include <vector>
 
 #include "bench/ceilings.h"
+#include "core/ops/backend.h"
+#include "core/ops/composed_ops.h"
 #include "core/ops/ops.h"
 #include "core/optim/mixed_precision_optimizer.h"
 #include "core/status.h"
@@ -281,6 +284,72 @@ void BM_ActivationNormBackward(benchmark::State& state) {
   Run(state, 0, 12.0 * rows * cols, [&] { return ops::ActivationNormBackward(args); });
 }
 
+// The residual add between the attention and feed-forward blocks with the LayerNorms around it
+// (NormFormer's on the branch when state.range(2) is 1, the FFN input's always), dropout 0.1:
+// fused (kComposed false) or as the unfused ops the layer ran before (true), on one backend.
+ops::ResidualNormArgs ResidualNormInputs(int64_t rows, int64_t cols, bool norms_branch) {
+  ops::ResidualNormArgs args{.dropout = {.p = 0.1f, .seed = 1, .site = 2, .seq_len = 64},
+                             .x = Random(DType::kF32, {rows, cols}),
+                             .branch = Random(DType::kF32, {rows, cols}),
+                             .residual = Zeros(DType::kF32, {rows, cols}),
+                             .weight = Random(DType::kF32, {cols}),
+                             .bias = Random(DType::kF32, {cols}),
+                             .y = Zeros(DType::kF32, {rows, cols}),
+                             .mean = Zeros(DType::kF32, {rows}),
+                             .rstd = Zeros(DType::kF32, {rows}),
+                             .scratch = Zeros(DType::kF32, {rows, cols})};
+  if (norms_branch) {
+    args.branch_weight = Random(DType::kF32, {cols});
+    args.branch_bias = Random(DType::kF32, {cols});
+    args.branch_mean = Zeros(DType::kF32, {rows});
+    args.branch_rstd = Zeros(DType::kF32, {rows});
+  }
+  return args;
+}
+
+ops::Backend& CpuBackend() { return **ops::BackendFor(Device::Cpu()); }
+
+template <bool kComposed>
+void BM_ResidualNormForward(benchmark::State& state) {
+  const int64_t rows = state.range(0), cols = state.range(1);
+  const ops::ResidualNormArgs args = ResidualNormInputs(rows, cols, state.range(2) != 0);
+  Run(state, 0, 16.0 * rows * cols, [&] {
+    return kComposed ? ops::ComposedResidualNormForward(CpuBackend(), args)
+                     : ops::ResidualNormForward(args);
+  });
+}
+
+template <bool kComposed>
+void BM_ResidualNormBackward(benchmark::State& state) {
+  const int64_t rows = state.range(0), cols = state.range(1);
+  const ops::ResidualNormArgs fwd = ResidualNormInputs(rows, cols, state.range(2) != 0);
+  if (!ops::ResidualNormForward(fwd).ok()) state.SkipWithError("forward failed");
+  ops::ResidualNormBackwardArgs args{.dropout = fwd.dropout,
+                                     .dy = Random(DType::kF32, {rows, cols}),
+                                     .residual = fwd.residual,
+                                     .weight = fwd.weight,
+                                     .mean = fwd.mean,
+                                     .rstd = fwd.rstd,
+                                     .branch = fwd.branch,
+                                     .d_residual = Zeros(DType::kF32, {rows, cols}),
+                                     .d_branch = Zeros(DType::kF32, {rows, cols}),
+                                     .dweight = Zeros(DType::kF32, {cols}),
+                                     .dbias = Zeros(DType::kF32, {cols}),
+                                     .scratch = fwd.scratch};
+  if (fwd.norms_branch()) {
+    args.branch_weight = fwd.branch_weight;
+    args.branch_mean = fwd.branch_mean;
+    args.branch_rstd = fwd.branch_rstd;
+    args.d_branch_weight = Zeros(DType::kF32, {cols});
+    args.d_branch_bias = Zeros(DType::kF32, {cols});
+  }
+  // d_residual accumulates over the repetitions: its values grow, its cost does not.
+  Run(state, 0, 20.0 * rows * cols, [&] {
+    return kComposed ? ops::ComposedResidualNormBackward(CpuBackend(), args)
+                     : ops::ResidualNormBackward(args);
+  });
+}
+
 // x [outer, channels, inner] times a per-channel scale: reads x, writes y.
 void BM_ScaleChannels(benchmark::State& state) {
   const int64_t outer = state.range(0), channels = state.range(1), inner = state.range(2);
@@ -299,6 +368,34 @@ void BM_ScaleChannelsBackward(benchmark::State& state) {
   const Tensor dx = Zeros(DType::kF32, shape);
   Run(state, 0, 16.0 * x.numel(),
       [&] { return ops::ScaleChannelsBackward(x, scale, inner, dy, dx, dscale); });
+}
+
+// Attention's output [batch, heads, seq, head_dim] to token order, plain or with NormFormer's
+// head scale on the way (the fused op): reads and writes the activations once.
+template <bool kScaled>
+void BM_MergeHeads(benchmark::State& state) {
+  const int64_t batch = state.range(0), heads = state.range(1), seq = state.range(2);
+  const Tensor x = Random(DType::kF32, {batch, heads, seq, state.range(3)});
+  const Tensor scale = Random(DType::kF32, {heads});
+  const Tensor tokens = Zeros(DType::kF32, {batch * seq, x.numel() / (batch * seq)});
+  Run(state, 0, 8.0 * x.numel(), [&] {
+    return kScaled ? ops::MergeScaledHeads(x, scale, tokens) : ops::MergeHeads(x, tokens);
+  });
+}
+
+// The gradient's way back: SplitHeads, or the fused backward (the scale gradient reads the
+// activations too).
+template <bool kScaled>
+void BM_SplitHeadsBackward(benchmark::State& state) {
+  const int64_t batch = state.range(0), heads = state.range(1), seq = state.range(2);
+  const Tensor x = Random(DType::kF32, {batch, heads, seq, state.range(3)});
+  const Tensor scale = Random(DType::kF32, {heads}), dscale = Zeros(DType::kF32, {heads});
+  const Tensor d_tokens = Random(DType::kF32, {batch * seq, x.numel() / (batch * seq)});
+  const Tensor d_heads = Zeros(DType::kF32, x.shape());
+  Run(state, 0, (kScaled ? 12.0 : 8.0) * x.numel(), [&] {
+    return kScaled ? ops::MergeScaledHeadsBackward(d_tokens, x, scale, d_heads, dscale)
+                   : ops::SplitHeads(d_tokens, d_heads);
+  });
 }
 
 // y += alpha x over n floats: reads x and y, writes y.
@@ -404,6 +501,31 @@ void RegisterAll() {
   // The tiny model's head scale (256 tokens, 4 heads of 32).
   add("scale_channels_f32/outer/channels/inner", BM_ScaleChannels, {256, 4, 32});
   add("scale_channels_bwd_f32/outer/channels/inner", BM_ScaleChannelsBackward, {256, 4, 32});
+  // The head scale before the projection fused with the head merge and its backward, beside
+  // the plain merge and split they replace with the scale ops above: the tiny model's micro-batch
+  // (4 sequences of 64, 4 heads of 32) and the 125M shape's (8 of 256, 12 heads of 64).
+  for (const std::vector<int64_t>& shape :
+       {std::vector<int64_t>{4, 4, 64, 32}, std::vector<int64_t>{8, 12, 256, 64}}) {
+    add("merge_heads_f32/b/h/s/d", BM_MergeHeads<false>, shape);
+    add("merge_scaled_heads_f32/b/h/s/d", BM_MergeHeads<true>, shape);
+    add("split_heads_f32/b/h/s/d", BM_SplitHeadsBackward<false>, shape);
+    add("merge_scaled_heads_bwd_f32/b/h/s/d", BM_SplitHeadsBackward<true>, shape);
+  }
+  // The residual add with its LayerNorms, fused against the unfused ops in the same run: the
+  // tiny model's micro-batch (256 tokens of 128) and the 125M shape's (2048 of 768), Pre-LN's
+  // (branch_norm 0) and NormFormer's (1).
+  for (const int64_t branch_norm : {0, 1}) {
+    for (const auto& [rows, cols] : {std::pair<int64_t, int64_t>{256, 128}, {2048, 768}}) {
+      add("residual_norm_fwd_f32/rows/cols/branch_norm", BM_ResidualNormForward<false>,
+          {rows, cols, branch_norm});
+      add("residual_norm_unfused_fwd_f32/rows/cols/branch_norm", BM_ResidualNormForward<true>,
+          {rows, cols, branch_norm});
+      add("residual_norm_bwd_f32/rows/cols/branch_norm", BM_ResidualNormBackward<false>,
+          {rows, cols, branch_norm});
+      add("residual_norm_unfused_bwd_f32/rows/cols/branch_norm", BM_ResidualNormBackward<true>,
+          {rows, cols, branch_norm});
+    }
+  }
   add("axpy_f32/n", BM_Axpy, {16 << 20});
   add("scale_f32/n", BM_Scale, {16 << 20});
 }

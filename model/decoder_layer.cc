@@ -199,13 +199,11 @@ absl::Status DecoderLayer::Forward(const Tensor& x, const Tensor& y, const Step&
   }
   const bool scale_before = options_.scale_heads && options_.heads_before_out_proj;
   const bool scale_after = options_.scale_heads && !options_.heads_before_out_proj;
-  const Tensor& head_output = scale_before ? scratch.heads[0] : acts.attn;
-  if (scale_before) {
-    // [B, H, S * Dh]: one scale per head.
-    NF_RETURN_IF_ERROR(
-        ops::ScaleChannels(acts.attn, p.head_scale.value, s.seq * s.head_dim, scratch.heads[0]));
+  if (scale_before) {  // each head's output times its scale on the way to token order
+    NF_RETURN_IF_ERROR(ops::MergeScaledHeads(acts.attn, p.head_scale.value, acts.merged));
+  } else {
+    NF_RETURN_IF_ERROR(ops::MergeHeads(acts.attn, acts.merged));
   }
-  NF_RETURN_IF_ERROR(ops::MergeHeads(head_output, acts.merged));
   NF_RETURN_IF_ERROR(
       RowParallelLinearForward(acts.merged, p.out_weight, p.out_bias, acts.attn_proj, *tp_));
   if (scale_after) {
@@ -213,21 +211,28 @@ absl::Status DecoderLayer::Forward(const Tensor& x, const Tensor& y, const Step&
     NF_RETURN_IF_ERROR(
         ops::ScaleChannels(acts.attn_proj, p.head_scale.value, s.head_dim, acts.post_attn));
   }
-  const Tensor& branch = scratch.model_width[0];
+  // residual = x + dropout(LN_post_attn(post_attn)), and the feed-forward block's input
+  // LayerNorm of it, in one op.
+  ops::ResidualNormArgs residual_norm{.dropout = Dropout(DropoutKind::kAttention, step),
+                                      .x = x,
+                                      .branch = acts.post_attn,
+                                      .residual = acts.residual,
+                                      .weight = p.ffn_norm_weight.value,
+                                      .bias = p.ffn_norm_bias.value,
+                                      .y = acts.ffn_in_norm,
+                                      .mean = acts.ffn_in_mean,
+                                      .rstd = acts.ffn_in_rstd,
+                                      .scratch = scratch.model_width[0],
+                                      .eps = eps};
   if (options_.scale_attn) {
-    NF_RETURN_IF_ERROR(LayerNorm(acts.post_attn, p.post_attn_norm_weight, p.post_attn_norm_bias,
-                                 branch, acts.post_attn_mean, acts.post_attn_rstd, eps));
-    NF_RETURN_IF_ERROR(ops::Dropout(branch, branch, Dropout(DropoutKind::kAttention, step)));
-  } else {
-    NF_RETURN_IF_ERROR(
-        ops::Dropout(acts.post_attn, branch, Dropout(DropoutKind::kAttention, step)));
+    residual_norm.branch_weight = p.post_attn_norm_weight.value;
+    residual_norm.branch_bias = p.post_attn_norm_bias.value;
+    residual_norm.branch_mean = acts.post_attn_mean;
+    residual_norm.branch_rstd = acts.post_attn_rstd;
   }
-  NF_RETURN_IF_ERROR(ops::Cast(x, acts.residual));
-  NF_RETURN_IF_ERROR(ops::Axpy(1.0f, branch, acts.residual));
+  NF_RETURN_IF_ERROR(ops::ResidualNormForward(residual_norm));
 
   // ---- feed-forward block
-  NF_RETURN_IF_ERROR(LayerNorm(acts.residual, p.ffn_norm_weight, p.ffn_norm_bias, acts.ffn_in_norm,
-                               acts.ffn_in_mean, acts.ffn_in_rstd, eps));
   NF_RETURN_IF_ERROR(LinearForward(acts.ffn_in_norm, p.fc1_weight, p.fc1_bias, acts.fc1_out));
   if (options_.scale_fc && !FfnNormIsSharded(s)) {
     NF_RETURN_IF_ERROR(
@@ -320,18 +325,30 @@ absl::Status DecoderLayer::Backward(const Tensor& x, const Tensor& dy, const Ten
   NF_RETURN_IF_ERROR(LinearBackward(acts.ffn_in_norm, p.fc1_weight, p.fc1_bias, d_act, d_model,
                                     /*accumulate_dx=*/false));
   NF_RETURN_IF_ERROR(ReduceInputGrad(d_model, *tp_));  // fc1 is column-parallel
-  NF_RETURN_IF_ERROR(LayerNormGrad(d_model, acts.residual, p.ffn_norm_weight, p.ffn_norm_bias,
-                                   acts.ffn_in_mean, acts.ffn_in_rstd, d_model_aux));
-  NF_RETURN_IF_ERROR(ops::Axpy(1.0f, d_model_aux, d_residual));
 
   // ---- attention block: residual = x + dropout(LN_post_attn(scaled out_proj(...)))
-  NF_RETURN_IF_ERROR(ops::Dropout(d_residual, d_model, Dropout(DropoutKind::kAttention, step)));
-  const Tensor& d_post_attn = options_.scale_attn ? d_model_aux : d_model;
+  // d_residual gains the FFN input LayerNorm's input gradient; d_post_attn is the branch's.
+  const Tensor& d_post_attn = d_model_aux;
+  ops::ResidualNormBackwardArgs residual_norm{.dropout = Dropout(DropoutKind::kAttention, step),
+                                              .dy = d_model,
+                                              .residual = acts.residual,
+                                              .weight = p.ffn_norm_weight.value,
+                                              .mean = acts.ffn_in_mean,
+                                              .rstd = acts.ffn_in_rstd,
+                                              .branch = acts.post_attn,
+                                              .d_residual = d_residual,
+                                              .d_branch = d_post_attn,
+                                              .dweight = p.ffn_norm_weight.grad,
+                                              .dbias = p.ffn_norm_bias.grad,
+                                              .scratch = scratch.model_width[3]};
   if (options_.scale_attn) {
-    NF_RETURN_IF_ERROR(LayerNormGrad(d_model, acts.post_attn, p.post_attn_norm_weight,
-                                     p.post_attn_norm_bias, acts.post_attn_mean,
-                                     acts.post_attn_rstd, d_post_attn));
+    residual_norm.branch_weight = p.post_attn_norm_weight.value;
+    residual_norm.branch_mean = acts.post_attn_mean;
+    residual_norm.branch_rstd = acts.post_attn_rstd;
+    residual_norm.d_branch_weight = p.post_attn_norm_weight.grad;
+    residual_norm.d_branch_bias = p.post_attn_norm_bias.grad;
   }
+  NF_RETURN_IF_ERROR(ops::ResidualNormBackward(residual_norm));
   const bool scale_before = options_.scale_heads && options_.heads_before_out_proj;
   const bool scale_after = options_.scale_heads && !options_.heads_before_out_proj;
   if (scale_after) {  // in place: d_post_attn becomes the grad of out_proj's output
@@ -342,10 +359,11 @@ absl::Status DecoderLayer::Backward(const Tensor& x, const Tensor& dy, const Ten
   NF_RETURN_IF_ERROR(LinearBackward(acts.merged, p.out_weight, p.out_bias, d_post_attn, d_merged,
                                     /*accumulate_dx=*/false));
   const Tensor& d_attn = scratch.heads[0];
-  NF_RETURN_IF_ERROR(ops::SplitHeads(d_merged, d_attn));
   if (scale_before) {
-    NF_RETURN_IF_ERROR(ops::ScaleChannelsBackward(acts.attn, p.head_scale.value, s.seq * s.head_dim,
-                                                  d_attn, d_attn, p.head_scale.grad));
+    NF_RETURN_IF_ERROR(ops::MergeScaledHeadsBackward(d_merged, acts.attn, p.head_scale.value,
+                                                     d_attn, p.head_scale.grad));
+  } else {
+    NF_RETURN_IF_ERROR(ops::SplitHeads(d_merged, d_attn));
   }
   NF_RETURN_IF_ERROR(ops::AttentionBackward(
       {.q = acts.q,

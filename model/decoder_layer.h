@@ -74,7 +74,7 @@ struct LayerActivations {
 struct LayerScratch {
   Tensor local_tokens[3];  // [T, H * Dh]
   Tensor heads[4];         // [B, H, S, Dh]
-  Tensor model_width[3];   // [T, d]
+  Tensor model_width[4];   // [T, d]
   Tensor ffn_width[3];     // [T, F]
   Tensor row_stats;        // f64 [T, 2]: the sharded LN_ffn_mid's forward statistics
   Tensor row_sums;         // f32 [T, 2]: and its backward sums

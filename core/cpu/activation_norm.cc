@@ -20,13 +20,6 @@
 namespace nf::cpu {
 namespace {
 
-// A row's working buffers, one set per thread: [count, cols] floats.
-float* RowBuffers(int64_t count, int64_t cols) {
-  thread_local std::vector<float> buffers;
-  if (static_cast<int64_t>(buffers.size()) < count * cols) buffers.resize(count * cols);
-  return buffers.data();
-}
-
 // Work per element in scalar-flop equivalents (ParallelFor's grain): the activation, the
 // dropout's Philox words and the LayerNorm's passes.
 int64_t WorkPerElement(const ops::DropoutSpec& dropout, ops::Activation act, int64_t layer_norm) {

@@ -29,6 +29,11 @@ class CpuBackend final : public ops::Backend {
                                      const Tensor& dscale) override;
   absl::Status SplitHeads(const Tensor& tokens, const Tensor& heads) override;
   absl::Status MergeHeads(const Tensor& heads, const Tensor& tokens) override;
+  absl::Status MergeScaledHeads(const Tensor& heads, const Tensor& scale,
+                                const Tensor& tokens) override;
+  absl::Status MergeScaledHeadsBackward(const Tensor& d_tokens, const Tensor& heads,
+                                        const Tensor& scale, const Tensor& d_heads,
+                                        const Tensor& dscale) override;
 
   absl::Status LayerNormForward(const ops::LayerNormArgs& args) override;
   absl::Status LayerNormPartialStats(const Tensor& x, const Tensor& stats) override;
@@ -42,6 +47,8 @@ class CpuBackend final : public ops::Backend {
 
   absl::Status ActivationNormForward(const ops::ActivationNormArgs& args) override;
   absl::Status ActivationNormBackward(const ops::ActivationNormBackwardArgs& args) override;
+  absl::Status ResidualNormForward(const ops::ResidualNormArgs& args) override;
+  absl::Status ResidualNormBackward(const ops::ResidualNormBackwardArgs& args) override;
 
   absl::Status SoftmaxForward(const Tensor& x, const Tensor& y) override;
   absl::Status SoftmaxBackward(const Tensor& y, const Tensor& dy, const Tensor& dx) override;

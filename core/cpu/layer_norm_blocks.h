@@ -1,5 +1,5 @@
-// What the CPU LayerNorm (layer_norm.cc) and the fused activation + LayerNorm
-// (activation_norm.cc) share: the choice of the vectorised fp32 kernels, and the backward's
+// What the CPU LayerNorm (layer_norm.cc) and the fused ops around LayerNorms (activation_norm.cc,
+// residual_norm.cc) share: the choice of the vectorised fp32 kernels, and the backward's
 // parameter gradients. For those, rows are taken in fixed blocks of 64, each block sums its
 // rows' terms per column (in Partial: float for the fp32 kernels, 64 terms a partial, double for
 // the scalar fp16 / bf16 loops), then the blocks are added in order in double. Cache friendly,
@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <initializer_list>
 #include <vector>
 
 #include "core/cpu/kernel_util.h"
@@ -23,39 +24,52 @@ inline bool UsesF32Kernels(const Tensor& x, const Tensor& weight) {
   return x.dtype() == DType::kF32 && weight.dtype() == DType::kF32;
 }
 
-// For every row r of [0, rows): row_body(r, sum_w, sum_b), where sum_w and sum_b [cols] are the
-// Partial partials of r's block (the row adds its dweight and dbias terms to them); in parallel
-// over the blocks, ~work_per_row flops each. Then dweight[c] += sum_w[c] and dbias[c] +=
-// sum_b[c] over the blocks in block order. dweight, dbias fp32 [cols].
+// A row's working buffers, one set per thread: [count, cols] floats (grown, never shrunk).
+inline float* RowBuffers(int64_t count, int64_t cols) {
+  thread_local std::vector<float> buffers;
+  if (static_cast<int64_t>(buffers.size()) < count * cols) buffers.resize(count * cols);
+  return buffers.data();
+}
+
+// For every row r of [0, rows): row_body(r, sums), where sums [grads.size(), cols] are the
+// Partial partials of r's block, one row per gradient (the row adds its terms to them); in
+// parallel over the blocks, ~work_per_row flops each. Then grads[g][c] += sums[g, c] over the
+// blocks in block order. Each grad fp32 [cols].
+template <typename Partial, typename RowBody>
+void ForEachRowWithColumnGrads(int64_t rows, int64_t cols, int64_t work_per_row,
+                               std::initializer_list<Tensor> grads, RowBody&& row_body) {
+  const int64_t count = static_cast<int64_t>(grads.size());
+  const int64_t blocks = (rows + kLayerNormRowsPerBlock - 1) / kLayerNormRowsPerBlock;
+  // [blocks, count, cols]: each block's partials, one row per gradient.
+  std::vector<Partial> partial(blocks * count * cols, Partial{0});
+  ParallelFor(blocks, work_per_row * kLayerNormRowsPerBlock, [&](int64_t begin, int64_t end) {
+    for (int64_t block = begin; block < end; ++block) {
+      Partial* sums = partial.data() + block * count * cols;
+      const int64_t last = std::min(rows, (block + 1) * kLayerNormRowsPerBlock);
+      for (int64_t r = block * kLayerNormRowsPerBlock; r < last; ++r) row_body(r, sums);
+    }
+  });
+  std::vector<double> total(count * cols, 0.0);
+  for (int64_t block = 0; block < blocks; ++block) {
+    const Partial* sums = partial.data() + block * count * cols;
+    for (int64_t i = 0; i < count * cols; ++i) total[i] += sums[i];
+  }
+  int64_t g = 0;
+  for (const Tensor& grad : grads) {
+    float* out = grad.data<float>();
+    for (int64_t c = 0; c < cols; ++c) out[c] += static_cast<float>(total[g * cols + c]);
+    ++g;
+  }
+}
+
+// One LayerNorm's parameter gradients: row_body(r, sum_w, sum_b) adds row r's dweight and dbias
+// terms to its block's partials sum_w, sum_b [cols].
 template <typename Partial, typename RowBody>
 void ForEachRowWithParamGrads(int64_t rows, int64_t cols, int64_t work_per_row,
                               const Tensor& dweight, const Tensor& dbias, RowBody&& row_body) {
-  const int64_t blocks = (rows + kLayerNormRowsPerBlock - 1) / kLayerNormRowsPerBlock;
-  // [blocks, 2, cols]: each block's sum_w, then its sum_b.
-  std::vector<Partial> partial(blocks * 2 * cols, Partial{0});
-  ParallelFor(blocks, work_per_row * kLayerNormRowsPerBlock, [&](int64_t begin, int64_t end) {
-    for (int64_t block = begin; block < end; ++block) {
-      Partial* sum_w = partial.data() + block * 2 * cols;
-      const int64_t last = std::min(rows, (block + 1) * kLayerNormRowsPerBlock);
-      for (int64_t r = block * kLayerNormRowsPerBlock; r < last; ++r) {
-        row_body(r, sum_w, sum_w + cols);
-      }
-    }
-  });
-  std::vector<double> total_w(cols, 0.0), total_b(cols, 0.0);
-  for (int64_t block = 0; block < blocks; ++block) {
-    const Partial* block_w = partial.data() + block * 2 * cols;
-    for (int64_t c = 0; c < cols; ++c) {
-      total_w[c] += block_w[c];
-      total_b[c] += block_w[cols + c];
-    }
-  }
-  float* dw = dweight.data<float>();
-  float* db = dbias.data<float>();
-  for (int64_t c = 0; c < cols; ++c) {
-    dw[c] += static_cast<float>(total_w[c]);
-    db[c] += static_cast<float>(total_b[c]);
-  }
+  ForEachRowWithColumnGrads<Partial>(
+      rows, cols, work_per_row, {dweight, dbias},
+      [&](int64_t r, Partial* sums) { row_body(r, sums, sums + cols); });
 }
 
 }  // namespace nf::cpu

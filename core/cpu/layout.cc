@@ -5,6 +5,7 @@
 #include "core/cpu/cpu_backend.h"
 #include "core/cpu/isa/elementwise_kernels.h"
 #include "core/cpu/kernel_util.h"
+#include "core/ops/composed_ops.h"
 
 namespace nf::cpu {
 namespace {
@@ -178,6 +179,73 @@ absl::Status CpuBackend::MergeHeads(const Tensor& heads, const Tensor& tokens) {
   DispatchFloat(tokens.dtype(), [&]<typename T>() {
     PermuteHeads<T>(heads, heads.data<T>(), tokens.data<T>(), /*to_heads=*/false);
   });
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::MergeScaledHeads(const Tensor& heads, const Tensor& scale,
+                                          const Tensor& tokens) {
+  if (heads.dtype() != DType::kF32 || scale.dtype() != DType::kF32) {
+    return ops::ComposedMergeScaledHeads(*this, heads, scale, tokens);
+  }
+  const int64_t batch = heads.dim(0), count = heads.dim(1), seq = heads.dim(2);
+  const int64_t dim = heads.dim(3);
+  const float* from = heads.data<float>();
+  const float* s = scale.data<float>();
+  float* to = tokens.data<float>();
+  const ElementwiseKernels& kernels = Elementwise();
+  ParallelFor(batch * seq, count * dim, [&](int64_t begin, int64_t end) {
+    for (int64_t token = begin; token < end; ++token) {
+      const int64_t b = token / seq, pos = token % seq;
+      for (int64_t h = 0; h < count; ++h) {
+        kernels.scale(from + ((b * count + h) * seq + pos) * dim, s[h],
+                      to + (token * count + h) * dim, dim);
+      }
+    }
+  });
+  return absl::OkStatus();
+}
+
+// Per (batch, head) block of d_heads [seq, head_dim]: the block's unscaled gradient gathered from
+// the token side, its dot with the head's activations in double (column sums over seq, then the
+// columns in order), then the block scaled in place while it is in cache. The blocks' dots are
+// added over the batch in order: the same bits for any thread count.
+absl::Status CpuBackend::MergeScaledHeadsBackward(const Tensor& d_tokens, const Tensor& heads,
+                                                  const Tensor& scale, const Tensor& d_heads,
+                                                  const Tensor& dscale) {
+  if (heads.dtype() != DType::kF32 || scale.dtype() != DType::kF32) {
+    return ops::ComposedMergeScaledHeadsBackward(*this, d_tokens, heads, scale, d_heads, dscale);
+  }
+  const int64_t batch = heads.dim(0), count = heads.dim(1), seq = heads.dim(2);
+  const int64_t dim = heads.dim(3), block = seq * dim;
+  const float* dt = d_tokens.data<float>();
+  const float* act = heads.data<float>();
+  const float* s = scale.data<float>();
+  float* dh = d_heads.data<float>();
+  const ElementwiseKernels& kernels = Elementwise();
+  std::vector<double> block_dots(batch * count);
+  ParallelFor(batch * count, 4 * block, [&](int64_t begin, int64_t end) {
+    std::vector<double> column_sums(dim);
+    for (int64_t task = begin; task < end; ++task) {  // task = b * count + h
+      const int64_t b = task / count, h = task % count;
+      float* out = dh + task * block;
+      for (int64_t pos = 0; pos < seq; ++pos) {
+        const float* row = dt + ((b * seq + pos) * count + h) * dim;
+        std::copy(row, row + dim, out + pos * dim);
+      }
+      std::fill(column_sums.begin(), column_sums.end(), 0.0);
+      kernels.sum_rows_product(out, act + task * block, seq, dim, dim, column_sums.data());
+      double dot = 0.0;
+      for (const double sum : column_sums) dot += sum;
+      block_dots[task] = dot;
+      kernels.scale(out, s[h], out, block);
+    }
+  });
+  float* ds = dscale.data<float>();
+  for (int64_t h = 0; h < count; ++h) {
+    double sum = 0.0;
+    for (int64_t b = 0; b < batch; ++b) sum += block_dots[b * count + h];
+    ds[h] += static_cast<float>(sum);
+  }
   return absl::OkStatus();
 }
 

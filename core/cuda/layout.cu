@@ -3,6 +3,7 @@
 #include "core/cuda/column_sums.cuh"
 #include "core/cuda/cuda_backend.h"
 #include "core/cuda/kernel_util.cuh"
+#include "core/ops/composed_ops.h"
 
 namespace nf::cuda {
 namespace {
@@ -130,6 +131,18 @@ absl::Status CudaBackend::MergeHeads(const Tensor& heads, const Tensor& tokens) 
   return DispatchFloat(tokens.dtype(), [&]<typename T>() {
     return PermuteHeads<T>(stream(), heads, DevicePtr<T>(heads), DevicePtr<T>(tokens), false);
   });
+}
+
+// The head scale fused with the permutation is the composition for now: two passes.
+absl::Status CudaBackend::MergeScaledHeads(const Tensor& heads, const Tensor& scale,
+                                           const Tensor& tokens) {
+  return ops::ComposedMergeScaledHeads(*this, heads, scale, tokens);
+}
+
+absl::Status CudaBackend::MergeScaledHeadsBackward(const Tensor& d_tokens, const Tensor& heads,
+                                                   const Tensor& scale, const Tensor& d_heads,
+                                                   const Tensor& dscale) {
+  return ops::ComposedMergeScaledHeadsBackward(*this, d_tokens, heads, scale, d_heads, dscale);
 }
 
 }  // namespace nf::cuda

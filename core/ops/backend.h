@@ -28,6 +28,11 @@ class Backend {
                                              const Tensor& dscale) = 0;
   virtual absl::Status SplitHeads(const Tensor& tokens, const Tensor& heads) = 0;
   virtual absl::Status MergeHeads(const Tensor& heads, const Tensor& tokens) = 0;
+  virtual absl::Status MergeScaledHeads(const Tensor& heads, const Tensor& scale,
+                                        const Tensor& tokens) = 0;
+  virtual absl::Status MergeScaledHeadsBackward(const Tensor& d_tokens, const Tensor& heads,
+                                                const Tensor& scale, const Tensor& d_heads,
+                                                const Tensor& dscale) = 0;
 
   virtual absl::Status LayerNormForward(const LayerNormArgs& args) = 0;
   virtual absl::Status LayerNormPartialStats(const Tensor& x, const Tensor& stats) = 0;
@@ -41,6 +46,8 @@ class Backend {
 
   virtual absl::Status ActivationNormForward(const ActivationNormArgs& args) = 0;
   virtual absl::Status ActivationNormBackward(const ActivationNormBackwardArgs& args) = 0;
+  virtual absl::Status ResidualNormForward(const ResidualNormArgs& args) = 0;
+  virtual absl::Status ResidualNormBackward(const ResidualNormBackwardArgs& args) = 0;
 
   virtual absl::Status SoftmaxForward(const Tensor& x, const Tensor& y) = 0;
   virtual absl::Status SoftmaxBackward(const Tensor& y, const Tensor& dy, const Tensor& dx) = 0;

@@ -40,4 +40,72 @@ absl::Status ComposedActivationNormBackward(Backend& backend,
   return backend.ActivationBackward(args.act, args.x, args.dx, args.dx);
 }
 
+LayerNormArgs BranchNormOf(const ResidualNormArgs& args) {
+  return {.x = args.branch,
+          .weight = args.branch_weight,
+          .bias = args.branch_bias,
+          .y = args.scratch,
+          .mean = args.branch_mean,
+          .rstd = args.branch_rstd,
+          .eps = args.eps};
+}
+
+LayerNormArgs ResidualNormOf(const ResidualNormArgs& args) {
+  return {.x = args.residual,
+          .weight = args.weight,
+          .bias = args.bias,
+          .y = args.y,
+          .mean = args.mean,
+          .rstd = args.rstd,
+          .eps = args.eps};
+}
+
+absl::Status ComposedResidualNormForward(Backend& backend, const ResidualNormArgs& args) {
+  if (args.norms_branch()) {
+    NF_RETURN_IF_ERROR(backend.LayerNormForward(BranchNormOf(args)));
+    NF_RETURN_IF_ERROR(backend.Dropout(args.scratch, args.scratch, args.dropout));
+  } else {
+    NF_RETURN_IF_ERROR(backend.Dropout(args.branch, args.scratch, args.dropout));
+  }
+  NF_RETURN_IF_ERROR(backend.Cast(args.x, args.residual));
+  NF_RETURN_IF_ERROR(backend.Axpy(1.0f, args.scratch, args.residual));
+  return backend.LayerNormForward(ResidualNormOf(args));
+}
+
+absl::Status ComposedResidualNormBackward(Backend& backend, const ResidualNormBackwardArgs& args) {
+  NF_RETURN_IF_ERROR(backend.LayerNormBackward({.dy = args.dy,
+                                                .x = args.residual,
+                                                .weight = args.weight,
+                                                .mean = args.mean,
+                                                .rstd = args.rstd,
+                                                .dx = args.scratch,
+                                                .dweight = args.dweight,
+                                                .dbias = args.dbias}));
+  NF_RETURN_IF_ERROR(backend.Axpy(1.0f, args.scratch, args.d_residual));
+  if (!args.norms_branch()) return backend.Dropout(args.d_residual, args.d_branch, args.dropout);
+  NF_RETURN_IF_ERROR(backend.Dropout(args.d_residual, args.scratch, args.dropout));
+  return backend.LayerNormBackward({.dy = args.scratch,
+                                    .x = args.branch,
+                                    .weight = args.branch_weight,
+                                    .mean = args.branch_mean,
+                                    .rstd = args.branch_rstd,
+                                    .dx = args.d_branch,
+                                    .dweight = args.d_branch_weight,
+                                    .dbias = args.d_branch_bias});
+}
+
+absl::Status ComposedMergeScaledHeads(Backend& backend, const Tensor& heads, const Tensor& scale,
+                                      const Tensor& tokens) {
+  NF_RETURN_IF_ERROR(backend.MergeHeads(heads, tokens));
+  return backend.ScaleChannels(tokens, scale, /*inner=*/heads.dim(3), tokens);
+}
+
+absl::Status ComposedMergeScaledHeadsBackward(Backend& backend, const Tensor& d_tokens,
+                                              const Tensor& heads, const Tensor& scale,
+                                              const Tensor& d_heads, const Tensor& dscale) {
+  NF_RETURN_IF_ERROR(backend.SplitHeads(d_tokens, d_heads));
+  const int64_t per_head = heads.dim(2) * heads.dim(3);  // seq * head_dim
+  return backend.ScaleChannelsBackward(heads, scale, per_head, d_heads, d_heads, dscale);
+}
+
 }  // namespace nf::ops

@@ -20,4 +20,27 @@ absl::Status ComposedActivationNormForward(Backend& backend, const ActivationNor
 absl::Status ComposedActivationNormBackward(Backend& backend,
                                             const ActivationNormBackwardArgs& args);
 
+// The LayerNorms of a fused residual add, as unfused ops read them: the branch's (x = branch,
+// y = scratch) and the residual's.
+LayerNormArgs BranchNormOf(const ResidualNormArgs& args);
+LayerNormArgs ResidualNormOf(const ResidualNormArgs& args);
+
+// scratch = dropout(LayerNorm_branch(branch) or branch); residual = x; residual += scratch;
+// y = LayerNorm(residual).
+absl::Status ComposedResidualNormForward(Backend& backend, const ResidualNormArgs& args);
+
+// scratch = LayerNorm backward (dy, residual); d_residual += scratch; then with the branch
+// LayerNorm scratch = dropout(d_residual) and d_branch = its LayerNorm backward (scratch,
+// branch), without it d_branch = dropout(d_residual).
+absl::Status ComposedResidualNormBackward(Backend& backend, const ResidualNormBackwardArgs& args);
+
+// tokens = MergeHeads(heads); tokens viewed [tokens, heads, head_dim] *= scale per head.
+absl::Status ComposedMergeScaledHeads(Backend& backend, const Tensor& heads, const Tensor& scale,
+                                      const Tensor& tokens);
+
+// d_heads = SplitHeads(d_tokens); ScaleChannelsBackward(heads, scale, seq * head_dim) in place.
+absl::Status ComposedMergeScaledHeadsBackward(Backend& backend, const Tensor& d_tokens,
+                                              const Tensor& heads, const Tensor& scale,
+                                              const Tensor& d_heads, const Tensor& dscale);
+
 }  // namespace nf::ops

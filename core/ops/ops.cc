@@ -7,7 +7,6 @@
 #include "core/ops/backend.h"
 #include "core/ops/checks.h"
 #include "core/ops/composed_ops.h"
-#include "core/ops/composed_ops.h"
 #include "core/status.h"
 
 namespace nf::ops {
@@ -201,6 +200,47 @@ absl::Status MergeHeads(const Tensor& heads, const Tensor& tokens) {
   return backend->MergeHeads(heads, tokens);
 }
 
+namespace {
+
+// A per-head scale of heads [batch, heads, seq, head_dim]: [heads], floating.
+absl::Status CheckHeadScale(absl::string_view op, const Tensor& heads, const Tensor& scale) {
+  NF_RETURN_IF_ERROR(CheckFloating(op, {"scale", scale}));
+  return CheckShape(op, {"scale", scale}, {heads.dim(1)});
+}
+
+}  // namespace
+
+absl::Status MergeScaledHeads(const Tensor& heads, const Tensor& scale, const Tensor& tokens) {
+  constexpr absl::string_view op = "MergeScaledHeads";
+  NF_RETURN_IF_ERROR(CheckHeadLayout(op, {"tokens", tokens}, {"heads", heads}));
+  NF_RETURN_IF_ERROR(CheckSameDevice(op, {{"heads", heads}, {"scale", scale}}));
+  NF_RETURN_IF_ERROR(CheckHeadScale(op, heads, scale));
+  NF_BACKEND(heads);
+  return backend->MergeScaledHeads(heads, scale, tokens);
+}
+
+absl::Status MergeScaledHeadsBackward(const Tensor& d_tokens, const Tensor& heads,
+                                      const Tensor& scale, const Tensor& d_heads,
+                                      const Tensor& dscale) {
+  constexpr absl::string_view op = "MergeScaledHeadsBackward";
+  NF_RETURN_IF_ERROR(CheckHeadLayout(op, {"d_tokens", d_tokens}, {"heads", heads}));
+  NF_RETURN_IF_ERROR(CheckSameDevice(
+      op, {{"heads", heads}, {"scale", scale}, {"d_heads", d_heads}, {"dscale", dscale}}));
+  NF_RETURN_IF_ERROR(CheckFloatingSameDType(op, {"heads", heads}, {"d_heads", d_heads}));
+  NF_RETURN_IF_ERROR(CheckShape(op, {"d_heads", d_heads}, heads.shape()));
+  NF_RETURN_IF_ERROR(CheckHeadScale(op, heads, scale));
+  NF_RETURN_IF_ERROR(CheckDType(op, {"dscale", dscale}, DType::kF32));
+  NF_RETURN_IF_ERROR(CheckShape(op, {"dscale", dscale}, scale.shape()));
+  if (d_heads.raw_data() == heads.raw_data() || d_heads.raw_data() == d_tokens.raw_data()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(op,
+                     ": d_heads shares memory with heads or d_tokens, which are read after "
+                     "it is written; give d_heads its own tensor"));
+  }
+  NF_BACKEND(heads);
+  return backend->MergeScaledHeadsBackward(d_tokens, heads, scale, d_heads, dscale);
+}
+
 // ---- LayerNorm ---------------------------------------------------------------------------------
 
 namespace {
@@ -361,6 +401,95 @@ absl::Status ActivationNormBackward(const ActivationNormBackwardArgs& args) {
   }
   NF_BACKEND(args.x);
   return backend->ActivationNormBackward(args);
+}
+
+// ---- The residual add fused with the LayerNorms on either side of it ---------------------------
+
+namespace {
+
+// Tensors that must not share memory (each is read after another is written).
+absl::Status CheckDistinct(absl::string_view op, std::initializer_list<Named> tensors) {
+  for (auto a = tensors.begin(); a != tensors.end(); ++a) {
+    for (auto b = a + 1; b != tensors.end(); ++b) {
+      if (a->tensor.numel() > 0 && a->tensor.raw_data() == b->tensor.raw_data()) {
+        return absl::InvalidArgumentError(absl::StrCat(op, ": ", a->name, " and ", b->name,
+                                                       " share memory; give each its own tensor"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+// The two LayerNorms' checks name the one they are about (x, y, weight... are its tensors).
+constexpr absl::string_view kResidualNormForward =
+    "ResidualNormForward (LayerNorm of the residual)";
+constexpr absl::string_view kBranchNormForward = "ResidualNormForward (LayerNorm of the branch)";
+constexpr absl::string_view kResidualNormBackward =
+    "ResidualNormBackward (LayerNorm of the residual)";
+constexpr absl::string_view kBranchNormBackward = "ResidualNormBackward (LayerNorm of the branch)";
+
+}  // namespace
+
+absl::Status ResidualNormForward(const ResidualNormArgs& args) {
+  constexpr absl::string_view op = "ResidualNormForward";
+  NF_RETURN_IF_ERROR(CheckLayerNormArgs(kResidualNormForward, ResidualNormOf(args)));
+  NF_RETURN_IF_ERROR(CheckScratch(op, args.scratch, args.residual));
+  NF_RETURN_IF_ERROR(CheckSameDevice(op, {{"residual", args.residual}, {"x", args.x}}));
+  NF_RETURN_IF_ERROR(CheckFloating(op, {"x", args.x}));
+  NF_RETURN_IF_ERROR(CheckShape(op, {"x", args.x}, args.residual.shape()));
+  if (args.norms_branch()) {
+    NF_RETURN_IF_ERROR(CheckLayerNormArgs(kBranchNormForward, BranchNormOf(args)));
+  } else {
+    NF_RETURN_IF_ERROR(CheckSameDevice(op, {{"residual", args.residual}, {"branch", args.branch}}));
+    NF_RETURN_IF_ERROR(
+        CheckFloatingSameDType(op, {"residual", args.residual}, {"branch", args.branch}));
+    NF_RETURN_IF_ERROR(CheckShape(op, {"branch", args.branch}, args.residual.shape()));
+  }
+  NF_RETURN_IF_ERROR(CheckDropout(op, args.dropout));
+  NF_RETURN_IF_ERROR(CheckDistinct(op, {{"x", args.x},
+                                        {"branch", args.branch},
+                                        {"residual", args.residual},
+                                        {"y", args.y},
+                                        {"scratch", args.scratch}}));
+  NF_BACKEND(args.residual);
+  return backend->ResidualNormForward(args);
+}
+
+absl::Status ResidualNormBackward(const ResidualNormBackwardArgs& args) {
+  constexpr absl::string_view op = "ResidualNormBackward";
+  NF_RETURN_IF_ERROR(CheckLayerNormBackwardArgs(kResidualNormBackward, {.dy = args.dy,
+                                                                        .x = args.residual,
+                                                                        .weight = args.weight,
+                                                                        .mean = args.mean,
+                                                                        .rstd = args.rstd,
+                                                                        .dx = args.d_residual,
+                                                                        .dweight = args.dweight,
+                                                                        .dbias = args.dbias}));
+  NF_RETURN_IF_ERROR(CheckScratch(op, args.scratch, args.residual));
+  if (args.norms_branch()) {
+    NF_RETURN_IF_ERROR(
+        CheckLayerNormBackwardArgs(kBranchNormBackward, {.dy = args.scratch,
+                                                         .x = args.branch,
+                                                         .weight = args.branch_weight,
+                                                         .mean = args.branch_mean,
+                                                         .rstd = args.branch_rstd,
+                                                         .dx = args.d_branch,
+                                                         .dweight = args.d_branch_weight,
+                                                         .dbias = args.d_branch_bias}));
+  } else {
+    NF_RETURN_IF_ERROR(
+        CheckSameDevice(op, {{"residual", args.residual}, {"d_branch", args.d_branch}}));
+    NF_RETURN_IF_ERROR(
+        CheckFloatingSameDType(op, {"residual", args.residual}, {"d_branch", args.d_branch}));
+    NF_RETURN_IF_ERROR(CheckShape(op, {"d_branch", args.d_branch}, args.residual.shape()));
+  }
+  NF_RETURN_IF_ERROR(CheckDropout(op, args.dropout));
+  NF_RETURN_IF_ERROR(CheckDistinct(op, {{"dy", args.dy},
+                                        {"d_residual", args.d_residual},
+                                        {"d_branch", args.d_branch},
+                                        {"scratch", args.scratch}}));
+  NF_BACKEND(args.residual);
+  return backend->ResidualNormBackward(args);
 }
 
 // ---- Softmax and attention ---------------------------------------------------------------------

@@ -87,6 +87,18 @@ absl::Status ScaleChannelsBackward(const Tensor& x, const Tensor& scale, int64_t
 absl::Status SplitHeads(const Tensor& tokens, const Tensor& heads);
 absl::Status MergeHeads(const Tensor& heads, const Tensor& tokens);
 
+// NormFormer's head scale (before the output projection) fused with MergeHeads: tokens =
+// MergeHeads(heads * scale[h]) with heads [batch, heads, seq, head_dim] and scale [heads] (any
+// float dtype), the bits of ScaleChannels(heads, scale, seq * head_dim) then MergeHeads, in one
+// pass over the activations instead of two.
+absl::Status MergeScaledHeads(const Tensor& heads, const Tensor& scale, const Tensor& tokens);
+// Its backward from d_tokens (the token side's gradient): d_heads = SplitHeads(d_tokens) *
+// scale[h]; dscale (fp32 [heads]) += sum over batch, seq and head_dim of SplitHeads(d_tokens) *
+// heads. d_heads is distinct from heads.
+absl::Status MergeScaledHeadsBackward(const Tensor& d_tokens, const Tensor& heads,
+                                      const Tensor& scale, const Tensor& d_heads,
+                                      const Tensor& dscale);
+
 // ---- LayerNorm ---------------------------------------------------------------------------------
 
 // y = (x - mean) * rstd * weight + bias over the last dimension.
@@ -146,6 +158,42 @@ struct ActivationNormBackwardArgs {
   Tensor dy, x, weight, mean, rstd, dx, dweight, dbias, scratch;
 };
 absl::Status ActivationNormBackward(const ActivationNormBackwardArgs& args);
+
+// ---- The residual add fused with the LayerNorms on either side of it ---------------------------
+
+// The end of the attention block and the start of the feed-forward block, each row in one pass:
+//   z = dropout(LayerNorm_branch(branch))  (NormFormer's post-attention LayerNorm; Pre-LN:
+//                                          z = dropout(branch))
+//   residual = x + z,  y = LayerNorm(residual)  (the feed-forward block's input LayerNorm).
+// x, branch, residual, y, scratch [rows, cols]; residual, y and scratch of branch's dtype, x of
+// any float dtype. The branch LayerNorm is there when branch_weight is defined: branch_weight,
+// branch_bias [cols] and branch_mean, branch_rstd fp32 [rows], as weight, bias, mean, rstd are
+// for the residual's. scratch is for backends that compose the unfused ops (LayerNorm, dropout,
+// cast, axpy, LayerNorm) in it. The results are that composition's.
+struct ResidualNormArgs {
+  DropoutSpec dropout;
+  Tensor x, branch;
+  Tensor residual, weight, bias, y, mean, rstd;
+  Tensor branch_weight{}, branch_bias{}, branch_mean{}, branch_rstd{};  // optional
+  Tensor scratch;
+  float eps = 1e-5f;
+  bool norms_branch() const { return branch_weight.defined(); }
+};
+absl::Status ResidualNormForward(const ResidualNormArgs& args);
+
+// Its backward from dy (y's gradient): d_residual holds the residual's gradient from after the
+// block and gains the LayerNorm's input gradient (it is then x's gradient too); d_branch =
+// branch's gradient; dweight, dbias and, with the branch LayerNorm, d_branch_weight,
+// d_branch_bias (fp32) accumulated. dy, d_residual, d_branch and scratch distinct.
+struct ResidualNormBackwardArgs {
+  DropoutSpec dropout;
+  Tensor dy, residual, weight, mean, rstd;
+  Tensor branch, d_residual, d_branch, dweight, dbias, scratch;
+  Tensor branch_weight{}, branch_mean{}, branch_rstd{};  // optional, with:
+  Tensor d_branch_weight{}, d_branch_bias{};
+  bool norms_branch() const { return branch_weight.defined(); }
+};
+absl::Status ResidualNormBackward(const ResidualNormBackwardArgs& args);
 
 // ---- Softmax and attention ---------------------------------------------------------------------
 

@@ -111,5 +111,89 @@ TEST(HeadLayoutTest, SplitPlacesEveryElementAndMergeInvertsIt) {
                         "MergeHeads", "heads");
 }
 
+struct ScaledHeadsCase {
+  DType dtype;
+  int64_t batch, heads, seq, dim;
+};
+
+class MergeScaledHeadsTest : public ::testing::TestWithParam<ScaledHeadsCase> {};
+
+INSTANTIATE_TEST_SUITE_P(Shapes, MergeScaledHeadsTest,
+                         ::testing::Values(ScaledHeadsCase{DType::kF32, 2, 3, 5, 4},
+                                           // head_dim off the kernels' 16 / 32 lanes
+                                           ScaledHeadsCase{DType::kF32, 3, 4, 17, 19},
+                                           ScaledHeadsCase{DType::kF32, 4, 4, 64, 32},  // tiny
+                                           ScaledHeadsCase{DType::kF32, 1, 1, 1, 1},
+                                           ScaledHeadsCase{DType::kBF16, 2, 3, 7, 8},
+                                           ScaledHeadsCase{DType::kF16, 2, 2, 3, 5}));
+
+// The fused op against the composition it replaces (ScaleChannels on the head layout, then
+// MergeHeads; SplitHeads then ScaleChannelsBackward) and against float64.
+TEST_P(MergeScaledHeadsTest, MatchesScaleThenMergeAndFloat64) {
+  const ScaledHeadsCase c = GetParam();
+  const Shape head_shape{c.batch, c.heads, c.seq, c.dim};
+  const Shape token_shape{c.batch * c.seq, c.heads * c.dim};
+  const int64_t n = NumElements(head_shape), per_head = c.seq * c.dim;
+  const std::vector<float> x = RandomFloats(n, 5), dy = RandomFloats(n, 6);
+  const std::vector<float> scale = RandomFloats(c.heads, 7, 0.5f, 1.5f);
+  const std::vector<float> dscale0 = RandomFloats(c.heads, 8);
+  const Tensor heads = MakeTensor(c.dtype, head_shape, x);
+  const Tensor d_tokens = MakeTensor(c.dtype, token_shape, dy);
+  const Tensor tscale = MakeTensor(DType::kF32, {c.heads}, scale);
+
+  Tensor merged = MakeZeros(c.dtype, token_shape), d_heads = MakeZeros(c.dtype, head_shape);
+  Tensor dscale = MakeTensor(DType::kF32, {c.heads}, dscale0);
+  NF_ASSERT_OK(ops::MergeScaledHeads(heads, tscale, merged));
+  NF_ASSERT_OK(ops::MergeScaledHeadsBackward(d_tokens, heads, tscale, d_heads, dscale));
+
+  Tensor scaled = MakeZeros(c.dtype, head_shape), merged_ref = MakeZeros(c.dtype, token_shape);
+  Tensor d_heads_ref = MakeZeros(c.dtype, head_shape);
+  Tensor dscale_ref = MakeTensor(DType::kF32, {c.heads}, dscale0);
+  NF_ASSERT_OK(ops::ScaleChannels(heads, tscale, per_head, scaled));
+  NF_ASSERT_OK(ops::MergeHeads(scaled, merged_ref));
+  NF_ASSERT_OK(ops::SplitHeads(d_tokens, d_heads_ref));
+  NF_ASSERT_OK(
+      ops::ScaleChannelsBackward(heads, tscale, per_head, d_heads_ref, d_heads_ref, dscale_ref));
+  // The activations are the same single products, only moved: the same bits.
+  EXPECT_EQ(ToDoubles(merged), ToDoubles(merged_ref));
+  EXPECT_EQ(ToDoubles(d_heads), ToDoubles(d_heads_ref));
+
+  // The scale gradient sums the same exact products (inputs of <= 24 bits) in double in another
+  // order, then rounds to fp32 twice (the sum, then the accumulate): 2 u32 of its magnitude
+  // |dscale0| + sum |dy x| <= 1 + batch * seq * dim, against float64 and the composition alike.
+  const std::vector<double> hx = ToDoubles(heads), tdy = ToDoubles(d_tokens);
+  std::vector<double> expected(dscale0.begin(), dscale0.end());
+  for (int64_t b = 0; b < c.batch; ++b) {
+    for (int64_t h = 0; h < c.heads; ++h) {
+      for (int64_t s = 0; s < c.seq; ++s) {
+        for (int64_t d = 0; d < c.dim; ++d) {
+          expected[h] += hx[((b * c.heads + h) * c.seq + s) * c.dim + d] *
+                         tdy[((b * c.seq + s) * c.heads + h) * c.dim + d];
+        }
+      }
+    }
+  }
+  const double atol = 2 * kU32 * (1.0 + static_cast<double>(c.batch * per_head));
+  ExpectAllClose(ToDoubles(dscale), expected, atol, 0.0, "dscale vs float64");
+  ExpectAllClose(ToDoubles(dscale), ToDoubles(dscale_ref), 2 * atol, 0.0, "dscale vs composed");
+}
+
+TEST(MergeScaledHeadsTest, RejectsABadScaleAndAliasedGradients) {
+  const Tensor heads = MakeZeros(DType::kF32, {2, 3, 4, 5});
+  const Tensor tokens = MakeZeros(DType::kF32, {8, 15});
+  const Tensor scale = MakeZeros(DType::kF32, {3});
+  ExpectInvalidArgument(ops::MergeScaledHeads(heads, MakeZeros(DType::kF32, {4}), tokens),
+                        "MergeScaledHeads", "scale");
+  ExpectInvalidArgument(ops::MergeScaledHeads(heads, scale, MakeZeros(DType::kF32, {8, 16})),
+                        "MergeScaledHeads", "tokens");
+  ExpectInvalidArgument(
+      ops::MergeScaledHeadsBackward(tokens, heads, scale, heads, MakeZeros(DType::kF32, {3})),
+      "MergeScaledHeadsBackward", "d_heads");
+  ExpectInvalidArgument(
+      ops::MergeScaledHeadsBackward(tokens, heads, scale, MakeZeros(DType::kF32, {2, 3, 4, 5}),
+                                    MakeZeros(DType::kF16, {3})),
+      "MergeScaledHeadsBackward", "dscale");
+}
+
 }  // namespace
 }  // namespace nf

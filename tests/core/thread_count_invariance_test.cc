@@ -118,6 +118,19 @@ uint64_t RunAllOps() {
     Check(ops::AttentionBackward(bwd));
     for (const Tensor& t : {fwd.out, fwd.lse, bwd.dq, bwd.dk, bwd.dv}) digest.Add(t);
   }
+  {  // NormFormer's head scales: fused with the head merge, and on [tokens, heads, dim].
+    const Shape shape{6, 4, 40, 24};  // 24 (batch, head) blocks of the fused backward
+    const Tensor heads = Random(DType::kF32, shape, 30);
+    const Tensor scale = Random(DType::kF32, {4}, 31);
+    Tensor merged = MakeZeros(DType::kF32, {240, 96}), d_heads = MakeZeros(DType::kF32, shape);
+    Tensor dscale = MakeZeros(DType::kF32, {4}), d_tokens = MakeZeros(DType::kF32, {240, 96});
+    Check(ops::MergeScaledHeads(heads, scale, merged));
+    Check(ops::MergeScaledHeadsBackward(Random(DType::kF32, {240, 96}, 32), heads, scale, d_heads,
+                                        dscale));
+    Check(ops::ScaleChannelsBackward(merged, scale, 24, Random(DType::kF32, {240, 96}, 33),
+                                     d_tokens, dscale));
+    for (const Tensor& t : {merged, d_heads, d_tokens, dscale}) digest.Add(t);
+  }
   {  // Embedding backward (repeated ids), cross-entropy forward and backward, softmax.
     const int64_t tokens = 700, vocab = 300, width = 32;
     std::vector<int32_t> ids(tokens);
