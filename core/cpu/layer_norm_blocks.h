@@ -31,22 +31,23 @@ inline float* RowBuffers(int64_t count, int64_t cols) {
   return buffers.data();
 }
 
-// For every row r of [0, rows): row_body(r, sums), where sums [grads.size(), cols] are the
-// Partial partials of r's block, one row per gradient (the row adds its terms to them); in
-// parallel over the blocks, ~work_per_row flops each. Then grads[g][c] += sums[g, c] over the
-// blocks in block order. Each grad fp32 [cols].
-template <typename Partial, typename RowBody>
-void ForEachRowWithColumnGrads(int64_t rows, int64_t cols, int64_t work_per_row,
-                               std::initializer_list<Tensor> grads, RowBody&& row_body) {
+// For every block of kLayerNormRowsPerBlock rows [begin, end) of [0, rows): block_body(begin,
+// end, sums), where sums [grads.size(), cols] are the block's Partial partials, one row per
+// gradient (the body adds its rows' terms to them in row order); in parallel over the blocks,
+// ~work_per_row flops a row. Then grads[g][c] += sums[g, c] over the blocks in block order. Each
+// grad fp32 [cols].
+template <typename Partial, typename BlockBody>
+void ForEachBlockWithColumnGrads(int64_t rows, int64_t cols, int64_t work_per_row,
+                                 std::initializer_list<Tensor> grads, BlockBody&& block_body) {
   const int64_t count = static_cast<int64_t>(grads.size());
   const int64_t blocks = (rows + kLayerNormRowsPerBlock - 1) / kLayerNormRowsPerBlock;
   // [blocks, count, cols]: each block's partials, one row per gradient.
   std::vector<Partial> partial(blocks * count * cols, Partial{0});
   ParallelFor(blocks, work_per_row * kLayerNormRowsPerBlock, [&](int64_t begin, int64_t end) {
     for (int64_t block = begin; block < end; ++block) {
-      Partial* sums = partial.data() + block * count * cols;
-      const int64_t last = std::min(rows, (block + 1) * kLayerNormRowsPerBlock);
-      for (int64_t r = block * kLayerNormRowsPerBlock; r < last; ++r) row_body(r, sums);
+      block_body(block * kLayerNormRowsPerBlock,
+                 std::min(rows, (block + 1) * kLayerNormRowsPerBlock),
+                 partial.data() + block * count * cols);
     }
   });
   std::vector<double> total(count * cols, 0.0);
@@ -67,9 +68,12 @@ void ForEachRowWithColumnGrads(int64_t rows, int64_t cols, int64_t work_per_row,
 template <typename Partial, typename RowBody>
 void ForEachRowWithParamGrads(int64_t rows, int64_t cols, int64_t work_per_row,
                               const Tensor& dweight, const Tensor& dbias, RowBody&& row_body) {
-  ForEachRowWithColumnGrads<Partial>(
-      rows, cols, work_per_row, {dweight, dbias},
-      [&](int64_t r, Partial* sums) { row_body(r, sums, sums + cols); });
+  ForEachBlockWithColumnGrads<Partial>(rows, cols, work_per_row, {dweight, dbias},
+                                       [&](int64_t begin, int64_t end, Partial* sums) {
+                                         for (int64_t r = begin; r < end; ++r) {
+                                           row_body(r, sums, sums + cols);
+                                         }
+                                       });
 }
 
 }  // namespace nf::cpu

@@ -131,6 +131,48 @@ uint64_t RunAllOps() {
                                      d_tokens, dscale));
     for (const Tensor& t : {merged, d_heads, d_tokens, dscale}) digest.Add(t);
   }
+  {  // The residual add with NormFormer's branch LayerNorm and the next LayerNorm, with dropout:
+     // 5 forward chunks of 16 rows, 2 parameter-gradient blocks of 64 (one partial).
+    const int64_t rows = 70, cols = 40;
+    const ops::ResidualNormArgs fwd{.dropout = dropout,
+                                    .x = Random(DType::kF32, {rows, cols}, 40),
+                                    .branch = Random(DType::kF32, {rows, cols}, 41),
+                                    .residual = MakeZeros(DType::kF32, {rows, cols}),
+                                    .weight = Random(DType::kF32, {cols}, 42),
+                                    .bias = Random(DType::kF32, {cols}, 43),
+                                    .y = MakeZeros(DType::kF32, {rows, cols}),
+                                    .mean = MakeZeros(DType::kF32, {rows}),
+                                    .rstd = MakeZeros(DType::kF32, {rows}),
+                                    .branch_weight = Random(DType::kF32, {cols}, 44),
+                                    .branch_bias = Random(DType::kF32, {cols}, 45),
+                                    .branch_mean = MakeZeros(DType::kF32, {rows}),
+                                    .branch_rstd = MakeZeros(DType::kF32, {rows}),
+                                    .scratch = MakeZeros(DType::kF32, {rows, cols})};
+    Check(ops::ResidualNormForward(fwd));
+    const ops::ResidualNormBackwardArgs bwd{.dropout = dropout,
+                                            .dy = Random(DType::kF32, {rows, cols}, 46),
+                                            .residual = fwd.residual,
+                                            .weight = fwd.weight,
+                                            .mean = fwd.mean,
+                                            .rstd = fwd.rstd,
+                                            .branch = fwd.branch,
+                                            .d_residual = Random(DType::kF32, {rows, cols}, 47),
+                                            .d_branch = MakeZeros(DType::kF32, {rows, cols}),
+                                            .dweight = MakeZeros(DType::kF32, {cols}),
+                                            .dbias = MakeZeros(DType::kF32, {cols}),
+                                            .scratch = fwd.scratch,
+                                            .branch_weight = fwd.branch_weight,
+                                            .branch_mean = fwd.branch_mean,
+                                            .branch_rstd = fwd.branch_rstd,
+                                            .d_branch_weight = MakeZeros(DType::kF32, {cols}),
+                                            .d_branch_bias = MakeZeros(DType::kF32, {cols})};
+    Check(ops::ResidualNormBackward(bwd));
+    for (const Tensor& t :
+         {fwd.residual, fwd.y, fwd.mean, fwd.rstd, fwd.branch_mean, fwd.branch_rstd, bwd.d_residual,
+          bwd.d_branch, bwd.dweight, bwd.dbias, bwd.d_branch_weight, bwd.d_branch_bias}) {
+      digest.Add(t);
+    }
+  }
   {  // Embedding backward (repeated ids), cross-entropy forward and backward, softmax.
     const int64_t tokens = 700, vocab = 300, width = 32;
     std::vector<int32_t> ids(tokens);
