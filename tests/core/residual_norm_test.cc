@@ -4,9 +4,8 @@
 // so every output must be the composition's bit for bit (the composition itself is what
 // layer_norm_test, elementwise_test and the model reference tests check against float64 and
 // fairseq). Rows span several of the backward's 64-row blocks and of the forward's 16-row chunks
-// and a partial one of each; columns a
-// vector multiple, a ragged width and one; with and without the branch LayerNorm (NormFormer,
-// Pre-LN); dropout off and on.
+// and a partial one of each; columns a vector multiple, a ragged width and one; with and without
+// the branch LayerNorm (NormFormer, Pre-LN); dropout off and on.
 #include <bit>
 #include <cstdint>
 #include <string>
