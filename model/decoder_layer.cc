@@ -1,6 +1,7 @@
 #include "model/decoder_layer.h"
 
 #include <cmath>
+#include <initializer_list>
 
 #include "core/status.h"
 #include "model/tensor_parallel.h"
@@ -43,6 +44,17 @@ namespace {
 // Whether tensor parallelism splits LN_ffn_mid's row across ranks (its statistics all-reduced).
 bool FfnNormIsSharded(const LayerShape& s) { return s.ffn != s.ffn_total; }
 
+// *views[g] = group g of grouped [G, ...] (G = views.size()), as a [...] tensor.
+absl::Status ViewGroups(const Tensor& grouped, std::initializer_list<Tensor*> views) {
+  const Shape& shape = grouped.shape();
+  const Shape group(shape.begin() + 1, shape.end());
+  int64_t g = 0;
+  for (Tensor* view : views) {
+    NF_ASSIGN_OR_RETURN(*view, grouped.View(g++ * NumElements(group), group));
+  }
+  return absl::OkStatus();
+}
+
 // The activations of one layer, each tensor made by new_tensor(dtype, shape): Allocate makes
 // them, Bytes counts them (aliases are views, counted once).
 template <typename NewTensor>
@@ -55,9 +67,10 @@ absl::StatusOr<LayerActivations> MakeActivations(const LayerShape& s, const Laye
   NF_ASSIGN_OR_RETURN(a.attn_in_norm, New(dt, {t, s.d_model}));
   NF_ASSIGN_OR_RETURN(a.attn_in_mean, New(f32, {t}));
   NF_ASSIGN_OR_RETURN(a.attn_in_rstd, New(f32, {t}));
-  NF_ASSIGN_OR_RETURN(a.q, New(dt, heads));
-  NF_ASSIGN_OR_RETURN(a.k, New(dt, heads));
-  NF_ASSIGN_OR_RETURN(a.v, New(dt, heads));
+  NF_ASSIGN_OR_RETURN(a.qkv, New(dt, {3, s.batch, s.heads, s.seq, s.head_dim}));
+  if (a.qkv.defined()) {  // (counting bytes makes no tensors)
+    NF_RETURN_IF_ERROR(ViewGroups(a.qkv, {&a.q, &a.k, &a.v}));
+  }
   NF_ASSIGN_OR_RETURN(a.attn, New(dt, heads));
   NF_ASSIGN_OR_RETURN(a.lse, New(f32, {s.batch, s.heads, s.seq}));
   NF_ASSIGN_OR_RETURN(a.merged, New(dt, {t, s.local_width()}));
@@ -116,12 +129,11 @@ absl::StatusOr<LayerScratch> LayerScratch::Allocate(const LayerShape& s) {
     return ops::Zeros(dtype, std::move(dims), s.device);
   };
   LayerScratch scratch;
-  for (Tensor& t : scratch.local_tokens) {
-    NF_ASSIGN_OR_RETURN(t, New(s.dtype, {s.tokens(), s.local_width()}));
-  }
-  for (Tensor& t : scratch.heads) {
-    NF_ASSIGN_OR_RETURN(t, New(s.dtype, {s.batch, s.heads, s.seq, s.head_dim}));
-  }
+  NF_ASSIGN_OR_RETURN(scratch.merged_grad, New(s.dtype, {s.tokens(), s.local_width()}));
+  NF_ASSIGN_OR_RETURN(scratch.qkv_tokens, New(s.dtype, {s.tokens(), 3 * s.local_width()}));
+  NF_ASSIGN_OR_RETURN(scratch.d_attn, New(s.dtype, {s.batch, s.heads, s.seq, s.head_dim}));
+  NF_ASSIGN_OR_RETURN(scratch.d_qkv, New(s.dtype, {3, s.batch, s.heads, s.seq, s.head_dim}));
+  NF_RETURN_IF_ERROR(ViewGroups(scratch.d_qkv, {&scratch.dq, &scratch.dk, &scratch.dv}));
   for (Tensor& t : scratch.model_width) {
     NF_ASSIGN_OR_RETURN(t, New(s.dtype, {s.tokens(), s.d_model}));
   }
@@ -167,14 +179,10 @@ absl::Status DecoderLayer::Forward(const Tensor& x, const Tensor& y, const Step&
   // ---- attention block
   NF_RETURN_IF_ERROR(LayerNorm(x, p.attn_norm_weight, p.attn_norm_bias, acts.attn_in_norm,
                                acts.attn_in_mean, acts.attn_in_rstd, eps));
-  const Param* weights[3] = {&p.q_weight, &p.k_weight, &p.v_weight};
-  const Param* biases[3] = {&p.q_bias, &p.k_bias, &p.v_bias};
-  Tensor* heads[3] = {&acts.q, &acts.k, &acts.v};
-  for (int i = 0; i < 3; ++i) {
-    NF_RETURN_IF_ERROR(
-        LinearForward(acts.attn_in_norm, *weights[i], *biases[i], scratch.local_tokens[i]));
-    NF_RETURN_IF_ERROR(ops::SplitHeads(scratch.local_tokens[i], *heads[i]));
-  }
+  // q, k and v in one GEMM, [T, 3 H Dh], then to the head layout: acts.qkv [3, B, H, S, Dh].
+  NF_RETURN_IF_ERROR(
+      LinearForward(acts.attn_in_norm, p.qkv_weight, p.qkv_bias, scratch.qkv_tokens));
+  NF_RETURN_IF_ERROR(ops::SplitHeads(scratch.qkv_tokens, acts.qkv));
   const float attention_scale =
       static_cast<float>(1.0 / std::sqrt(static_cast<double>(s.head_dim)));
   if (cache != nullptr) {
@@ -355,10 +363,10 @@ absl::Status DecoderLayer::Backward(const Tensor& x, const Tensor& dy, const Ten
     NF_RETURN_IF_ERROR(ops::ScaleChannelsBackward(acts.attn_proj, p.head_scale.value, s.head_dim,
                                                   d_post_attn, d_post_attn, p.head_scale.grad));
   }
-  const Tensor& d_merged = scratch.local_tokens[0];
+  const Tensor& d_merged = scratch.merged_grad;
   NF_RETURN_IF_ERROR(LinearBackward(acts.merged, p.out_weight, p.out_bias, d_post_attn, d_merged,
                                     /*accumulate_dx=*/false));
-  const Tensor& d_attn = scratch.heads[0];
+  const Tensor& d_attn = scratch.d_attn;
   if (scale_before) {
     NF_RETURN_IF_ERROR(ops::MergeScaledHeadsBackward(d_merged, acts.attn, p.head_scale.value,
                                                      d_attn, p.head_scale.grad));
@@ -372,19 +380,15 @@ absl::Status DecoderLayer::Backward(const Tensor& x, const Tensor& dy, const Ten
        .out = acts.attn,
        .lse = acts.lse,
        .dout = d_attn,
-       .dq = scratch.heads[1],
-       .dk = scratch.heads[2],
-       .dv = scratch.heads[3],
+       .dq = scratch.dq,
+       .dk = scratch.dk,
+       .dv = scratch.dv,
        .scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(s.head_dim))),
        .dropout = Dropout(DropoutKind::kAttentionProbs, step)}));
-  const Param* weights[3] = {&p.q_weight, &p.k_weight, &p.v_weight};
-  const Param* biases[3] = {&p.q_bias, &p.k_bias, &p.v_bias};
-  for (int i = 0; i < 3; ++i) {
-    NF_RETURN_IF_ERROR(ops::MergeHeads(scratch.heads[1 + i], scratch.local_tokens[i]));
-    NF_RETURN_IF_ERROR(LinearBackward(acts.attn_in_norm, *weights[i], *biases[i],
-                                      scratch.local_tokens[i], d_model,
-                                      /*accumulate_dx=*/i > 0));
-  }
+  // [3, B, H, S, Dh] back to [T, 3 H Dh], then the one projection's backward.
+  NF_RETURN_IF_ERROR(ops::MergeHeads(scratch.d_qkv, scratch.qkv_tokens));
+  NF_RETURN_IF_ERROR(LinearBackward(acts.attn_in_norm, p.qkv_weight, p.qkv_bias, scratch.qkv_tokens,
+                                    d_model, /*accumulate_dx=*/false));
   NF_RETURN_IF_ERROR(ReduceInputGrad(d_model, *tp_));  // q, k, v are column-parallel
   NF_RETURN_IF_ERROR(LayerNormGrad(d_model, x, p.attn_norm_weight, p.attn_norm_bias,
                                    acts.attn_in_mean, acts.attn_in_rstd, dx));

@@ -52,14 +52,15 @@ struct LayerOptions {
 // What Forward keeps for Backward. [T, ...] tensors are in the model dtype; statistics fp32.
 struct LayerActivations {
   Tensor attn_in_norm, attn_in_mean, attn_in_rstd;  // [T, d], [T], [T]
-  Tensor q, k, v, attn, lse;                        // [B, H, S, Dh]; lse [B, H, S]
-  Tensor merged;                                    // [T, H * Dh]: out_proj's input
-  Tensor attn_proj;                                 // [T, d]: out_proj's output
-  Tensor post_attn;                                 // [T, d]: LN_post_attn's input
-  Tensor post_attn_mean, post_attn_rstd;            // [T]
-  Tensor residual;                                  // [T, d]: x after the attention block
-  Tensor ffn_in_norm, ffn_in_mean, ffn_in_rstd;     // [T, d], [T], [T]
-  Tensor fc1_out;                                   // [T, F]: before the activation
+  Tensor qkv;                                       // [3, B, H, S, Dh]: q, k, v
+  Tensor q, k, v, attn, lse;              // [B, H, S, Dh] (q, k, v: views of qkv); lse [B, H, S]
+  Tensor merged;                          // [T, H * Dh]: out_proj's input
+  Tensor attn_proj;                       // [T, d]: out_proj's output
+  Tensor post_attn;                       // [T, d]: LN_post_attn's input
+  Tensor post_attn_mean, post_attn_rstd;  // [T]
+  Tensor residual;                        // [T, d]: x after the attention block
+  Tensor ffn_in_norm, ffn_in_mean, ffn_in_rstd;  // [T, d], [T], [T]
+  Tensor fc1_out;                                // [T, F]: before the activation
   Tensor act_out;  // [T, F]: after activation dropout; unset under an unsharded LN_ffn_mid
   Tensor mid_mean, mid_rstd;  // [T]
   Tensor fc2_in;              // [T, F]: LN_ffn_mid's output
@@ -72,12 +73,15 @@ struct LayerActivations {
 
 // Temporaries shared by all layers; nothing in them survives a Forward or Backward call.
 struct LayerScratch {
-  Tensor local_tokens[3];  // [T, H * Dh]
-  Tensor heads[4];         // [B, H, S, Dh]
-  Tensor model_width[4];   // [T, d]
-  Tensor ffn_width[3];     // [T, F]
-  Tensor row_stats;        // f64 [T, 2]: the sharded LN_ffn_mid's forward statistics
-  Tensor row_sums;         // f32 [T, 2]: and its backward sums
+  Tensor merged_grad;     // [T, H * Dh]: out_proj's input gradient
+  Tensor qkv_tokens;      // [T, 3 H Dh]: the q, k, v projection's output, then its gradient
+  Tensor d_attn;          // [B, H, S, Dh]: attention's output gradient
+  Tensor d_qkv;           // [3, B, H, S, Dh]: attention's input gradients
+  Tensor dq, dk, dv;      // [B, H, S, Dh]: views of d_qkv
+  Tensor model_width[4];  // [T, d]
+  Tensor ffn_width[3];    // [T, F]
+  Tensor row_stats;       // f64 [T, 2]: the sharded LN_ffn_mid's forward statistics
+  Tensor row_sums;        // f32 [T, 2]: and its backward sums
 
   static absl::StatusOr<LayerScratch> Allocate(const LayerShape& shape);
 };

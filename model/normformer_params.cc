@@ -1,6 +1,8 @@
 #include "model/normformer_params.h"
 
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -34,6 +36,19 @@ void AddLinear(std::vector<ParamSpec>& specs, const std::string& prefix, int64_t
                    .init_scale = init.bias_scale});
 }
 
+// Linear layers that read the same input, their weights adjacent in the flat buffers and then
+// their biases, so that one GEMM computes them all (BindAdjacent): q, k and v.
+void AddProjections(std::vector<ParamSpec>& specs, const std::vector<std::string>& prefixes,
+                    int64_t out, int64_t in, const LinearInit& init) {
+  std::vector<ParamSpec> biases;
+  for (const std::string& prefix : prefixes) {
+    AddLinear(specs, prefix, out, in, init);
+    biases.push_back(specs.back());
+    specs.pop_back();
+  }
+  specs.insert(specs.end(), biases.begin(), biases.end());
+}
+
 void AddLayerNorm(std::vector<ParamSpec>& specs, const std::string& prefix, int64_t dim,
                   Sharding sharding) {
   specs.push_back({.name = prefix + ".weight",
@@ -50,6 +65,31 @@ Param Bind(const ParamTable& table, const std::string& name) {
   if (!table.Contains(name)) return {};
   const ParamTable::Entry& e = table.Get(name);
   return {e.value, e.grad};
+}
+
+// One Param over the parameters `names`, which lie next to each other in the flat buffers in
+// that order, viewed as `shape` (their elements in all): the q, k and v projections' weights as
+// one [3 d_local, d] matrix. Aborts when they are not adjacent (the specs' order is a bug).
+Param BindAdjacent(const ParamTable& table, const std::vector<std::string>& names, Shape shape) {
+  const int64_t first = table.Get(names.front()).offset;
+  int64_t next = first;
+  for (const std::string& name : names) {
+    const ParamTable::Entry& e = table.Get(name);
+    if (e.offset != next) {
+      std::fprintf(stderr, "normformer: internal error: %s is not adjacent to %s\n", name.c_str(),
+                   names.front().c_str());
+      std::abort();
+    }
+    next += NumElements(e.local_shape);
+  }
+  absl::StatusOr<Tensor> value = table.params().View(first, shape);
+  absl::StatusOr<Tensor> grad = table.grads().View(first, shape);
+  if (!value.ok() || !grad.ok() || next - first != NumElements(shape)) {
+    std::fprintf(stderr, "normformer: internal error: cannot view %s... as one parameter\n",
+                 names.front().c_str());
+    std::abort();
+  }
+  return {*std::move(value), *std::move(grad)};
 }
 
 // The end of `placement`'s layer range, -1 (all) resolved.
@@ -94,9 +134,8 @@ void AddLayer(std::vector<ParamSpec>& specs, const ModelConfig& config, int laye
                        InitKind::kUniform,       inv_sqrt_d};
   const std::string p = LayerPrefix(layer);
   AddLayerNorm(specs, p + ".self_attn_layer_norm", d, Sharding::kReplicated);
-  AddLinear(specs, p + ".self_attn.q_proj", d, d, qkv);
-  AddLinear(specs, p + ".self_attn.k_proj", d, d, qkv);
-  AddLinear(specs, p + ".self_attn.v_proj", d, d, qkv);
+  AddProjections(specs, {p + ".self_attn.q_proj", p + ".self_attn.k_proj", p + ".self_attn.v_proj"},
+                 d, d, qkv);
   AddLinear(specs, p + ".self_attn.out_proj", d, d,
             {Sharding::kSplitCols, Sharding::kReplicated, InitKind::kXavierUniform, 1.0f,
              InitKind::kZeros, 0.0f});
@@ -220,12 +259,12 @@ ModelParams BindModelParams(const ParamTable& table, const ModelConfig& config,
     LayerParams l;
     l.attn_norm_weight = Bind(table, p + ".self_attn_layer_norm.weight");
     l.attn_norm_bias = Bind(table, p + ".self_attn_layer_norm.bias");
-    l.q_weight = Bind(table, p + ".self_attn.q_proj.weight");
-    l.q_bias = Bind(table, p + ".self_attn.q_proj.bias");
-    l.k_weight = Bind(table, p + ".self_attn.k_proj.weight");
-    l.k_bias = Bind(table, p + ".self_attn.k_proj.bias");
-    l.v_weight = Bind(table, p + ".self_attn.v_proj.weight");
-    l.v_bias = Bind(table, p + ".self_attn.v_proj.bias");
+    const Shape& q_shape = table.Get(p + ".self_attn.q_proj.weight").local_shape;  // [d_l, d]
+    const std::string q = p + ".self_attn.q_proj", k = p + ".self_attn.k_proj",
+                      v = p + ".self_attn.v_proj";
+    l.qkv_weight = BindAdjacent(table, {q + ".weight", k + ".weight", v + ".weight"},
+                                {3 * q_shape[0], q_shape[1]});
+    l.qkv_bias = BindAdjacent(table, {q + ".bias", k + ".bias", v + ".bias"}, {3 * q_shape[0]});
     l.out_weight = Bind(table, p + ".self_attn.out_proj.weight");
     l.out_bias = Bind(table, p + ".self_attn.out_proj.bias");
     l.head_scale = Bind(table, p + ".c_attn");

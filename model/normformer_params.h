@@ -18,7 +18,9 @@ namespace nf::model {
 // Params when their switch is off.
 struct LayerParams {
   Param attn_norm_weight, attn_norm_bias;  // self_attn_layer_norm: the pre-attention LN
-  Param q_weight, q_bias, k_weight, k_bias, v_weight, v_bias;  // [d_local, d], column-parallel
+  // q_proj, k_proj and v_proj as one column-parallel projection: [3 d_local, d] weights (q's
+  // rows, then k's, then v's; adjacent in the flat buffers) and [3 d_local] biases.
+  Param qkv_weight, qkv_bias;
   Param out_weight, out_bias;                        // [d, d_local], row-parallel; bias replicated
   Param head_scale;                                  // c_attn [heads_local] (scale_heads)
   Param post_attn_norm_weight, post_attn_norm_bias;  // attn_ln (scale_attn)

@@ -83,19 +83,24 @@ void ScaleGradientF32(const float* x, const float* dy, int64_t outer, int64_t ch
   }
 }
 
-// Copies between [batch, seq, heads, dim] (token order) and [batch, heads, seq, dim].
+// Copies between [batch, seq, groups, heads, dim] (token order) and [groups, batch, heads, seq,
+// dim]; a 4-D side is one group.
 template <typename T>
-void PermuteHeads(const Tensor& four_d, const T* src, T* dst, bool to_heads) {
-  const int64_t batch = four_d.dim(0), heads = four_d.dim(1), seq = four_d.dim(2);
-  const int64_t dim = four_d.dim(3);
-  ParallelFor(batch * seq, heads * dim, [&](int64_t begin, int64_t end) {
+void PermuteHeads(const Tensor& head_side, const T* src, T* dst, bool to_heads) {
+  const int rank = head_side.rank();
+  const int64_t groups = rank == 5 ? head_side.dim(0) : 1;
+  const int64_t batch = head_side.dim(rank - 4), heads = head_side.dim(rank - 3);
+  const int64_t seq = head_side.dim(rank - 2), dim = head_side.dim(rank - 1);
+  ParallelFor(batch * seq, groups * heads * dim, [&](int64_t begin, int64_t end) {
     for (int64_t token = begin; token < end; ++token) {
       const int64_t b = token / seq, s = token % seq;
-      for (int64_t h = 0; h < heads; ++h) {
-        const int64_t token_index = (token * heads + h) * dim;
-        const int64_t head_index = ((b * heads + h) * seq + s) * dim;
-        const T* from = src + (to_heads ? token_index : head_index);
-        std::copy(from, from + dim, dst + (to_heads ? head_index : token_index));
+      for (int64_t g = 0; g < groups; ++g) {
+        for (int64_t h = 0; h < heads; ++h) {
+          const int64_t token_index = ((token * groups + g) * heads + h) * dim;
+          const int64_t head_index = (((g * batch + b) * heads + h) * seq + s) * dim;
+          const T* from = src + (to_heads ? token_index : head_index);
+          std::copy(from, from + dim, dst + (to_heads ? head_index : token_index));
+        }
       }
     }
   });

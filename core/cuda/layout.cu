@@ -45,41 +45,42 @@ struct ProductValue {
   }
 };
 
-// Copies between [batch, seq, heads, dim] (token order) and [batch, heads, seq, dim]; one
-// thread per element of the destination.
+// Copies between [batch, seq, groups, heads, dim] (token order) and [groups, batch, heads, seq,
+// dim]; one thread per element of the destination.
 template <typename T>
-__global__ void PermuteHeadsKernel(const T* src, T* dst, int64_t batch, int64_t heads, int64_t seq,
-                                   int64_t dim, bool to_heads) {
-  const int64_t n = batch * heads * seq * dim;
+__global__ void PermuteHeadsKernel(const T* src, T* dst, int64_t groups, int64_t batch,
+                                   int64_t heads, int64_t seq, int64_t dim, bool to_heads) {
+  const int64_t n = groups * batch * heads * seq * dim;
   NF_GRID_STRIDE_LOOP(i, n) {
     const int64_t d = i % dim;
     int64_t rest = i / dim;
-    int64_t token_index, head_index;
-    if (to_heads) {  // i indexes [b, h, s, d]
+    if (to_heads) {  // i indexes [g, b, h, s, d]
       const int64_t s = rest % seq;
       rest /= seq;
-      const int64_t h = rest % heads, b = rest / heads;
-      head_index = i;
-      token_index = ((b * seq + s) * heads + h) * dim + d;
-      dst[head_index] = src[token_index];
-    } else {  // i indexes [b, s, h, d]
       const int64_t h = rest % heads;
       rest /= heads;
+      const int64_t b = rest % batch, g = rest / batch;
+      dst[i] = src[(((b * seq + s) * groups + g) * heads + h) * dim + d];
+    } else {  // i indexes [b, s, g, h, d]
+      const int64_t h = rest % heads;
+      rest /= heads;
+      const int64_t g = rest % groups;
+      rest /= groups;
       const int64_t s = rest % seq, b = rest / seq;
-      token_index = i;
-      head_index = ((b * heads + h) * seq + s) * dim + d;
-      dst[token_index] = src[head_index];
+      dst[i] = src[(((g * batch + b) * heads + h) * seq + s) * dim + d];
     }
   }
 }
 
 template <typename T>
-absl::Status PermuteHeads(cudaStream_t stream, const Tensor& four_d, const T* src, T* dst,
+absl::Status PermuteHeads(cudaStream_t stream, const Tensor& head_side, const T* src, T* dst,
                           bool to_heads) {
-  const int64_t n = four_d.numel();
+  const int64_t n = head_side.numel();
   if (n == 0) return absl::OkStatus();
-  PermuteHeadsKernel<<<GridFor(n), kThreads, 0, stream>>>(src, dst, four_d.dim(0), four_d.dim(1),
-                                                          four_d.dim(2), four_d.dim(3), to_heads);
+  const int rank = head_side.rank();  // 5: [groups, batch, heads, seq, dim]; 4: one group
+  PermuteHeadsKernel<<<GridFor(n), kThreads, 0, stream>>>(
+      src, dst, rank == 5 ? head_side.dim(0) : 1, head_side.dim(rank - 4), head_side.dim(rank - 3),
+      head_side.dim(rank - 2), head_side.dim(rank - 1), to_heads);
   NF_CUDA_RETURN_IF_LAUNCH_FAILED();
   return absl::OkStatus();
 }

@@ -173,29 +173,37 @@ absl::Status ScaleChannelsBackward(const Tensor& x, const Tensor& scale, int64_t
 namespace {
 
 // The 4-D side [batch, heads, seq, head_dim] and the token side [batch * seq, heads * head_dim].
-absl::Status CheckHeadLayout(absl::string_view op, Named tokens, Named heads) {
+absl::Status CheckHeadLayout(absl::string_view op, Named tokens, Named heads,
+                             bool groups_allowed = false) {
   NF_RETURN_IF_ERROR(CheckSameDevice(op, {tokens, heads}));
   NF_RETURN_IF_ERROR(CheckFloating(op, heads));
   NF_RETURN_IF_ERROR(CheckFloatingSameDType(op, heads, tokens));
-  if (heads.tensor.rank() != 4) {
-    return absl::InvalidArgumentError(absl::StrCat(op, ": ", heads.name, " is ",
-                                                   heads.tensor.DebugString(),
-                                                   ", expected [batch, heads, seq, head_dim]"));
+  const int rank = heads.tensor.rank();
+  if (rank != 4 && !(groups_allowed && rank == 5)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(op, ": ", heads.name, " is ", heads.tensor.DebugString(), ", expected ",
+                     groups_allowed ? "[groups, batch, heads, seq, head_dim] or " : "",
+                     "[batch, heads, seq, head_dim]"));
   }
+  // [groups, batch, heads, seq, head_dim], one group when 4-D.
   const Shape& s = heads.tensor.shape();
-  return CheckShape(op, tokens, {s[0] * s[2], s[1] * s[3]});
+  const int64_t groups = rank == 5 ? s[0] : 1;
+  const int64_t batch = s[rank - 4], count = s[rank - 3], seq = s[rank - 2], dim = s[rank - 1];
+  return CheckShape(op, tokens, {batch * seq, groups * count * dim});
 }
 
 }  // namespace
 
 absl::Status SplitHeads(const Tensor& tokens, const Tensor& heads) {
-  NF_RETURN_IF_ERROR(CheckHeadLayout("SplitHeads", {"tokens", tokens}, {"heads", heads}));
+  NF_RETURN_IF_ERROR(CheckHeadLayout("SplitHeads", {"tokens", tokens}, {"heads", heads},
+                                     /*groups_allowed=*/true));
   NF_BACKEND(tokens);
   return backend->SplitHeads(tokens, heads);
 }
 
 absl::Status MergeHeads(const Tensor& heads, const Tensor& tokens) {
-  NF_RETURN_IF_ERROR(CheckHeadLayout("MergeHeads", {"tokens", tokens}, {"heads", heads}));
+  NF_RETURN_IF_ERROR(CheckHeadLayout("MergeHeads", {"tokens", tokens}, {"heads", heads},
+                                     /*groups_allowed=*/true));
   NF_BACKEND(heads);
   return backend->MergeHeads(heads, tokens);
 }

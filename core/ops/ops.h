@@ -83,7 +83,10 @@ absl::Status ScaleChannelsBackward(const Tensor& x, const Tensor& scale, int64_t
 // ---- Layout ----------------------------------------------------------------------------------
 
 // Tokens [batch * seq, heads * head_dim] (sample-major) -> [batch, heads, seq, head_dim], the
-// layout attention works in; MergeHeads is the inverse. Shapes come from the 4-D side.
+// layout attention works in; MergeHeads is the inverse. Shapes come from the 4-D side. A 5-D
+// side [groups, batch, heads, seq, head_dim] takes tokens [batch * seq, groups * heads *
+// head_dim], each token's features group by group: the fused q, k, v projection's output into
+// one tensor each for q, k and v.
 absl::Status SplitHeads(const Tensor& tokens, const Tensor& heads);
 absl::Status MergeHeads(const Tensor& heads, const Tensor& tokens);
 

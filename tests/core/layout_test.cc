@@ -111,6 +111,39 @@ TEST(HeadLayoutTest, SplitPlacesEveryElementAndMergeInvertsIt) {
                         "MergeHeads", "heads");
 }
 
+// The grouped layout of the fused q, k, v projection: tokens [B * S, G * H * Dh] to [G, B, H, S,
+// Dh], every element where the per-group SplitHeads of that group's columns puts it.
+TEST(HeadLayoutTest, GroupedSplitIsEachGroupsSplitAndMergeInvertsIt) {
+  const int64_t groups = 3, batch = 2, heads = 2, seq = 5, dim = 3;
+  const int64_t width = heads * dim, n = groups * batch * heads * seq * dim;
+  std::vector<float> tokens(n);
+  for (int64_t i = 0; i < n; ++i) tokens[i] = static_cast<float>(i);
+  const Tensor t = MakeTensor(DType::kF32, {batch * seq, groups * width}, tokens);
+  Tensor grouped = MakeZeros(DType::kF32, {groups, batch, heads, seq, dim});
+  NF_ASSERT_OK(ops::SplitHeads(t, grouped));
+  const std::vector<double> split = ToDoubles(grouped);
+  for (int64_t g = 0; g < groups; ++g) {
+    std::vector<float> columns;  // group g's [B * S, H * Dh] columns of the tokens
+    for (int64_t token = 0; token < batch * seq; ++token) {
+      for (int64_t c = 0; c < width; ++c)
+        columns.push_back(tokens[token * groups * width + g * width + c]);
+    }
+    Tensor one = MakeZeros(DType::kF32, {batch, heads, seq, dim});
+    NF_ASSERT_OK(ops::SplitHeads(MakeTensor(DType::kF32, {batch * seq, width}, columns), one));
+    const std::vector<double> expected = ToDoubles(one);
+    for (size_t i = 0; i < expected.size(); ++i) {
+      ASSERT_EQ(split[g * expected.size() + i], expected[i]) << "group " << g << " [" << i << "]";
+    }
+  }
+  Tensor back = MakeZeros(DType::kF32, {batch * seq, groups * width});
+  NF_ASSERT_OK(ops::MergeHeads(grouped, back));
+  EXPECT_EQ(ToDoubles(back), ToDoubles(t));
+  ExpectInvalidArgument(ops::SplitHeads(MakeZeros(DType::kF32, {batch * seq, 2 * width}), grouped),
+                        "SplitHeads", "tokens");
+  ExpectInvalidArgument(ops::MergeScaledHeads(grouped, MakeZeros(DType::kF32, {heads}), back),
+                        "MergeScaledHeads", "[batch, heads, seq, head_dim]");
+}
+
 struct ScaledHeadsCase {
   DType dtype;
   int64_t batch, heads, seq, dim;

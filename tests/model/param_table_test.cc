@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -13,6 +14,8 @@
 
 namespace nf::model {
 namespace {
+
+using ::nf::testing::ToDoubles;
 
 ModelConfig Config(bool normformer, bool after = false) {
   ModelConfig c;
@@ -218,6 +221,47 @@ TEST(ParamTableTest, FlatBuffersViewsAndDecayRanges) {
   for (size_t i = 0; i < ranges.size(); ++i) {
     EXPECT_EQ(ranges[i].offset, table->entries()[i].offset);
     EXPECT_EQ(ranges[i].weight_decay, table->entries()[i].spec.weight_decay);
+  }
+}
+
+// The layer's q, k, v projection is one [3 d_local, d] matrix (and [3 d_local] bias) over the
+// three fairseq parameters, whatever the tensor-parallel rank: its rows are q_proj's, then
+// k_proj's, then v_proj's, for the values and the gradients alike.
+TEST(ParamTableTest, FusedQkvProjectionViewsTheThreeProjections) {
+  const ModelConfig config = Config(true);
+  for (const int tp : {1, 2}) {
+    for (int rank = 0; rank < tp; ++rank) {
+      auto table = ParamTable::Create(NormFormerParamSpecs(config, 384), DType::kF32, rank, tp);
+      NF_ASSERT_OK(table);
+      NF_ASSERT_OK(table->Initialize(5));
+      // Gradients that tell the parameters apart.
+      float* grads = table->grads().data<float>();
+      for (int64_t i = 0; i < table->num_elements(); ++i) grads[i] = static_cast<float>(i);
+      const ModelParams params = BindModelParams(*table, config, PipelineStagePlacement{});
+      ASSERT_EQ(params.layers.size(), 2u);
+      const LayerParams& layer = params.layers[1];
+      const int64_t rows = 16 / tp;  // d_local
+      EXPECT_EQ(layer.qkv_weight.value.shape(), (Shape{3 * rows, 16}));
+      EXPECT_EQ(layer.qkv_bias.value.shape(), (Shape{3 * rows}));
+      int64_t weight_at = 0, bias_at = 0;
+      for (const char* proj : {"q_proj", "k_proj", "v_proj"}) {
+        const std::string name = std::string("decoder.layers.1.self_attn.") + proj;
+        for (const auto& [fused, at, part] :
+             {std::tuple{&layer.qkv_weight, &weight_at, &table->Get(name + ".weight")},
+              {&layer.qkv_bias, &bias_at, &table->Get(name + ".bias")}}) {
+          const int64_t n = part->value.numel();
+          const std::vector<double> values = ToDoubles(part->value);
+          const std::vector<double> fused_values = ToDoubles(fused->value);
+          const std::vector<double> part_grads = ToDoubles(part->grad);
+          const std::vector<double> fused_grads = ToDoubles(fused->grad);
+          for (int64_t i = 0; i < n; ++i) {
+            ASSERT_EQ(fused_values[*at + i], values[i]) << name << " tp " << tp << " rank " << rank;
+            ASSERT_EQ(fused_grads[*at + i], part_grads[i]) << name;
+          }
+          *at += n;
+        }
+      }
+    }
   }
 }
 
