@@ -4,7 +4,9 @@
 #pragma once
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
+#include <cstdint>
 #include <functional>
 #include <random>
 #include <string>
@@ -115,6 +117,17 @@ inline void ExpectAllClose(const std::vector<double>& actual, const std::vector<
   EXPECT_LE(worst, 0.0) << what << ": element " << worst_index << " is " << actual[worst_index]
                         << ", expected " << expected[worst_index] << " (atol " << atol << ", rtol "
                         << rtol << ")";
+}
+
+// Bitwise equality of two fp32 tensors (a fused op against the unfused ops it stands for).
+inline void ExpectSameBits(const Tensor& actual, const Tensor& expected, const std::string& what) {
+  ASSERT_EQ(actual.numel(), expected.numel()) << what;
+  const float* a = actual.data<float>();
+  const float* e = expected.data<float>();
+  for (int64_t i = 0; i < actual.numel(); ++i) {
+    ASSERT_EQ(std::bit_cast<uint32_t>(a[i]), std::bit_cast<uint32_t>(e[i]))
+        << what << " [" << i << "]: " << a[i] << ", expected " << e[i];
+  }
 }
 
 // d f / d x by central differences in double: (f(x + h) - f(x - h)) / 2h per coordinate.

@@ -60,6 +60,29 @@ LayerNormArgs ResidualNormOf(const ResidualNormArgs& args) {
           .eps = args.eps};
 }
 
+LayerNormBackwardArgs ResidualNormBackwardOf(const ResidualNormBackwardArgs& args,
+                                             const Tensor& dx) {
+  return {.dy = args.dy,
+          .x = args.residual,
+          .weight = args.weight,
+          .mean = args.mean,
+          .rstd = args.rstd,
+          .dx = dx,
+          .dweight = args.dweight,
+          .dbias = args.dbias};
+}
+
+LayerNormBackwardArgs BranchNormBackwardOf(const ResidualNormBackwardArgs& args, const Tensor& dy) {
+  return {.dy = dy,
+          .x = args.branch,
+          .weight = args.branch_weight,
+          .mean = args.branch_mean,
+          .rstd = args.branch_rstd,
+          .dx = args.d_branch,
+          .dweight = args.d_branch_weight,
+          .dbias = args.d_branch_bias};
+}
+
 absl::Status ComposedResidualNormForward(Backend& backend, const ResidualNormArgs& args) {
   if (args.norms_branch()) {
     NF_RETURN_IF_ERROR(backend.LayerNormForward(BranchNormOf(args)));
@@ -73,25 +96,11 @@ absl::Status ComposedResidualNormForward(Backend& backend, const ResidualNormArg
 }
 
 absl::Status ComposedResidualNormBackward(Backend& backend, const ResidualNormBackwardArgs& args) {
-  NF_RETURN_IF_ERROR(backend.LayerNormBackward({.dy = args.dy,
-                                                .x = args.residual,
-                                                .weight = args.weight,
-                                                .mean = args.mean,
-                                                .rstd = args.rstd,
-                                                .dx = args.scratch,
-                                                .dweight = args.dweight,
-                                                .dbias = args.dbias}));
+  NF_RETURN_IF_ERROR(backend.LayerNormBackward(ResidualNormBackwardOf(args, args.scratch)));
   NF_RETURN_IF_ERROR(backend.Axpy(1.0f, args.scratch, args.d_residual));
   if (!args.norms_branch()) return backend.Dropout(args.d_residual, args.d_branch, args.dropout);
   NF_RETURN_IF_ERROR(backend.Dropout(args.d_residual, args.scratch, args.dropout));
-  return backend.LayerNormBackward({.dy = args.scratch,
-                                    .x = args.branch,
-                                    .weight = args.branch_weight,
-                                    .mean = args.branch_mean,
-                                    .rstd = args.branch_rstd,
-                                    .dx = args.d_branch,
-                                    .dweight = args.d_branch_weight,
-                                    .dbias = args.d_branch_bias});
+  return backend.LayerNormBackward(BranchNormBackwardOf(args, args.scratch));
 }
 
 absl::Status ComposedMergeScaledHeads(Backend& backend, const Tensor& heads, const Tensor& scale,

@@ -24,6 +24,10 @@ absl::Status ComposedActivationNormBackward(Backend& backend,
 // y = scratch) and the residual's.
 LayerNormArgs BranchNormOf(const ResidualNormArgs& args);
 LayerNormArgs ResidualNormOf(const ResidualNormArgs& args);
+// Their backwards: the residual's from dy into dx, the branch's from dy into d_branch.
+LayerNormBackwardArgs ResidualNormBackwardOf(const ResidualNormBackwardArgs& args,
+                                             const Tensor& dx);
+LayerNormBackwardArgs BranchNormBackwardOf(const ResidualNormBackwardArgs& args, const Tensor& dy);
 
 // scratch = dropout(LayerNorm_branch(branch) or branch); residual = x; residual += scratch;
 // y = LayerNorm(residual).

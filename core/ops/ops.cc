@@ -465,25 +465,12 @@ absl::Status ResidualNormForward(const ResidualNormArgs& args) {
 
 absl::Status ResidualNormBackward(const ResidualNormBackwardArgs& args) {
   constexpr absl::string_view op = "ResidualNormBackward";
-  NF_RETURN_IF_ERROR(CheckLayerNormBackwardArgs(kResidualNormBackward, {.dy = args.dy,
-                                                                        .x = args.residual,
-                                                                        .weight = args.weight,
-                                                                        .mean = args.mean,
-                                                                        .rstd = args.rstd,
-                                                                        .dx = args.d_residual,
-                                                                        .dweight = args.dweight,
-                                                                        .dbias = args.dbias}));
+  NF_RETURN_IF_ERROR(CheckLayerNormBackwardArgs(kResidualNormBackward,
+                                                ResidualNormBackwardOf(args, args.d_residual)));
   NF_RETURN_IF_ERROR(CheckScratch(op, args.scratch, args.residual));
   if (args.norms_branch()) {
     NF_RETURN_IF_ERROR(
-        CheckLayerNormBackwardArgs(kBranchNormBackward, {.dy = args.scratch,
-                                                         .x = args.branch,
-                                                         .weight = args.branch_weight,
-                                                         .mean = args.branch_mean,
-                                                         .rstd = args.branch_rstd,
-                                                         .dx = args.d_branch,
-                                                         .dweight = args.d_branch_weight,
-                                                         .dbias = args.d_branch_bias}));
+        CheckLayerNormBackwardArgs(kBranchNormBackward, BranchNormBackwardOf(args, args.scratch)));
   } else {
     NF_RETURN_IF_ERROR(
         CheckSameDevice(op, {{"residual", args.residual}, {"d_branch", args.d_branch}}));

@@ -5,7 +5,6 @@
 // tests check against float64 and fairseq). Rows span several of the backward's 64-row blocks
 // and a partial one; columns a vector multiple, a ragged width and one; dropout off and on at a
 // column offset (a tensor-parallel shard's); every activation.
-#include <bit>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -21,20 +20,10 @@ namespace nf {
 namespace {
 
 using ::nf::testing::ExpectInvalidArgument;
+using ::nf::testing::ExpectSameBits;
 using ::nf::testing::MakeTensor;
 using ::nf::testing::MakeZeros;
 using ::nf::testing::RandomFloats;
-
-// Bitwise equality of two fp32 tensors.
-void ExpectSameBits(const Tensor& actual, const Tensor& expected, const std::string& what) {
-  ASSERT_EQ(actual.numel(), expected.numel()) << what;
-  const float* a = actual.data<float>();
-  const float* e = expected.data<float>();
-  for (int64_t i = 0; i < actual.numel(); ++i) {
-    ASSERT_EQ(std::bit_cast<uint32_t>(a[i]), std::bit_cast<uint32_t>(e[i]))
-        << what << " [" << i << "]: " << a[i] << ", expected " << e[i];
-  }
-}
 
 // Everything one forward + backward of the op reads and writes.
 struct Case {

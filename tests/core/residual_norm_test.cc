@@ -6,7 +6,6 @@
 // fairseq). Rows span several of the backward's 64-row blocks and of the forward's 16-row chunks
 // and a partial one of each; columns a vector multiple, a ragged width and one; with and without
 // the branch LayerNorm (NormFormer, Pre-LN); dropout off and on.
-#include <bit>
 #include <cstdint>
 #include <string>
 #include <tuple>
@@ -23,20 +22,11 @@ namespace nf {
 namespace {
 
 using ::nf::testing::ExpectInvalidArgument;
+using ::nf::testing::ExpectSameBits;
 using ::nf::testing::MakeTensor;
 using ::nf::testing::MakeZeros;
 using ::nf::testing::RandomFloats;
 using ::nf::testing::ToDoubles;
-
-void ExpectSameBits(const Tensor& actual, const Tensor& expected, const std::string& what) {
-  ASSERT_EQ(actual.numel(), expected.numel()) << what;
-  const float* a = actual.data<float>();
-  const float* e = expected.data<float>();
-  for (int64_t i = 0; i < actual.numel(); ++i) {
-    ASSERT_EQ(std::bit_cast<uint32_t>(a[i]), std::bit_cast<uint32_t>(e[i]))
-        << what << " [" << i << "]: " << a[i] << ", expected " << e[i];
-  }
-}
 
 Tensor Random(Shape shape, uint32_t seed, float lo = -1.0f, float hi = 1.0f) {
   return MakeTensor(DType::kF32, shape, RandomFloats(NumElements(shape), seed, lo, hi));
