@@ -28,6 +28,19 @@ absl::Status CheckDropout(absl::string_view op, const DropoutSpec& spec) {
                    "); p must be in [0, 1), seq_len positive and offsets non-negative"));
 }
 
+// Tensors that must not share memory (each is read after another is written).
+absl::Status CheckDistinct(absl::string_view op, std::initializer_list<Named> tensors) {
+  for (auto a = tensors.begin(); a != tensors.end(); ++a) {
+    for (auto b = a + 1; b != tensors.end(); ++b) {
+      if (a->tensor.numel() > 0 && a->tensor.raw_data() == b->tensor.raw_data()) {
+        return absl::InvalidArgumentError(absl::StrCat(op, ": ", a->name, " and ", b->name,
+                                                       " share memory; give each its own tensor"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
 // The matrix dimensions of one GEMM operand: [rows, cols] of its last two dims, and its batch.
 struct MatrixDims {
   int64_t batch, rows, cols;
@@ -239,12 +252,8 @@ absl::Status MergeScaledHeadsBackward(const Tensor& d_tokens, const Tensor& head
   NF_RETURN_IF_ERROR(CheckHeadScale(op, heads, scale));
   NF_RETURN_IF_ERROR(CheckDType(op, {"dscale", dscale}, DType::kF32));
   NF_RETURN_IF_ERROR(CheckShape(op, {"dscale", dscale}, scale.shape()));
-  if (d_heads.raw_data() == heads.raw_data() || d_heads.raw_data() == d_tokens.raw_data()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(op,
-                     ": d_heads shares memory with heads or d_tokens, which are read after "
-                     "it is written; give d_heads its own tensor"));
-  }
+  NF_RETURN_IF_ERROR(
+      CheckDistinct(op, {{"d_heads", d_heads}, {"heads", heads}, {"d_tokens", d_tokens}}));
   NF_BACKEND(heads);
   return backend->MergeScaledHeadsBackward(d_tokens, heads, scale, d_heads, dscale);
 }
@@ -414,19 +423,6 @@ absl::Status ActivationNormBackward(const ActivationNormBackwardArgs& args) {
 // ---- The residual add fused with the LayerNorms on either side of it ---------------------------
 
 namespace {
-
-// Tensors that must not share memory (each is read after another is written).
-absl::Status CheckDistinct(absl::string_view op, std::initializer_list<Named> tensors) {
-  for (auto a = tensors.begin(); a != tensors.end(); ++a) {
-    for (auto b = a + 1; b != tensors.end(); ++b) {
-      if (a->tensor.numel() > 0 && a->tensor.raw_data() == b->tensor.raw_data()) {
-        return absl::InvalidArgumentError(absl::StrCat(op, ": ", a->name, " and ", b->name,
-                                                       " share memory; give each its own tensor"));
-      }
-    }
-  }
-  return absl::OkStatus();
-}
 
 // The two LayerNorms' checks name the one they are about (x, y, weight... are its tensors).
 constexpr absl::string_view kResidualNormForward =
