@@ -27,8 +27,16 @@
 //              2 T d s forward and 2 T d s backward (out_proj, fc2; q/k/v and fc1 input
 //              gradients), plus LN_ffn_mid's statistics T 2 8 and sums T 2 4 with scale_fc
 //              and tp > 1;
-//              the loss's row max and sums 3 T 4 and the head's input gradient T d s (last)
-//   pp         T d s per activation sent or received and per gradient sent or received
+//              the loss's row max and sums 3 T 4 and the head's input gradient T d s (last);
+//              with sequence parallelism (model/tensor_parallel.h) each [T, d] all-reduce
+//              becomes a reduce-scatter or all-gather of the same count, and the backward
+//              gathers again the inputs it needs (per layer the q/k/v and fc1 inputs, the
+//              head's input on the last stage, the embedding's output gradient on the first):
+//              per layer 4 T d s forward and 6 T d s backward, last stage + T d s forward and
+//              2 T d s backward, first stage + T d s backward; plus once per step the sum of
+//              the replicated gradients this rank holds after the dp reduction (4 bytes each)
+//   pp         Ts d s per activation sent or received and per gradient sent or received
+//              (Ts = T, or T / tp with sequence parallelism)
 //   dp         replicated: all-reduce 4 n_c per chunk; ZeRO-1: reduce-scatter 4 n_c and
 //              all-gather s n_c
 //   embedding  4 x the tied embedding shard (V_pad / tp x d) on the first and last stages
@@ -68,7 +76,7 @@ struct Expected {
 };
 constexpr int kWorld = static_cast<int>(GroupKind::kCount);
 
-Expected Formulas(const launcher::Trainer& trainer, const launcher::TrainConfig& config) {
+absl::StatusOr<Expected> Formulas(launcher::Trainer& trainer, const launcher::TrainConfig& config) {
   const model::ModelConfig& model = config.model();
   const launcher::TrainOptions& train = config.train();
   const parallel::Topology& topology = trainer.groups().topology;
@@ -77,6 +85,13 @@ Expected Formulas(const launcher::Trainer& trainer, const launcher::TrainConfig&
   // LN_ffn_mid spans the ffn columns every tp rank holds a share of: its statistics are
   // all-reduced only when there is more than one share.
   const bool sharded_mid_norm = model.normformer().scale_fc() && topology.tp() > 1;
+  const bool sequence_parallel = config.parallel().sequence_parallel() && topology.tp() > 1;
+  const int64_t ts = sequence_parallel ? t / topology.tp() : t;
+  // The [T, d] collectives of a layer's forward and backward, of the head's and the embedding's.
+  const int64_t layer_forward = sequence_parallel ? 4 : 2,
+                layer_backward = sequence_parallel ? 6 : 2;
+  const int64_t head_forward = sequence_parallel ? 1 : 0, head_backward = sequence_parallel ? 2 : 1;
+  const int64_t embedding_backward = sequence_parallel ? 1 : 0;
   Expected e;
   auto& tp = e.bytes[static_cast<int>(GroupKind::kTensor)];
   auto& pp = e.bytes[static_cast<int>(GroupKind::kPipeline)];
@@ -85,13 +100,21 @@ Expected Formulas(const launcher::Trainer& trainer, const launcher::TrainConfig&
     const int64_t layers = chunk.placement().layer_end - chunk.placement().layer_begin;
     if (a.kind == Action::kForward) {
       if (chunk.placement().first()) tp += t * d * s;
-      tp += layers * (2 * t * d * s + (sharded_mid_norm ? t * 2 * 8 : 0));
-      if (chunk.placement().last()) tp += 3 * t * 4;
+      tp += layers * (layer_forward * t * d * s + (sharded_mid_norm ? t * 2 * 8 : 0));
+      if (chunk.placement().last()) tp += head_forward * t * d * s + 3 * t * 4;
     } else if (a.kind == Action::kBackward) {
-      tp += layers * (2 * t * d * s + (sharded_mid_norm ? t * 2 * 4 : 0));
-      if (chunk.placement().last()) tp += t * d * s;
+      tp += layers * (layer_backward * t * d * s + (sharded_mid_norm ? t * 2 * 4 : 0));
+      if (chunk.placement().last()) tp += head_backward * t * d * s;
+      if (chunk.placement().first()) tp += embedding_backward * t * d * s;
     } else {
-      pp += t * d * s;  // every send and receive moves one [T, d] tensor
+      pp += ts * d * s;  // every send and receive moves one hidden state
+    }
+  }
+  for (size_t c = 0; c < trainer.chunks().size(); ++c) {
+    for (const optim::FlatRange& r : trainer.chunks()[c]->SequenceParallelGradRanges()) {
+      NF_ASSIGN_OR_RETURN(const std::vector<Tensor> pieces,
+                          trainer.optimizer(static_cast<int>(c)).ReducedGrads(r.offset, r.length));
+      for (const Tensor& piece : pieces) tp += 4 * piece.numel();
     }
   }
   const bool zero = config.parallel().distributed_optimizer();
@@ -240,7 +263,7 @@ absl::Status Run(int argc, char** argv) {
     seconds.push_back(stats.seconds);
   }
   std::sort(seconds.begin(), seconds.end());
-  const Expected expected = Formulas(*trainer, config);
+  NF_ASSIGN_OR_RETURN(const Expected expected, Formulas(*trainer, config));
   std::vector<std::string> cells;
   bool all_match = true;
   for (int k = 0; k <= kWorld; ++k) {

@@ -254,6 +254,19 @@ absl::Status ValidateMonitoring(const monitoring::MonitoringConfig& monitoring) 
   return absl::OkStatus();
 }
 
+// Sequence parallelism splits each micro-batch's tokens evenly over the tensor-parallel ranks.
+absl::Status ValidateSequenceParallel(const ParallelConfig& parallel, const TrainOptions& train) {
+  const int64_t tokens = int64_t{train.micro_batch_size()} * train.seq_len();
+  const int tp = parallel.tensor_parallel();
+  if (!parallel.sequence_parallel() || tokens % tp == 0) return absl::OkStatus();
+  return Invalid(absl::StrCat(
+      "parallel.sequence_parallel splits each micro-batch's tokens over the tensor-parallel "
+      "ranks: train.micro_batch_size x train.seq_len (",
+      train.micro_batch_size(), " x ", train.seq_len(), " = ", tokens,
+      ") must be a multiple of parallel.tensor_parallel (", tp,
+      "); change either, or set sequence_parallel=false"));
+}
+
 }  // namespace
 
 absl::Status ValidateTrainConfig(const TrainConfig& config) {
@@ -266,6 +279,7 @@ absl::Status ValidateTrainConfig(const TrainConfig& config) {
   NF_RETURN_IF_ERROR(ValidateLossScale(config.train().loss_scale()));
   NF_RETURN_IF_ERROR(ValidateData(config.data(), config.model()));
   NF_RETURN_IF_ERROR(ValidateParallel(config.parallel(), config.model()));
+  NF_RETURN_IF_ERROR(ValidateSequenceParallel(config.parallel(), config.train()));
   NF_RETURN_IF_ERROR(ValidateCheckpointing(config.checkpoint(), config.train()));
   NF_RETURN_IF_ERROR(ValidateMonitoring(config.monitoring()));
   return absl::OkStatus();

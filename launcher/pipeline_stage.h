@@ -63,9 +63,7 @@ class ModelStage final : public PipelineStage {
   bool last() const override { return model_->placement().last(); }
   Device device() const override { return model_->options().device; }
   DType activation_dtype() const override { return model_->options().dtype; }
-  Shape activation_shape() const override {
-    return {model_->options().micro_batch * model_->options().seq_len, model_->config().d_model()};
-  }
+  Shape activation_shape() const override { return model_->hidden_shape(); }
   absl::StatusOr<const Tensor*> Forward(int micro_batch, const Tensor* input_ids,
                                         const Tensor* input_hidden, const Tensor& targets,
                                         uint64_t first_sample, bool train) override {

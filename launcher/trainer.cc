@@ -6,6 +6,7 @@
 #include <limits>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "core/ops/backend.h"
@@ -13,6 +14,7 @@
 #include "core/status.h"
 #include "launcher/config.h"
 #include "model/vocab.h"
+#include "parallel/coalesced_all_reduce.h"
 #include "parallel/pipeline_schedule.h"
 
 namespace nf::launcher {
@@ -193,6 +195,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainConfig& conf
                                              .device = device,
                                              .param_buffer_multiple = topology.dp(),
                                              .tensor_parallel = t->DeviceGroup(GroupKind::kTensor),
+                                             .sequence_parallel = parallel.sequence_parallel(),
                                              .pipeline = {.stage = stage,
                                                           .num_stages = p * v,
                                                           .layer_begin = stages[stage].first,
@@ -394,6 +397,18 @@ absl::Status Trainer::ReduceEmbeddingGradients() {
   return absl::OkStatus();
 }
 
+absl::Status Trainer::ReduceSequenceParallelGradients() {
+  std::vector<Tensor> partial;
+  for (size_t c = 0; c < chunks_.size(); ++c) {
+    for (const optim::FlatRange& r : chunks_[c]->SequenceParallelGradRanges()) {
+      NF_ASSIGN_OR_RETURN(std::vector<Tensor> pieces,
+                          optimizers_[c]->ReducedGrads(r.offset, r.length));
+      for (Tensor& piece : pieces) partial.push_back(std::move(piece));
+    }
+  }
+  return parallel::AllReduceCoalesced(partial, *DeviceGroup(GroupKind::kTensor));
+}
+
 absl::StatusOr<double> Trainer::GlobalSquaredNorm(float loss_scale, bool& skipped) {
   NF_ASSIGN_OR_RETURN(const Tensor found, Tensor::HostZeros(DType::kF32, {1}));
   for (const auto& optimizer : optimizers_) {
@@ -458,6 +473,7 @@ absl::StatusOr<StepStats> Trainer::TrainStep(bool block_grad_norms) {
                       }));
   NF_RETURN_IF_ERROR(ReduceEmbeddingGradients());
   for (const auto& optimizer : optimizers_) NF_RETURN_IF_ERROR(optimizer->FinishGradReduction());
+  NF_RETURN_IF_ERROR(ReduceSequenceParallelGradients());
 
   bool skipped = false;
   NF_ASSIGN_OR_RETURN(const double squared, GlobalSquaredNorm(loss_scale, skipped));

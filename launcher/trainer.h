@@ -121,6 +121,10 @@ class Trainer {
   // the stream the checkpoint's run read (its size is recorded), or refused.
   absl::Status ContinueDataStream(const checkpoint::RunProgress& progress);
   absl::Status ReduceEmbeddingGradients();
+  // Sums over tp the reduced gradients that sequence parallelism leaves partial
+  // (NormFormerModel::SequenceParallelGradRanges), after the data-parallel reduction: the sums
+  // commute, and the overlapped data-parallel buckets need not wait for them.
+  absl::Status ReduceSequenceParallelGradients();
   // Per-block gradient norms of the reduced, unscaled gradients, the same on every rank:
   // collective over the group GlobalSquaredNorm reduces over.
   absl::StatusOr<std::vector<std::pair<std::string, double>>> BlockGradNorms();

@@ -4,7 +4,6 @@
 #include <initializer_list>
 
 #include "core/status.h"
-#include "model/tensor_parallel.h"
 
 namespace nf::model {
 namespace {
@@ -60,13 +59,13 @@ absl::Status ViewGroups(const Tensor& grouped, std::initializer_list<Tensor*> vi
 template <typename NewTensor>
 absl::StatusOr<LayerActivations> MakeActivations(const LayerShape& s, const LayerOptions& options,
                                                  NewTensor&& New) {
-  const int64_t t = s.tokens();
+  const int64_t t = s.tokens(), ts = s.shard_tokens();
   const DType dt = s.dtype, f32 = DType::kF32;
   const Shape heads{s.batch, s.heads, s.seq, s.head_dim};
   LayerActivations a;
-  NF_ASSIGN_OR_RETURN(a.attn_in_norm, New(dt, {t, s.d_model}));
-  NF_ASSIGN_OR_RETURN(a.attn_in_mean, New(f32, {t}));
-  NF_ASSIGN_OR_RETURN(a.attn_in_rstd, New(f32, {t}));
+  NF_ASSIGN_OR_RETURN(a.attn_in_norm, New(dt, {ts, s.d_model}));
+  NF_ASSIGN_OR_RETURN(a.attn_in_mean, New(f32, {ts}));
+  NF_ASSIGN_OR_RETURN(a.attn_in_rstd, New(f32, {ts}));
   NF_ASSIGN_OR_RETURN(a.qkv, New(dt, {3, s.batch, s.heads, s.seq, s.head_dim}));
   if (a.qkv.defined()) {  // (counting bytes makes no tensors)
     NF_RETURN_IF_ERROR(ViewGroups(a.qkv, {&a.q, &a.k, &a.v}));
@@ -74,20 +73,20 @@ absl::StatusOr<LayerActivations> MakeActivations(const LayerShape& s, const Laye
   NF_ASSIGN_OR_RETURN(a.attn, New(dt, heads));
   NF_ASSIGN_OR_RETURN(a.lse, New(f32, {s.batch, s.heads, s.seq}));
   NF_ASSIGN_OR_RETURN(a.merged, New(dt, {t, s.local_width()}));
-  NF_ASSIGN_OR_RETURN(a.attn_proj, New(dt, {t, s.d_model}));
+  NF_ASSIGN_OR_RETURN(a.attn_proj, New(dt, {ts, s.d_model}));
   // Without the after-projection head scale, LN_post_attn reads out_proj's output directly.
   const bool scale_after = options.scale_heads && !options.heads_before_out_proj;
   if (scale_after) {
-    NF_ASSIGN_OR_RETURN(a.post_attn, New(dt, {t, s.d_model}));
+    NF_ASSIGN_OR_RETURN(a.post_attn, New(dt, {ts, s.d_model}));
   } else {
     a.post_attn = a.attn_proj;
   }
-  NF_ASSIGN_OR_RETURN(a.post_attn_mean, New(f32, {t}));
-  NF_ASSIGN_OR_RETURN(a.post_attn_rstd, New(f32, {t}));
-  NF_ASSIGN_OR_RETURN(a.residual, New(dt, {t, s.d_model}));
-  NF_ASSIGN_OR_RETURN(a.ffn_in_norm, New(dt, {t, s.d_model}));
-  NF_ASSIGN_OR_RETURN(a.ffn_in_mean, New(f32, {t}));
-  NF_ASSIGN_OR_RETURN(a.ffn_in_rstd, New(f32, {t}));
+  NF_ASSIGN_OR_RETURN(a.post_attn_mean, New(f32, {ts}));
+  NF_ASSIGN_OR_RETURN(a.post_attn_rstd, New(f32, {ts}));
+  NF_ASSIGN_OR_RETURN(a.residual, New(dt, {ts, s.d_model}));
+  NF_ASSIGN_OR_RETURN(a.ffn_in_norm, New(dt, {ts, s.d_model}));
+  NF_ASSIGN_OR_RETURN(a.ffn_in_mean, New(f32, {ts}));
+  NF_ASSIGN_OR_RETURN(a.ffn_in_rstd, New(f32, {ts}));
   NF_ASSIGN_OR_RETURN(a.fc1_out, New(dt, {t, s.ffn}));
   // The activation's output is kept where something reads it later: fc2 without LN_ffn_mid, the
   // sharded LN_ffn_mid's backward. The whole LN_ffn_mid recomputes it (ops::ActivationNorm).
@@ -135,7 +134,11 @@ absl::StatusOr<LayerScratch> LayerScratch::Allocate(const LayerShape& s) {
   NF_ASSIGN_OR_RETURN(scratch.d_qkv, New(s.dtype, {3, s.batch, s.heads, s.seq, s.head_dim}));
   NF_RETURN_IF_ERROR(ViewGroups(scratch.d_qkv, {&scratch.dq, &scratch.dk, &scratch.dv}));
   for (Tensor& t : scratch.model_width) {
-    NF_ASSIGN_OR_RETURN(t, New(s.dtype, {s.tokens(), s.d_model}));
+    NF_ASSIGN_OR_RETURN(t, New(s.dtype, {s.shard_tokens(), s.d_model}));
+  }
+  if (s.sequence_parallel()) {
+    NF_ASSIGN_OR_RETURN(scratch.region.gathered, New(s.dtype, {s.tokens(), s.d_model}));
+    NF_ASSIGN_OR_RETURN(scratch.region.partials, New(s.dtype, {s.tokens(), s.d_model}));
   }
   for (Tensor& t : scratch.ffn_width) {
     NF_ASSIGN_OR_RETURN(t, New(s.dtype, {s.tokens(), s.ffn}));
@@ -147,7 +150,7 @@ absl::StatusOr<LayerScratch> LayerScratch::Allocate(const LayerShape& s) {
 
 ops::DropoutSpec DecoderLayer::Dropout(DropoutKind kind, const Step& step) const {
   float p = 0.0f;
-  int64_t col_offset = 0;
+  int64_t token_offset = 0, col_offset = 0;
   switch (kind) {
     case DropoutKind::kAttentionProbs:
       p = options_.attention_dropout;
@@ -155,6 +158,7 @@ ops::DropoutSpec DecoderLayer::Dropout(DropoutKind kind, const Step& step) const
     case DropoutKind::kAttention:
     case DropoutKind::kFfn:
       p = options_.dropout;
+      token_offset = shape_.first_token();  // [Ts, d] rows are tokens first_token + t
       break;
     case DropoutKind::kActivation:
       p = options_.activation_dropout;
@@ -166,6 +170,7 @@ ops::DropoutSpec DecoderLayer::Dropout(DropoutKind kind, const Step& step) const
           .site = DropoutSite(index_, kind),
           .first_sample = step.first_sample,
           .seq_len = shape_.seq,
+          .token_offset = token_offset,
           .col_offset = col_offset,
           .head_offset = shape_.head_offset};
 }
@@ -176,12 +181,16 @@ absl::Status DecoderLayer::Forward(const Tensor& x, const Tensor& y, const Step&
   const LayerParams& p = params_;
   const LayerShape& s = shape_;
   const float eps = options_.eps;
+  if (cache != nullptr && s.sequence_parallel()) {
+    return absl::FailedPreconditionError(
+        "a KV-cache forward runs without sequence parallelism (its steps hold too few tokens)");
+  }
   // ---- attention block
   NF_RETURN_IF_ERROR(LayerNorm(x, p.attn_norm_weight, p.attn_norm_bias, acts.attn_in_norm,
                                acts.attn_in_mean, acts.attn_in_rstd, eps));
   // q, k and v in one GEMM, [T, 3 H Dh], then to the head layout: acts.qkv [3, B, H, S, Dh].
-  NF_RETURN_IF_ERROR(
-      LinearForward(acts.attn_in_norm, p.qkv_weight, p.qkv_bias, scratch.qkv_tokens));
+  NF_RETURN_IF_ERROR(ColumnParallelLinearForward(region_, acts.attn_in_norm, p.qkv_weight,
+                                                 p.qkv_bias, scratch.qkv_tokens, scratch.region));
   NF_RETURN_IF_ERROR(ops::SplitHeads(scratch.qkv_tokens, acts.qkv));
   const float attention_scale =
       static_cast<float>(1.0 / std::sqrt(static_cast<double>(s.head_dim)));
@@ -212,8 +221,8 @@ absl::Status DecoderLayer::Forward(const Tensor& x, const Tensor& y, const Step&
   } else {
     NF_RETURN_IF_ERROR(ops::MergeHeads(acts.attn, acts.merged));
   }
-  NF_RETURN_IF_ERROR(
-      RowParallelLinearForward(acts.merged, p.out_weight, p.out_bias, acts.attn_proj, *tp_));
+  NF_RETURN_IF_ERROR(RowParallelLinearForward(region_, acts.merged, p.out_weight, p.out_bias,
+                                              acts.attn_proj, scratch.region));
   if (scale_after) {
     // [T, H, Dh]: the projection's output viewed as heads.
     NF_RETURN_IF_ERROR(
@@ -241,7 +250,8 @@ absl::Status DecoderLayer::Forward(const Tensor& x, const Tensor& y, const Step&
   NF_RETURN_IF_ERROR(ops::ResidualNormForward(residual_norm));
 
   // ---- feed-forward block
-  NF_RETURN_IF_ERROR(LinearForward(acts.ffn_in_norm, p.fc1_weight, p.fc1_bias, acts.fc1_out));
+  NF_RETURN_IF_ERROR(ColumnParallelLinearForward(region_, acts.ffn_in_norm, p.fc1_weight,
+                                                 p.fc1_bias, acts.fc1_out, scratch.region));
   if (options_.scale_fc && !FfnNormIsSharded(s)) {
     NF_RETURN_IF_ERROR(
         ops::ActivationNormForward({.act = options_.activation,
@@ -270,8 +280,8 @@ absl::Status DecoderLayer::Forward(const Tensor& x, const Tensor& y, const Step&
                                                s.ffn_total, scratch.row_stats, *tp_));
   }
   const Tensor& ffn_out = scratch.model_width[1];
-  NF_RETURN_IF_ERROR(
-      RowParallelLinearForward(acts.fc2_in, p.fc2_weight, p.fc2_bias, ffn_out, *tp_));
+  NF_RETURN_IF_ERROR(RowParallelLinearForward(region_, acts.fc2_in, p.fc2_weight, p.fc2_bias,
+                                              ffn_out, scratch.region));
   NF_RETURN_IF_ERROR(ops::Dropout(ffn_out, ffn_out, Dropout(DropoutKind::kFfn, step)));
   if (options_.scale_resids) {
     NF_RETURN_IF_ERROR(ops::ScaleChannels(acts.residual, p.resid_scale.value, 1, y));
@@ -299,8 +309,8 @@ absl::Status DecoderLayer::Backward(const Tensor& x, const Tensor& dy, const Ten
   }
   NF_RETURN_IF_ERROR(ops::Dropout(dy, d_model, Dropout(DropoutKind::kFfn, step)));
   const Tensor& d_fc2_in = scratch.ffn_width[0];
-  NF_RETURN_IF_ERROR(LinearBackward(acts.fc2_in, p.fc2_weight, p.fc2_bias, d_model, d_fc2_in,
-                                    /*accumulate_dx=*/false));
+  NF_RETURN_IF_ERROR(RowParallelLinearBackward(region_, acts.fc2_in, p.fc2_weight, p.fc2_bias,
+                                               d_model, d_fc2_in, scratch.region));
   const Tensor& d_act = options_.scale_fc ? scratch.ffn_width[1] : d_fc2_in;
   if (options_.scale_fc && !FfnNormIsSharded(s)) {
     NF_RETURN_IF_ERROR(
@@ -330,9 +340,8 @@ absl::Status DecoderLayer::Backward(const Tensor& x, const Tensor& dy, const Ten
     NF_RETURN_IF_ERROR(ops::Dropout(d_act, d_act, Dropout(DropoutKind::kActivation, step)));
     NF_RETURN_IF_ERROR(ops::ActivationBackward(options_.activation, acts.fc1_out, d_act, d_act));
   }
-  NF_RETURN_IF_ERROR(LinearBackward(acts.ffn_in_norm, p.fc1_weight, p.fc1_bias, d_act, d_model,
-                                    /*accumulate_dx=*/false));
-  NF_RETURN_IF_ERROR(ReduceInputGrad(d_model, *tp_));  // fc1 is column-parallel
+  NF_RETURN_IF_ERROR(ColumnParallelLinearBackward(region_, acts.ffn_in_norm, p.fc1_weight,
+                                                  p.fc1_bias, d_act, d_model, scratch.region));
 
   // ---- attention block: residual = x + dropout(LN_post_attn(scaled out_proj(...)))
   // d_residual gains the FFN input LayerNorm's input gradient; d_post_attn is the branch's.
@@ -364,8 +373,8 @@ absl::Status DecoderLayer::Backward(const Tensor& x, const Tensor& dy, const Ten
                                                   d_post_attn, d_post_attn, p.head_scale.grad));
   }
   const Tensor& d_merged = scratch.merged_grad;
-  NF_RETURN_IF_ERROR(LinearBackward(acts.merged, p.out_weight, p.out_bias, d_post_attn, d_merged,
-                                    /*accumulate_dx=*/false));
+  NF_RETURN_IF_ERROR(RowParallelLinearBackward(region_, acts.merged, p.out_weight, p.out_bias,
+                                               d_post_attn, d_merged, scratch.region));
   const Tensor& d_attn = scratch.d_attn;
   if (scale_before) {
     NF_RETURN_IF_ERROR(ops::MergeScaledHeadsBackward(d_merged, acts.attn, p.head_scale.value,
@@ -387,9 +396,9 @@ absl::Status DecoderLayer::Backward(const Tensor& x, const Tensor& dy, const Ten
        .dropout = Dropout(DropoutKind::kAttentionProbs, step)}));
   // [3, B, H, S, Dh] back to [T, 3 H Dh], then the one projection's backward.
   NF_RETURN_IF_ERROR(ops::MergeHeads(scratch.d_qkv, scratch.qkv_tokens));
-  NF_RETURN_IF_ERROR(LinearBackward(acts.attn_in_norm, p.qkv_weight, p.qkv_bias, scratch.qkv_tokens,
-                                    d_model, /*accumulate_dx=*/false));
-  NF_RETURN_IF_ERROR(ReduceInputGrad(d_model, *tp_));  // q, k, v are column-parallel
+  NF_RETURN_IF_ERROR(ColumnParallelLinearBackward(region_, acts.attn_in_norm, p.qkv_weight,
+                                                  p.qkv_bias, scratch.qkv_tokens, d_model,
+                                                  scratch.region));
   NF_RETURN_IF_ERROR(LayerNormGrad(d_model, x, p.attn_norm_weight, p.attn_norm_bias,
                                    acts.attn_in_mean, acts.attn_in_rstd, dx));
   return ops::Axpy(1.0f, d_residual, dx);

@@ -12,7 +12,10 @@
 //   x = lambda * r + dropout(h W_2^T + b_2)   (lambda: scale_resids, else 1)
 //
 // Tensors are token-major: [tokens = batch * seq, features]. Heads, ffn columns and the
-// vocabulary are this rank's tensor-parallel shard ("local"); d_model is never split.
+// vocabulary are this rank's tensor-parallel shard ("local"); d_model is never split. With
+// sequence parallelism the layer's input and output, and everything outside the
+// column/row-parallel GEMMs (LayerNorms, dropouts, residual, scales), hold this rank's rows
+// [T / tp, d] (model/tensor_parallel.h); T below is the micro-batch's tokens, Ts this rank's.
 #pragma once
 
 #include <cstdint>
@@ -20,6 +23,7 @@
 #include "absl/status/statusor.h"
 #include "core/ops/ops.h"
 #include "model/normformer_params.h"
+#include "model/tensor_parallel.h"
 #include "parallel/communicator.h"
 
 namespace nf::model {
@@ -35,8 +39,14 @@ struct LayerShape {
   int64_t ffn_offset = 0;           // global index of the first local ffn column
   DType dtype = DType::kF32;
   Device device = Device::Cpu();  // where activations and scratch live
+  // Sequence parallelism: the tokens outside the tensor-parallel region are split into
+  // sequence_shards (tp) blocks of rows, of which this rank holds block sequence_shard.
+  int64_t sequence_shards = 1, sequence_shard = 0;
 
   int64_t tokens() const { return batch * seq; }
+  bool sequence_parallel() const { return sequence_shards > 1; }
+  int64_t shard_tokens() const { return tokens() / sequence_shards; }  // Ts
+  int64_t first_token() const { return sequence_shard * shard_tokens(); }
   int64_t local_width() const { return heads * head_dim; }
 };
 
@@ -51,15 +61,15 @@ struct LayerOptions {
 
 // What Forward keeps for Backward. [T, ...] tensors are in the model dtype; statistics fp32.
 struct LayerActivations {
-  Tensor attn_in_norm, attn_in_mean, attn_in_rstd;  // [T, d], [T], [T]
+  Tensor attn_in_norm, attn_in_mean, attn_in_rstd;  // [Ts, d], [Ts], [Ts]
   Tensor qkv;                                       // [3, B, H, S, Dh]: q, k, v
   Tensor q, k, v, attn, lse;              // [B, H, S, Dh] (q, k, v: views of qkv); lse [B, H, S]
   Tensor merged;                          // [T, H * Dh]: out_proj's input
-  Tensor attn_proj;                       // [T, d]: out_proj's output
-  Tensor post_attn;                       // [T, d]: LN_post_attn's input
-  Tensor post_attn_mean, post_attn_rstd;  // [T]
-  Tensor residual;                        // [T, d]: x after the attention block
-  Tensor ffn_in_norm, ffn_in_mean, ffn_in_rstd;  // [T, d], [T], [T]
+  Tensor attn_proj;                       // [Ts, d]: out_proj's output
+  Tensor post_attn;                       // [Ts, d]: LN_post_attn's input
+  Tensor post_attn_mean, post_attn_rstd;  // [Ts]
+  Tensor residual;                        // [Ts, d]: x after the attention block
+  Tensor ffn_in_norm, ffn_in_mean, ffn_in_rstd;  // [Ts, d], [Ts], [Ts]
   Tensor fc1_out;                                // [T, F]: before the activation
   Tensor act_out;  // [T, F]: after activation dropout; unset under an unsharded LN_ffn_mid
   Tensor mid_mean, mid_rstd;  // [T]
@@ -78,7 +88,8 @@ struct LayerScratch {
   Tensor d_attn;          // [B, H, S, Dh]: attention's output gradient
   Tensor d_qkv;           // [3, B, H, S, Dh]: attention's input gradients
   Tensor dq, dk, dv;      // [B, H, S, Dh]: views of d_qkv
-  Tensor model_width[4];  // [T, d]
+  Tensor model_width[4];  // [Ts, d]
+  RegionBuffers region;   // [T, d] each under sequence parallelism, else undefined
   Tensor ffn_width[3];    // [T, F]
   Tensor row_stats;       // f64 [T, 2]: the sharded LN_ffn_mid's forward statistics
   Tensor row_sums;        // f32 [T, 2]: and its backward sums
@@ -109,7 +120,12 @@ class DecoderLayer {
   // outlive the layer.
   DecoderLayer(int index, LayerParams params, LayerShape shape, LayerOptions options,
                parallel::Communicator* tp)
-      : index_(index), params_(std::move(params)), shape_(shape), options_(options), tp_(tp) {}
+      : index_(index),
+        params_(std::move(params)),
+        shape_(shape),
+        options_(options),
+        tp_(tp),
+        region_(tp, shape.sequence_parallel()) {}
 
   // The layer's index in the whole model (errors name it).
   int index() const { return index_; }
@@ -121,13 +137,13 @@ class DecoderLayer {
     bool train = true;
   };
 
-  // x [T, d] -> y [T, d] (y must not alias x), filling `acts`. With `cache` (inference only:
+  // x [Ts, d] -> y [Ts, d] (y must not alias x), filling `acts`. With `cache` (inference only:
   // no dropout, acts.lse unset, no Backward), x holds the next seq tokens of each sample after
   // the cache->past already cached: their keys and values join the cache (the caller advances
   // past) and they attend every cached token before them.
   absl::Status Forward(const Tensor& x, const Tensor& y, const Step& step, LayerActivations& acts,
                        LayerScratch& scratch, const LayerKvCache* cache = nullptr) const;
-  // dy [T, d] -> dx [T, d] (no aliasing), from the x and acts of the matching Forward;
+  // dy [Ts, d] -> dx [Ts, d] (no aliasing), from the x and acts of the matching Forward;
   // parameter gradients accumulate into the fp32 main grads.
   absl::Status Backward(const Tensor& x, const Tensor& dy, const Tensor& dx, const Step& step,
                         const LayerActivations& acts, LayerScratch& scratch) const;
@@ -140,6 +156,7 @@ class DecoderLayer {
   LayerShape shape_;
   LayerOptions options_;
   parallel::Communicator* tp_;
+  TensorParallelRegion region_;
 };
 
 }  // namespace nf::model

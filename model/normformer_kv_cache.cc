@@ -18,6 +18,11 @@ absl::Status NormFormerModel::StartKvCache(int64_t capacity) {
         absl::StrCat("KV cache capacity ", capacity, " must lie in [seq_len ", shape_.seq,
                      ", model.max_seq_len ", config_.max_seq_len(), "]"));
   }
+  if (region_.sequence_parallel()) {
+    return absl::FailedPreconditionError(
+        "incremental decoding runs without sequence parallelism (a step holds too few tokens to "
+        "split): create the model with ModelOptions::sequence_parallel false");
+  }
   cached_tokens_ = 0;
   const Shape shape{shape_.batch, shape_.heads, capacity, shape_.head_dim};
   if (!kv_caches_.empty() && kv_caches_[0].k.dim(2) == capacity) {

@@ -1,11 +1,13 @@
 #include "model/normformer_model.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
 #include "core/ops/ops.h"
 #include "core/status.h"
 #include "model/vocab.h"
+#include "parallel/coalesced_all_reduce.h"
 #include "parallel/local_communicator.h"
 #include "parallel/topology.h"
 
@@ -41,11 +43,27 @@ std::vector<float> SinusoidalTable(int64_t rows, int64_t first, int64_t d) {
   return table;
 }
 
+// Calls fn(row, position, length) for each run of `rows` consecutive rows of a sample-major
+// [batch * seq, d] tensor, starting at token first_token, that lies inside one sample: rows
+// row .. row + length - 1 (counted from first_token) are that sample's positions
+// position .. position + length - 1. A sequence-parallel shard may start and end mid-sample.
+template <typename Fn>
+absl::Status ForEachSampleRun(int64_t first_token, int64_t rows, int64_t seq, Fn&& fn) {
+  for (int64_t row = 0; row < rows;) {
+    const int64_t position = (first_token + row) % seq;
+    const int64_t length = std::min(seq - position, rows - row);
+    NF_RETURN_IF_ERROR(fn(row, position, length));
+    row += length;
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 LayerShape LayerShapeOf(const ModelConfig& config, const ModelOptions& options, int tp_rank,
                         int tp_size) {
   const int64_t heads = config.num_heads() / tp_size, ffn = config.ffn_dim() / tp_size;
+  const bool split_tokens = options.sequence_parallel && tp_size > 1;
   return {.batch = options.micro_batch,
           .seq = options.seq_len,
           .d_model = config.d_model(),
@@ -56,7 +74,9 @@ LayerShape LayerShapeOf(const ModelConfig& config, const ModelOptions& options, 
           .head_offset = tp_rank * heads,
           .ffn_offset = tp_rank * ffn,
           .dtype = options.dtype,
-          .device = options.device};
+          .device = options.device,
+          .sequence_shards = split_tokens ? tp_size : 1,
+          .sequence_shard = split_tokens ? tp_rank : 0};
 }
 
 LayerOptions LayerOptionsOf(const ModelConfig& config) {
@@ -79,6 +99,7 @@ NormFormerModel::NormFormerModel(ModelConfig config, ModelOptions options,
       options_(options),
       own_tp_(std::move(own_tp)),
       tp_(own_tp_ ? own_tp_.get() : options.tensor_parallel),
+      region_(tp_, options.sequence_parallel && tp_->size() > 1),
       table_(std::move(table)) {}
 
 absl::StatusOr<std::unique_ptr<NormFormerModel>> NormFormerModel::Create(
@@ -105,6 +126,13 @@ absl::StatusOr<std::unique_ptr<NormFormerModel>> NormFormerModel::Create(
   parallel::Communicator& tp = own_tp ? *own_tp : *options.tensor_parallel;
   NF_RETURN_IF_ERROR(
       parallel::CheckModelDivisibility(config.num_heads(), config.ffn_dim(), tp.size()));
+  if (options.sequence_parallel && (options.micro_batch * options.seq_len) % tp.size() != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "parallel.sequence_parallel splits each micro-batch's tokens over the tensor-parallel "
+        "ranks: micro_batch_size x seq_len (",
+        options.micro_batch, " x ", options.seq_len, ") must be a multiple of tensor_parallel (",
+        tp.size(), ")"));
+  }
   const int64_t padded_vocab = PaddedVocabSize(config.vocab_size(), tp.size());
   NF_ASSIGN_OR_RETURN(
       ParamTable table,
@@ -154,19 +182,19 @@ absl::Status NormFormerModel::AllocateBuffers() {
     NF_ASSIGN_OR_RETURN(dloss_, Zeros(DType::kF32, {t}));
     NF_ASSIGN_OR_RETURN(loss_totals_, Zeros(DType::kF64, {2}));
   }
-  NF_ASSIGN_OR_RETURN(grad_a_, Zeros(dt, {t, d}));
-  NF_ASSIGN_OR_RETURN(grad_b_, Zeros(dt, {t, d}));
+  NF_ASSIGN_OR_RETURN(grad_a_, Zeros(dt, hidden_shape()));
+  NF_ASSIGN_OR_RETURN(grad_b_, Zeros(dt, hidden_shape()));
   return absl::OkStatus();
 }
 
 absl::StatusOr<std::unique_ptr<NormFormerModel::InFlight>> NormFormerModel::AllocateInFlight()
     const {
-  const int64_t t = shape_.tokens(), d = shape_.d_model;
+  const int64_t t = shape_.tokens(), ts = shape_.shard_tokens(), d = shape_.d_model;
   const DType dt = options_.dtype, f32 = DType::kF32;
   auto mb = std::make_unique<InFlight>();
   mb->hidden.resize(layers_.size() + 1);
   for (Tensor& h : mb->hidden) {
-    NF_ASSIGN_OR_RETURN(h, Zeros(dt, {t, d}));
+    NF_ASSIGN_OR_RETURN(h, Zeros(dt, hidden_shape()));
   }
   if (!options_.activation_recompute) {
     for (size_t l = 0; l < layers_.size(); ++l) {
@@ -180,9 +208,12 @@ absl::StatusOr<std::unique_ptr<NormFormerModel::InFlight>> NormFormerModel::Allo
   }
   if (!placement().last()) return mb;
   NF_ASSIGN_OR_RETURN(mb->targets, Zeros(DType::kI32, {t}));
-  NF_ASSIGN_OR_RETURN(mb->final_norm, Zeros(dt, {t, d}));
+  NF_ASSIGN_OR_RETURN(mb->final_norm, Zeros(dt, {ts, d}));
   NF_ASSIGN_OR_RETURN(mb->logits, Zeros(dt, {t, padded_vocab_ / tp_->size()}));
-  for (Tensor* v : {&mb->final_mean, &mb->final_rstd, &mb->row_max, &mb->token_loss}) {
+  for (Tensor* v : {&mb->final_mean, &mb->final_rstd}) {
+    NF_ASSIGN_OR_RETURN(*v, Zeros(f32, {ts}));
+  }
+  for (Tensor* v : {&mb->row_max, &mb->token_loss}) {
     NF_ASSIGN_OR_RETURN(*v, Zeros(f32, {t}));
   }
   NF_ASSIGN_OR_RETURN(mb->loss_sums, Zeros(f32, {2, t}));
@@ -207,29 +238,34 @@ absl::StatusOr<NormFormerModel::InFlight*> NormFormerModel::Acquire(int micro_ba
 }
 
 absl::Status NormFormerModel::EmbedForward(InFlight& mb, int64_t first_token) {
-  const Tensor& x = mb.hidden[0];
-  const int64_t d = shape_.d_model, seq = shape_.seq;
+  const Tensor& x = mb.hidden[0];  // [Ts, d]
+  const int64_t d = shape_.d_model;
+  // Each rank looks up the ids of its vocabulary slice (zeros elsewhere) for all T tokens; the
+  // slices' sum is this rank's rows.
+  const Tensor& lookup = region_.PartialsFor(x, scratch_.region.partials);
   NF_RETURN_IF_ERROR(ops::EmbeddingForward({.ids = mb.ids,
                                             .table = params_.embed_tokens.value,
-                                            .out = x,
+                                            .out = lookup,
                                             .vocab_offset = vocab_offset_,
                                             .global_vocab = config_.vocab_size()}));
-  // Each rank looked up the ids of its vocabulary slice (zeros elsewhere): sum the slices.
-  NF_RETURN_IF_ERROR(tp_->AllReduce(x, parallel::ReduceOp::kSum));
+  NF_RETURN_IF_ERROR(region_.Leave(lookup, x));
   if (config_.scale_embedding()) {
     NF_RETURN_IF_ERROR(ops::Scale(x, static_cast<float>(std::sqrt(static_cast<double>(d)))));
   }
   // Token t of every sample gets position first_token + t + first_position: the learned table's
   // row of that number, or the sinusoidal table's row first_token + t (which starts at
   // first_position).
-  NF_ASSIGN_OR_RETURN(const Tensor positions, params_.embed_positions.defined()
-                                                  ? params_.embed_positions.value.Slice(
-                                                        config_.first_position() + first_token, seq)
-                                                  : positions_.Slice(first_token, seq));
-  for (int64_t b = 0; b < shape_.batch; ++b) {
-    NF_ASSIGN_OR_RETURN(const Tensor sample, x.Slice(b * seq, seq));
-    NF_RETURN_IF_ERROR(ops::Axpy(1.0f, positions, sample));
-  }
+  const Tensor& table =
+      params_.embed_positions.defined() ? params_.embed_positions.value : positions_;
+  const int64_t first_row =
+      (params_.embed_positions.defined() ? config_.first_position() : 0) + first_token;
+  NF_RETURN_IF_ERROR(ForEachSampleRun(
+      shape_.first_token(), shape_.shard_tokens(), shape_.seq,
+      [&](int64_t row, int64_t position, int64_t length) -> absl::Status {
+        NF_ASSIGN_OR_RETURN(const Tensor positions, table.Slice(first_row + position, length));
+        NF_ASSIGN_OR_RETURN(const Tensor rows, x.Slice(row, length));
+        return ops::Axpy(1.0f, positions, rows);
+      }));
   return ops::Dropout(x, x, EmbeddingDropout(mb.step));
 }
 
@@ -238,7 +274,8 @@ ops::DropoutSpec NormFormerModel::EmbeddingDropout(const DecoderLayer::Step& ste
           .seed = step.seed,
           .site = 0,
           .first_sample = step.first_sample,
-          .seq_len = shape_.seq};
+          .seq_len = shape_.seq,
+          .token_offset = shape_.first_token()};
 }
 
 absl::Status NormFormerModel::CheckWholeModel(absl::string_view method) const {
@@ -283,14 +320,16 @@ absl::Status NormFormerModel::CheckStageInputs(const Tensor* input_ids, const Te
 }
 
 absl::Status NormFormerModel::CheckHiddenShape(absl::string_view what, const Tensor* hidden) const {
-  const Shape expected{shape_.tokens(), shape_.d_model};
+  const Shape expected = hidden_shape();
   if (hidden != nullptr && hidden->shape() == expected && hidden->dtype() == options_.dtype) {
     return absl::OkStatus();
   }
   return absl::InvalidArgumentError(absl::StrCat(
       "NormFormerModel: pipeline stage ", placement().stage, " of ", placement().num_stages,
       " needs ", what, " ", hidden ? hidden->DebugString() : "(none)", " as ",
-      DTypeName(options_.dtype), ShapeToString(expected), " (micro_batch * seq_len, d_model)"));
+      DTypeName(options_.dtype), ShapeToString(expected),
+      region_.sequence_parallel() ? " (micro_batch * seq_len / tensor_parallel, d_model)"
+                                  : " (micro_batch * seq_len, d_model)"));
 }
 
 absl::StatusOr<const Tensor*> NormFormerModel::ForwardStage(int micro_batch,
@@ -404,7 +443,8 @@ absl::Status NormFormerModel::LogitsForward(InFlight& mb) {
                                             .mean = mb.final_mean,
                                             .rstd = mb.final_rstd,
                                             .eps = config_.layer_norm_eps()}));
-  return ops::Gemm({.a = mb.final_norm, .b = HeadWeight().value, .c = mb.logits, .trans_b = true});
+  NF_ASSIGN_OR_RETURN(const Tensor normed, region_.Enter(mb.final_norm, scratch_.region.gathered));
+  return ops::Gemm({.a = normed, .b = HeadWeight().value, .c = mb.logits, .trans_b = true});
 }
 
 absl::Status NormFormerModel::HeadForward(InFlight& mb) {
@@ -429,11 +469,14 @@ absl::Status NormFormerModel::HeadBackward(InFlight& mb, float loss_weight) {
   NF_RETURN_IF_ERROR(
       ops::CrossEntropyBackward(LossArgs(mb), mb.row_max, mb.sum_exp, dloss_, mb.logits));
   const Param& head = HeadWeight();
-  NF_RETURN_IF_ERROR(ops::Gemm(
-      {.a = mb.logits, .b = mb.final_norm, .c = head.grad, .trans_a = true, .beta = 1.0f}));
-  NF_RETURN_IF_ERROR(ops::Gemm({.a = mb.logits, .b = head.value, .c = grad_b_}));
+  // Gathered again under sequence parallelism: later forwards reused the forward's buffer.
+  NF_ASSIGN_OR_RETURN(const Tensor normed, region_.Enter(mb.final_norm, scratch_.region.gathered));
+  NF_RETURN_IF_ERROR(
+      ops::Gemm({.a = mb.logits, .b = normed, .c = head.grad, .trans_a = true, .beta = 1.0f}));
   // The head is column-parallel over the vocabulary: sum the slices' input gradients.
-  NF_RETURN_IF_ERROR(tp_->AllReduce(grad_b_, parallel::ReduceOp::kSum));
+  const Tensor& partials = region_.PartialsFor(grad_b_, scratch_.region.partials);
+  NF_RETURN_IF_ERROR(ops::Gemm({.a = mb.logits, .b = head.value, .c = partials}));
+  NF_RETURN_IF_ERROR(region_.Leave(partials, grad_b_));
   return ops::LayerNormBackward({.dy = grad_b_,
                                  .x = mb.hidden.back(),
                                  .weight = params_.final_norm_weight.value,
@@ -445,21 +488,26 @@ absl::Status NormFormerModel::HeadBackward(InFlight& mb, float loss_weight) {
 }
 
 absl::Status NormFormerModel::EmbedBackward(InFlight& mb) {
-  const Tensor& dx = grad_a_;  // gradient of the embedding block's output
-  const int64_t d = shape_.d_model, seq = shape_.seq;
+  const Tensor& dx = grad_a_;  // [Ts, d]: gradient of the embedding block's output
+  const int64_t d = shape_.d_model;
   NF_RETURN_IF_ERROR(ops::Dropout(dx, dx, EmbeddingDropout(mb.step)));
   if (params_.embed_positions.defined()) {
-    NF_ASSIGN_OR_RETURN(const Tensor dpositions,
-                        params_.embed_positions.grad.Slice(config_.first_position(), seq));
-    for (int64_t b = 0; b < shape_.batch; ++b) {
-      NF_ASSIGN_OR_RETURN(const Tensor sample, dx.Slice(b * seq, seq));
-      NF_RETURN_IF_ERROR(ops::Axpy(1.0f, sample, dpositions));
-    }
+    const Tensor& dtable = params_.embed_positions.grad;
+    NF_RETURN_IF_ERROR(ForEachSampleRun(
+        shape_.first_token(), shape_.shard_tokens(), shape_.seq,
+        [&](int64_t row, int64_t position, int64_t length) -> absl::Status {
+          NF_ASSIGN_OR_RETURN(const Tensor dpositions,
+                              dtable.Slice(config_.first_position() + position, length));
+          NF_ASSIGN_OR_RETURN(const Tensor rows, dx.Slice(row, length));
+          return ops::Axpy(1.0f, rows, dpositions);
+        }));
   }
   if (config_.scale_embedding()) {
     NF_RETURN_IF_ERROR(ops::Scale(dx, static_cast<float>(std::sqrt(static_cast<double>(d)))));
   }
-  return ops::EmbeddingBackward(mb.ids, dx, params_.embed_tokens.grad, vocab_offset_);
+  // Every token's gradient, for this rank's vocabulary rows.
+  NF_ASSIGN_OR_RETURN(const Tensor all_tokens, region_.Enter(dx, scratch_.region.gathered));
+  return ops::EmbeddingBackward(mb.ids, all_tokens, params_.embed_tokens.grad, vocab_offset_);
 }
 
 const Param& NormFormerModel::HeadWeight() const {
@@ -482,6 +530,26 @@ std::vector<std::string> NormFormerModel::CopiesOfOtherStages() const {
 
 absl::StatusOr<double> NormFormerModel::OwnedSquaredGradNorm() const {
   return table_.OwnedSquaredGradNorm(CopiesOfOtherStages());
+}
+
+std::vector<optim::FlatRange> NormFormerModel::SequenceParallelGradRanges() const {
+  std::vector<optim::FlatRange> ranges;
+  if (!region_.sequence_parallel()) return ranges;
+  for (const ParamTable::Entry& e : table_.entries()) {
+    if (e.spec.sharding == Sharding::kReplicated) {
+      ranges.push_back({.offset = e.offset, .length = e.grad.numel()});
+    }
+  }
+  return ranges;
+}
+
+absl::Status NormFormerModel::ReduceSequenceParallelGrads() {
+  std::vector<Tensor> grads;
+  for (const optim::FlatRange& r : SequenceParallelGradRanges()) {
+    NF_ASSIGN_OR_RETURN(Tensor grad, table_.grads().Slice(r.offset, r.length));
+    grads.push_back(std::move(grad));
+  }
+  return parallel::AllReduceCoalesced(grads, *tp_);
 }
 
 std::vector<optim::FlatRange> NormFormerModel::OwnedNormRanges() const {

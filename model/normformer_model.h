@@ -5,7 +5,8 @@
 // the real vocabulary (padding rows are never predicted). Under tensor parallelism the
 // embedding and LM head hold a vocabulary slice (vocab-parallel embedding and cross-entropy),
 // the layers their heads and ffn columns (model/tensor_parallel.h); everything else, and the
-// loss, is replicated.
+// loss, is replicated. With sequence parallelism the hidden states and the work outside the
+// tensor-parallel GEMMs are split by rows instead (model/tensor_parallel.h).
 //
 // Forward runs one micro-batch and keeps what Backward needs; Backward accumulates fp32
 // parameter gradients into the ParamTable. With activation recompute, only each layer's
@@ -15,7 +16,7 @@
 // Under pipeline parallelism the object is one stage (ModelOptions::pipeline): a contiguous
 // range of layers under their global names and dropout sites, the embedding on the first
 // stage, the final LayerNorm, head and loss on the last. ForwardStage / BackwardStage pass
-// [T, d] hidden states and their gradients between stages; Forward / Backward are the
+// hidden states (hidden_shape()) and their gradients between stages; Forward / Backward are the
 // one-stage case. A pipeline schedule keeps several micro-batches in flight on a stage (up to
 // p - r on rank r under 1F1B): each ForwardStage keeps its micro-batch's activations under the
 // caller's key until BackwardStage with that key, which returns them to a pool the next
@@ -52,6 +53,11 @@ struct ModelOptions {
   int64_t param_buffer_multiple = 1;
   // The tensor-parallel group (must outlive the model); null: no tensor parallelism.
   parallel::Communicator* tensor_parallel = nullptr;
+  // Sequence parallelism (model/tensor_parallel.h): with tp > 1, the hidden states between
+  // layers and stages, and everything outside the tensor-parallel GEMMs, hold this rank's
+  // [T / tp, d] rows; the replicated parameters' gradients are then partial
+  // (SequenceParallelGradRanges). micro_batch * seq_len must divide by tp.
+  bool sequence_parallel = false;
   // The pipeline stage this object is; the default is the whole model.
   PipelineStagePlacement pipeline = {};
 };
@@ -87,9 +93,9 @@ class NormFormerModel {
   // int unique among the micro-batches in flight, e.g. its index in the step; a key already in
   // flight has its activations replaced, as evaluation forwards that see no backward need).
   // The first stage reads input_ids (i32 [micro_batch, seq_len]); the others read input_hidden
-  // ([T = micro_batch * seq_len, d], model dtype). The last stage reads targets as Forward
+  // (hidden_shape(), model dtype). The last stage reads targets as Forward
   // does; the others ignore them. Inputs and targets are copied: the caller may reuse them.
-  // Returns the output hidden state of a non-last stage ([T, d] in the model dtype, owned by the
+  // Returns the output hidden state of a non-last stage (hidden_shape(), model dtype, owned by the
   // model, valid until the micro-batch's BackwardStage); the last stage returns nullptr and adds
   // the micro-batch's loss to the device-side totals that TakeLossSum reads.
   absl::StatusOr<const Tensor*> ForwardStage(int micro_batch, const Tensor* input_ids,
@@ -106,7 +112,7 @@ class NormFormerModel {
   using GradsDoneFrom = std::function<absl::Status(int64_t offset)>;
   // Backward through micro-batch `micro_batch`, which must be in flight; its activations are
   // released. The last stage starts from the loss scaled by loss_weight (as Backward); the
-  // others from output_grad, the gradient of their output hidden state ([T, d], model dtype).
+  // others from output_grad, the gradient of their output hidden state (hidden_shape()).
   // Parameter gradients accumulate into params().grads(); a non-first stage leaves the gradient
   // of its input in input_grad().
   absl::Status BackwardStage(int micro_batch, const Tensor* output_grad, float loss_weight,
@@ -114,7 +120,7 @@ class NormFormerModel {
   // Drops the activations of a micro-batch that will see no backward (evaluation), returning
   // them to the pool; a no-op when it is not in flight.
   void DiscardForward(int micro_batch);
-  // [T, d]: the gradient of the last BackwardStage's input hidden state (non-first stages),
+  // hidden_shape(): the gradient of the last BackwardStage's input hidden state (non-first stages),
   // valid until the next BackwardStage.
   const Tensor& input_grad() const { return grad_a_; }
   // ---- Incremental decoding (generation; model/normformer_kv_cache.cc). StartKvCache allocates
@@ -132,6 +138,17 @@ class NormFormerModel {
   int in_flight() const { return static_cast<int>(in_flight_.size()); }
   int peak_in_flight() const { return peak_in_flight_; }
 
+  // [Ts, d]: the hidden states this stage takes and returns (Ts = micro_batch * seq_len, or
+  // this rank's 1 / tp of those rows with sequence parallelism).
+  Shape hidden_shape() const { return {shape_.shard_tokens(), shape_.d_model}; }
+  // The flat gradient ranges that sequence parallelism leaves partial on each tensor-parallel
+  // rank: the replicated parameters (LayerNorms, row-parallel biases, NormFormer's replicated
+  // scales, learned positions), whose gradients come from this rank's rows only. Each must be
+  // summed over tp once per step; empty without sequence parallelism.
+  std::vector<optim::FlatRange> SequenceParallelGradRanges() const;
+  // Sums those ranges of params().grads() over tp (one coalesced all-reduce): for callers
+  // without a data-parallel reduction (the trainer sums that reduction's output instead).
+  absl::Status ReduceSequenceParallelGrads();
   // The resolved placement (layer_end set).
   const PipelineStagePlacement& placement() const { return options_.pipeline; }
   // Parameters whose gradients must be all-reduced over the embedding group (first and last
@@ -169,12 +186,12 @@ class NormFormerModel {
  private:
   // What one micro-batch keeps from its forward to its backward.
   struct InFlight {
-    std::vector<Tensor> hidden;            // [T, d] x (stage layers + 1): each layer's input,
+    std::vector<Tensor> hidden;            // [Ts, d] x (stage layers + 1): each layer's input,
                                            // then the stage's output
     std::vector<LayerActivations> layers;  // one per layer; empty with activation recompute
     Tensor ids, targets;                   // i32 [T] copies (first stage, last stage)
     // The last stage's head and loss.
-    Tensor final_norm, final_mean, final_rstd;  // [T, d], [T], [T]
+    Tensor final_norm, final_mean, final_rstd;  // [Ts, d], [Ts], [Ts]
     Tensor logits;                              // [T, V_pad / tp]; dlogits after the backward
     Tensor row_max, token_loss;                 // [T] fp32
     // [2, T] fp32: the sums of exponentials and target logits, all-reduced together.
@@ -218,6 +235,7 @@ class NormFormerModel {
   ModelOptions options_;
   std::unique_ptr<parallel::Communicator> own_tp_;  // the group of one, without tensor parallelism
   parallel::Communicator* tp_ = nullptr;
+  TensorParallelRegion region_;
   ParamTable table_;
   ModelParams params_;
   int64_t padded_vocab_ = 0;
@@ -241,7 +259,7 @@ class NormFormerModel {
   Tensor positions_;        // the first stage's sinusoidal [max_seq_len, d] (row t: t + first)
   Tensor dloss_;            // the last stage's [T] fp32 loss weights
   Tensor loss_totals_;      // the last stage's f64 [2]: loss sum and tokens, until TakeLossSum
-  Tensor grad_a_, grad_b_;  // [T, d] residual-stream gradients
+  Tensor grad_a_, grad_b_;  // [Ts, d] residual-stream gradients
 
   std::vector<LayerKvCache> kv_caches_;  // per stage layer, after StartKvCache
   int64_t cached_tokens_ = 0;            // per sample, in every cache

@@ -5,15 +5,50 @@
 
 namespace nf::model {
 
-absl::Status RowParallelLinearForward(const Tensor& x, const Param& weight, const Param& bias,
-                                      const Tensor& y, parallel::Communicator& tp) {
-  NF_RETURN_IF_ERROR(ops::Gemm({.a = x, .b = weight.value, .c = y, .trans_b = true}));
-  NF_RETURN_IF_ERROR(tp.AllReduce(y, parallel::ReduceOp::kSum));
+absl::StatusOr<Tensor> TensorParallelRegion::Enter(const Tensor& rows,
+                                                   const Tensor& gathered) const {
+  if (!sequence_parallel_) return rows;
+  NF_RETURN_IF_ERROR(tp_->AllGather(rows, gathered));
+  return gathered;
+}
+
+absl::Status TensorParallelRegion::Leave(const Tensor& partials, const Tensor& out) const {
+  if (!sequence_parallel_) return tp_->AllReduce(out, parallel::ReduceOp::kSum);
+  return tp_->ReduceScatter(partials, out);
+}
+
+absl::Status ColumnParallelLinearForward(const TensorParallelRegion& region, const Tensor& x,
+                                         const Param& weight, const Param& bias, const Tensor& y,
+                                         const RegionBuffers& buffers) {
+  NF_ASSIGN_OR_RETURN(const Tensor input, region.Enter(x, buffers.gathered));
+  return LinearForward(input, weight, bias, y);
+}
+
+absl::Status ColumnParallelLinearBackward(const TensorParallelRegion& region, const Tensor& x,
+                                          const Param& weight, const Param& bias, const Tensor& dy,
+                                          const Tensor& dx, const RegionBuffers& buffers) {
+  NF_ASSIGN_OR_RETURN(const Tensor input, region.Enter(x, buffers.gathered));
+  const Tensor& partials = region.PartialsFor(dx, buffers.partials);
+  NF_RETURN_IF_ERROR(LinearBackward(input, weight, bias, dy, partials, /*accumulate_dx=*/false));
+  return region.Leave(partials, dx);
+}
+
+absl::Status RowParallelLinearForward(const TensorParallelRegion& region, const Tensor& x,
+                                      const Param& weight, const Param& bias, const Tensor& y,
+                                      const RegionBuffers& buffers) {
+  const Tensor& partials = region.PartialsFor(y, buffers.partials);
+  NF_RETURN_IF_ERROR(ops::Gemm({.a = x, .b = weight.value, .c = partials, .trans_b = true}));
+  NF_RETURN_IF_ERROR(region.Leave(partials, y));
   return bias.defined() ? ops::AddBias(y, bias.value) : absl::OkStatus();
 }
 
-absl::Status ReduceInputGrad(const Tensor& dx, parallel::Communicator& tp) {
-  return tp.AllReduce(dx, parallel::ReduceOp::kSum);
+absl::Status RowParallelLinearBackward(const TensorParallelRegion& region, const Tensor& x,
+                                       const Param& weight, const Param& bias, const Tensor& dy,
+                                       const Tensor& dx, const RegionBuffers& buffers) {
+  NF_ASSIGN_OR_RETURN(const Tensor output_grad, region.Enter(dy, buffers.gathered));
+  NF_RETURN_IF_ERROR(
+      LinearBackward(x, weight, /*bias=*/{}, output_grad, dx, /*accumulate_dx=*/false));
+  return bias.defined() ? ops::BiasBackward(dy, bias.grad) : absl::OkStatus();
 }
 
 absl::Status ShardedLayerNormForward(const ops::LayerNormArgs& args, int64_t total_cols,

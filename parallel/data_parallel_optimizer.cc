@@ -146,6 +146,19 @@ absl::Status DataParallelOptimizer::FinishGradReduction() {
   return status;
 }
 
+absl::StatusOr<std::vector<Tensor>> DataParallelOptimizer::ReducedGrads(int64_t offset,
+                                                                        int64_t length) const {
+  std::vector<Tensor> pieces;
+  NF_RETURN_IF_ERROR(ForEachHeldPiece(
+      offset, length, [&](int64_t full_offset, int64_t state_offset, int64_t count) {
+        NF_ASSIGN_OR_RETURN(Tensor piece, sharded() ? shard_grads_.Slice(state_offset, count)
+                                                    : grads_.Slice(full_offset, count));
+        pieces.push_back(std::move(piece));
+        return absl::OkStatus();
+      }));
+  return pieces;
+}
+
 absl::StatusOr<bool> DataParallelOptimizer::UnscaleAndCheck(float loss_scale) {
   return adamw_->UnscaleAndCheck(loss_scale);
 }

@@ -75,6 +75,11 @@ class DataParallelOptimizer {
   // Starts the remaining buckets (in buffer order from the top) and waits for all: the full
   // gradients are then the dp sums (replicated), or this rank's shard is (sharded).
   absl::Status FinishGradReduction();
+  // The reduced gradients of the full-buffer elements [offset, offset + length) that this rank
+  // holds after FinishGradReduction, as views: the range itself (replicated), or its pieces in
+  // this rank's shard (sharded). Ranks at the same dp index of different tensor-parallel ranks
+  // get the same pieces (their flat layouts match): the sequence-parallel sum works on them.
+  absl::StatusOr<std::vector<Tensor>> ReducedGrads(int64_t offset, int64_t length) const;
 
   // The optimizer stages of MixedPrecisionAdamW over this rank's reduced gradients: all of
   // them, or its shard.

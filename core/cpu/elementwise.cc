@@ -79,9 +79,9 @@ int64_t ActivationCost(ops::Activation act) { return act == ops::Activation::kRe
 DropoutRowArgs DropoutRowOf(const ops::DropoutSpec& spec, int64_t r) {
   return {.seed = spec.seed,
           .site = spec.site,
-          .sample = spec.first_sample + r / spec.seq_len,
+          .sample = spec.first_sample + (spec.token_offset + r) / spec.seq_len,
           .head = 0,
-          .row = static_cast<uint64_t>(r % spec.seq_len),
+          .row = static_cast<uint64_t>((spec.token_offset + r) % spec.seq_len),
           .first_col = static_cast<uint64_t>(spec.col_offset),
           .threshold = DropoutThreshold(spec.p),
           .keep_scale = 1.0f / (1.0f - spec.p)};
@@ -196,8 +196,8 @@ absl::Status CpuBackend::Dropout(const Tensor& x, const Tensor& y, const ops::Dr
     T* py = y.data<T>();
     ParallelFor(rows, cols * 4, [&](int64_t begin, int64_t end) {
       for (int64_t r = begin; r < end; ++r) {
-        const uint64_t sample = spec.first_sample + r / spec.seq_len;
-        const uint64_t position = r % spec.seq_len;
+        const uint64_t sample = spec.first_sample + (spec.token_offset + r) / spec.seq_len;
+        const uint64_t position = (spec.token_offset + r) % spec.seq_len;
         PhiloxCounter words{};
         for (int64_t c = 0; c < cols; ++c) {
           const uint64_t col = spec.col_offset + c;

@@ -83,8 +83,8 @@ __global__ void DropoutKernel(const T* x, T* y, int64_t rows, int64_t cols, ops:
   NF_GRID_STRIDE_LOOP(g, rows * groups_per_row) {
     const int64_t r = g / groups_per_row;
     const int64_t group = first_group + g % groups_per_row;
-    const uint64_t sample = spec.first_sample + r / spec.seq_len;
-    const uint64_t position = r % spec.seq_len;
+    const uint64_t sample = spec.first_sample + (spec.token_offset + r) / spec.seq_len;
+    const uint64_t position = (spec.token_offset + r) % spec.seq_len;
     const PhiloxCounter words =
         DropoutWords(spec.seed, spec.site, sample, 0, position, static_cast<uint64_t>(group) * 4);
     for (int lane = 0; lane < 4; ++lane) {

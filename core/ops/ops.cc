@@ -18,14 +18,14 @@ absl::Status CheckFloatingSameDType(absl::string_view op, Named reference, Named
 }
 
 absl::Status CheckDropout(absl::string_view op, const DropoutSpec& spec) {
-  if (spec.p >= 0.0f && spec.p < 1.0f && spec.seq_len > 0 && spec.col_offset >= 0 &&
-      spec.head_offset >= 0) {
+  if (spec.p >= 0.0f && spec.p < 1.0f && spec.seq_len > 0 && spec.token_offset >= 0 &&
+      spec.col_offset >= 0 && spec.head_offset >= 0) {
     return absl::OkStatus();
   }
-  return absl::InvalidArgumentError(
-      absl::StrCat(op, ": invalid dropout (p=", spec.p, ", seq_len=", spec.seq_len,
-                   ", col_offset=", spec.col_offset, ", head_offset=", spec.head_offset,
-                   "); p must be in [0, 1), seq_len positive and offsets non-negative"));
+  return absl::InvalidArgumentError(absl::StrCat(
+      op, ": invalid dropout (p=", spec.p, ", seq_len=", spec.seq_len, ", token_offset=",
+      spec.token_offset, ", col_offset=", spec.col_offset, ", head_offset=", spec.head_offset,
+      "); p must be in [0, 1), seq_len positive and offsets non-negative"));
 }
 
 // Tensors that must not share memory (each is read after another is written).

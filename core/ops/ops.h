@@ -55,15 +55,17 @@ absl::Status ActivationBackward(Activation act, const Tensor& x, const Tensor& d
                                 const Tensor& dx);
 
 // Inverted dropout with Philox masks keyed by global coordinates (core/philox.h). The tensor
-// is [tokens, cols] with tokens = samples * seq_len in sample-major order; element (t, c) uses
-// sample = first_sample + t / seq_len, row = t % seq_len, col = col_offset + c (col_offset is
-// where a tensor-parallel shard starts in the full feature dimension).
+// is [tokens, cols] with tokens = samples * seq_len in sample-major order; element (t, c) is
+// token g = token_offset + t and uses sample = first_sample + g / seq_len, row = g % seq_len,
+// col = col_offset + c (token_offset is where a sequence-parallel shard starts among the
+// micro-batch's tokens, col_offset where a tensor-parallel shard starts among the features).
 struct DropoutSpec {
   float p = 0.0f;  // probability of zeroing an element, 0 <= p < 1
   uint32_t seed = 0;
   uint32_t site = 0;  // identifies the dropout inside the network (layer, kind)
   uint64_t first_sample = 0;
   int64_t seq_len = 1;
+  int64_t token_offset = 0;
   int64_t col_offset = 0;
   int64_t head_offset = 0;  // attention only: global index of this shard's first head
 };

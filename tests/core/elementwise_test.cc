@@ -490,6 +490,19 @@ TEST(DropoutTest, ShardsDrawTheFullTensorsMask) {
         ASSERT_EQ(y, expected);
       }
     }
+    // Sequence-parallel row shards: any run of tokens, starting and ending inside a sample,
+    // named by token_offset (the whole micro-batch's first_sample unchanged).
+    const int64_t token_runs[][2] = {{0, 24}, {5, 9}, {7, 1}, {11, 13}, {17, 3}};
+    for (const auto& [t0, h] : token_runs) {
+      SCOPED_TRACE(absl::StrCat("tokens [", t0, ", ", t0 + h, ")"));
+      ops::DropoutSpec spec = full_spec;
+      spec.token_offset = t0;
+      const std::vector<double> y =
+          ToDoubles(RunDropout(dtype, {h, cols}, Block(x, cols, t0, h, 0, cols), spec));
+      const std::vector<double> expected(y_full.begin() + t0 * cols,
+                                         y_full.begin() + (t0 + h) * cols);
+      ASSERT_EQ(y, expected);
+    }
   }
 }
 
@@ -512,6 +525,8 @@ TEST(DropoutTest, RejectsInvalidSpecs) {
   ExpectInvalidArgument(ops::Dropout(x, x, {.p = 0.1f, .seq_len = 0}), "Dropout", "seq_len=0");
   ExpectInvalidArgument(ops::Dropout(x, x, {.p = 0.1f, .col_offset = -1}), "Dropout",
                         "col_offset=-1");
+  ExpectInvalidArgument(ops::Dropout(x, x, {.p = 0.1f, .token_offset = -1}), "Dropout",
+                        "token_offset=-1");
   ExpectInvalidArgument(ops::Dropout(x, MakeZeros(DType::kF16, {4, 4}), {.p = 0.1f}), "Dropout",
                         "y is f16[4, 4]");
   ExpectInvalidArgument(ops::Dropout(x, MakeZeros(DType::kF32, {16}), {.p = 0.1f}), "Dropout",

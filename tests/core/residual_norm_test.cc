@@ -114,6 +114,8 @@ TEST(ResidualNormTest, FusedEqualsTheUnfusedOpsBitForBit) {
   const ops::DropoutSpec dropouts[] = {
       {},
       {.p = 0.1f, .seed = 7, .site = 11, .first_sample = 3, .seq_len = 5},
+      // A sequence-parallel shard starting inside a sample.
+      {.p = 0.1f, .seed = 7, .site = 11, .first_sample = 3, .seq_len = 5, .token_offset = 12},
   };
   for (const auto& [rows, cols] : {std::pair<int64_t, int64_t>{130, 128}, {70, 37}, {3, 1}}) {
     for (const bool norms_branch : {true, false}) {

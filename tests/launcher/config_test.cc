@@ -431,6 +431,13 @@ INSTANTIATE_TEST_SUITE_P(
         ValidationCase{.overrides = {"parallel.pipeline_schedule=INTERLEAVED_ONE_F_ONE_B"},
                        .mentions = "needs pipeline_parallel >= 2 and virtual_stages >= 2 (got 1 "
                                    "and 1); use ONE_F_ONE_B otherwise"},
+        ValidationCase{
+            .overrides = {"parallel.tensor_parallel=2", "parallel.sequence_parallel=true",
+                          "train.micro_batch_size=1", "train.seq_len=7"},
+            .mentions = "parallel.sequence_parallel splits each micro-batch's tokens "
+                        "over the tensor-parallel ranks: train.micro_batch_size x "
+                        "train.seq_len (1 x 7 = 7) must be a multiple of "
+                        "parallel.tensor_parallel (2)"},
         ValidationCase{.overrides = {"parallel.grad_bucket_elements=0"},
                        .mentions = "parallel.grad_bucket_elements must be positive"},
         ValidationCase{.overrides = {"data.split=abc"},

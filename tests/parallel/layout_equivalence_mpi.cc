@@ -2,6 +2,9 @@
 // dropout on, tied embedding, every NormFormer switch on, gradient clipping active) on one
 // (tensor, pipeline, data)-parallel layout, with every pipeline schedule and optimizer variant
 // that layout allows, against the single-rank run of the same config on the same global batch.
+// Layouts with tensor parallelism also run with sequence parallelism (with 1F1B, ZeRO-1 when
+// dp > 1, interleaving when pp > 1, and full activation recompute): tp = 4 splits each
+// micro-batch's 32 tokens into shards of 8 that start inside the samples of 16.
 // The layout comes from NF_TEST_TP and NF_TEST_PP (data parallelism takes the rest of the
 // world); nf_add_layout_test starts one job per layout.
 //
@@ -86,18 +89,25 @@ struct Variant {
   ParallelConfig::Schedule schedule;
   int virtual_stages;
   bool distributed_optimizer;
+  bool sequence_parallel = false;
+  bool activation_recompute = false;
 };
 
-std::vector<Variant> VariantsOf(int pp, int dp) {
-  std::vector<Variant> variants = {{"1F1B", ParallelConfig::ONE_F_ONE_B, 1, false}};
-  if (dp > 1) variants.push_back({"1F1B ZeRO-1", ParallelConfig::ONE_F_ONE_B, 1, true});
+std::vector<Variant> VariantsOf(int tp, int pp, int dp) {
+  constexpr auto k1F1B = ParallelConfig::ONE_F_ONE_B;
+  constexpr auto kInterleaved = ParallelConfig::INTERLEAVED_ONE_F_ONE_B;
+  std::vector<Variant> variants = {{"1F1B", k1F1B, 1, false}};
+  if (dp > 1) variants.push_back({"1F1B ZeRO-1", k1F1B, 1, true});
   if (pp > 1) {
     variants.push_back({"GPipe", ParallelConfig::GPIPE, 1, false});
-    variants.push_back({"interleaved v=2", ParallelConfig::INTERLEAVED_ONE_F_ONE_B, 2, false});
-    if (dp > 1) {
-      variants.push_back(
-          {"interleaved v=2 ZeRO-1", ParallelConfig::INTERLEAVED_ONE_F_ONE_B, 2, true});
-    }
+    variants.push_back({"interleaved v=2", kInterleaved, 2, false});
+    if (dp > 1) variants.push_back({"interleaved v=2 ZeRO-1", kInterleaved, 2, true});
+  }
+  if (tp > 1) {
+    variants.push_back({"1F1B SP", k1F1B, 1, false, true});
+    variants.push_back({"1F1B SP recompute", k1F1B, 1, false, true, true});
+    if (dp > 1) variants.push_back({"1F1B ZeRO-1 SP", k1F1B, 1, true, true});
+    if (pp > 1) variants.push_back({"interleaved v=2 SP", kInterleaved, 2, false, true});
   }
   return variants;
 }
@@ -177,7 +187,7 @@ TEST(LayoutEquivalenceTest, EveryVariantTrainsLikeTheSingleRankRun) {
   const std::vector<double> expected = Train(**reference);
   const model::ParamTable& reference_params = (*reference)->chunks().front()->params();
 
-  for (const Variant& variant : VariantsOf(pp, topology.dp())) {
+  for (const Variant& variant : VariantsOf(tp, pp, topology.dp())) {
     SCOPED_TRACE(variant.name);
     TrainConfig config = base;
     ParallelConfig& parallel = *config.mutable_parallel();
@@ -186,6 +196,8 @@ TEST(LayoutEquivalenceTest, EveryVariantTrainsLikeTheSingleRankRun) {
     parallel.set_pipeline_schedule(variant.schedule);
     parallel.set_virtual_stages(variant.virtual_stages);
     parallel.set_distributed_optimizer(variant.distributed_optimizer);
+    parallel.set_sequence_parallel(variant.sequence_parallel);
+    config.mutable_train()->set_activation_recompute(variant.activation_recompute);
     NF_ASSERT_OK(ValidateTrainConfig(config));
     auto trainer = Trainer::Create(config, *groups);
     NF_ASSERT_OK(trainer);

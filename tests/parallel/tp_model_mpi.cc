@@ -2,14 +2,20 @@
 // forming one tensor-parallel group. Every rank also builds the whole model alone (the
 // initialisation is a function of global coordinates, so both start from the same weights)
 // and compares its shard of everything with the matching slice of the whole: logits, loss,
-// every parameter and every gradient, then the losses of 10 optimizer steps. Dropout is on in
-// all three places: masks are keyed by global coordinates, so both draw the same ones.
+// every parameter and every gradient, then the losses of 10 optimizer steps, with and without
+// sequence parallelism (whose replicated gradients are summed over the group first: the
+// trainer's job, ReduceSequenceParallelGrads here). Dropout is on in all three places: masks
+// are keyed by global coordinates, so both draw the same ones. With 16 tokens, tp 4's sequence
+// shards of 4 tokens start inside the samples of 8.
 #include <cmath>
 #include <memory>
 #include <random>
+#include <string>
+#include <tuple>
 #include <vector>
 
 #include "core/optim/mixed_precision_optimizer.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "model/normformer_model.h"
 #include "mpi_test_util.h"
@@ -69,18 +75,31 @@ std::vector<float> Slice(const ParamTable::Entry& shard, const std::vector<float
   return out;
 }
 
-class TensorParallelModelTest : public ::testing::TestWithParam<bool> {};
+// (fairseq's head-scale placement, sequence parallelism)
+class TensorParallelModelTest : public ::testing::TestWithParam<std::tuple<bool, bool>> {
+ protected:
+  bool fairseq_heads() const { return std::get<0>(GetParam()); }
+  bool sequence_parallel() const { return std::get<1>(GetParam()); }
+  absl::StatusOr<std::unique_ptr<NormFormerModel>> CreateShard(const ModelConfig& config,
+                                                               uint32_t seed) const {
+    return NormFormerModel::Create(config, {.micro_batch = kBatch,
+                                            .seq_len = kSeq,
+                                            .seed = seed,
+                                            .tensor_parallel = &::nf::testing::World(),
+                                            .sequence_parallel = sequence_parallel()});
+  }
+};
 
-INSTANTIATE_TEST_SUITE_P(HeadPlacement, TensorParallelModelTest, ::testing::Bool());
+INSTANTIATE_TEST_SUITE_P(HeadPlacementAndSequenceParallelism, TensorParallelModelTest,
+                         ::testing::Combine(::testing::Bool(), ::testing::Bool()));
 
 TEST_P(TensorParallelModelTest, ShardsMatchTheSingleRankModel) {
   parallel::Communicator& tp = ::nf::testing::World();
-  const ModelConfig config = Config(GetParam());
+  const ModelConfig config = Config(fairseq_heads());
   // The single-rank model pads the vocabulary for tp 1; give it the tp model's padding by
   // comparing only the real vocabulary's rows (padding rows are zero-gradient and never read).
   auto whole = NormFormerModel::Create(config, {.micro_batch = kBatch, .seq_len = kSeq, .seed = 9});
-  auto shard = NormFormerModel::Create(
-      config, {.micro_batch = kBatch, .seq_len = kSeq, .seed = 9, .tensor_parallel = &tp});
+  auto shard = CreateShard(config, 9);
   NF_ASSERT_OK(whole);
   NF_ASSERT_OK(shard);
 
@@ -111,6 +130,7 @@ TEST_P(TensorParallelModelTest, ShardsMatchTheSingleRankModel) {
 
   NF_ASSERT_OK((*whole)->Backward(1.0f));
   NF_ASSERT_OK((*shard)->Backward(1.0f));
+  NF_ASSERT_OK((*shard)->ReduceSequenceParallelGrads());
   for (const ParamTable::Entry& e : (*shard)->params().entries()) {
     SCOPED_TRACE(e.spec.name);
     const ParamTable::Entry& w = (*whole)->params().Get(e.spec.name);
@@ -143,21 +163,22 @@ TEST_P(TensorParallelModelTest, ShardsMatchTheSingleRankModel) {
 }
 
 // Replicated parameters (LayerNorms, the residual scale, the row-parallel biases, and the head
-// scales in fairseq's placement) see the same inputs and gradients on every rank, so their
-// gradients must be bit-identical across the group; and the global gradient norm counts them
+// scales in fairseq's placement) see the same inputs and gradients on every rank (or, with
+// sequence parallelism, are summed over the group), so their gradients must be bit-identical
+// across the group; and the global gradient norm counts them
 // once: the owned squared norms, summed over the group, equal the single-rank model's.
 TEST_P(TensorParallelModelTest, ReplicatedGradientsAgreeBitwiseAndCountOnceInTheNorm) {
   parallel::Communicator& tp = ::nf::testing::World();
-  const ModelConfig config = Config(GetParam());
+  const ModelConfig config = Config(fairseq_heads());
   auto whole = NormFormerModel::Create(config, {.micro_batch = kBatch, .seq_len = kSeq, .seed = 4});
-  auto shard = NormFormerModel::Create(
-      config, {.micro_batch = kBatch, .seq_len = kSeq, .seed = 4, .tensor_parallel = &tp});
+  auto shard = CreateShard(config, 4);
   NF_ASSERT_OK(whole);
   NF_ASSERT_OK(shard);
   const Batch batch = MakeBatch(1);
   for (NormFormerModel* m : {whole->get(), shard->get()}) {
     NF_ASSERT_OK(m->Forward(batch.inputs, batch.targets, 0, true));
     NF_ASSERT_OK(m->Backward(1.0f));
+    NF_ASSERT_OK(m->ReduceSequenceParallelGrads());
   }
   int replicated = 0;
   for (const ParamTable::Entry& e : (*shard)->params().entries()) {
@@ -184,11 +205,9 @@ TEST_P(TensorParallelModelTest, ReplicatedGradientsAgreeBitwiseAndCountOnceInThe
 }
 
 TEST_P(TensorParallelModelTest, TenOptimizerStepsKeepTheLossesTogether) {
-  parallel::Communicator& tp = ::nf::testing::World();
-  const ModelConfig config = Config(GetParam());
+  const ModelConfig config = Config(fairseq_heads());
   auto whole = NormFormerModel::Create(config, {.micro_batch = kBatch, .seq_len = kSeq, .seed = 3});
-  auto shard = NormFormerModel::Create(
-      config, {.micro_batch = kBatch, .seq_len = kSeq, .seed = 3, .tensor_parallel = &tp});
+  auto shard = CreateShard(config, 3);
   NF_ASSERT_OK(whole);
   NF_ASSERT_OK(shard);
   std::vector<optim::MixedPrecisionAdamW> optimizers;
@@ -210,6 +229,7 @@ TEST_P(TensorParallelModelTest, TenOptimizerStepsKeepTheLossesTogether) {
       NF_ASSERT_OK(loss);
       losses[k] = loss->sum / loss->tokens;
       NF_ASSERT_OK(m.Backward(1.0f / (kBatch * kSeq)));
+      NF_ASSERT_OK(m.ReduceSequenceParallelGrads());
       NF_ASSERT_OK(optimizers[k].Step(1e-2f, 1.0f));
     }
     // Adam normalises each update, so fp32 differences of ~1e-6 in the gradients move the
@@ -243,6 +263,75 @@ TEST(TensorParallelVolumeTest, BytesPerStepMatchTheLayerFormulas) {
   EXPECT_EQ(stats.bytes[static_cast<int>(parallel::CommOp::kAllReduce)], expected);
   EXPECT_EQ(stats.total_bytes(), expected);  // nothing but all-reduces
   EXPECT_EQ(stats.calls[static_cast<int>(parallel::CommOp::kAllReduce)], 1 + layers * 6 + 3);
+}
+
+// Sequence parallelism turns each [T, d] all-reduce into a reduce-scatter (the input's T d 4
+// bytes) or an all-gather (the output's T d 4), and adds the all-gathers of the inputs that the
+// backward needs again (the q/k/v and fc1 inputs, the final LayerNorm's output: kept as [T/tp, d]
+// rows, gathered again rather than stored whole). Per rank, T tokens, d, L layers, fp32:
+//   reduce-scatter   embedding output; per layer out_proj, fc2 (forward), fc1 and q/k/v input
+//                    grads (backward); head input grad:               (2 + 4 L) T d 4
+//   all-gather       per layer q/k/v and fc1 inputs (forward and again in the backward), fc2
+//                    and out_proj output grads; the head's input (forward and backward); the
+//                    embedding's output grad:                          (3 + 6 L) T d 4
+//   all-reduce       per layer LN_ffn_mid stats T 2 8 and sums T 2 4; loss T 4 + 2 T 4
+TEST(TensorParallelVolumeTest, SequenceParallelBytesPerStepMatchTheLayerFormulas) {
+  parallel::Communicator& tp = ::nf::testing::World();
+  auto shard = NormFormerModel::Create(Config(false), {.micro_batch = kBatch,
+                                                       .seq_len = kSeq,
+                                                       .seed = 3,
+                                                       .tensor_parallel = &tp,
+                                                       .sequence_parallel = true});
+  NF_ASSERT_OK(shard);
+  const Batch batch = MakeBatch(0);
+  tp.ResetStats();
+  NF_ASSERT_OK((*shard)->Forward(batch.inputs, batch.targets, 0, true));
+  NF_ASSERT_OK((*shard)->Backward(1.0f));
+  const int64_t t = kBatch * kSeq, d = 16, layers = 2;
+  const auto& stats = tp.stats();
+  const auto bytes = [&](parallel::CommOp op) { return stats.bytes[static_cast<int>(op)]; };
+  const auto calls = [&](parallel::CommOp op) { return stats.calls[static_cast<int>(op)]; };
+  EXPECT_EQ(bytes(parallel::CommOp::kReduceScatter), (2 + 4 * layers) * t * d * 4);
+  EXPECT_EQ(calls(parallel::CommOp::kReduceScatter), 2 + 4 * layers);
+  EXPECT_EQ(bytes(parallel::CommOp::kAllGather), (3 + 6 * layers) * t * d * 4);
+  EXPECT_EQ(calls(parallel::CommOp::kAllGather), 3 + 6 * layers);
+  EXPECT_EQ(bytes(parallel::CommOp::kAllReduce),
+            layers * (t * 2 * 8 + t * 2 * 4) + t * 4 + 2 * t * 4);
+  EXPECT_EQ(calls(parallel::CommOp::kAllReduce), layers * 2 + 2);
+  // The replicated gradients' sum: one coalesced all-reduce of every replicated parameter.
+  int64_t replicated = 0;
+  for (const optim::FlatRange& r : (*shard)->SequenceParallelGradRanges()) replicated += r.length;
+  tp.ResetStats();
+  NF_ASSERT_OK((*shard)->ReduceSequenceParallelGrads());
+  EXPECT_EQ(calls(parallel::CommOp::kAllReduce), 1);
+  EXPECT_EQ(bytes(parallel::CommOp::kAllReduce), replicated * 4);
+  EXPECT_EQ(stats.total_bytes(), replicated * 4);
+}
+
+// A micro-batch whose tokens do not split evenly over the group is refused at creation, naming
+// the sizes; incremental decoding, whose steps hold a token per sample, refuses the split.
+TEST(SequenceParallelTest, RefusesTokensThatDoNotSplitAndKvCaches) {
+  parallel::Communicator& tp = ::nf::testing::World();
+  auto uneven = NormFormerModel::Create(Config(false), {.micro_batch = 1,
+                                                        .seq_len = 7,
+                                                        .seed = 3,
+                                                        .tensor_parallel = &tp,
+                                                        .sequence_parallel = true});
+  ASSERT_FALSE(uneven.ok());
+  EXPECT_THAT(uneven.status().message(),
+              ::testing::HasSubstr("micro_batch_size x seq_len (1 x 7) must be a multiple of "
+                                   "tensor_parallel (" +
+                                   std::to_string(tp.size()) + ")"));
+  auto split = NormFormerModel::Create(Config(false), {.micro_batch = kBatch,
+                                                       .seq_len = kSeq,
+                                                       .seed = 3,
+                                                       .tensor_parallel = &tp,
+                                                       .sequence_parallel = true});
+  NF_ASSERT_OK(split);
+  EXPECT_EQ((*split)->hidden_shape(), (Shape{kBatch * kSeq / tp.size(), 16}));
+  const absl::Status kv = (*split)->StartKvCache(kSeq);
+  EXPECT_EQ(kv.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(kv.message(), ::testing::HasSubstr("without sequence parallelism"));
 }
 
 }  // namespace
