@@ -136,6 +136,11 @@ absl::StatusOr<TrainConfig> LoadTrainConfig(const std::string& path,
 
 std::string ResolvedConfigText(const TrainConfig& config) {
   TrainConfig resolved = config;
+  // The older spelling, written out as what it means.
+  if (resolved.train().activation_recompute()) {
+    resolved.mutable_train()->set_activation_recompute(false);
+    resolved.mutable_train()->set_recompute(TrainOptions::FULL);
+  }
   FillDefaults(&resolved);
   std::string text;
   google::protobuf::TextFormat::PrintToString(resolved, &text);

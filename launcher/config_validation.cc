@@ -100,6 +100,13 @@ absl::Status ValidateBatch(const TrainOptions& train, const nf::model::ModelConf
   NF_RETURN_IF_ERROR(RequirePositive("train.eval_iters", train.eval_iters()));
   NF_RETURN_IF_ERROR(RequireNonNegative("train.exit_interval", train.exit_interval()));
   NF_RETURN_IF_ERROR(RequireNonNegative("train.exit_duration_mins", train.exit_duration_mins()));
+  if (train.activation_recompute() && train.has_recompute() &&
+      train.recompute() != TrainOptions::FULL) {
+    return Invalid(absl::StrCat(
+        "train.activation_recompute: true (the older spelling of train.recompute: FULL) "
+        "contradicts train.recompute: ",
+        TrainOptions::Recompute_Name(train.recompute()), "; keep only train.recompute"));
+  }
   return absl::OkStatus();
 }
 

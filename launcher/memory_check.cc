@@ -116,8 +116,8 @@ absl::Status CompareWithAvailable(const MemoryDemand& demand) {
       Gib(demand.available.bytes), " is available (", demand.available.source,
       "). The parameters grow with model.d_model, model.ffn_dim, model.num_layers and "
       "model.vocab_size, the activations with train.micro_batch_size x train.seq_len; "
-      "parallel.tensor_parallel, parallel.pipeline_parallel, parallel.distributed_optimizer and "
-      "train.activation_recompute share or shrink them",
+      "parallel.tensor_parallel, parallel.pipeline_parallel, parallel.distributed_optimizer, "
+      "parallel.sequence_parallel and train.recompute (SELECTIVE, FULL) share or shrink them",
       demand.ranks > 1 ? ", and fewer ranks per node share the host's memory" : "",
       ". nf-launch --skip-memory-check starts anyway"));
 }

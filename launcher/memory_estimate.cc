@@ -64,10 +64,12 @@ absl::StatusOr<std::vector<PipelineRankMemory>> EstimateMemory(const TrainConfig
   const model::ModelOptions options{.dtype = ModelDType(train.precision()),
                                     .micro_batch = train.micro_batch_size(),
                                     .seq_len = train.seq_len(),
-                                    .activation_recompute = train.activation_recompute(),
+                                    .recompute = RecomputeOf(train),
                                     .sequence_parallel = parallel.sequence_parallel()};
   const model::LayerShape shape = model::LayerShapeOf(m, options, 0, tp);
-  const int64_t layer_bytes = model::LayerActivations::Bytes(shape, model::LayerOptionsOf(m));
+  const int64_t layer_bytes =
+      model::LayerActivations::Bytes(shape, model::LayerOptionsOf(m, options.recompute));
+  const bool full_recompute = options.recompute == model::Recompute::kFull;
   // ts: the rows of the hidden states (this rank's 1 / tp of them with sequence parallelism).
   const int64_t t = shape.tokens(), ts = shape.shard_tokens(), d = m.d_model();
   // Every rank reads its batches from the same streams (data-parallel ranks pick their part).
@@ -103,10 +105,10 @@ absl::StatusOr<std::vector<PipelineRankMemory>> EstimateMemory(const TrainConfig
       // Kept per micro-batch in flight: each layer's input and activations (only the inputs
       // with recompute, which shares one layer's activations), and the last stage's logits.
       int64_t per_micro_batch = (n_layers + 1) * ts * d * s;
-      if (!train.activation_recompute()) per_micro_batch += n_layers * layer_bytes;
+      if (!full_recompute) per_micro_batch += n_layers * layer_bytes;
       if (placement.last()) per_micro_batch += t * (padded_vocab / tp) * s + ts * d * s;
       activations += peak[c] * per_micro_batch;
-      if (train.activation_recompute()) activations += layer_bytes;
+      if (full_recompute) activations += layer_bytes;
       rank.layers += absl::StrFormat("%s[%d, %d)", c > 0 ? " " : "", placement.layer_begin,
                                      placement.layer_end);
       rank.peak_in_flight += absl::StrFormat("%s%d", c > 0 ? "+" : "", peak[c]);

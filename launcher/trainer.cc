@@ -57,6 +57,18 @@ DType ModelDType(TrainOptions::Precision precision) {
   }
 }
 
+model::Recompute RecomputeOf(const TrainOptions& train) {
+  if (train.activation_recompute()) return model::Recompute::kFull;
+  switch (train.recompute()) {
+    case TrainOptions::SELECTIVE:
+      return model::Recompute::kSelective;
+    case TrainOptions::FULL:
+      return model::Recompute::kFull;
+    default:
+      return model::Recompute::kNone;
+  }
+}
+
 optim::AdamWConfig AdamWConfigOf(const OptimizerConfig& o) {
   return {.beta1 = o.beta1(),
           .beta2 = o.beta2(),
@@ -190,7 +202,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainConfig& conf
                             config.model(), {.dtype = ModelDType(train.precision()),
                                              .micro_batch = train.micro_batch_size(),
                                              .seq_len = train.seq_len(),
-                                             .activation_recompute = train.activation_recompute(),
+                                             .recompute = RecomputeOf(train),
                                              .seed = train.seed(),
                                              .device = device,
                                              .param_buffer_multiple = topology.dp(),

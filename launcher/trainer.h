@@ -161,6 +161,10 @@ class Trainer {
 // The model dtype of a precision setting.
 DType ModelDType(TrainOptions::Precision precision);
 
+// The recompute mode of a config: train.recompute, or FULL for the older
+// train.activation_recompute: true (validation refuses the two disagreeing).
+model::Recompute RecomputeOf(const TrainOptions& train);
+
 // The optimizer settings of a config as core/optim takes them.
 optim::AdamWConfig AdamWConfigOf(const OptimizerConfig& config);
 

@@ -70,9 +70,11 @@ absl::StatusOr<LayerActivations> MakeActivations(const LayerShape& s, const Laye
   if (a.qkv.defined()) {  // (counting bytes makes no tensors)
     NF_RETURN_IF_ERROR(ViewGroups(a.qkv, {&a.q, &a.k, &a.v}));
   }
-  NF_ASSIGN_OR_RETURN(a.attn, New(dt, heads));
-  NF_ASSIGN_OR_RETURN(a.lse, New(f32, {s.batch, s.heads, s.seq}));
-  NF_ASSIGN_OR_RETURN(a.merged, New(dt, {t, s.local_width()}));
+  if (!options.recompute_attention) {
+    NF_ASSIGN_OR_RETURN(a.attn, New(dt, heads));
+    NF_ASSIGN_OR_RETURN(a.lse, New(f32, {s.batch, s.heads, s.seq}));
+    NF_ASSIGN_OR_RETURN(a.merged, New(dt, {t, s.local_width()}));
+  }
   NF_ASSIGN_OR_RETURN(a.attn_proj, New(dt, {ts, s.d_model}));
   // Without the after-projection head scale, LN_post_attn reads out_proj's output directly.
   const bool scale_after = options.scale_heads && !options.heads_before_out_proj;
@@ -123,7 +125,8 @@ int64_t LayerActivations::Bytes(const LayerShape& shape, const LayerOptions& opt
   return bytes;
 }
 
-absl::StatusOr<LayerScratch> LayerScratch::Allocate(const LayerShape& s) {
+absl::StatusOr<LayerScratch> LayerScratch::Allocate(const LayerShape& s,
+                                                    const LayerOptions& options) {
   const auto New = [&s](DType dtype, Shape dims) {
     return ops::Zeros(dtype, std::move(dims), s.device);
   };
@@ -131,6 +134,11 @@ absl::StatusOr<LayerScratch> LayerScratch::Allocate(const LayerShape& s) {
   NF_ASSIGN_OR_RETURN(scratch.merged_grad, New(s.dtype, {s.tokens(), s.local_width()}));
   NF_ASSIGN_OR_RETURN(scratch.qkv_tokens, New(s.dtype, {s.tokens(), 3 * s.local_width()}));
   NF_ASSIGN_OR_RETURN(scratch.d_attn, New(s.dtype, {s.batch, s.heads, s.seq, s.head_dim}));
+  if (options.recompute_attention) {
+    NF_ASSIGN_OR_RETURN(scratch.attn, New(s.dtype, {s.batch, s.heads, s.seq, s.head_dim}));
+    NF_ASSIGN_OR_RETURN(scratch.lse, New(DType::kF32, {s.batch, s.heads, s.seq}));
+    NF_ASSIGN_OR_RETURN(scratch.merged, New(s.dtype, {s.tokens(), s.local_width()}));
+  }
   NF_ASSIGN_OR_RETURN(scratch.d_qkv, New(s.dtype, {3, s.batch, s.heads, s.seq, s.head_dim}));
   NF_RETURN_IF_ERROR(ViewGroups(scratch.d_qkv, {&scratch.dq, &scratch.dk, &scratch.dv}));
   for (Tensor& t : scratch.model_width) {
@@ -175,6 +183,44 @@ ops::DropoutSpec DecoderLayer::Dropout(DropoutKind kind, const Step& step) const
           .head_offset = shape_.head_offset};
 }
 
+DecoderLayer::AttentionCore DecoderLayer::CoreOf(const LayerActivations& acts,
+                                                 const LayerScratch& scratch) const {
+  if (options_.recompute_attention) return {scratch.attn, scratch.lse, scratch.merged};
+  return {acts.attn, acts.lse, acts.merged};
+}
+
+absl::Status DecoderLayer::AttentionCoreForward(const LayerActivations& acts,
+                                                const AttentionCore& core, const Step& step,
+                                                const LayerKvCache* cache) const {
+  const float attention_scale =
+      static_cast<float>(1.0 / std::sqrt(static_cast<double>(shape_.head_dim)));
+  if (cache != nullptr) {
+    if (step.train) return absl::InvalidArgumentError("a KV-cache forward cannot train");
+    NF_RETURN_IF_ERROR(ops::KvCacheAttention({.q = acts.q,
+                                              .k = acts.k,
+                                              .v = acts.v,
+                                              .k_cache = cache->k,
+                                              .v_cache = cache->v,
+                                              .out = core.attn,
+                                              .past = cache->past,
+                                              .scale = attention_scale}));
+  } else {
+    NF_RETURN_IF_ERROR(
+        ops::AttentionForward({.q = acts.q,
+                               .k = acts.k,
+                               .v = acts.v,
+                               .out = core.attn,
+                               .lse = core.lse,
+                               .scale = attention_scale,
+                               .dropout = Dropout(DropoutKind::kAttentionProbs, step)}));
+  }
+  if (options_.scale_heads && options_.heads_before_out_proj) {
+    // Each head's output times its scale on the way to token order.
+    return ops::MergeScaledHeads(core.attn, params_.head_scale.value, core.merged);
+  }
+  return ops::MergeHeads(core.attn, core.merged);
+}
+
 absl::Status DecoderLayer::Forward(const Tensor& x, const Tensor& y, const Step& step,
                                    LayerActivations& acts, LayerScratch& scratch,
                                    const LayerKvCache* cache) const {
@@ -192,36 +238,10 @@ absl::Status DecoderLayer::Forward(const Tensor& x, const Tensor& y, const Step&
   NF_RETURN_IF_ERROR(ColumnParallelLinearForward(region_, acts.attn_in_norm, p.qkv_weight,
                                                  p.qkv_bias, scratch.qkv_tokens, scratch.region));
   NF_RETURN_IF_ERROR(ops::SplitHeads(scratch.qkv_tokens, acts.qkv));
-  const float attention_scale =
-      static_cast<float>(1.0 / std::sqrt(static_cast<double>(s.head_dim)));
-  if (cache != nullptr) {
-    if (step.train) return absl::InvalidArgumentError("a KV-cache forward cannot train");
-    NF_RETURN_IF_ERROR(ops::KvCacheAttention({.q = acts.q,
-                                              .k = acts.k,
-                                              .v = acts.v,
-                                              .k_cache = cache->k,
-                                              .v_cache = cache->v,
-                                              .out = acts.attn,
-                                              .past = cache->past,
-                                              .scale = attention_scale}));
-  } else {
-    NF_RETURN_IF_ERROR(
-        ops::AttentionForward({.q = acts.q,
-                               .k = acts.k,
-                               .v = acts.v,
-                               .out = acts.attn,
-                               .lse = acts.lse,
-                               .scale = attention_scale,
-                               .dropout = Dropout(DropoutKind::kAttentionProbs, step)}));
-  }
-  const bool scale_before = options_.scale_heads && options_.heads_before_out_proj;
+  const AttentionCore core = CoreOf(acts, scratch);
+  NF_RETURN_IF_ERROR(AttentionCoreForward(acts, core, step, cache));
   const bool scale_after = options_.scale_heads && !options_.heads_before_out_proj;
-  if (scale_before) {  // each head's output times its scale on the way to token order
-    NF_RETURN_IF_ERROR(ops::MergeScaledHeads(acts.attn, p.head_scale.value, acts.merged));
-  } else {
-    NF_RETURN_IF_ERROR(ops::MergeHeads(acts.attn, acts.merged));
-  }
-  NF_RETURN_IF_ERROR(RowParallelLinearForward(region_, acts.merged, p.out_weight, p.out_bias,
+  NF_RETURN_IF_ERROR(RowParallelLinearForward(region_, core.merged, p.out_weight, p.out_bias,
                                               acts.attn_proj, scratch.region));
   if (scale_after) {
     // [T, H, Dh]: the projection's output viewed as heads.
@@ -366,6 +386,13 @@ absl::Status DecoderLayer::Backward(const Tensor& x, const Tensor& dy, const Ten
     residual_norm.d_branch_bias = p.post_attn_norm_bias.grad;
   }
   NF_RETURN_IF_ERROR(ops::ResidualNormBackward(residual_norm));
+  // The attention output and the merged heads, kept by the forward or (selective recompute)
+  // computed again from q, k and v: deterministic kernels and dropout keyed by coordinates give
+  // the forward's values bit for bit.
+  const AttentionCore core = CoreOf(acts, scratch);
+  if (options_.recompute_attention) {
+    NF_RETURN_IF_ERROR(AttentionCoreForward(acts, core, step, /*cache=*/nullptr));
+  }
   const bool scale_before = options_.scale_heads && options_.heads_before_out_proj;
   const bool scale_after = options_.scale_heads && !options_.heads_before_out_proj;
   if (scale_after) {  // in place: d_post_attn becomes the grad of out_proj's output
@@ -373,11 +400,11 @@ absl::Status DecoderLayer::Backward(const Tensor& x, const Tensor& dy, const Ten
                                                   d_post_attn, d_post_attn, p.head_scale.grad));
   }
   const Tensor& d_merged = scratch.merged_grad;
-  NF_RETURN_IF_ERROR(RowParallelLinearBackward(region_, acts.merged, p.out_weight, p.out_bias,
+  NF_RETURN_IF_ERROR(RowParallelLinearBackward(region_, core.merged, p.out_weight, p.out_bias,
                                                d_post_attn, d_merged, scratch.region));
   const Tensor& d_attn = scratch.d_attn;
   if (scale_before) {
-    NF_RETURN_IF_ERROR(ops::MergeScaledHeadsBackward(d_merged, acts.attn, p.head_scale.value,
+    NF_RETURN_IF_ERROR(ops::MergeScaledHeadsBackward(d_merged, core.attn, p.head_scale.value,
                                                      d_attn, p.head_scale.grad));
   } else {
     NF_RETURN_IF_ERROR(ops::SplitHeads(d_merged, d_attn));
@@ -386,8 +413,8 @@ absl::Status DecoderLayer::Backward(const Tensor& x, const Tensor& dy, const Ten
       {.q = acts.q,
        .k = acts.k,
        .v = acts.v,
-       .out = acts.attn,
-       .lse = acts.lse,
+       .out = core.attn,
+       .lse = core.lse,
        .dout = d_attn,
        .dq = scratch.dq,
        .dk = scratch.dk,

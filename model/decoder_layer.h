@@ -57,18 +57,24 @@ struct LayerOptions {
   float eps = 1e-5f;
   bool scale_attn = false, scale_heads = false, heads_before_out_proj = true;
   bool scale_fc = false, scale_resids = false;
+  // Selective activation recompute: the attention core's outputs (the attention output, its
+  // log-sum-exp and the merged heads) are not kept; Backward computes them again from q, k and
+  // v into the scratch. (The S x S scores and probabilities are never kept in any mode: the
+  // attention kernels recompute them blockwise.)
+  bool recompute_attention = false;
 };
 
 // What Forward keeps for Backward. [T, ...] tensors are in the model dtype; statistics fp32.
 struct LayerActivations {
   Tensor attn_in_norm, attn_in_mean, attn_in_rstd;  // [Ts, d], [Ts], [Ts]
   Tensor qkv;                                       // [3, B, H, S, Dh]: q, k, v
-  Tensor q, k, v, attn, lse;              // [B, H, S, Dh] (q, k, v: views of qkv); lse [B, H, S]
-  Tensor merged;                          // [T, H * Dh]: out_proj's input
-  Tensor attn_proj;                       // [Ts, d]: out_proj's output
-  Tensor post_attn;                       // [Ts, d]: LN_post_attn's input
-  Tensor post_attn_mean, post_attn_rstd;  // [Ts]
-  Tensor residual;                        // [Ts, d]: x after the attention block
+  Tensor q, k, v, attn, lse;  // [B, H, S, Dh] (q, k, v: views of qkv); lse [B, H, S]
+  Tensor merged;              // [T, H * Dh]: out_proj's input
+  // (attn, lse, merged: unset under recompute_attention, which uses the scratch's)
+  Tensor attn_proj;                              // [Ts, d]: out_proj's output
+  Tensor post_attn;                              // [Ts, d]: LN_post_attn's input
+  Tensor post_attn_mean, post_attn_rstd;         // [Ts]
+  Tensor residual;                               // [Ts, d]: x after the attention block
   Tensor ffn_in_norm, ffn_in_mean, ffn_in_rstd;  // [Ts, d], [Ts], [Ts]
   Tensor fc1_out;                                // [T, F]: before the activation
   Tensor act_out;  // [T, F]: after activation dropout; unset under an unsharded LN_ffn_mid
@@ -93,8 +99,12 @@ struct LayerScratch {
   Tensor ffn_width[3];    // [T, F]
   Tensor row_stats;       // f64 [T, 2]: the sharded LN_ffn_mid's forward statistics
   Tensor row_sums;        // f32 [T, 2]: and its backward sums
+  // The attention core's outputs under recompute_attention (else undefined): attn, lse and
+  // merged as in LayerActivations, shared by the layers.
+  Tensor attn, lse, merged;
 
-  static absl::StatusOr<LayerScratch> Allocate(const LayerShape& shape);
+  static absl::StatusOr<LayerScratch> Allocate(const LayerShape& shape,
+                                               const LayerOptions& options);
 };
 
 // One layer's keys and values of the tokens decoded so far (incremental decoding): k, v
@@ -150,6 +160,16 @@ class DecoderLayer {
 
  private:
   ops::DropoutSpec Dropout(DropoutKind kind, const Step& step) const;
+  // Where the attention core's outputs live: the activations, or the scratch under
+  // recompute_attention.
+  struct AttentionCore {
+    Tensor attn, lse, merged;
+  };
+  AttentionCore CoreOf(const LayerActivations& acts, const LayerScratch& scratch) const;
+  // attention(q, k, v) -> core.attn (and core.lse without a cache), then the heads merged into
+  // token order (times the head scales before out_proj) -> core.merged.
+  absl::Status AttentionCoreForward(const LayerActivations& acts, const AttentionCore& core,
+                                    const Step& step, const LayerKvCache* cache) const;
 
   int index_;
   LayerParams params_;

@@ -79,7 +79,7 @@ LayerShape LayerShapeOf(const ModelConfig& config, const ModelOptions& options, 
           .sequence_shard = split_tokens ? tp_rank : 0};
 }
 
-LayerOptions LayerOptionsOf(const ModelConfig& config) {
+LayerOptions LayerOptionsOf(const ModelConfig& config, Recompute recompute) {
   const NormFormerConfig& nf = config.normformer();
   return {.activation = ActivationOf(config.activation()),
           .dropout = config.dropout(),
@@ -90,7 +90,8 @@ LayerOptions LayerOptionsOf(const ModelConfig& config) {
           .scale_heads = nf.scale_heads(),
           .heads_before_out_proj = nf.head_scale_placement() == NormFormerConfig::BEFORE_OUT_PROJ,
           .scale_fc = nf.scale_fc(),
-          .scale_resids = nf.scale_resids()};
+          .scale_resids = nf.scale_resids(),
+          .recompute_attention = recompute == Recompute::kSelective};
 }
 
 NormFormerModel::NormFormerModel(ModelConfig config, ModelOptions options,
@@ -147,7 +148,7 @@ absl::StatusOr<std::unique_ptr<NormFormerModel>> NormFormerModel::Create(
   model->vocab_offset_ = tp.rank() * (padded_vocab / tp.size());
   model->params_ = BindModelParams(model->table_, config, placement);
   model->shape_ = LayerShapeOf(config, options, tp.rank(), tp.size());
-  model->layer_options_ = LayerOptionsOf(config);
+  model->layer_options_ = LayerOptionsOf(config, options.recompute);
   // Layers keep their global index: it keys their dropout sites.
   for (int l = placement.layer_begin; l < placement.layer_end; ++l) {
     model->layers_.emplace_back(l, model->params_.layers[l - placement.layer_begin], model->shape_,
@@ -165,10 +166,10 @@ absl::StatusOr<std::unique_ptr<NormFormerModel>> NormFormerModel::Create(
 absl::Status NormFormerModel::AllocateBuffers() {
   const int64_t t = shape_.tokens(), d = shape_.d_model;
   const DType dt = options_.dtype;
-  if (options_.activation_recompute) {
+  if (full_recompute()) {
     NF_ASSIGN_OR_RETURN(shared_acts_, LayerActivations::Allocate(shape_, layer_options_));
   }
-  NF_ASSIGN_OR_RETURN(scratch_, LayerScratch::Allocate(shape_));
+  NF_ASSIGN_OR_RETURN(scratch_, LayerScratch::Allocate(shape_, layer_options_));
   if (placement().first() && config_.positions() == ModelConfig::SINUSOIDAL) {
     // Only the rows a sequence uses: row t is position t + first_position.
     NF_ASSIGN_OR_RETURN(
@@ -196,7 +197,7 @@ absl::StatusOr<std::unique_ptr<NormFormerModel::InFlight>> NormFormerModel::Allo
   for (Tensor& h : mb->hidden) {
     NF_ASSIGN_OR_RETURN(h, Zeros(dt, hidden_shape()));
   }
-  if (!options_.activation_recompute) {
+  if (!full_recompute()) {
     for (size_t l = 0; l < layers_.size(); ++l) {
       NF_ASSIGN_OR_RETURN(LayerActivations acts,
                           LayerActivations::Allocate(shape_, layer_options_));
@@ -419,7 +420,7 @@ absl::Status NormFormerModel::LayersBackward(InFlight& mb, const GradsDoneFrom& 
   for (int l = static_cast<int>(layers_.size()) - 1; l >= 0; --l) {
     LayerActivations& acts = ActivationsOf(mb, l);
     absl::Status status;
-    if (options_.activation_recompute) {
+    if (full_recompute()) {
       // Re-run the forward from the kept input; it rewrites hidden[l + 1] with equal values.
       status = layers_[l].Forward(mb.hidden[l], mb.hidden[l + 1], mb.step, acts, scratch_);
     }

@@ -9,9 +9,10 @@
 // tensor-parallel GEMMs are split by rows instead (model/tensor_parallel.h).
 //
 // Forward runs one micro-batch and keeps what Backward needs; Backward accumulates fp32
-// parameter gradients into the ParamTable. With activation recompute, only each layer's
-// input is kept and its Forward re-runs inside Backward: less memory, bit-identical results
-// (dropout masks are recomputed from the same Philox coordinates).
+// parameter gradients into the ParamTable. With full activation recompute, only each layer's
+// input is kept and its Forward re-runs inside Backward; with selective recompute, everything
+// but the attention core's outputs, which the backward computes again. Both: less memory,
+// bit-identical results (dropout masks are recomputed from the same Philox coordinates).
 //
 // Under pipeline parallelism the object is one stage (ModelOptions::pipeline): a contiguous
 // range of layers under their global names and dropout sites, the embedding on the first
@@ -40,11 +41,19 @@
 
 namespace nf::model {
 
+// Activation recompute: what a micro-batch keeps for its backward.
+enum class Recompute {
+  kNone,       // every layer's activations
+  kSelective,  // all but the attention core's outputs, recomputed from q, k, v in the backward
+               // (LayerOptions::recompute_attention)
+  kFull,       // each layer's input only; the layer's forward re-runs inside the backward
+};
+
 struct ModelOptions {
   DType dtype = DType::kF32;  // parameters and activations
   int64_t micro_batch = 1;
   int64_t seq_len = 1;
-  bool activation_recompute = false;
+  Recompute recompute = Recompute::kNone;
   uint32_t seed = 1;  // initialisation and dropout
   // Where parameters, gradients and activations live (a GPU needs the CUDA backend). Inputs
   // and targets may be on the host: the model copies them in.
@@ -66,7 +75,7 @@ struct ModelOptions {
 // layers' switches, as the model resolves them from its config.
 LayerShape LayerShapeOf(const ModelConfig& config, const ModelOptions& options, int tp_rank,
                         int tp_size);
-LayerOptions LayerOptionsOf(const ModelConfig& config);
+LayerOptions LayerOptionsOf(const ModelConfig& config, Recompute recompute);
 
 class NormFormerModel {
  public:
@@ -188,7 +197,7 @@ class NormFormerModel {
   struct InFlight {
     std::vector<Tensor> hidden;            // [Ts, d] x (stage layers + 1): each layer's input,
                                            // then the stage's output
-    std::vector<LayerActivations> layers;  // one per layer; empty with activation recompute
+    std::vector<LayerActivations> layers;  // one per layer; empty with full recompute
     Tensor ids, targets;                   // i32 [T] copies (first stage, last stage)
     // The last stage's head and loss.
     Tensor final_norm, final_mean, final_rstd;  // [Ts, d], [Ts], [Ts]
@@ -228,8 +237,10 @@ class NormFormerModel {
   ops::CrossEntropyArgs LossArgs(const InFlight& mb) const;
   // `layer` counts from the stage's first layer.
   LayerActivations& ActivationsOf(InFlight& mb, int layer) {
-    return options_.activation_recompute ? shared_acts_ : mb.layers[layer];
+    return full_recompute() ? shared_acts_ : mb.layers[layer];
   }
+
+  bool full_recompute() const { return options_.recompute == Recompute::kFull; }
 
   ModelConfig config_;
   ModelOptions options_;
@@ -254,7 +265,7 @@ class NormFormerModel {
   const InFlight* last_forward_ = nullptr;  // of the last stage, for logits()
 
   // Buffers shared by all micro-batches, allocated once.
-  LayerActivations shared_acts_;  // every layer's, with activation recompute
+  LayerActivations shared_acts_;  // every layer's, with full recompute
   LayerScratch scratch_;
   Tensor positions_;        // the first stage's sinusoidal [max_seq_len, d] (row t: t + first)
   Tensor dloss_;            // the last stage's [T] fp32 loss weights

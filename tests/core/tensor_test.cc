@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/allocator.h"
+#include "core/allocator_usage.h"
 #include "core/half.h"
 #include "gtest/gtest.h"
 #include "tests/assert_ok.h"
@@ -127,6 +128,28 @@ TEST(TensorTest, CpuAllocationsAre64ByteAligned) {
     CpuAllocator().Deallocate(*ptr, bytes);
   }
   EXPECT_EQ(kCpuAlignment, 64u);
+}
+
+// The allocator's live and peak counts follow the tensors' storage (the bytes asked for); views
+// share it and count nothing. (Single-threaded: nothing else allocates meanwhile.)
+TEST(TensorTest, CpuAllocatorUsageCountsLiveAndPeakStorage) {
+  const int64_t start = CpuAllocatorUsage().live_bytes;
+  ResetCpuAllocatorPeak();
+  EXPECT_EQ(CpuAllocatorUsage().peak_bytes, start);
+  {
+    auto a = Tensor::HostEmpty(DType::kF32, {1000});
+    auto b = Tensor::HostEmpty(DType::kF16, {3, 7});
+    NF_ASSERT_OK(a);
+    NF_ASSERT_OK(b);
+    EXPECT_EQ(CpuAllocatorUsage().live_bytes, start + 4000 + 42);
+    auto view = a->Slice(10, 100);
+    NF_ASSERT_OK(view);
+    EXPECT_EQ(CpuAllocatorUsage().live_bytes, start + 4000 + 42);
+  }
+  EXPECT_EQ(CpuAllocatorUsage().live_bytes, start);
+  EXPECT_EQ(CpuAllocatorUsage().peak_bytes, start + 4042);
+  ResetCpuAllocatorPeak();
+  EXPECT_EQ(CpuAllocatorUsage().peak_bytes, start);
 }
 
 TEST(TensorTest, NegativeDimensionsAreRejected) {

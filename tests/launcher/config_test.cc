@@ -23,6 +23,7 @@
 #include "google/protobuf/text_format.h"
 #include "google/protobuf/util/message_differencer.h"
 #include "google/protobuf/wrappers.pb.h"
+#include "launcher/trainer.h"
 #include "model/vocab.h"
 #include "monitoring/metrics_server.h"
 #include "test_util.h"
@@ -438,6 +439,11 @@ INSTANTIATE_TEST_SUITE_P(
                         "over the tensor-parallel ranks: train.micro_batch_size x "
                         "train.seq_len (1 x 7 = 7) must be a multiple of "
                         "parallel.tensor_parallel (2)"},
+        ValidationCase{
+            .overrides = {"train.activation_recompute=true", "train.recompute=SELECTIVE"},
+            .mentions = "train.activation_recompute: true (the older spelling of "
+                        "train.recompute: FULL) contradicts train.recompute: "
+                        "SELECTIVE; keep only train.recompute"},
         ValidationCase{.overrides = {"parallel.grad_bucket_elements=0"},
                        .mentions = "parallel.grad_bucket_elements must be positive"},
         ValidationCase{.overrides = {"data.split=abc"},
@@ -545,6 +551,19 @@ TEST(ResolvedConfigTextTest, WritesEveryFieldIncludingDefaults) {
     EXPECT_THAT(text, HasSubstr(expected));
   }
   ExpectEveryFieldSet(Parse(text), "");
+}
+
+// train.activation_recompute: true is written as what it means, so the resolved text validates.
+TEST(ResolvedConfigTextTest, WritesTheOlderRecomputeSpellingAsRecomputeFull) {
+  TrainConfig config = ValidConfig();
+  config.mutable_train()->set_activation_recompute(true);
+  NF_ASSERT_OK(ValidateTrainConfig(config));
+  const TrainConfig resolved = Parse(ResolvedConfigText(config));
+  EXPECT_FALSE(resolved.train().activation_recompute());
+  EXPECT_EQ(resolved.train().recompute(), TrainOptions::FULL);
+  NF_EXPECT_OK(ValidateTrainConfig(resolved));
+  EXPECT_EQ(RecomputeOf(config.train()), model::Recompute::kFull);
+  EXPECT_EQ(RecomputeOf(resolved.train()), model::Recompute::kFull);
 }
 
 TEST(ResolvedConfigTextTest, RoundTripsThroughTheParser) {

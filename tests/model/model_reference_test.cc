@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "model/normformer_model.h"
 #include "reference_model.h"
@@ -73,11 +74,12 @@ Batch MakeBatch(int vocab) {
   return b;
 }
 
-std::unique_ptr<NormFormerModel> MakeModel(const ModelConfig& config, bool recompute = false) {
+std::unique_ptr<NormFormerModel> MakeModel(const ModelConfig& config,
+                                           Recompute recompute = Recompute::kNone) {
   auto model = NormFormerModel::Create(config, {.dtype = DType::kF32,
                                                 .micro_batch = kBatch,
                                                 .seq_len = kSeq,
-                                                .activation_recompute = recompute,
+                                                .recompute = recompute,
                                                 .seed = kSeed});
   NF_EXPECT_OK(model);
   return *std::move(model);
@@ -181,22 +183,43 @@ TEST_P(ModelReferenceTest, EveryGradientMatchesFiniteDifferences) {
   }
 }
 
+// Selective and full recompute against none, with dropout on everywhere, for both head-scale
+// placements (the selective recompute merges the heads again, scaled before out_proj).
 TEST(ModelTest, ActivationRecomputeGivesBitIdenticalLossAndGradients) {
-  const ModelConfig config = TinyConfig({"normformer", true, true, false, true, true});
-  const Batch batch = MakeBatch(config.vocab_size());
-  std::vector<float> grads[2];
-  double losses[2];
-  for (int recompute = 0; recompute < 2; ++recompute) {
-    auto model = MakeModel(config, recompute == 1);
-    auto loss = model->Forward(MakeIds({kBatch, kSeq}, batch.inputs),
-                               MakeIds({kBatch, kSeq}, batch.targets), kFirstSample, true);
-    NF_ASSERT_OK(loss);
-    NF_ASSERT_OK(model->Backward(0.25f));
-    losses[recompute] = loss->sum;
-    grads[recompute] = *ToFloatVector(model->params().grads());
+  for (const bool fairseq_heads : {false, true}) {
+    const ModelConfig config = TinyConfig({"normformer", true, true, fairseq_heads, true, true});
+    const Batch batch = MakeBatch(config.vocab_size());
+    std::vector<float> grads[3];
+    double losses[3];
+    const Recompute modes[] = {Recompute::kNone, Recompute::kSelective, Recompute::kFull};
+    for (int m = 0; m < 3; ++m) {
+      auto model = MakeModel(config, modes[m]);
+      auto loss = model->Forward(MakeIds({kBatch, kSeq}, batch.inputs),
+                                 MakeIds({kBatch, kSeq}, batch.targets), kFirstSample, true);
+      NF_ASSERT_OK(loss);
+      NF_ASSERT_OK(model->Backward(0.25f));
+      losses[m] = loss->sum;
+      grads[m] = *ToFloatVector(model->params().grads());
+    }
+    for (int m = 1; m < 3; ++m) {
+      SCOPED_TRACE(absl::StrCat("fairseq heads ", fairseq_heads, ", mode ", m));
+      EXPECT_EQ(losses[m], losses[0]);
+      EXPECT_EQ(grads[m], grads[0]);
+    }
   }
-  EXPECT_EQ(losses[0], losses[1]);
-  EXPECT_EQ(grads[0], grads[1]);
+}
+
+// What each mode keeps per layer: selective drops the attention output, its log-sum-exp and the
+// merged heads (2 T H Dh elements and B H S floats), full keeps none of a layer's activations.
+TEST(ModelTest, SelectiveRecomputeKeepsLessThanNone) {
+  const ModelConfig config = TinyConfig({"normformer", true, true, false, true, true});
+  const ModelOptions options{.micro_batch = kBatch, .seq_len = kSeq};
+  const LayerShape shape = LayerShapeOf(config, options, 0, 1);
+  const int64_t none = LayerActivations::Bytes(shape, LayerOptionsOf(config, Recompute::kNone));
+  const int64_t selective =
+      LayerActivations::Bytes(shape, LayerOptionsOf(config, Recompute::kSelective));
+  const int64_t t = kBatch * kSeq, width = shape.local_width();
+  EXPECT_EQ(none - selective, (2 * t * width + shape.batch * shape.heads * shape.seq) * 4);
 }
 
 TEST(ModelTest, GradientsAccumulateOverMicroBatches) {

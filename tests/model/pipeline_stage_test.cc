@@ -69,7 +69,7 @@ ModelOptions Options(bool recompute, PipelineStagePlacement placement = {}) {
   return {.dtype = DType::kF32,
           .micro_batch = kBatch,
           .seq_len = kSeq,
-          .activation_recompute = recompute,
+          .recompute = recompute ? Recompute::kFull : Recompute::kNone,
           .seed = kSeed,
           .pipeline = placement};
 }

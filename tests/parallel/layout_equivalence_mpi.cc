@@ -3,10 +3,10 @@
 // (tensor, pipeline, data)-parallel layout, with every pipeline schedule and optimizer variant
 // that layout allows, against the single-rank run of the same config on the same global batch.
 // Layouts with tensor parallelism also run with sequence parallelism (with 1F1B, ZeRO-1 when
-// dp > 1, interleaving when pp > 1, and full activation recompute): tp = 4 splits each
-// micro-batch's 32 tokens into shards of 8 that start inside the samples of 16.
-// The layout comes from NF_TEST_TP and NF_TEST_PP (data parallelism takes the rest of the
-// world); nf_add_layout_test starts one job per layout.
+// dp > 1, interleaving when pp > 1, and selective and full activation recompute): tp = 4 splits
+// each micro-batch's 32 tokens into shards of 8 that start inside the samples of 16. The layout
+// comes from NF_TEST_TP and NF_TEST_PP (data parallelism takes the rest of the world);
+// nf_add_layout_test starts one job per layout.
 //
 // Every rank runs the single-rank reference itself (no communication; the model is tiny) and
 // compares (a) the loss of every step, which every rank reports, and (b) its own final
@@ -90,7 +90,7 @@ struct Variant {
   int virtual_stages;
   bool distributed_optimizer;
   bool sequence_parallel = false;
-  bool activation_recompute = false;
+  TrainOptions::Recompute recompute = TrainOptions::NONE;
 };
 
 std::vector<Variant> VariantsOf(int tp, int pp, int dp) {
@@ -105,7 +105,9 @@ std::vector<Variant> VariantsOf(int tp, int pp, int dp) {
   }
   if (tp > 1) {
     variants.push_back({"1F1B SP", k1F1B, 1, false, true});
-    variants.push_back({"1F1B SP recompute", k1F1B, 1, false, true, true});
+    variants.push_back(
+        {"1F1B SP selective recompute", k1F1B, 1, false, true, TrainOptions::SELECTIVE});
+    variants.push_back({"1F1B SP full recompute", k1F1B, 1, false, true, TrainOptions::FULL});
     if (dp > 1) variants.push_back({"1F1B ZeRO-1 SP", k1F1B, 1, true, true});
     if (pp > 1) variants.push_back({"interleaved v=2 SP", kInterleaved, 2, false, true});
   }
@@ -197,7 +199,7 @@ TEST(LayoutEquivalenceTest, EveryVariantTrainsLikeTheSingleRankRun) {
     parallel.set_virtual_stages(variant.virtual_stages);
     parallel.set_distributed_optimizer(variant.distributed_optimizer);
     parallel.set_sequence_parallel(variant.sequence_parallel);
-    config.mutable_train()->set_activation_recompute(variant.activation_recompute);
+    config.mutable_train()->set_recompute(variant.recompute);
     NF_ASSERT_OK(ValidateTrainConfig(config));
     auto trainer = Trainer::Create(config, *groups);
     NF_ASSERT_OK(trainer);
