@@ -23,8 +23,8 @@ run() {  # ranks overrides...
     "${mpirun[@]}" -np "$ranks" "$bench" --config "$root/deploy/configs/tiny.pbtxt" "${sets[@]}"
 }
 
-echo "| tp | pp | dp | SP | recompute | micro-batch | in flight | rank | estimate: params + grads + optimizer MiB | resident after creation MiB | estimate: activations MiB | step's peak growth MiB | error |"
-echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+echo "| tp | pp | dp | SP | recompute | micro-batch | in flight | rank | est. params + grads + optimizer + buffers MiB | after creation MiB | est. activations MiB | step's peak growth MiB | est. total MiB | peak MiB | error |"
+echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
 for recompute in NONE SELECTIVE FULL; do
   run 1 train.recompute=$recompute
 done
@@ -38,6 +38,7 @@ run 4 parallel.tensor_parallel=4 parallel.sequence_parallel=true
 run 2 parallel.pipeline_parallel=2
 run 2 parallel.pipeline_parallel=2 train.recompute=FULL
 run 2 parallel.pipeline_parallel=2 parallel.pipeline_schedule=GPIPE
+run 2
 run 2 parallel.distributed_optimizer=true
 run 4 parallel.tensor_parallel=2 parallel.pipeline_parallel=2 parallel.sequence_parallel=true \
   parallel.pipeline_schedule=INTERLEAVED_ONE_F_ONE_B parallel.virtual_stages=2

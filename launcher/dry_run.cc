@@ -53,22 +53,23 @@ absl::Status DryRun(const TrainConfig& config, int world_size, std::ostream& out
       total_params, padded_vocab, flops / 1e12, tokens);
   const bool gpu = train.device() == TrainOptions::CUDA;
   out << "| pipeline rank | layers | parameters on the rank | params | grads | optimizer | "
-         "activations (peak micro-batches) | checkpoint snapshot (host) | sample index (host) | "
-      << (gpu ? "GPU total | host total" : "total") << " |\n|---|---|---|---|---|---|---|---|"
+         "activations (peak micro-batches) | buffers | checkpoint snapshot (host) | "
+         "sample index (host) | "
+      << (gpu ? "GPU total | host total" : "total") << " |\n|---|---|---|---|---|---|---|---|---|"
       << (gpu ? "---|---|" : "---|") << "\n";
   for (int r = 0; r < pp; ++r) {
     const PipelineRankMemory& rank = ranks[r];
     out << absl::StrFormat(
-        "| %d | %s | %d | %s | %s | %s | %s (%s) | %s | %s | %s |\n", r, rank.layers,
+        "| %d | %s | %d | %s | %s | %s | %s (%s) | %s | %s | %s | %s |\n", r, rank.layers,
         rank.parameters, Gib(rank.parameter_bytes), Gib(rank.gradient_bytes),
         Gib(rank.optimizer_bytes), Gib(rank.activation_bytes), rank.peak_in_flight,
-        Gib(rank.snapshot_bytes), Gib(rank.sample_index_bytes),
+        Gib(rank.buffer_bytes), Gib(rank.snapshot_bytes), Gib(rank.sample_index_bytes),
         gpu ? absl::StrCat(Gib(rank.device_bytes()), " | ", Gib(rank.gpu_host_bytes()))
             : Gib(rank.cpu_total_bytes()));
   }
   out << "(tensor-parallel and data-parallel rank 0 shown: they also hold the replicated\n"
-         "parameters and write them; buffers for communication, the ops' scratch and the\n"
-         "process's own footprint are not counted: docs/memory.md compares with measured peaks)\n";
+         "parameters and write them; the ops' temporaries and the process's own footprint are\n"
+         "not counted: docs/memory.md compares with the allocator's counts and measured peaks)\n";
   return absl::OkStatus();
 }
 

@@ -89,7 +89,7 @@ absl::StatusOr<std::vector<PipelineRankMemory>> EstimateMemory(const TrainConfig
         parallel::BuildSchedule(KindOf(parallel.pipeline_schedule()), pp, r, micro_batches, v));
     const std::vector<int> peak = PeakInFlight(schedule, v);
     PipelineRankMemory& rank = ranks[r];
-    int64_t activations = 0;
+    int64_t activations = 0, buffers = 0;
     for (int c = 0; c < v; ++c) {
       const int stage = c * pp + r;
       const model::PipelineStagePlacement placement{.stage = stage,
@@ -103,12 +103,19 @@ absl::StatusOr<std::vector<PipelineRankMemory>> EstimateMemory(const TrainConfig
       }
       const int64_t n_layers = placement.layer_end - placement.layer_begin;
       // Kept per micro-batch in flight: each layer's input and activations (only the inputs
-      // with recompute, which shares one layer's activations), and the last stage's logits.
+      // with full recompute, which shares one layer's activations: a buffer), the first stage's
+      // ids, and the last stage's targets, final LayerNorm output and statistics, logits and
+      // loss rows (NormFormerModel::AllocateInFlight).
       int64_t per_micro_batch = (n_layers + 1) * ts * d * s;
       if (!full_recompute) per_micro_batch += n_layers * layer_bytes;
-      if (placement.last()) per_micro_batch += t * (padded_vocab / tp) * s + ts * d * s;
+      if (placement.first()) per_micro_batch += t * 4;
+      if (placement.last()) {
+        per_micro_batch += t * (padded_vocab / tp) * s + ts * d * s + ts * 2 * 4 + t * 5 * 4;
+      }
       activations += peak[c] * per_micro_batch;
-      if (full_recompute) activations += layer_bytes;
+      model::ModelOptions chunk_options = options;
+      chunk_options.pipeline = placement;
+      buffers += model::NormFormerModel::BufferBytes(m, chunk_options, tp);
       rank.layers += absl::StrFormat("%s[%d, %d)", c > 0 ? " " : "", placement.layer_begin,
                                      placement.layer_end);
       rank.peak_in_flight += absl::StrFormat("%s%d", c > 0 ? "+" : "", peak[c]);
@@ -116,10 +123,14 @@ absl::StatusOr<std::vector<PipelineRankMemory>> EstimateMemory(const TrainConfig
     const auto params = static_cast<double>(rank.parameters);
     rank.parameter_bytes = params * s;
     rank.gradient_bytes = params * 4;
-    // fp32 master weights (none for fp32 models: the parameters are the master) and moments.
-    rank.optimizer_bytes = params * ((s == 4 ? 0 : 4) + 8);
-    if (parallel.distributed_optimizer()) rank.optimizer_bytes /= dp;
+    // fp32 master weights (none for fp32 models: the parameters are the master) and moments;
+    // ZeRO-1 keeps them for 1 / dp of the parameters, and with them that shard's copy of the
+    // parameters (model dtype) and its reduced gradients (fp32).
+    rank.optimizer_bytes = parallel.distributed_optimizer()
+                               ? params * (s + 4 + (s == 4 ? 0 : 4) + 8) / dp
+                               : params * ((s == 4 ? 0 : 4) + 8);
     rank.activation_bytes = static_cast<double>(activations);
+    rank.buffer_bytes = static_cast<double>(buffers);
     rank.sample_index_bytes = sample_index_bytes;
     const auto& checkpoint = config.checkpoint();
     if (checkpoint.save_interval() > 0 || checkpoint.save_at_end()) {

@@ -12,9 +12,9 @@
 namespace nf::launcher {
 
 // One pipeline rank, as its tensor-parallel and data-parallel rank 0 hold it (they also hold
-// the replicated parameters and write them into checkpoints). Communication buffers, the ops'
-// scratch and the process's own footprint (code, libraries, MPI) are not counted;
-// docs/memory.md compares the estimate with measured peaks.
+// the replicated parameters and write them into checkpoints). The ops' temporaries and the
+// process's own footprint (code, libraries, MPI and its buffers) are not counted;
+// docs/memory.md compares the estimate with the allocator's counts and measured peaks.
 struct PipelineRankMemory {
   std::string layers;          // the layer ranges of its chunks, e.g. "[0, 6) [12, 18)"
   std::string peak_in_flight;  // micro-batches in flight at the peak, per chunk, e.g. "4+3"
@@ -24,6 +24,9 @@ struct PipelineRankMemory {
   double gradient_bytes = 0;    // fp32
   double optimizer_bytes = 0;   // fp32 master weights (not for fp32 models) and two moments
   double activation_bytes = 0;  // kept for the backward pass of the micro-batches in flight
+  // Allocated once per model chunk: the layers' scratch, the residual-stream gradients, one
+  // layer's activations under full recompute (NormFormerModel::BufferBytes).
+  double buffer_bytes = 0;
   // In host memory, from the first save on (0 when the run never saves): the snapshot a save
   // copies this rank's share of the checkpoint into, kept for the next save. On a GPU the
   // device buffers are first copied to the host whole, which doubles it during a save.
@@ -34,7 +37,7 @@ struct PipelineRankMemory {
   double sample_index_bytes = 0;
 
   double device_bytes() const {
-    return parameter_bytes + gradient_bytes + optimizer_bytes + activation_bytes;
+    return parameter_bytes + gradient_bytes + optimizer_bytes + activation_bytes + buffer_bytes;
   }
   // All of it, for a run on the CPU, where device and host memory are one.
   double cpu_total_bytes() const { return device_bytes() + snapshot_bytes + sample_index_bytes; }

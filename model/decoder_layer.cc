@@ -105,31 +105,10 @@ absl::StatusOr<LayerActivations> MakeActivations(const LayerShape& s, const Laye
   return a;
 }
 
-}  // namespace
-
-absl::StatusOr<LayerActivations> LayerActivations::Allocate(const LayerShape& shape,
-                                                            const LayerOptions& options) {
-  return MakeActivations(shape, options, [&shape](DType dtype, Shape dims) {
-    return ops::Zeros(dtype, std::move(dims), shape.device);
-  });
-}
-
-int64_t LayerActivations::Bytes(const LayerShape& shape, const LayerOptions& options) {
-  int64_t bytes = 0;
-  static const Tensor kCounted;  // what counting "makes"
-  const auto count = [&bytes](DType dtype, const Shape& dims) -> absl::StatusOr<Tensor> {
-    bytes += NumElements(dims) * static_cast<int64_t>(SizeOf(dtype));
-    return kCounted;
-  };
-  (void)MakeActivations(shape, options, count);  // counting cannot fail
-  return bytes;
-}
-
-absl::StatusOr<LayerScratch> LayerScratch::Allocate(const LayerShape& s,
-                                                    const LayerOptions& options) {
-  const auto New = [&s](DType dtype, Shape dims) {
-    return ops::Zeros(dtype, std::move(dims), s.device);
-  };
+// The scratch of the layers, each tensor made by New as in MakeActivations.
+template <typename NewTensor>
+absl::StatusOr<LayerScratch> MakeScratch(const LayerShape& s, const LayerOptions& options,
+                                         NewTensor&& New) {
   LayerScratch scratch;
   NF_ASSIGN_OR_RETURN(scratch.merged_grad, New(s.dtype, {s.tokens(), s.local_width()}));
   NF_ASSIGN_OR_RETURN(scratch.qkv_tokens, New(s.dtype, {s.tokens(), 3 * s.local_width()}));
@@ -140,7 +119,9 @@ absl::StatusOr<LayerScratch> LayerScratch::Allocate(const LayerShape& s,
     NF_ASSIGN_OR_RETURN(scratch.merged, New(s.dtype, {s.tokens(), s.local_width()}));
   }
   NF_ASSIGN_OR_RETURN(scratch.d_qkv, New(s.dtype, {3, s.batch, s.heads, s.seq, s.head_dim}));
-  NF_RETURN_IF_ERROR(ViewGroups(scratch.d_qkv, {&scratch.dq, &scratch.dk, &scratch.dv}));
+  if (scratch.d_qkv.defined()) {
+    NF_RETURN_IF_ERROR(ViewGroups(scratch.d_qkv, {&scratch.dq, &scratch.dk, &scratch.dv}));
+  }
   for (Tensor& t : scratch.model_width) {
     NF_ASSIGN_OR_RETURN(t, New(s.dtype, {s.shard_tokens(), s.d_model}));
   }
@@ -154,6 +135,43 @@ absl::StatusOr<LayerScratch> LayerScratch::Allocate(const LayerShape& s,
   NF_ASSIGN_OR_RETURN(scratch.row_stats, New(DType::kF64, {s.tokens(), 2}));
   NF_ASSIGN_OR_RETURN(scratch.row_sums, New(DType::kF32, {s.tokens(), 2}));
   return scratch;
+}
+
+// The bytes of what make(count) makes, count adding each tensor's instead of making it.
+template <typename Make>
+int64_t CountBytes(Make&& make) {
+  int64_t bytes = 0;
+  static const Tensor kCounted;  // what counting "makes"
+  const auto count = [&bytes](DType dtype, const Shape& dims) -> absl::StatusOr<Tensor> {
+    bytes += NumElements(dims) * static_cast<int64_t>(SizeOf(dtype));
+    return kCounted;
+  };
+  (void)make(count);  // counting cannot fail
+  return bytes;
+}
+
+}  // namespace
+
+absl::StatusOr<LayerActivations> LayerActivations::Allocate(const LayerShape& shape,
+                                                            const LayerOptions& options) {
+  return MakeActivations(shape, options, [&shape](DType dtype, Shape dims) {
+    return ops::Zeros(dtype, std::move(dims), shape.device);
+  });
+}
+
+int64_t LayerActivations::Bytes(const LayerShape& shape, const LayerOptions& options) {
+  return CountBytes([&](auto&& count) { return MakeActivations(shape, options, count); });
+}
+
+absl::StatusOr<LayerScratch> LayerScratch::Allocate(const LayerShape& shape,
+                                                    const LayerOptions& options) {
+  return MakeScratch(shape, options, [&shape](DType dtype, Shape dims) {
+    return ops::Zeros(dtype, std::move(dims), shape.device);
+  });
+}
+
+int64_t LayerScratch::Bytes(const LayerShape& shape, const LayerOptions& options) {
+  return CountBytes([&](auto&& count) { return MakeScratch(shape, options, count); });
 }
 
 ops::DropoutSpec DecoderLayer::Dropout(DropoutKind kind, const Step& step) const {

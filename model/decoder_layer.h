@@ -105,6 +105,8 @@ struct LayerScratch {
 
   static absl::StatusOr<LayerScratch> Allocate(const LayerShape& shape,
                                                const LayerOptions& options);
+  // What Allocate takes, in bytes (for memory plans).
+  static int64_t Bytes(const LayerShape& shape, const LayerOptions& options);
 };
 
 // One layer's keys and values of the tokens decoded so far (incremental decoding): k, v

@@ -163,6 +163,24 @@ absl::StatusOr<std::unique_ptr<NormFormerModel>> NormFormerModel::Create(
   return model;
 }
 
+// Keep in step with AllocateBuffers.
+int64_t NormFormerModel::BufferBytes(const ModelConfig& config, const ModelOptions& options,
+                                     int tp_size) {
+  const LayerShape shape = LayerShapeOf(config, options, /*tp_rank=*/0, tp_size);
+  const LayerOptions layer_options = LayerOptionsOf(config, options.recompute);
+  const int64_t s = static_cast<int64_t>(SizeOf(options.dtype));
+  int64_t bytes = LayerScratch::Bytes(shape, layer_options);
+  if (options.recompute == Recompute::kFull) {
+    bytes += LayerActivations::Bytes(shape, layer_options);
+  }
+  if (options.pipeline.first() && config.positions() == ModelConfig::SINUSOIDAL) {
+    bytes += config.max_seq_len() * config.d_model() * s;
+  }
+  if (options.pipeline.last()) bytes += shape.tokens() * 4 + 2 * 8;  // dloss_, loss_totals_
+  return bytes + 2 * shape.shard_tokens() * shape.d_model * s;       // grad_a_, grad_b_
+}
+
+// Keep in step with BufferBytes.
 absl::Status NormFormerModel::AllocateBuffers() {
   const int64_t t = shape_.tokens(), d = shape_.d_model;
   const DType dt = options_.dtype;

@@ -81,6 +81,11 @@ class NormFormerModel {
  public:
   static absl::StatusOr<std::unique_ptr<NormFormerModel>> Create(const ModelConfig& config,
                                                                  const ModelOptions& options);
+  // The bytes a stage (options.pipeline) on one of tp_size tensor-parallel ranks allocates once
+  // beside its parameters, gradients and micro-batches in flight: the layers' scratch, the
+  // residual-stream gradients, one layer's activations under full recompute, the first stage's
+  // sinusoidal table, the last stage's loss buffers. For memory plans (launcher/memory_estimate.h).
+  static int64_t BufferBytes(const ModelConfig& config, const ModelOptions& options, int tp_size);
 
   // inputs, targets: i32 [micro_batch, seq_len] (target -1: no loss for that position).
   // first_sample: global index of the micro-batch's first sample (keys its dropout masks).
