@@ -13,6 +13,9 @@ cd "$(dirname "$0")/.."
 
 scripts/setup.sh
 jobs=${NF_JOBS:-2}
+# ccache keys on paths relative to the checkout, so a clone elsewhere (CI's clean clone) reuses
+# what an earlier build of the same sources compiled.
+export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$PWD} CCACHE_NOHASHDIR=${CCACHE_NOHASHDIR:-1}
 # Kernels and OpenBLAS share the machine's cores; tests stay deterministic for any count.
 export NF_NUM_THREADS=${NF_NUM_THREADS:-2}
 export OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-2}
