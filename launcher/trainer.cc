@@ -208,6 +208,8 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainConfig& conf
                                              .param_buffer_multiple = topology.dp(),
                                              .tensor_parallel = t->DeviceGroup(GroupKind::kTensor),
                                              .sequence_parallel = parallel.sequence_parallel(),
+                                             .overlap_tensor_parallel_comm =
+                                                 parallel.overlap_tensor_parallel_comm(),
                                              .pipeline = {.stage = stage,
                                                           .num_stages = p * v,
                                                           .layer_begin = stages[stage].first,

@@ -315,7 +315,7 @@ absl::Status DecoderLayer::Forward(const Tensor& x, const Tensor& y, const Step&
                                                 .mean = acts.mid_mean,
                                                 .rstd = acts.mid_rstd,
                                                 .eps = eps},
-                                               s.ffn_total, scratch.row_stats, *tp_));
+                                               s.ffn_total, scratch.row_stats, region_.tp()));
   }
   const Tensor& ffn_out = scratch.model_width[1];
   NF_RETURN_IF_ERROR(RowParallelLinearForward(region_, acts.fc2_in, p.fc2_weight, p.fc2_bias,
@@ -373,7 +373,7 @@ absl::Status DecoderLayer::Backward(const Tensor& x, const Tensor& dy, const Ten
                                                    .dx = d_act,
                                                    .dweight = p.mid_ffn_norm_weight.grad,
                                                    .dbias = p.mid_ffn_norm_bias.grad},
-                                                  s.ffn_total, scratch.row_sums, *tp_));
+                                                  s.ffn_total, scratch.row_sums, region_.tp()));
     }
     NF_RETURN_IF_ERROR(ops::Dropout(d_act, d_act, Dropout(DropoutKind::kActivation, step)));
     NF_RETURN_IF_ERROR(ops::ActivationBackward(options_.activation, acts.fc1_out, d_act, d_act));

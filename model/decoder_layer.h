@@ -128,16 +128,15 @@ uint32_t DropoutSite(int layer, DropoutKind kind);
 
 class DecoderLayer {
  public:
-  // `tp` is the tensor-parallel group (a group of one without tensor parallelism); it must
-  // outlive the layer.
+  // `region` is over the tensor-parallel group (a group of one without tensor parallelism),
+  // which must outlive the layer; its sequence parallelism matches shape's.
   DecoderLayer(int index, LayerParams params, LayerShape shape, LayerOptions options,
-               parallel::Communicator* tp)
+               TensorParallelRegion region)
       : index_(index),
         params_(std::move(params)),
         shape_(shape),
         options_(options),
-        tp_(tp),
-        region_(tp, shape.sequence_parallel()) {}
+        region_(region) {}
 
   // The layer's index in the whole model (errors name it).
   int index() const { return index_; }
@@ -177,7 +176,6 @@ class DecoderLayer {
   LayerParams params_;
   LayerShape shape_;
   LayerOptions options_;
-  parallel::Communicator* tp_;
   TensorParallelRegion region_;
 };
 

@@ -100,7 +100,8 @@ NormFormerModel::NormFormerModel(ModelConfig config, ModelOptions options,
       options_(options),
       own_tp_(std::move(own_tp)),
       tp_(own_tp_ ? own_tp_.get() : options.tensor_parallel),
-      region_(tp_, options.sequence_parallel && tp_->size() > 1),
+      region_(tp_, options.sequence_parallel && tp_->size() > 1,
+              options.overlap_tensor_parallel_comm),
       table_(std::move(table)) {}
 
 absl::StatusOr<std::unique_ptr<NormFormerModel>> NormFormerModel::Create(
@@ -152,7 +153,7 @@ absl::StatusOr<std::unique_ptr<NormFormerModel>> NormFormerModel::Create(
   // Layers keep their global index: it keys their dropout sites.
   for (int l = placement.layer_begin; l < placement.layer_end; ++l) {
     model->layers_.emplace_back(l, model->params_.layers[l - placement.layer_begin], model->shape_,
-                                model->layer_options_, model->tp_);
+                                model->layer_options_, model->region_);
   }
   for (int l = placement.layer_begin; l < placement.layer_end; ++l) {
     model->layer_grad_offsets_.push_back(model->table_.LowestOffset(LayerPrefix(l) + "."));

@@ -67,6 +67,9 @@ struct ModelOptions {
   // [T / tp, d] rows; the replicated parameters' gradients are then partial
   // (SequenceParallelGradRanges). micro_batch * seq_len must divide by tp.
   bool sequence_parallel = false;
+  // Column-parallel backwards reduce their input gradient while computing their weight gradient
+  // (model/tensor_parallel.h): bit-identical results either way.
+  bool overlap_tensor_parallel_comm = true;
   // The pipeline stage this object is; the default is the whole model.
   PipelineStagePlacement pipeline = {};
 };

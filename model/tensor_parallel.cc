@@ -17,6 +17,19 @@ absl::Status TensorParallelRegion::Leave(const Tensor& partials, const Tensor& o
   return tp_->ReduceScatter(partials, out);
 }
 
+absl::StatusOr<TensorParallelRegion::Pending> TensorParallelRegion::StartEnter(
+    const Tensor& rows, const Tensor& gathered) const {
+  if (!sequence_parallel_) return nullptr;
+  return tp_->AllGatherAsync(rows, gathered);
+}
+
+absl::StatusOr<TensorParallelRegion::Pending> TensorParallelRegion::StartLeave(
+    const Tensor& partials, const Tensor& out) const {
+  if (tp_->size() == 1) return nullptr;
+  if (!sequence_parallel_) return tp_->AllReduceAsync(out, parallel::ReduceOp::kSum);
+  return tp_->ReduceScatterAsync(partials, out);
+}
+
 absl::Status ColumnParallelLinearForward(const TensorParallelRegion& region, const Tensor& x,
                                          const Param& weight, const Param& bias, const Tensor& y,
                                          const RegionBuffers& buffers) {
@@ -27,10 +40,27 @@ absl::Status ColumnParallelLinearForward(const TensorParallelRegion& region, con
 absl::Status ColumnParallelLinearBackward(const TensorParallelRegion& region, const Tensor& x,
                                           const Param& weight, const Param& bias, const Tensor& dy,
                                           const Tensor& dx, const RegionBuffers& buffers) {
-  NF_ASSIGN_OR_RETURN(const Tensor input, region.Enter(x, buffers.gathered));
   const Tensor& partials = region.PartialsFor(dx, buffers.partials);
-  NF_RETURN_IF_ERROR(LinearBackward(input, weight, bias, dy, partials, /*accumulate_dx=*/false));
-  return region.Leave(partials, dx);
+  if (!region.overlap()) {
+    NF_ASSIGN_OR_RETURN(const Tensor input, region.Enter(x, buffers.gathered));
+    NF_RETURN_IF_ERROR(LinearBackward(input, weight, bias, dy, partials, /*accumulate_dx=*/false));
+    return region.Leave(partials, dx);
+  }
+  // The input's gather runs while the input gradient [T, in] = dy W_local is computed, the input
+  // gradient's reduction while the weight gradient dW += dy^T input is.
+  NF_ASSIGN_OR_RETURN(TensorParallelRegion::Pending gather, region.StartEnter(x, buffers.gathered));
+  const absl::Status input_grad = ops::Gemm({.a = dy, .b = weight.value, .c = partials});
+  NF_RETURN_IF_ERROR(TensorParallelRegion::Wait(gather));
+  NF_RETURN_IF_ERROR(input_grad);
+  NF_ASSIGN_OR_RETURN(TensorParallelRegion::Pending reduce, region.StartLeave(partials, dx));
+  const Tensor& input = region.sequence_parallel() ? buffers.gathered : x;
+  absl::Status status =
+      ops::Gemm({.a = dy, .b = input, .c = weight.grad, .trans_a = true, .beta = 1.0f});
+  if (status.ok() && bias.defined()) status = ops::BiasBackward(dy, bias.grad);
+  // Completed whatever happened: the buffers must not be reused while it runs.
+  const absl::Status reduced = TensorParallelRegion::Wait(reduce);
+  NF_RETURN_IF_ERROR(status);
+  return reduced;
 }
 
 absl::Status RowParallelLinearForward(const TensorParallelRegion& region, const Tensor& x,

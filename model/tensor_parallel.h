@@ -20,9 +20,16 @@
 //
 // and each replicated parameter's gradient is computed from this rank's rows only, so it is
 // summed over tp once per step (NormFormerModel::SequenceParallelGradRanges).
+//
+// With `overlap`, a column-parallel backward computes the input gradient first and reduces it
+// while it computes the weight gradient (and, with sequence parallelism, gathers the input
+// while it computes the input gradient): the same operations on the same values, so the results
+// are bit-identical, with the communication behind a GEMM where the transport progresses
+// (NCCL's stream; MPI only inside its calls, so little of it on the CPU: docs/parallelism.md).
 #pragma once
 
 #include <cstdint>
+#include <memory>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -36,10 +43,11 @@ namespace nf::model {
 class TensorParallelRegion {
  public:
   // `tp` must outlive the region.
-  TensorParallelRegion(parallel::Communicator* tp, bool sequence_parallel)
-      : tp_(tp), sequence_parallel_(sequence_parallel) {}
+  TensorParallelRegion(parallel::Communicator* tp, bool sequence_parallel, bool overlap = false)
+      : tp_(tp), sequence_parallel_(sequence_parallel), overlap_(overlap) {}
 
   bool sequence_parallel() const { return sequence_parallel_; }
+  bool overlap() const { return overlap_; }
   parallel::Communicator& tp() const { return *tp_; }
 
   // What a column-parallel GEMM reads: `rows` [T, d] itself, or every rank's rows [T / tp, d]
@@ -53,10 +61,19 @@ class TensorParallelRegion {
   // out = the sum over the group of each rank's `partials` (PartialsFor(out, ...)): all-reduced
   // in place [T, d], or reduce-scattered into this rank's rows `out` [T / tp, d].
   absl::Status Leave(const Tensor& partials, const Tensor& out) const;
+  // Enter and Leave started, to be completed by Wait: null when there is nothing to wait for
+  // (Enter without sequence parallelism, any call in a group of one).
+  using Pending = std::unique_ptr<parallel::CommHandle>;
+  absl::StatusOr<Pending> StartEnter(const Tensor& rows, const Tensor& gathered) const;
+  absl::StatusOr<Pending> StartLeave(const Tensor& partials, const Tensor& out) const;
+  static absl::Status Wait(Pending& pending) {
+    return pending ? pending->Wait() : absl::OkStatus();
+  }
 
  private:
   parallel::Communicator* tp_;
   bool sequence_parallel_;
+  bool overlap_;
 };
 
 // Buffers of the region's boundaries; both unused (may be undefined) without sequence

@@ -204,6 +204,32 @@ TEST_P(TensorParallelModelTest, ReplicatedGradientsAgreeBitwiseAndCountOnceInThe
   EXPECT_NEAR(norm.data<double>()[0], whole_norm, 1e-4 * whole_norm);
 }
 
+// Overlapping the column-parallel input-gradient reductions with the weight gradients (the
+// default) reorders independent work only: loss and every gradient bit-identical to the
+// one-after-the-other path.
+TEST_P(TensorParallelModelTest, OverlappedReductionsGiveBitIdenticalGradients) {
+  const ModelConfig config = Config(fairseq_heads());
+  std::vector<float> grads[2];
+  double losses[2];
+  for (const bool overlap : {false, true}) {
+    auto model = NormFormerModel::Create(config, {.micro_batch = kBatch,
+                                                  .seq_len = kSeq,
+                                                  .seed = 6,
+                                                  .tensor_parallel = &::nf::testing::World(),
+                                                  .sequence_parallel = sequence_parallel(),
+                                                  .overlap_tensor_parallel_comm = overlap});
+    NF_ASSERT_OK(model);
+    const Batch batch = MakeBatch(2);
+    auto loss = (*model)->Forward(batch.inputs, batch.targets, 0, true);
+    NF_ASSERT_OK(loss);
+    NF_ASSERT_OK((*model)->Backward(1.0f));
+    losses[overlap] = loss->sum;
+    grads[overlap] = *ToFloatVector((*model)->params().grads());
+  }
+  EXPECT_EQ(losses[1], losses[0]);
+  EXPECT_EQ(grads[1], grads[0]);
+}
+
 TEST_P(TensorParallelModelTest, TenOptimizerStepsKeepTheLossesTogether) {
   const ModelConfig config = Config(fairseq_heads());
   auto whole = NormFormerModel::Create(config, {.micro_batch = kBatch, .seq_len = kSeq, .seed = 3});
