@@ -6,13 +6,19 @@
 //
 //   mpirun -np 4 build/bench/nf-bench-layout --config deploy/configs/tiny.pbtxt
 //       --set parallel.tensor_parallel=2 --set parallel.pipeline_parallel=2 [--steps N]
-//       [--send-peaks 4,16,64] [--links]
+//       [--send-peaks 4,16,64] [--links] [--compare-overlap]
 //
 // --links: afterwards, for each group of rank 0 with more than one member (tp, pp, dp), a row
 // saying whether it spans nodes, its bytes and communication wait per step in the run above,
 // and what its links deliver (bench/group_links.h): all-reduce latency (8 bytes) and bus
 // bandwidth (4 MiB), send/recv latency and bandwidth between its first two members. Across
 // nodes this shows what the layout sends over the network and what that costs.
+//
+// --compare-overlap: afterwards, two fresh trainers of the same layout, one with
+// parallel.overlap_tensor_parallel_comm off and one with it on, step alternately (--steps each);
+// rank 0 prints the median seconds per step its tp group waited for communication and the median
+// step time of each, and the share of the wait that overlap hid: 1 - on / off (issue 22's "before
+// vs after, same run"; docs/parallelism.md).
 //
 // --send-peaks M1,M2,...: afterwards, for each M, one training step of a fresh trainer with M
 // micro-batches per data-parallel rank (the global batch scaled to match) and one evaluation,
@@ -48,6 +54,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -211,16 +218,59 @@ absl::Status Links(parallel::ProcessGroups& groups, int steps) {
   return absl::OkStatus();
 }
 
+double TotalSeconds(const parallel::CommStats& stats) {
+  double seconds = 0;
+  for (double s : stats.seconds) seconds += s;
+  return seconds;
+}
+
+double Median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  return values[values.size() / 2];
+}
+
+absl::Status CompareOverlap(launcher::TrainConfig config, parallel::ProcessGroups& groups,
+                            int steps) {
+  std::unique_ptr<launcher::Trainer> trainers[2];
+  for (const bool overlap : {false, true}) {
+    config.mutable_parallel()->set_overlap_tensor_parallel_comm(overlap);
+    NF_ASSIGN_OR_RETURN(trainers[overlap], launcher::Trainer::Create(config, groups));
+    NF_RETURN_IF_ERROR(trainers[overlap]->TrainStep().status());  // warm-up
+  }
+  std::vector<double> wait[2], step[2];
+  for (int i = 0; i < steps; ++i) {
+    for (const bool overlap : {false, true}) {
+      const double before = TotalSeconds(groups.tp->stats());
+      NF_ASSIGN_OR_RETURN(const launcher::StepStats stats, trainers[overlap]->TrainStep());
+      wait[overlap].push_back(TotalSeconds(groups.tp->stats()) - before);
+      step[overlap].push_back(stats.seconds);
+    }
+  }
+  if (groups.topology.world_rank() != 0) return absl::OkStatus();
+  const double off = Median(wait[0]), on = Median(wait[1]);
+  std::printf("| overlap | tp wait s/step | step s |\n|---|---|---|\n");
+  std::printf("| off | %.5f | %.4f |\n| on | %.5f | %.4f |\n", off, Median(step[0]), on,
+              Median(step[1]));
+  std::printf("tp communication wait hidden by overlap: %.0f%%\n",
+              off > 0 ? 100 * (1 - on / off) : 0.0);
+  std::fflush(stdout);
+  return absl::OkStatus();
+}
+
 absl::Status Run(int argc, char** argv) {
   std::string config_path = "deploy/configs/tiny.pbtxt";
   std::vector<std::string> overrides;
   int steps = 10;
   std::vector<int> send_peaks;
-  bool links = false;
+  bool links = false, compare_overlap = false;
   for (int i = 1; i < argc; ++i) {
     const std::string flag = argv[i];
     if (flag == "--links") {
       links = true;
+      continue;
+    }
+    if (flag == "--compare-overlap") {
+      compare_overlap = true;
       continue;
     }
     if (i + 1 >= argc) return absl::InvalidArgumentError(flag + " needs a value");
@@ -284,6 +334,7 @@ absl::Status Run(int argc, char** argv) {
   }
   if (links) NF_RETURN_IF_ERROR(Links(groups, steps));
   if (!send_peaks.empty()) NF_RETURN_IF_ERROR(SendPeaks(config, groups, send_peaks));
+  if (compare_overlap) NF_RETURN_IF_ERROR(CompareOverlap(config, groups, steps));
   return absl::OkStatus();
 }
 
