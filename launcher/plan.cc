@@ -1,0 +1,191 @@
+#include "launcher/plan.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "core/status.h"
+#include "launcher/config.h"
+#include "launcher/gemm_ceiling.h"
+#include "launcher/trainer.h"
+#include "model/normformer_params.h"
+#include "model/vocab.h"
+
+namespace nf::launcher {
+namespace {
+
+int64_t GlobalParameters(const model::ModelConfig& m, int tp) {
+  int64_t n = 0;
+  for (const model::ParamSpec& spec :
+       model::NormFormerParamSpecs(m, model::PaddedVocabSize(m.vocab_size(), tp))) {
+    n += NumElements(spec.global_shape);
+  }
+  return n;
+}
+
+// Seconds of a ring collective moving `factor` x (g - 1) / g of `bytes` per GPU.
+double RingSeconds(double factor, int g, double bytes, double bytes_per_second) {
+  return g > 1 ? factor * (g - 1) / g * bytes / bytes_per_second : 0.0;
+}
+
+std::vector<int> Divisors(int n, int at_most) {
+  std::vector<int> out;
+  for (int k = 1; k <= std::min(n, at_most); ++k) {
+    if (n % k == 0) out.push_back(k);
+  }
+  return out;
+}
+
+}  // namespace
+
+absl::StatusOr<StepTime> ModelStepTime(const TrainConfig& config, const ClusterSpec& cluster) {
+  const model::ModelConfig& m = config.model();
+  const TrainOptions& train = config.train();
+  const ParallelConfig& parallel = config.parallel();
+  const int world = cluster.world_size();
+  const int tp = parallel.tensor_parallel(), pp = parallel.pipeline_parallel();
+  const int v = parallel.virtual_stages(), dp = world / (tp * pp);
+  NF_ASSIGN_OR_RETURN(const int micro_batches, MicroBatchesPerRank(train, dp));
+  const double s = static_cast<double>(SizeOf(ModelDType(train.precision())));
+  const double seq = train.seq_len(), d = m.d_model(), layers = m.num_layers();
+  const double tokens = static_cast<double>(train.global_batch_size()) * seq;
+  const double micro_tokens = static_cast<double>(train.micro_batch_size()) * seq;  // T
+  const int64_t params = GlobalParameters(m, tp);
+  const double per_token = ModelFlopsPerToken(params, m.num_layers(), m.d_model(), train.seq_len());
+  const model::Recompute recompute = RecomputeOf(train);
+  // The recomputed forward: all of it (a third of forward + backward), or attention's two
+  // products (2 L d S a token, causal).
+  double recomputed = 0;
+  if (recompute == model::Recompute::kFull) recomputed = per_token / 3;
+  if (recompute == model::Recompute::kSelective) recomputed = 2 * layers * d * seq;
+  StepTime time;
+  const double effective = cluster.peak_flops * cluster.gemm_efficiency;
+  time.compute = (per_token + recomputed) * tokens / world / effective;
+  if (pp > 1) time.bubble = time.compute * (pp - 1) / (v * micro_batches);
+
+  // Per layer and micro-batch: the layer's compute, a third of which is the weight gradients.
+  const double layers_here = layers / pp;
+  const double layer_compute = time.compute / (micro_batches * layers_here);
+  const double weight_grads = layer_compute / 3;
+  const bool sp = parallel.sequence_parallel() && tp > 1;
+  if (tp > 1) {
+    const double bytes = micro_tokens * d * s, link = cluster.nvlink_bytes_per_second;
+    const double all_reduce = RingSeconds(2, tp, bytes, link),
+                 half = RingSeconds(1, tp, bytes, link);
+    // Forward: two all-reduces, or two all-gathers and two reduce-scatters. Backward: the
+    // column-parallel input-gradient reductions (and the input gathers) hide behind the weight
+    // gradients; the row-parallel output-gradient gathers do not.
+    const double forward = sp ? 4 * half : 2 * all_reduce;
+    const double hideable = sp ? 4 * half : 2 * all_reduce, fixed = sp ? 2 * half : 0.0;
+    const double per_layer = forward * (recompute == model::Recompute::kFull ? 2 : 1) + fixed +
+                             std::max(0.0, hideable - weight_grads);
+    time.tp = per_layer * layers_here * micro_batches;
+  }
+  if (dp > 1) {
+    // The dp group of a pipeline rank is tp x dp consecutive ranks.
+    const double link = tp * dp <= cluster.gpus_per_node ? cluster.nvlink_bytes_per_second
+                                                         : cluster.network_bytes_per_second;
+    const double local = static_cast<double>(params) / (tp * pp);
+    double reduce = 0, after = 0;
+    if (parallel.distributed_optimizer()) {
+      reduce = RingSeconds(1, dp, 4 * local, link);
+      after = RingSeconds(1, dp, s * local, link);
+    } else {
+      reduce = RingSeconds(2, dp, 4 * local, link);
+    }
+    const double last_backward = time.compute / micro_batches * 2 / 3;
+    time.dp = std::max(0.0, reduce - last_backward) + after;
+  }
+  if (pp > 1) {
+    const double link = world <= cluster.gpus_per_node ? cluster.nvlink_bytes_per_second
+                                                       : cluster.network_bytes_per_second;
+    const double bytes = (sp ? micro_tokens / tp : micro_tokens) * d * s;
+    time.pp = 2.0 * micro_batches * v * bytes / link;
+  }
+  return time;
+}
+
+absl::StatusOr<std::vector<PlannedLayout>> PlanLayouts(const TrainConfig& base,
+                                                       const ClusterSpec& cluster) {
+  NF_RETURN_IF_ERROR(ValidateTrainConfig(base));
+  const model::ModelConfig& m = base.model();
+  const int world = cluster.world_size();
+  const double budget = cluster.gpu_memory_bytes * cluster.memory_headroom;
+  double smallest = std::numeric_limits<double>::infinity();
+  std::vector<PlannedLayout> layouts;
+  for (const int tp : Divisors(cluster.gpus_per_node, cluster.gpus_per_node)) {
+    if (m.num_heads() % tp != 0 || m.ffn_dim() % tp != 0) continue;
+    for (const int pp : Divisors(m.num_layers(), m.num_layers())) {
+      if (world % (tp * pp) != 0) continue;
+      const int dp = world / (tp * pp);
+      for (const int v : {1, 2, 4}) {
+        if ((v > 1 && pp == 1) || m.num_layers() % (pp * v) != 0) continue;
+        for (const bool zero : {false, true}) {
+          if (zero && dp == 1) continue;
+          for (const bool sp : {false, true}) {
+            if (sp && tp == 1) continue;
+            for (const char* recompute : {"NONE", "SELECTIVE", "FULL"}) {
+              for (const int micro : {1, 2, 4, 8, 16}) {
+                PlannedLayout layout;
+                layout.overrides = {absl::StrCat("parallel.tensor_parallel=", tp),
+                                    absl::StrCat("parallel.pipeline_parallel=", pp),
+                                    absl::StrCat("train.micro_batch_size=", micro),
+                                    absl::StrCat("train.recompute=", recompute)};
+                if (v > 1) {
+                  layout.overrides.push_back("parallel.pipeline_schedule=INTERLEAVED_ONE_F_ONE_B");
+                  layout.overrides.push_back(absl::StrCat("parallel.virtual_stages=", v));
+                }
+                if (zero) layout.overrides.push_back("parallel.distributed_optimizer=true");
+                if (sp) layout.overrides.push_back("parallel.sequence_parallel=true");
+                layout.config = base;
+                layout.config.mutable_train()->set_activation_recompute(false);
+                bool valid = true;
+                for (const std::string& o : layout.overrides) {
+                  valid = valid && ApplyOverride(o, &layout.config).ok();
+                }
+                if (!valid || !ValidateTrainConfig(layout.config).ok()) continue;
+                const absl::StatusOr<std::vector<PipelineRankMemory>> memory =
+                    EstimateMemory(layout.config, world);
+                if (!memory.ok()) continue;  // e.g. micro-batches that do not split
+                for (const PipelineRankMemory& rank : *memory) {
+                  layout.peak_device_bytes =
+                      std::max(layout.peak_device_bytes, rank.device_bytes());
+                }
+                smallest = std::min(smallest, layout.peak_device_bytes);
+                if (layout.peak_device_bytes > budget) continue;
+                NF_ASSIGN_OR_RETURN(layout.time, ModelStepTime(layout.config, cluster));
+                const TrainOptions& train = layout.config.train();
+                const double model_flops =
+                    ModelFlopsPerToken(GlobalParameters(m, tp), m.num_layers(), m.d_model(),
+                                       train.seq_len()) *
+                    train.global_batch_size() * train.seq_len();
+                layout.mfu = model_flops / layout.time.total() / (world * cluster.peak_flops);
+                layouts.push_back(std::move(layout));
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+  if (layouts.empty()) {
+    return absl::NotFoundError(absl::StrFormat(
+        "no layout of this model fits %d GPUs of %.0f GB (%.0f%% usable): the smallest needs "
+        "%.1f GB on its fullest GPU; add nodes or GPU memory, or shrink train.global_batch_size "
+        "or train.seq_len",
+        world, cluster.gpu_memory_bytes / 1e9, 100 * cluster.memory_headroom, smallest / 1e9));
+  }
+  std::stable_sort(layouts.begin(), layouts.end(),
+                   [](const PlannedLayout& a, const PlannedLayout& b) {
+                     // Equal times (the model does not see a micro-batch's size in GEMM
+                     // efficiency): less memory
+                     // first.
+                     if (a.time.total() != b.time.total()) return a.time.total() < b.time.total();
+                     return a.peak_device_bytes < b.peak_device_bytes;
+                   });
+  return layouts;
+}
+
+}  // namespace nf::launcher
