@@ -1,6 +1,7 @@
 #include "launcher/plan.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <limits>
 
@@ -25,9 +26,10 @@ int64_t GlobalParameters(const model::ModelConfig& m, int tp) {
   return n;
 }
 
-// Seconds of a ring collective moving `factor` x (g - 1) / g of `bytes` per GPU.
-double RingSeconds(double factor, int g, double bytes, double bytes_per_second) {
-  return g > 1 ? factor * (g - 1) / g * bytes / bytes_per_second : 0.0;
+// Seconds of a ring collective moving `factor` x (g - 1) / g of `bytes` per GPU, plus its
+// latency.
+double RingSeconds(double factor, int g, double bytes, double bytes_per_second, double latency) {
+  return g > 1 ? latency + factor * (g - 1) / g * bytes / bytes_per_second : 0.0;
 }
 
 std::vector<int> Divisors(int n, int at_most) {
@@ -72,8 +74,9 @@ absl::StatusOr<StepTime> ModelStepTime(const TrainConfig& config, const ClusterS
   const bool sp = parallel.sequence_parallel() && tp > 1;
   if (tp > 1) {
     const double bytes = micro_tokens * d * s, link = cluster.nvlink_bytes_per_second;
-    const double all_reduce = RingSeconds(2, tp, bytes, link),
-                 half = RingSeconds(1, tp, bytes, link);
+    const double latency = cluster.collective_latency_seconds;
+    const double all_reduce = RingSeconds(2, tp, bytes, link, latency);
+    const double half = RingSeconds(1, tp, bytes, link, latency);
     // Forward: two all-reduces, or two all-gathers and two reduce-scatters. Backward: the
     // column-parallel input-gradient reductions (and the input gathers) hide behind the weight
     // gradients; the row-parallel output-gradient gathers do not.
@@ -88,12 +91,14 @@ absl::StatusOr<StepTime> ModelStepTime(const TrainConfig& config, const ClusterS
     const double link = tp * dp <= cluster.gpus_per_node ? cluster.nvlink_bytes_per_second
                                                          : cluster.network_bytes_per_second;
     const double local = static_cast<double>(params) / (tp * pp);
+    const double buckets = std::ceil(local / static_cast<double>(parallel.grad_bucket_elements()));
+    const double latency = buckets * cluster.collective_latency_seconds;
     double reduce = 0, after = 0;
     if (parallel.distributed_optimizer()) {
-      reduce = RingSeconds(1, dp, 4 * local, link);
-      after = RingSeconds(1, dp, s * local, link);
+      reduce = RingSeconds(1, dp, 4 * local, link, latency);
+      after = RingSeconds(1, dp, s * local, link, latency);
     } else {
-      reduce = RingSeconds(2, dp, 4 * local, link);
+      reduce = RingSeconds(2, dp, 4 * local, link, latency);
     }
     const double last_backward = time.compute / micro_batches * 2 / 3;
     time.dp = std::max(0.0, reduce - last_backward) + after;
@@ -102,7 +107,7 @@ absl::StatusOr<StepTime> ModelStepTime(const TrainConfig& config, const ClusterS
     const double link = world <= cluster.gpus_per_node ? cluster.nvlink_bytes_per_second
                                                        : cluster.network_bytes_per_second;
     const double bytes = (sp ? micro_tokens / tp : micro_tokens) * d * s;
-    time.pp = 2.0 * micro_batches * v * bytes / link;
+    time.pp = 2.0 * micro_batches * v * (cluster.collective_latency_seconds + bytes / link);
   }
   return time;
 }

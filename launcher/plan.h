@@ -7,13 +7,14 @@
 //   compute     model FLOPs per GPU (ModelFlopsPerToken, + the recomputed forward: a third more
 //               under FULL, attention's forward under SELECTIVE) at gemm_efficiency x peak
 //   bubble      compute x (pp - 1) / (virtual stages x micro-batches per data-parallel rank)
-//   tp          the tensor-parallel collectives on NVLink (tp never leaves a node): the
+//   tp          the tensor-parallel collectives on NVLink (tp never leaves a node), each
+//               a latency plus its ring traffic over the bandwidth: the
 //               forward's all exposed, the backward's input-gradient reductions (and, with
 //               sequence parallelism, input gathers) hidden behind the weight-gradient GEMMs up
 //               to those GEMMs' time (model/tensor_parallel.h)
 //   dp          the gradient reduction (ring all-reduce, or ZeRO-1's reduce-scatter and
-//               all-gather), on NVLink inside a node and InfiniBand across; buckets overlap the
-//               last micro-batch's backward, the ZeRO-1 all-gather nothing
+//               all-gather) by buckets, on NVLink inside a node and InfiniBand across; they
+//               overlap the last micro-batch's backward, the ZeRO-1 all-gathers nothing
 //   pp          the stage-boundary sends of activations and gradients, all exposed
 //
 // A model with stated assumptions (the efficiency, the link figures), not a measurement: it
@@ -38,6 +39,8 @@ struct ClusterSpec {
   double gemm_efficiency = 0.6;            // of peak, what the matrix products reach
   double nvlink_bytes_per_second = 450e9;  // per GPU and direction (NVLink 4: 900 GB/s both)
   double network_bytes_per_second = 50e9;  // per GPU (one 400 Gb/s InfiniBand NDR port each)
+  // What every collective and send costs beside its bytes (NCCL's small-message time).
+  double collective_latency_seconds = 20e-6;
 
   int world_size() const { return gpus_per_node * nodes; }
 };

@@ -5,9 +5,11 @@
 //   nf-plan --config deploy/configs/normformer-2.7b.pbtxt --nodes 8 [--gpu h200]
 //
 // Exit codes: 0 printed; 2 bad command line or configuration; 3 nothing fits.
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/numbers.h"
@@ -15,6 +17,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "launcher/config.h"
+#include "launcher/gemm_ceiling.h"
 #include "launcher/plan.h"
 
 namespace nf::launcher {
@@ -39,7 +42,13 @@ options:
   --nvlink-gbps X          NVLink GB/s per GPU and direction
   --network-gbps X         InfiniBand GB/s per GPU
   --gemm-efficiency X      share of the peak the matrix products reach (default 0.6)
+  --latency-us X           each collective's and send's fixed cost (default 20)
   --top N                  how many layouts to print (default 5)
+  --cpu                    the "GPUs" are ranks on this machine's cores: the peak is
+                           the CPU GEMM rate measured now (NF_NUM_THREADS threads a
+                           rank) shared when the ranks outnumber the cores
+  --score                  print only the modelled step time of the layout FILE and
+                           --set give, by part (bench/plan_check.sh)
 )";
 
 absl::StatusOr<double> Number(const std::string& flag, const char* value) {
@@ -67,13 +76,18 @@ int Main(int argc, char** argv) {
   std::string config_path;
   std::vector<std::string> overrides;
   ClusterSpec cluster;
-  double memory_gb = 0, peak_tflops = 0, nvlink = 0, network = 0;
+  double memory_gb = 0, peak_tflops = 0, nvlink = 0, network = 0, latency_us = 0;
   int top = 5;
+  bool cpu = false, score = false;
   for (int i = 1; i < argc; ++i) {
     const std::string flag = argv[i];
     if (flag == "--help" || flag == "-h") {
       std::fputs(kUsage, stdout);
       return 0;
+    }
+    if (flag == "--cpu" || flag == "--score") {
+      (flag == "--cpu" ? cpu : score) = true;
+      continue;
     }
     if (i + 1 >= argc) {
       std::fprintf(stderr, "nf-plan: %s needs a value\n%s", flag.c_str(), kUsage);
@@ -111,6 +125,8 @@ int Main(int argc, char** argv) {
       network = *number;
     } else if (flag == "--gemm-efficiency" && (number = Number(flag, value)).ok()) {
       cluster.gemm_efficiency = *number;
+    } else if (flag == "--latency-us" && (number = Number(flag, value)).ok()) {
+      latency_us = *number;
     } else {
       std::fprintf(stderr, "nf-plan: %s\n%s",
                    number.ok() ? absl::StrCat("unknown flag ", flag).c_str()
@@ -127,10 +143,33 @@ int Main(int argc, char** argv) {
   if (peak_tflops > 0) cluster.peak_flops = peak_tflops * 1e12;
   if (nvlink > 0) cluster.nvlink_bytes_per_second = nvlink * 1e9;
   if (network > 0) cluster.network_bytes_per_second = network * 1e9;
+  if (latency_us > 0) cluster.collective_latency_seconds = latency_us * 1e-6;
+  if (cpu) {
+    const absl::StatusOr<double> gemm = MeasureGemmFlops(Device::Cpu(), DType::kF32);
+    if (!gemm.ok()) {
+      std::fprintf(stderr, "nf-plan: %s\n", std::string(gemm.status().message()).c_str());
+      return 1;
+    }
+    const double cores = std::max(1u, std::thread::hardware_concurrency());
+    cluster.peak_flops = *gemm * std::min(1.0, cores / cluster.world_size());
+  }
   const absl::StatusOr<TrainConfig> config = LoadTrainConfig(config_path, overrides);
   if (!config.ok()) {
     std::fprintf(stderr, "nf-plan: %s\n", std::string(config.status().message()).c_str());
     return 2;
+  }
+  if (score) {
+    const absl::StatusOr<StepTime> time = ModelStepTime(*config, cluster);
+    if (!time.ok()) {
+      std::fprintf(stderr, "nf-plan: %s\n", std::string(time.status().message()).c_str());
+      return 2;
+    }
+    std::printf(
+        "modelled step s: %.6f (compute %.6f, bubble %.6f, tp %.6f, dp %.6f, pp %.6f; peak "
+        "%.3g FLOP/s a GPU)\n",
+        time->total(), time->compute, time->bubble, time->tp, time->dp, time->pp,
+        cluster.peak_flops);
+    return 0;
   }
   const absl::StatusOr<std::vector<PlannedLayout>> layouts = PlanLayouts(*config, cluster);
   if (!layouts.ok()) {
