@@ -25,7 +25,6 @@ absl::StatusOr<TensorParallelRegion::Pending> TensorParallelRegion::StartEnter(
 
 absl::StatusOr<TensorParallelRegion::Pending> TensorParallelRegion::StartLeave(
     const Tensor& partials, const Tensor& out) const {
-  if (tp_->size() == 1) return nullptr;
   if (!sequence_parallel_) return tp_->AllReduceAsync(out, parallel::ReduceOp::kSum);
   return tp_->ReduceScatterAsync(partials, out);
 }

@@ -62,7 +62,7 @@ class TensorParallelRegion {
   // in place [T, d], or reduce-scattered into this rank's rows `out` [T / tp, d].
   absl::Status Leave(const Tensor& partials, const Tensor& out) const;
   // Enter and Leave started, to be completed by Wait: null when there is nothing to wait for
-  // (Enter without sequence parallelism, any call in a group of one).
+  // (Enter without sequence parallelism). A group of one runs (and counts) its identity calls.
   using Pending = std::unique_ptr<parallel::CommHandle>;
   absl::StatusOr<Pending> StartEnter(const Tensor& rows, const Tensor& gathered) const;
   absl::StatusOr<Pending> StartLeave(const Tensor& partials, const Tensor& out) const;
