@@ -51,7 +51,7 @@ echo "MPI all-reduce between two ranks: ${latency} us, ${bandwidth} GB/s bus ban
 echo
 echo "| layout | ranks | measured step s | modelled step s |"
 echo "|---|---|---|---|"
-run "1 rank" 1
+run "single-rank" 1
 for tp in 1 2; do
   for pp in 1 2; do
     for dp in 1 2; do
