@@ -14,11 +14,11 @@
 // bandwidth (4 MiB), send/recv latency and bandwidth between its first two members. Across
 // nodes this shows what the layout sends over the network and what that costs.
 //
-// --compare-overlap: afterwards, two fresh trainers of the same layout, one with
-// parallel.overlap_tensor_parallel_comm off and one with it on, step alternately (--steps each);
-// rank 0 prints the median seconds per step its tp group waited for communication and the median
-// step time of each, and the share of the wait that overlap hid: 1 - on / off (issue 22's "before
-// vs after, same run"; docs/parallelism.md).
+// --compare-overlap: afterwards, two fresh trainers of the same layout, one with the overlapped
+// reductions off (parallel.overlap_tensor_parallel_comm, parallel.overlap_grad_reduce) and one
+// with them on, step alternately (--steps each); rank 0 prints the median seconds per step its tp
+// and dp groups waited for communication and the median step time of each, and the share of the
+// wait that overlap hid: 1 - on / off ("before vs after, same run"; docs/parallelism.md).
 //
 // --send-peaks M1,M2,...: afterwards, for each M, one training step of a fresh trainer with M
 // micro-batches per data-parallel rank (the global batch scaled to match) and one evaluation,
@@ -234,25 +234,31 @@ absl::Status CompareOverlap(launcher::TrainConfig config, parallel::ProcessGroup
   std::unique_ptr<launcher::Trainer> trainers[2];
   for (const bool overlap : {false, true}) {
     config.mutable_parallel()->set_overlap_tensor_parallel_comm(overlap);
+    config.mutable_parallel()->set_overlap_grad_reduce(overlap);
     NF_ASSIGN_OR_RETURN(trainers[overlap], launcher::Trainer::Create(config, groups));
     NF_RETURN_IF_ERROR(trainers[overlap]->TrainStep().status());  // warm-up
   }
-  std::vector<double> wait[2], step[2];
+  std::vector<double> tp_wait[2], dp_wait[2], step[2];
   for (int i = 0; i < steps; ++i) {
     for (const bool overlap : {false, true}) {
-      const double before = TotalSeconds(groups.tp->stats());
+      const double tp_before = TotalSeconds(groups.tp->stats());
+      const double dp_before = TotalSeconds(groups.dp->stats());
       NF_ASSIGN_OR_RETURN(const launcher::StepStats stats, trainers[overlap]->TrainStep());
-      wait[overlap].push_back(TotalSeconds(groups.tp->stats()) - before);
+      tp_wait[overlap].push_back(TotalSeconds(groups.tp->stats()) - tp_before);
+      dp_wait[overlap].push_back(TotalSeconds(groups.dp->stats()) - dp_before);
       step[overlap].push_back(stats.seconds);
     }
   }
   if (groups.topology.world_rank() != 0) return absl::OkStatus();
-  const double off = Median(wait[0]), on = Median(wait[1]);
-  std::printf("| overlap | tp wait s/step | step s |\n|---|---|---|\n");
-  std::printf("| off | %.5f | %.4f |\n| on | %.5f | %.4f |\n", off, Median(step[0]), on,
-              Median(step[1]));
-  std::printf("tp communication wait hidden by overlap: %.0f%%\n",
-              off > 0 ? 100 * (1 - on / off) : 0.0);
+  std::printf("| overlap | tp wait s/step | dp wait s/step | step s |\n|---|---|---|---|\n");
+  for (const bool overlap : {false, true}) {
+    std::printf("| %s | %.5f | %.5f | %.4f |\n", overlap ? "on" : "off", Median(tp_wait[overlap]),
+                Median(dp_wait[overlap]), Median(step[overlap]));
+  }
+  const auto hidden = [](double off, double on) { return off > 0 ? 100 * (1 - on / off) : 0.0; };
+  std::printf("communication wait hidden by overlap: tp %.0f%%, dp %.0f%%\n",
+              hidden(Median(tp_wait[0]), Median(tp_wait[1])),
+              hidden(Median(dp_wait[0]), Median(dp_wait[1])));
   std::fflush(stdout);
   return absl::OkStatus();
 }

@@ -481,10 +481,17 @@ absl::StatusOr<StepStats> Trainer::TrainStep(bool block_grad_norms) {
       .loss_weight = loss_scale / static_cast<float>(batch_tokens)};
 
   for (const auto& chunk : chunks_) NF_RETURN_IF_ERROR(chunk->params().ZeroGrads());
+  // Each data-parallel bucket's reduction starts once the last micro-batch's backward has
+  // finished its gradients, or (without overlap) all of them at FinishGradReduction: the same
+  // reductions of the same values either way.
+  PipelineExecutor::GradsDoneFn grads_done;
+  if (config_.parallel().overlap_grad_reduce()) {
+    grads_done = [&](int chunk, int64_t offset) {
+      return optimizers_[chunk]->GradsDoneFrom(offset);
+    };
+  }
   NF_ASSIGN_OR_RETURN(const PipelineExecutor::Result run,
-                      executor_->Run(step, *batches_, [&](int chunk, int64_t offset) {
-                        return optimizers_[chunk]->GradsDoneFrom(offset);
-                      }));
+                      executor_->Run(step, *batches_, grads_done));
   NF_RETURN_IF_ERROR(ReduceEmbeddingGradients());
   for (const auto& optimizer : optimizers_) NF_RETURN_IF_ERROR(optimizer->FinishGradReduction());
   NF_RETURN_IF_ERROR(ReduceSequenceParallelGradients());
