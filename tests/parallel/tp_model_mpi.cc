@@ -291,6 +291,16 @@ TEST(TensorParallelVolumeTest, BytesPerStepMatchTheLayerFormulas) {
   EXPECT_EQ(stats.calls[static_cast<int>(parallel::CommOp::kAllReduce)], 1 + layers * 6 + 3);
 }
 
+// The default model (head scales before out_proj) over the world with sequence parallelism.
+absl::StatusOr<std::unique_ptr<NormFormerModel>> SequenceParallelModel(int64_t micro_batch,
+                                                                       int64_t seq_len) {
+  return NormFormerModel::Create(Config(false), {.micro_batch = micro_batch,
+                                                 .seq_len = seq_len,
+                                                 .seed = 3,
+                                                 .tensor_parallel = &::nf::testing::World(),
+                                                 .sequence_parallel = true});
+}
+
 // Sequence parallelism turns each [T, d] all-reduce into a reduce-scatter (the input's T d 4
 // bytes) or an all-gather (the output's T d 4), and adds the all-gathers of the inputs that the
 // backward needs again (the q/k/v and fc1 inputs, the final LayerNorm's output: kept as [T/tp, d]
@@ -303,11 +313,7 @@ TEST(TensorParallelVolumeTest, BytesPerStepMatchTheLayerFormulas) {
 //   all-reduce       per layer LN_ffn_mid stats T 2 8 and sums T 2 4; loss T 4 + 2 T 4
 TEST(TensorParallelVolumeTest, SequenceParallelBytesPerStepMatchTheLayerFormulas) {
   parallel::Communicator& tp = ::nf::testing::World();
-  auto shard = NormFormerModel::Create(Config(false), {.micro_batch = kBatch,
-                                                       .seq_len = kSeq,
-                                                       .seed = 3,
-                                                       .tensor_parallel = &tp,
-                                                       .sequence_parallel = true});
+  auto shard = SequenceParallelModel(kBatch, kSeq);
   NF_ASSERT_OK(shard);
   const Batch batch = MakeBatch(0);
   tp.ResetStats();
@@ -338,21 +344,13 @@ TEST(TensorParallelVolumeTest, SequenceParallelBytesPerStepMatchTheLayerFormulas
 // the sizes; incremental decoding, whose steps hold a token per sample, refuses the split.
 TEST(SequenceParallelTest, RefusesTokensThatDoNotSplitAndKvCaches) {
   parallel::Communicator& tp = ::nf::testing::World();
-  auto uneven = NormFormerModel::Create(Config(false), {.micro_batch = 1,
-                                                        .seq_len = 7,
-                                                        .seed = 3,
-                                                        .tensor_parallel = &tp,
-                                                        .sequence_parallel = true});
+  auto uneven = SequenceParallelModel(1, 7);
   ASSERT_FALSE(uneven.ok());
   EXPECT_THAT(uneven.status().message(),
               ::testing::HasSubstr("micro_batch_size x seq_len (1 x 7) must be a multiple of "
                                    "tensor_parallel (" +
                                    std::to_string(tp.size()) + ")"));
-  auto split = NormFormerModel::Create(Config(false), {.micro_batch = kBatch,
-                                                       .seq_len = kSeq,
-                                                       .seed = 3,
-                                                       .tensor_parallel = &tp,
-                                                       .sequence_parallel = true});
+  auto split = SequenceParallelModel(kBatch, kSeq);
   NF_ASSERT_OK(split);
   EXPECT_EQ((*split)->hidden_shape(), (Shape{kBatch * kSeq / tp.size(), 16}));
   const absl::Status kv = (*split)->StartKvCache(kSeq);
