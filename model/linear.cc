@@ -7,8 +7,7 @@ namespace nf::model {
 
 absl::Status LinearForward(const Tensor& x, const Param& weight, const Param& bias,
                            const Tensor& y) {
-  NF_RETURN_IF_ERROR(ops::Gemm({.a = x, .b = weight.value, .c = y, .trans_b = true}));
-  return bias.defined() ? ops::AddBias(y, bias.value) : absl::OkStatus();
+  return ops::Gemm({.a = x, .b = weight.value, .c = y, .trans_b = true, .bias = bias.value});
 }
 
 absl::Status LinearBackward(const Tensor& x, const Param& weight, const Param& bias,

@@ -7,6 +7,7 @@
 #include "core/cpu/cpu_backend.h"
 #include "core/cpu/gemm_partition.h"
 #include "core/cpu/kernel_util.h"
+#include "core/status.h"
 
 namespace nf::cpu {
 namespace {
@@ -26,6 +27,10 @@ Operand Widen(const Tensor& t, std::vector<float>& buffer) {
 }  // namespace
 
 absl::Status CpuBackend::Gemm(const ops::GemmArgs& args) {
+  if (args.bias.defined()) {  // the product, then its own pass
+    NF_RETURN_IF_ERROR(Gemm(args.WithoutBias()));
+    return AddBias(args.c, args.bias);
+  }
   const Tensor& c = args.c;
   const int64_t m = c.dim(-2), n = c.dim(-1);
   const int64_t k = args.trans_a ? args.a.dim(-2) : args.a.dim(-1);

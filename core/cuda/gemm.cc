@@ -4,7 +4,9 @@
 // with the operands swapped and the transposition flags kept. Products accumulate in fp32
 // (CUBLAS_COMPUTE_32F: no TF32 for fp32 inputs, so fp32 results match the CPU's sgemm to
 // rounding). The algorithm for each problem shape is chosen once by cuBLASLt's heuristic and
-// cached, since the heuristic costs more than a small GEMM.
+// cached, since the heuristic costs more than a small GEMM. A bias (GemmArgs::bias: one value per
+// column of the row-major C, so per row of the column-major D) is added by cuBLASLt's BIAS
+// epilogue instead of a pass of its own.
 #include <cublasLt.h>
 
 #include <map>
@@ -44,13 +46,14 @@ struct ProblemKey {
   cublasOperation_t op_a, op_b;
   MatrixLayout a, b, c;
   bool beta_nonzero;
+  bool bias;  // the BIAS epilogue, its vector in c_type
   // Alignment in bytes (up to 256) of the swapped A, B and C pointers: views into flat
   // parameter buffers need not be aligned the way cuBLASLt's fastest kernels assume.
   uint32_t align_a, align_b, align_c;
   auto Tie() const {
     return std::make_tuple(device, ab_type, c_type, op_a, op_b, a.rows, a.cols, a.ld, a.batch,
                            a.stride, b.rows, b.cols, b.ld, b.batch, b.stride, c.rows, c.cols, c.ld,
-                           c.batch, c.stride, beta_nonzero, align_a, align_b, align_c);
+                           c.batch, c.stride, beta_nonzero, bias, align_a, align_b, align_c);
   }
   bool operator<(const ProblemKey& other) const { return Tie() < other.Tie(); }
 };
@@ -71,6 +74,13 @@ class MatmulPlan {
                                                              &key.op_a, sizeof(key.op_a)));
     NF_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(op_, CUBLASLT_MATMUL_DESC_TRANSB,
                                                              &key.op_b, sizeof(key.op_b)));
+    if (key.bias) {
+      const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
+      NF_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(op_, CUBLASLT_MATMUL_DESC_EPILOGUE,
+                                                               &epilogue, sizeof(epilogue)));
+      NF_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
+          op_, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &key.c_type, sizeof(key.c_type)));
+    }
     NF_RETURN_IF_ERROR(MakeLayout(key.ab_type, key.a, &a_));
     NF_RETURN_IF_ERROR(MakeLayout(key.ab_type, key.b, &b_));
     NF_RETURN_IF_ERROR(MakeLayout(key.c_type, key.c, &c_));
@@ -105,8 +115,14 @@ class MatmulPlan {
     return absl::OkStatus();
   }
 
+  // `bias`: the epilogue's vector when the plan has one. The descriptor holds its address, so
+  // calls on one plan must not overlap (one thread per device drives the backend).
   absl::Status Run(CudaContext& context, const void* a, const void* b, void* c, float alpha,
-                   float beta) const {
+                   float beta, const void* bias) {
+    if (bias != nullptr) {
+      NF_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
+          op_, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+    }
     // Operands swapped (see the file comment): cuBLASLt's A is our B.
     NF_CUBLAS_RETURN_IF_ERROR(cublasLtMatmul(
         context.cublaslt(), op_, &alpha, a, a_, b, b_, &beta, c, c_, c, c_, &heuristic_.algo,
@@ -133,7 +149,7 @@ class MatmulPlan {
   cublasLtMatmulHeuristicResult_t heuristic_{};
 };
 
-absl::StatusOr<const MatmulPlan*> PlanFor(const ProblemKey& key, CudaContext& context) {
+absl::StatusOr<MatmulPlan*> PlanFor(const ProblemKey& key, CudaContext& context) {
   static std::mutex mutex;
   static auto* plans = new std::map<ProblemKey, std::unique_ptr<MatmulPlan>>();
   std::lock_guard<std::mutex> lock(mutex);
@@ -167,10 +183,15 @@ absl::Status CudaBackend::Gemm(const ops::GemmArgs& args) {
   if (c.numel() == 0) return absl::OkStatus();
   const int64_t batch = c.rank() == 3 ? c.dim(0) : 1;
   const int64_t k = args.trans_a ? args.a.dim(-2) : args.a.dim(-1);
-  if (k == 0) return Scale(c, args.beta);
   // cuBLASLt has no fp32-input kernels writing 16-bit outputs: compute those in fp32, then
-  // round once (the CPU backend does the same).
-  if (args.a.dtype() == DType::kF32 && c.dtype() != DType::kF32) {
+  // round once (the CPU backend does the same). Those, and empty products, add a bias after.
+  const bool staged = args.a.dtype() == DType::kF32 && c.dtype() != DType::kF32;
+  if (args.bias.defined() && (k == 0 || staged)) {
+    NF_RETURN_IF_ERROR(Gemm(args.WithoutBias()));
+    return AddBias(c, args.bias);
+  }
+  if (k == 0) return Scale(c, args.beta);
+  if (staged) {
     NF_ASSIGN_OR_RETURN(Tensor staged, Tensor::Empty(DType::kF32, c.shape(), context_.allocator()));
     if (args.beta != 0.0f) NF_RETURN_IF_ERROR(Cast(c, staged));
     ops::GemmArgs fp32_args = args;
@@ -189,12 +210,13 @@ absl::Status CudaBackend::Gemm(const ops::GemmArgs& args) {
   key.b = ColumnMajorOf(args.a, batch);
   key.c = ColumnMajorOf(c, batch);
   key.beta_nonzero = args.beta != 0.0f;
+  key.bias = args.bias.defined();
   key.align_a = AlignmentOf(args.b.raw_data());
   key.align_b = AlignmentOf(args.a.raw_data());
   key.align_c = AlignmentOf(c.raw_data());
-  NF_ASSIGN_OR_RETURN(const MatmulPlan* plan, PlanFor(key, context_));
+  NF_ASSIGN_OR_RETURN(MatmulPlan * plan, PlanFor(key, context_));
   return plan->Run(context_, args.b.raw_data(), args.a.raw_data(), c.raw_data(), args.alpha,
-                   args.beta);
+                   args.beta, key.bias ? args.bias.raw_data() : nullptr);
 }
 
 }  // namespace nf::cuda

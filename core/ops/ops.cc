@@ -80,6 +80,15 @@ absl::Status Gemm(const GemmArgs& args) {
                      args.trans_a ? " (transposed)" : "", " times op(B) of ", args.b.DebugString(),
                      args.trans_b ? " (transposed)" : "", " into C ", args.c.DebugString()));
   }
+  if (args.bias.defined()) {
+    NF_RETURN_IF_ERROR(CheckSameDevice(op, {{"C", args.c}, {"bias", args.bias}}));
+    NF_RETURN_IF_ERROR(CheckDType(op, {"bias", args.bias}, args.c.dtype()));
+    NF_RETURN_IF_ERROR(CheckShape(op, {"bias", args.bias}, {n}));
+    if (args.c.rank() != 2) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(op, ": a bias needs a 2-D product, not C ", args.c.DebugString()));
+    }
+  }
   NF_BACKEND(args.c);
   return backend->Gemm(args);
 }

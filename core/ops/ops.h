@@ -33,6 +33,15 @@ struct GemmArgs {
   bool trans_b = false;
   float alpha = 1.0f;
   float beta = 0.0f;
+  // Optional, 2-D products only: bias [n] in C's dtype, added to every row of C after the product
+  // (the CUDA backend fuses it into cuBLASLt's epilogue; the CPU's is AddBias after the GEMM).
+  Tensor bias = {};
+
+  // The same product without the bias (what a backend runs before adding it itself).
+  GemmArgs WithoutBias() const {
+    return {.a = a, .b = b, .c = c, .trans_a = trans_a, .trans_b = trans_b, .alpha = alpha,
+            .beta = beta};
+  }
 };
 absl::Status Gemm(const GemmArgs& args);
 

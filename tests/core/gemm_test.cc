@@ -475,5 +475,37 @@ TEST(GemmTest, RejectionLeavesCUntouched) {
   EXPECT_EQ(ToDoubles(c), (std::vector<double>{1, 2, 3, 4}));
 }
 
+// A bias is the product then AddBias, bit for bit, in every dtype; it must be [n] in C's dtype
+// and needs a 2-D product.
+TEST(GemmTest, BiasIsAddedToEveryRowAfterTheProduct) {
+  for (DType dtype : {DType::kF32, DType::kF16, DType::kBF16}) {
+    const Tensor a = MakeTensor(dtype, {7, 12}, RandomFloats(84, 71));
+    const Tensor b = MakeTensor(dtype, {9, 12}, RandomFloats(108, 72));
+    const Tensor bias = MakeTensor(dtype, {9}, RandomFloats(9, 73));
+    const std::vector<float> c0 = RandomFloats(63, 74);
+    const Tensor fused = MakeTensor(dtype, {7, 9}, c0), separate = MakeTensor(dtype, {7, 9}, c0);
+    NF_ASSERT_OK(
+        ops::Gemm({.a = a, .b = b, .c = fused, .trans_b = true, .beta = 1.0f, .bias = bias}));
+    NF_ASSERT_OK(ops::Gemm({.a = a, .b = b, .c = separate, .trans_b = true, .beta = 1.0f}));
+    NF_ASSERT_OK(ops::AddBias(separate, bias));
+    EXPECT_EQ(ToDoubles(fused), ToDoubles(separate)) << DTypeName(dtype);
+  }
+  const Tensor a = MakeZeros(DType::kF32, {2, 3}), b = MakeZeros(DType::kF32, {3, 4});
+  const Tensor c = MakeZeros(DType::kF32, {2, 4});
+  const absl::Status wrong_size =
+      ops::Gemm({.a = a, .b = b, .c = c, .bias = MakeZeros(DType::kF32, {3})});
+  EXPECT_EQ(wrong_size.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(wrong_size.message(), HasSubstr("bias"));
+  const absl::Status wrong_dtype =
+      ops::Gemm({.a = a, .b = b, .c = c, .bias = MakeZeros(DType::kF16, {4})});
+  EXPECT_EQ(wrong_dtype.code(), absl::StatusCode::kInvalidArgument);
+  const absl::Status batched = ops::Gemm({.a = MakeZeros(DType::kF32, {2, 2, 3}),
+                                          .b = b,
+                                          .c = MakeZeros(DType::kF32, {2, 2, 4}),
+                                          .bias = MakeZeros(DType::kF32, {4})});
+  EXPECT_EQ(batched.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(batched.message(), HasSubstr("a bias needs a 2-D product"));
+}
+
 }  // namespace
 }  // namespace nf

@@ -74,6 +74,30 @@ TEST_P(CudaOpsTest, GemmAllTranspositionsAndBatches) {
   ExpectTwinClose(c, kReduction, "batched Gemm into fp32");
 }
 
+// The bias in cuBLASLt's epilogue (the linear layers' forward), with beta 0 and 1, against the
+// CPU's product then AddBias; and an fp32 product into this dtype (the staged path, bias after).
+TEST_P(CudaOpsTest, GemmWithBiasEpilogue) {
+  const int64_t m = 45, k = 64, n = 96;
+  for (const float beta : {0.0f, 1.0f}) {
+    Twin a = RandomTwin(dtype(), {m, k}, 21);
+    Twin b = RandomTwin(dtype(), {n, k}, 22);
+    Twin c = RandomTwin(dtype(), {m, n}, 23);
+    Twin bias = RandomTwin(dtype(), {n}, 24);
+    OnBoth([&](auto on) {
+      return ops::Gemm(
+          {.a = on(a), .b = on(b), .c = on(c), .trans_b = true, .beta = beta, .bias = on(bias)});
+    });
+    ExpectTwinClose(c, Tol(dtype(), kReduction), "Gemm with bias");
+  }
+  Twin a = RandomTwin(DType::kF32, {m, k}, 25);
+  Twin b = RandomTwin(DType::kF32, {k, n}, 26);
+  Twin c = RandomTwin(dtype(), {m, n}, 27);
+  Twin bias = RandomTwin(dtype(), {n}, 28);
+  OnBoth(
+      [&](auto on) { return ops::Gemm({.a = on(a), .b = on(b), .c = on(c), .bias = on(bias)}); });
+  ExpectTwinClose(c, Tol(dtype(), kReduction), "fp32 Gemm with bias into this dtype");
+}
+
 TEST_P(CudaOpsTest, BiasAndActivations) {
   Twin x = RandomTwin(dtype(), {300, 70}, 7, -3.0f, 3.0f);
   Twin bias = RandomTwin(dtype(), {70}, 8);

@@ -18,8 +18,9 @@ namespace {
 using ::nf::testing::MakeIds;
 using ::testing::HasSubstr;
 
-// A group of one whose `fail_at`-th all-reduce (counting from 0) fails; everything else is the
-// local communicator's.
+// A group of one whose `fail_at`-th all-reduce (counting from 0, blocking or started: the
+// overlapped backward starts its reductions) fails; everything else is the local
+// communicator's.
 class FailingAllReduce final : public parallel::Communicator {
  public:
   explicit FailingAllReduce(int fail_at) : fail_at_(fail_at) {}
@@ -32,6 +33,7 @@ class FailingAllReduce final : public parallel::Communicator {
   }
   absl::StatusOr<std::unique_ptr<parallel::CommHandle>> AllReduceAsync(
       const Tensor& tensor, parallel::ReduceOp op) override {
+    if (calls_++ == fail_at_) return absl::UnavailableError("tp all-reduce: peer went away");
     return local_.AllReduceAsync(tensor, op);
   }
   absl::Status ReduceScatter(const Tensor& input, const Tensor& output) override {
