@@ -265,16 +265,22 @@ TEST_P(TensorParallelModelTest, TenOptimizerStepsKeepTheLossesTogether) {
   }
 }
 
+// Resets tp's counts, then runs one forward and backward of batch 0 through `model`: the
+// counts then hold that micro-batch's communication.
+void CountOneForwardAndBackward(NormFormerModel& model, parallel::Communicator& tp) {
+  const Batch batch = MakeBatch(0);
+  tp.ResetStats();
+  NF_ASSERT_OK(model.Forward(batch.inputs, batch.targets, 0, true));
+  NF_ASSERT_OK(model.Backward(1.0f));
+}
+
 TEST(TensorParallelVolumeTest, BytesPerStepMatchTheLayerFormulas) {
   parallel::Communicator& tp = ::nf::testing::World();
   const ModelConfig config = Config(false);
   auto shard = NormFormerModel::Create(
       config, {.micro_batch = kBatch, .seq_len = kSeq, .seed = 3, .tensor_parallel = &tp});
   NF_ASSERT_OK(shard);
-  const Batch batch = MakeBatch(0);
-  tp.ResetStats();
-  NF_ASSERT_OK((*shard)->Forward(batch.inputs, batch.targets, 0, true));
-  NF_ASSERT_OK((*shard)->Backward(1.0f));
+  CountOneForwardAndBackward(**shard, tp);
   // All-reduce payloads of one forward and backward, T = tokens, d = d_model, L layers, fp32:
   //   embedding output           T d 4
   //   per layer forward          out_proj T d 4 + fc2 T d 4 + LN_ffn_mid stats T 2 8 (f64)
@@ -315,10 +321,7 @@ TEST(TensorParallelVolumeTest, SequenceParallelBytesPerStepMatchTheLayerFormulas
   parallel::Communicator& tp = ::nf::testing::World();
   auto shard = SequenceParallelModel(kBatch, kSeq);
   NF_ASSERT_OK(shard);
-  const Batch batch = MakeBatch(0);
-  tp.ResetStats();
-  NF_ASSERT_OK((*shard)->Forward(batch.inputs, batch.targets, 0, true));
-  NF_ASSERT_OK((*shard)->Backward(1.0f));
+  CountOneForwardAndBackward(**shard, tp);
   const int64_t t = kBatch * kSeq, d = 16, layers = 2;
   const auto& stats = tp.stats();
   const auto bytes = [&](parallel::CommOp op) { return stats.bytes[static_cast<int>(op)]; };
