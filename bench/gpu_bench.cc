@@ -6,7 +6,10 @@
 // printed next to the datasheet's dense bf16 peak where the GPU is known; MFU is against the
 // datasheet peak (as Megatron-LM and llm.c report it) and against the measured GEMM.
 //
-//   build/bench/nf-bench [--steps N] [--only 125m|1.3b] [--precision bf16|fp16]
+// --op-times then runs N more steps of each NormFormer workload with per-op timing on (CUDA
+// events, core/ops/op_timing.h) and prints where the step goes, op by op.
+//
+//   build/bench/nf-bench [--steps N] [--only 125m|1.3b] [--precision bf16|fp16] [--op-times]
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -22,6 +25,7 @@
 #include "bench/statistics.h"
 #include "core/cuda/cuda_context.h"
 #include "core/ops/backend.h"
+#include "core/ops/op_timing.h"
 #include "core/ops/ops.h"
 #include "core/status.h"
 #include "launcher/config.h"
@@ -123,7 +127,8 @@ absl::Status TimeStep(Timing& t, bool record) {
   return absl::OkStatus();
 }
 
-absl::Status Run(int steps, const std::string& only, const std::string& precision_filter) {
+absl::Status Run(int steps, const std::string& only, const std::string& precision_filter,
+                 bool op_times) {
   NF_ASSIGN_OR_RETURN(cuda::CudaContext * context, cuda::CudaContext::ForDevice(0));
   const std::string gpu_name = context->properties().name;
   NF_ASSIGN_OR_RETURN(const double gemm_tflops, MeasureGemmTflops(8192, 20));
@@ -138,6 +143,7 @@ absl::Status Run(int steps, const std::string& only, const std::string& precisio
       "Overhead = NormFormer step time / Pre-LN baseline step time - 1.\n\n");
   std::printf("%-6s %-5s %8s %9s %10s %9s %8s %9s %9s\n", "model", "dtype", "params", "step ms",
               "tokens/s", "TFLOP/s", "MFU", "vs GEMM", "overhead");
+  std::string op_tables;  // --op-times: printed after the main table
   for (const Workload& w : kWorkloads) {
     if (!only.empty() && only != w.name) continue;
     for (const auto precision : {launcher::TrainOptions::BF16, launcher::TrainOptions::FP16}) {
@@ -161,8 +167,19 @@ absl::Status Run(int steps, const std::string& only, const std::string& precisio
                   datasheet > 0 ? 100.0 * tflops / datasheet : 0.0, 100.0 * tflops / gemm_tflops,
                   100.0 * (step_s / base_s - 1.0));
       std::fflush(stdout);
+      if (op_times) {
+        ops::TakeOpTimes();
+        ops::SetOpTimingEnabled(true);
+        for (int i = 0; i < steps; ++i) NF_RETURN_IF_ERROR(TimeStep(normformer, false));
+        ops::SetOpTimingEnabled(false);
+        absl::StrAppendFormat(&op_tables,
+                              "\nTime per op, NormFormer %s %s, summed over %d steps (CUDA "
+                              "events; --op-times):\n%s",
+                              w.name, dtype, steps, ops::FormatOpTimes(ops::TakeOpTimes()));
+      }
     }
   }
+  std::printf("%s", op_tables.c_str());
   return absl::OkStatus();
 }
 
@@ -172,6 +189,7 @@ absl::Status Run(int steps, const std::string& only, const std::string& precisio
 int main(int argc, char** argv) {
   int steps = 5;
   std::string only, precision;
+  bool op_times = false;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg == "--steps" && i + 1 < argc) {
@@ -180,9 +198,12 @@ int main(int argc, char** argv) {
       only = argv[++i];
     } else if (arg == "--precision" && i + 1 < argc) {
       precision = argv[++i];
+    } else if (arg == "--op-times") {
+      op_times = true;
     } else {
       std::fprintf(stderr,
-                   "usage: nf-bench [--steps N] [--only 125m|1.3b] [--precision bf16|fp16]\n");
+                   "usage: nf-bench [--steps N] [--only 125m|1.3b] [--precision bf16|fp16] "
+                   "[--op-times]\n");
       return 2;
     }
   }
@@ -192,7 +213,7 @@ int main(int argc, char** argv) {
                  "(scripts/gpu-check.sh)\n");
     return 1;
   }
-  const absl::Status status = nf::bench::Run(std::max(1, steps), only, precision);
+  const absl::Status status = nf::bench::Run(std::max(1, steps), only, precision, op_times);
   if (!status.ok()) {
     std::fprintf(stderr, "nf-bench: %s\n", std::string(status.message()).c_str());
     return 1;

@@ -8,8 +8,11 @@
 // on both alike and the overhead column compares like with like.
 //
 // --no-dropout sets every dropout probability to 0 (the dropout masks' share of the overhead).
+// --op-times runs as many more steps of each variant with per-op timing on (core/ops/op_timing.h)
+// and prints where each variant's step goes, op by op.
 //
 //   NF_NUM_THREADS=2 build/bench/nf-bench-step [--steps N] [--only tiny|125m] [--no-dropout]
+//                                              [--op-times]
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -29,6 +32,7 @@
 #include "bench/ceilings.h"
 #include "bench/statistics.h"
 #include "bench/step_workloads.h"
+#include "core/ops/op_timing.h"
 #include "core/status.h"
 #include "core/thread_pool.h"
 #include "launcher/config.h"
@@ -107,6 +111,7 @@ struct Result {
   // The step's parts, each the median of its own timings: forward and backward summed over
   // the step's micro-batches, and the optimizer step.
   double forward_s = 0, backward_s = 0, optimizer_s = 0;
+  std::vector<ops::OpTime> op_times;  // --op-times: summed over `steps` further TrainSteps
 };
 
 Result Summarize(const Variant& v) {
@@ -120,13 +125,14 @@ Result Summarize(const Variant& v) {
           .step_times = v.step_s,
           .forward_s = micro_batches * Median(v.forward_s),
           .backward_s = micro_batches * Median(v.backward_s),
-          .optimizer_s = Median(v.optimizer_s)};
+          .optimizer_s = Median(v.optimizer_s),
+          .op_times = {}};
 }
 
 // The Pre-LN baseline and NormFormer of `w`, each warmed up, then timed in alternation (the
 // order swapping every round) so that the machine's noise falls on both alike: `steps`
 // TrainSteps, then as many micro-batch forward + backward passes and optimizer steps.
-absl::StatusOr<std::vector<Result>> MeasurePair(const Workload& w, int steps) {
+absl::StatusOr<std::vector<Result>> MeasurePair(const Workload& w, int steps, bool op_times) {
   std::vector<std::unique_ptr<Variant>> variants;
   for (const bool normformer : {false, true}) {
     NF_ASSIGN_OR_RETURN(std::unique_ptr<Variant> v, MakeVariant(MakeConfig(w, normformer)));
@@ -144,13 +150,24 @@ absl::StatusOr<std::vector<Result>> MeasurePair(const Workload& w, int steps) {
   }
   for (int i = 0; i < steps; ++i) NF_RETURN_IF_ERROR(each_round(i, ForwardBackward));
   for (int i = 0; i < steps; ++i) NF_RETURN_IF_ERROR(each_round(i, OptimizerStep));
-  return std::vector<Result>{Summarize(*variants[0]), Summarize(*variants[1])};
+  std::vector<Result> results = {Summarize(*variants[0]), Summarize(*variants[1])};
+  if (!op_times) return results;
+  // Separate steps: timing every op costs a little, so the steps above are untouched by it.
+  for (size_t i = 0; i < variants.size(); ++i) {
+    ops::TakeOpTimes();
+    ops::SetOpTimingEnabled(true);
+    for (int s = 0; s < steps; ++s) NF_RETURN_IF_ERROR(TrainStep(*variants[i], /*timed=*/false));
+    ops::SetOpTimingEnabled(false);
+    results[i].op_times = ops::TakeOpTimes();
+  }
+  return results;
 }
 
 struct Flags {
   int steps = 0;     // 0: each workload's default
   std::string only;  // empty: every workload
   bool no_dropout = false;
+  bool op_times = false;
 };
 
 bool ParseFlags(int argc, char** argv, Flags& flags) {
@@ -163,6 +180,8 @@ bool ParseFlags(int argc, char** argv, Flags& flags) {
       flags.only = argv[++i];
     } else if (arg == "--no-dropout") {
       flags.no_dropout = true;
+    } else if (arg == "--op-times") {
+      flags.op_times = true;
     } else {
       return false;
     }
@@ -175,7 +194,8 @@ bool ParseFlags(int argc, char** argv, Flags& flags) {
 int Main(int argc, char** argv) {
   Flags flags;
   if (!ParseFlags(argc, argv, flags)) {
-    std::fprintf(stderr, "usage: %s [--steps N (>= 1)] [--only tiny|125m] [--no-dropout]\n",
+    std::fprintf(stderr,
+                 "usage: %s [--steps N (>= 1)] [--only tiny|125m] [--no-dropout] [--op-times]\n",
                  argv[0]);
     return 2;
   }
@@ -207,7 +227,7 @@ int Main(int argc, char** argv) {
   for (const Workload& w : workloads) {
     if (!flags.only.empty() && flags.only != w.name) continue;
     const absl::StatusOr<std::vector<Result>> pair =
-        MeasurePair(w, flags.steps > 0 ? flags.steps : w.default_steps);
+        MeasurePair(w, flags.steps > 0 ? flags.steps : w.default_steps, flags.op_times);
     if (!pair.ok()) {
       std::fprintf(stderr, "%s: %s\n", w.name, std::string(pair.status().message()).c_str());
       return 1;
@@ -257,6 +277,12 @@ int Main(int argc, char** argv) {
     std::printf("%-5s %-10s %10.1f %10.1f %10.1f %12.1f %10.1f %12.2f\n", row.workload->name,
                 row.normformer ? "NormFormer" : "Pre-LN", 1e3 * r.step_s, 1e3 * r.forward_s,
                 1e3 * r.backward_s, 1e3 * r.optimizer_s, 1e3 * rest, r.backward_s / r.forward_s);
+  }
+  for (const Row& row : rows) {
+    if (row.result.op_times.empty()) continue;
+    std::printf("\nTime per op, %s %s, summed over %d steps (wall clock; --op-times):\n%s",
+                row.workload->name, row.normformer ? "NormFormer" : "Pre-LN", row.result.steps,
+                ops::FormatOpTimes(row.result.op_times).c_str());
   }
   return 0;
 }

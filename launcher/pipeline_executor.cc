@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
+#include "core/trace_range.h"
 
 namespace nf::launcher {
 
@@ -126,6 +127,7 @@ absl::Status PipelineExecutor::RunAction(const Action& a, bool train, const Pipe
                                          BatchSource& batches, const GradsDoneFn& grads_done,
                                          std::vector<int>& backwards_left, const Tensor*& input,
                                          Result& result) {
+  const TraceRange trace(a.ToString());
   PipelineStage& stage = *stages_[a.model_chunk];
   switch (a.kind) {
     case Action::kRecvActivation:

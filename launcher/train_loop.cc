@@ -16,6 +16,7 @@
 #include "checkpoint/durable_files.h"
 #include "checkpoint/load.h"
 #include "checkpoint/save.h"
+#include "core/ops/op_timing.h"
 #include "core/status.h"
 #include "google/protobuf/text_format.h"
 #include "google/protobuf/util/message_differencer.h"
@@ -234,14 +235,24 @@ class TrainingRun {
             "stopping after step %d: %s; rerun the same command to resume (exit code %d)\n",
             stats.step, reason, kExitResume);
       }
+      ReportOpTimes();
       return RunEnd::kStoppedToResume;
     }
     // The last save, if still being written, completes before the run ends.
     NF_RETURN_IF_ERROR(checkpointer_.Finish(world));
+    ReportOpTimes();
     return RunEnd::kFinished;
   }
 
  private:
+  // With NF_OP_TIMING=1: rank 0's time per op over this run's steps (and validations).
+  void ReportOpTimes() {
+    if (!ops::OpTimingEnabled() || !writes_) return;
+    console_ << absl::StrFormat("time per op on rank 0, steps %d-%d (NF_OP_TIMING=1):\n%s",
+                                first_step_ + 1, trainer_->step(),
+                                ops::FormatOpTimes(ops::TakeOpTimes()));
+  }
+
   absl::Status PrepareRunDirectory() {
     if (!writes_) return absl::OkStatus();
     std::error_code error;

@@ -3,7 +3,9 @@
 #include <cmath>
 #include <initializer_list>
 
+#include "absl/strings/str_cat.h"
 #include "core/status.h"
+#include "core/trace_range.h"
 
 namespace nf::model {
 namespace {
@@ -242,6 +244,7 @@ absl::Status DecoderLayer::AttentionCoreForward(const LayerActivations& acts,
 absl::Status DecoderLayer::Forward(const Tensor& x, const Tensor& y, const Step& step,
                                    LayerActivations& acts, LayerScratch& scratch,
                                    const LayerKvCache* cache) const {
+  const TraceRange trace(absl::StrCat("layer ", index_, " forward"));
   const LayerParams& p = params_;
   const LayerShape& s = shape_;
   const float eps = options_.eps;
@@ -332,6 +335,7 @@ absl::Status DecoderLayer::Forward(const Tensor& x, const Tensor& y, const Step&
 absl::Status DecoderLayer::Backward(const Tensor& x, const Tensor& dy, const Tensor& dx,
                                     const Step& step, const LayerActivations& acts,
                                     LayerScratch& scratch) const {
+  const TraceRange trace(absl::StrCat("layer ", index_, " backward"));
   const LayerParams& p = params_;
   const LayerShape& s = shape_;
   const Tensor& d_residual = scratch.model_width[0];  // grad of acts.residual, accumulated

@@ -9,6 +9,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/types/span.h"
 #include "core/status.h"
+#include "core/trace_range.h"
 #include "parallel/comm_checks.h"
 
 namespace nf::parallel {
@@ -484,6 +485,7 @@ absl::StatusOr<std::unique_ptr<NcclPendingOp>> NcclCommunicator::Start(
     CommOp op, const absl::StatusOr<internal::NcclPlan>& plan, std::vector<Tensor> tensors) {
   NF_RETURN_IF_ERROR(plan.status());
   State& s = *state_;
+  const TraceRange trace(absl::StrCat("nccl ", CommOpName(op), " on ", s.name));
   if (s.comm == nullptr) {
     return internal::CommError(absl::StatusCode::kFailedPrecondition, op, s.name,
                                "the NCCL communicator was aborted after an earlier error");

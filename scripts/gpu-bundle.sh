@@ -9,8 +9,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build}
-programs=(tests/cuda_host_test tests/cuda_ops_test tests/cudnn_attention_test
-          tests/gpu_training_test bench/nf-bench)
+programs=(tests/cuda_host_test tests/cuda_ops_test tests/fused_kernels_test
+          tests/cudnn_attention_test tests/gpu_training_test bench/nf-bench)
 targets=()
 for p in "${programs[@]}"; do targets+=("$(basename "$p")"); done
 cmake --build "$build" -j "${NF_JOBS:-2}" --target "${targets[@]}"

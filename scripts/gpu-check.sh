@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The GPU check, for a machine with a GPU and the CUDA toolkit only: runs the gpu-labelled
-# tests (every CUDA op against its CPU twin, dropout masks, a model step and 20 training steps
-# against the CPU, fp16/bf16 tracking fp32, cuDNN's fused attention against the CPU and the own
-# kernel) and then nf-bench on one GPU, from gpu-bundle/
-# (made on a development machine by scripts/gpu-bundle.sh and carried over). About 8 minutes
+# tests (every CUDA op against its CPU twin, the fused kernels against their compositions bit
+# for bit, dropout masks, a model step and 20 training steps against the CPU, fp16/bf16
+# tracking fp32, cuDNN's fused attention against the CPU and the own kernel) and then nf-bench
+# on one GPU with its per-op table, from gpu-bundle/ (made on a development machine by
+# scripts/gpu-bundle.sh and carried over). About 8 minutes
 # at most; logs and the benchmark table go to $OUT (the device tool's output folder) or
 # gpu-check-out/.
 #
@@ -45,9 +46,10 @@ run() {  # run <name> <timeout-seconds> <command...>
     failed=1
   fi
 }
-for t in cuda_host_test cuda_ops_test cudnn_attention_test gpu_training_test; do
+for t in cuda_host_test cuda_ops_test fused_kernels_test cudnn_attention_test gpu_training_test; do
   run "$t" 150 "$bundle/bin/$t" --gtest_output="xml:$out/$t.xml"
 done
-run nf-bench 300 "$bundle/bin/nf-bench" --steps "${NF_BENCH_STEPS:-5}"
+# --op-times: where each NormFormer step goes, op by op (CUDA events), after the main table.
+run nf-bench 300 "$bundle/bin/nf-bench" --steps "${NF_BENCH_STEPS:-5}" --op-times
 cp "$out/nf-bench.log" "$out/nf-bench.txt" 2>/dev/null || true
 exit $failed

@@ -15,12 +15,4 @@ absl::Status CudaBackend::ActivationNormBackward(const ops::ActivationNormBackwa
   return ops::ComposedActivationNormBackward(*this, args);
 }
 
-absl::Status CudaBackend::ResidualNormForward(const ops::ResidualNormArgs& args) {
-  return ops::ComposedResidualNormForward(*this, args);
-}
-
-absl::Status CudaBackend::ResidualNormBackward(const ops::ResidualNormBackwardArgs& args) {
-  return ops::ComposedResidualNormBackward(*this, args);
-}
-
 }  // namespace nf::cuda

@@ -2,9 +2,9 @@
 // Grid-stride loops, one element per thread per iteration, fp32 arithmetic.
 #include "core/cuda/column_sums.cuh"
 #include "core/cuda/cuda_backend.h"
+#include "core/cuda/dropout_rows.cuh"
 #include "core/cuda/kernel_util.cuh"
 #include "core/ops/checks.h"
-#include "core/philox.h"
 
 namespace nf::cuda {
 namespace {
@@ -72,27 +72,14 @@ __global__ void ActivationBackwardKernel(ops::Activation act, const T* x, const 
   }
 }
 
-// One thread per group of 4 columns (one Philox call), as the CPU draws them: the words of
-// global columns [4q, 4q + 4) serve the local columns that fall in that group.
+// One thread per group of 4 columns (one Philox call).
 template <typename T>
-__global__ void DropoutKernel(const T* x, T* y, int64_t rows, int64_t cols, ops::DropoutSpec spec,
-                              uint32_t threshold, float keep_scale) {
-  const int64_t first_group = spec.col_offset >> 2;
-  const int64_t last_group = (spec.col_offset + cols - 1) >> 2;
-  const int64_t groups_per_row = last_group - first_group + 1;
+__global__ void DropoutKernel(const T* x, T* y, int64_t rows, int64_t cols, DropoutMask mask) {
+  const int64_t groups_per_row = mask.groups(cols);
   NF_GRID_STRIDE_LOOP(g, rows * groups_per_row) {
     const int64_t r = g / groups_per_row;
-    const int64_t group = first_group + g % groups_per_row;
-    const uint64_t sample = spec.first_sample + (spec.token_offset + r) / spec.seq_len;
-    const uint64_t position = (spec.token_offset + r) % spec.seq_len;
-    const PhiloxCounter words =
-        DropoutWords(spec.seed, spec.site, sample, 0, position, static_cast<uint64_t>(group) * 4);
-    for (int lane = 0; lane < 4; ++lane) {
-      const int64_t c = group * 4 + lane - spec.col_offset;
-      if (c < 0 || c >= cols) continue;
-      const int64_t i = r * cols + c;
-      y[i] = FromFloat<T>(words[lane] >= threshold ? ToFloat(x[i]) * keep_scale : 0.0f);
-    }
+    DropoutGroup(mask, x + r * cols, y + r * cols, r, cols,
+                 mask.first_group() + g % groups_per_row);
   }
 }
 
@@ -166,11 +153,11 @@ absl::Status CudaBackend::Dropout(const Tensor& x, const Tensor& y, const ops::D
   if (spec.p == 0.0f) return Cast(x, y);
   const int64_t rows = ops::Rows(x), cols = ops::Cols(x);
   if (rows == 0 || cols == 0) return absl::OkStatus();
-  const int64_t groups = rows * (((spec.col_offset + cols - 1) >> 2) - (spec.col_offset >> 2) + 1);
+  const DropoutMask mask = DropoutMask::Of(spec);
+  const int64_t groups = rows * mask.groups(cols);
   DispatchFloat(x.dtype(), [&]<typename T>() {
-    DropoutKernel<<<GridFor(groups), kThreads, 0, stream()>>>(
-        DevicePtr<T>(x), DevicePtr<T>(y), rows, cols, spec, DropoutThreshold(spec.p),
-        1.0f / (1.0f - spec.p));
+    DropoutKernel<<<GridFor(groups), kThreads, 0, stream()>>>(DevicePtr<T>(x), DevicePtr<T>(y),
+                                                              rows, cols, mask);
   });
   NF_CUDA_RETURN_IF_LAUNCH_FAILED();
   return absl::OkStatus();

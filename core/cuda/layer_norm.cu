@@ -5,26 +5,11 @@
 #include "core/cuda/column_sums.cuh"
 #include "core/cuda/cuda_backend.h"
 #include "core/cuda/kernel_util.cuh"
+#include "core/cuda/layer_norm_rows.cuh"
 #include "core/ops/checks.h"
 
 namespace nf::cuda {
 namespace {
-
-// Threads per row: a warp for narrow rows, up to 256 for the widest (d_model 2560 fp32 is 10
-// elements per thread).
-int RowThreads(int64_t cols) {
-  const int64_t warps = (cols + 31) / 32;
-  return static_cast<int>(std::min<int64_t>(8, std::max<int64_t>(1, warps)) * 32);
-}
-
-template <typename T, typename W>
-__device__ void NormalizeRow(const T* x, const W* weight, const W* bias, T* y, int64_t cols,
-                             float mean, float rstd) {
-  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
-    const float xhat = (ToFloat(x[c]) - mean) * rstd;
-    y[c] = FromFloat<T>(xhat * ToFloat(weight[c]) + ToFloat(bias[c]));
-  }
-}
 
 template <typename T, typename W>
 __global__ void LayerNormForwardKernel(const T* x, const W* weight, const W* bias, T* y,
@@ -32,22 +17,12 @@ __global__ void LayerNormForwardKernel(const T* x, const W* weight, const W* bia
   __shared__ float scratch[32];
   const int64_t r = blockIdx.x;
   const T* row = x + r * cols;
-  // Two passes (mean, then centred squares): exact for rows with a large mean.
-  float sum = 0.0f;
-  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) sum += ToFloat(row[c]);
-  const float mean = BlockSum(sum, scratch) / static_cast<float>(cols);
-  float squares = 0.0f;
-  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
-    const float d = ToFloat(row[c]) - mean;
-    squares += d * d;
-  }
-  const float var = BlockSum(squares, scratch) / static_cast<float>(cols);
-  const float rstd = rsqrtf(var + eps);
+  const RowStatistics stats = RowStatisticsOf(row, cols, eps, scratch);
   if (threadIdx.x == 0) {
-    mean_out[r] = mean;
-    rstd_out[r] = rstd;
+    mean_out[r] = stats.mean;
+    rstd_out[r] = stats.rstd;
   }
-  NormalizeRow(row, weight, bias, y + r * cols, cols, mean, rstd);
+  NormalizeRow(row, weight, bias, y + r * cols, cols, stats.mean, stats.rstd);
 }
 
 // stats [rows, 2] = (sum x, sum x^2) in double, as the CPU (the all-reduced sums must keep
@@ -85,36 +60,6 @@ __global__ void ForwardFromStatsKernel(const T* x, const W* weight, const W* bia
     rstd_out[r] = rstd;
   }
   NormalizeRow(x + r * cols, weight, bias, y + r * cols, cols, mean, rstd);
-}
-
-struct RowSums {
-  float g, g_xhat;
-};
-
-// (sum g, sum g * xhat) over this block's row, g = dy * w.
-template <typename T, typename W>
-__device__ RowSums BackwardRowSums(const T* x, const T* dy, const W* weight, int64_t cols,
-                                   float mean, float rstd, float* scratch) {
-  float sum_g = 0.0f, sum_g_xhat = 0.0f;
-  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
-    const float g = ToFloat(dy[c]) * ToFloat(weight[c]);
-    sum_g += g;
-    sum_g_xhat += g * ((ToFloat(x[c]) - mean) * rstd);
-  }
-  const float total_g = BlockSum(sum_g, scratch);
-  const float total_g_xhat = BlockSum(sum_g_xhat, scratch);
-  return {total_g, total_g_xhat};
-}
-
-// dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), means over the full feature dimension.
-template <typename T, typename W>
-__device__ void InputGradRow(const T* x, const T* dy, const W* weight, T* dx, int64_t cols,
-                             float mean, float rstd, float mean_g, float mean_g_xhat) {
-  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
-    const float xhat = (ToFloat(x[c]) - mean) * rstd;
-    const float g = ToFloat(dy[c]) * ToFloat(weight[c]);
-    dx[c] = FromFloat<T>(rstd * (g - mean_g - xhat * mean_g_xhat));
-  }
 }
 
 template <typename T, typename W>
@@ -164,28 +109,13 @@ __global__ void BackwardFromSumsKernel(BackwardPointers<T, W> p, const float* su
                sums[2 * r] / total_cols, sums[2 * r + 1] / total_cols);
 }
 
-// (dy * xhat, dy) per element, summed over rows into dweight and dbias.
-template <typename T>
-struct ParamGradValues {
-  const T* x;
-  const T* dy;
-  const float* mean;
-  const float* rstd;
-  int64_t cols;
-  __device__ Values<2> operator()(int64_t r, int64_t c) const {
-    const int64_t i = r * cols + c;
-    const float g = ToFloat(dy[i]);
-    return {{g * ((ToFloat(x[i]) - mean[r]) * rstd[r]), g}};
-  }
-};
-
 template <typename T>
 absl::Status AddParamGrads(CudaContext& context, const ops::LayerNormBackwardArgs& args) {
   const int64_t cols = ops::Cols(args.x);
   return AddColumnSums<2>(
       context, ops::Rows(args.x), cols,
-      ParamGradValues<T>{DevicePtr<T>(args.x), DevicePtr<T>(args.dy), args.mean.data<float>(),
-                         args.rstd.data<float>(), cols},
+      LayerNormParamGradValues<T>{DevicePtr<T>(args.x), DevicePtr<T>(args.dy),
+                                  args.mean.data<float>(), args.rstd.data<float>(), cols},
       Outputs<2>{{args.dweight.data<float>(), args.dbias.data<float>()}});
 }
 

@@ -72,6 +72,76 @@ __global__ void PermuteHeadsKernel(const T* src, T* dst, int64_t groups, int64_t
   }
 }
 
+// An element's coordinates in heads [batch, heads, seq, dim] (one group), the shape the scaled
+// merge takes, and its flat index in that layout and in token order [batch, seq, heads, dim].
+struct HeadElement {
+  int64_t b, h, s, d;
+};
+
+struct HeadShape {
+  int64_t batch, heads, seq, dim;
+  __device__ int64_t numel() const { return batch * heads * seq * dim; }
+  __device__ int64_t HeadIndex(HeadElement e) const {
+    return ((e.b * heads + e.h) * seq + e.s) * dim + e.d;
+  }
+  __device__ int64_t TokenIndex(HeadElement e) const {
+    return ((e.b * seq + e.s) * heads + e.h) * dim + e.d;
+  }
+  __device__ HeadElement AtHeadIndex(int64_t i) const {
+    const int64_t d = i % dim, s = (i / dim) % seq, rest = i / (dim * seq);
+    return {rest / heads, rest % heads, s, d};
+  }
+  __device__ HeadElement AtTokenIndex(int64_t i) const {
+    const int64_t d = i % dim, h = (i / dim) % heads, rest = i / (dim * heads);
+    return {rest / seq, h, rest % seq, d};
+  }
+};
+
+// dst = src moved between the two layouts, head h's values times scale[h]: into token order
+// (to_heads false: the composition's MergeHeads then ScaleChannels) or into heads (the
+// backward's SplitHeads then ScaleChannels); one thread per element of dst.
+template <typename T, typename S>
+__global__ void PermuteScaledHeadsKernel(const T* src, const S* scale, T* dst, HeadShape shape,
+                                         bool to_heads) {
+  NF_GRID_STRIDE_LOOP(i, shape.numel()) {
+    const HeadElement e = to_heads ? shape.AtHeadIndex(i) : shape.AtTokenIndex(i);
+    const int64_t from = to_heads ? shape.TokenIndex(e) : shape.HeadIndex(e);
+    dst[i] = FromFloat<T>(ToFloat(src[from]) * ToFloat(scale[e.h]));
+  }
+}
+
+// dscale[h] += sum of d_tokens * heads over head h's elements, one block per head, read straight
+// from the token layout: the same products in the same order as ChannelGradPerBlock over the
+// split d_tokens, so the same sum bit for bit (launch with kThreads, as that kernel).
+template <typename T>
+__global__ void HeadScaleGradKernel(const T* heads, const T* d_tokens, HeadShape shape,
+                                    float* dscale) {
+  __shared__ float scratch[32];
+  const int64_t h = blockIdx.x, per_head = shape.seq * shape.dim;
+  float sum = 0.0f;
+  for (int64_t j = threadIdx.x; j < shape.batch * per_head; j += blockDim.x) {
+    const HeadElement e{j / per_head, h, (j % per_head) / shape.dim, j % shape.dim};
+    sum += ToFloat(d_tokens[shape.TokenIndex(e)]) * ToFloat(heads[shape.HeadIndex(e)]);
+  }
+  sum = BlockSum(sum, scratch);
+  if (threadIdx.x == 0) dscale[h] += sum;
+}
+
+template <typename T>
+absl::Status PermuteScaledHeads(cudaStream_t stream, const Tensor& src, const Tensor& scale,
+                                const Tensor& dst, HeadShape shape, bool to_heads) {
+  DispatchFloat(scale.dtype(), [&]<typename S>() {
+    PermuteScaledHeadsKernel<<<GridFor(src.numel()), kThreads, 0, stream>>>(
+        DevicePtr<T>(src), DevicePtr<S>(scale), DevicePtr<T>(dst), shape, to_heads);
+  });
+  NF_CUDA_RETURN_IF_LAUNCH_FAILED();
+  return absl::OkStatus();
+}
+
+HeadShape HeadShapeOf(const Tensor& heads) {
+  return {heads.dim(0), heads.dim(1), heads.dim(2), heads.dim(3)};
+}
+
 template <typename T>
 absl::Status PermuteHeads(cudaStream_t stream, const Tensor& head_side, const T* src, T* dst,
                           bool to_heads) {
@@ -134,16 +204,32 @@ absl::Status CudaBackend::MergeHeads(const Tensor& heads, const Tensor& tokens) 
   });
 }
 
-// The head scale fused with the permutation is the composition for now: two passes.
+// The head scale fused with the permutation: one pass forward, two backward (the scale's gradient,
+// then the scaled split) where the composition makes two and three. Grouped heads (rank 5) take
+// the composition.
 absl::Status CudaBackend::MergeScaledHeads(const Tensor& heads, const Tensor& scale,
                                            const Tensor& tokens) {
-  return ops::ComposedMergeScaledHeads(*this, heads, scale, tokens);
+  if (heads.rank() != 4) return ops::ComposedMergeScaledHeads(*this, heads, scale, tokens);
+  if (heads.numel() == 0) return absl::OkStatus();
+  return DispatchFloat(heads.dtype(), [&]<typename T>() {
+    return PermuteScaledHeads<T>(stream(), heads, scale, tokens, HeadShapeOf(heads), false);
+  });
 }
 
 absl::Status CudaBackend::MergeScaledHeadsBackward(const Tensor& d_tokens, const Tensor& heads,
                                                    const Tensor& scale, const Tensor& d_heads,
                                                    const Tensor& dscale) {
-  return ops::ComposedMergeScaledHeadsBackward(*this, d_tokens, heads, scale, d_heads, dscale);
+  if (heads.rank() != 4) {
+    return ops::ComposedMergeScaledHeadsBackward(*this, d_tokens, heads, scale, d_heads, dscale);
+  }
+  if (heads.numel() == 0) return absl::OkStatus();
+  const HeadShape shape = HeadShapeOf(heads);
+  return DispatchFloat(heads.dtype(), [&]<typename T>() -> absl::Status {
+    HeadScaleGradKernel<<<static_cast<unsigned int>(shape.heads), kThreads, 0, stream()>>>(
+        DevicePtr<T>(heads), DevicePtr<T>(d_tokens), shape, dscale.data<float>());
+    NF_CUDA_RETURN_IF_LAUNCH_FAILED();
+    return PermuteScaledHeads<T>(stream(), d_tokens, scale, d_heads, shape, true);
+  });
 }
 
 }  // namespace nf::cuda

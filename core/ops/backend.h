@@ -4,6 +4,7 @@
 
 #include "absl/status/status.h"
 #include "core/device.h"
+#include "core/ops/op_timing.h"
 #include "core/ops/ops.h"
 
 namespace nf::ops {
@@ -83,6 +84,10 @@ class Backend {
   virtual absl::Status Axpy(float alpha, const Tensor& x, const Tensor& y) = 0;
   // Same dtype and size; one side may be on the host when this is a device's backend.
   virtual absl::Status Copy(const Tensor& src, const Tensor& dst) = 0;
+
+  // A span on this backend's timeline for per-op timing (op_timing.h), started now; null when
+  // none can be made. The wall clock suits a backend whose ops finish before they return.
+  virtual std::unique_ptr<TimedSpan> StartTimedSpan() { return StartWallClockSpan(); }
 };
 
 // The backend for tensors on `device`, or an error naming the device when none is built in.

@@ -8,6 +8,7 @@
 #include "core/ops/checks.h"
 #include "core/ops/composed_ops.h"
 #include "core/status.h"
+#include "core/trace_range.h"
 
 namespace nf::ops {
 namespace {
@@ -49,7 +50,12 @@ MatrixDims DimsOf(const Tensor& t) { return {t.rank() == 3 ? t.dim(0) : 1, t.dim
 
 }  // namespace
 
-#define NF_BACKEND(tensor) NF_ASSIGN_OR_RETURN(Backend* backend, BackendFor((tensor).device()))
+// The backend of `tensor`'s device, and the op's scope: an NVTX range named after the op in CUDA
+// builds (trace_range.h) and, with NF_OP_TIMING=1, its time (op_timing.h).
+#define NF_BACKEND(tensor)                                              \
+  NF_ASSIGN_OR_RETURN(Backend* backend, BackendFor((tensor).device())); \
+  const TraceRange op_trace_range(__func__);                            \
+  const ScopedOpTiming op_timing(__func__, *backend)
 
 absl::Status Gemm(const GemmArgs& args) {
   constexpr absl::string_view op = "Gemm";
@@ -487,6 +493,7 @@ absl::Status ResidualNormBackward(const ResidualNormBackwardArgs& args) {
   NF_RETURN_IF_ERROR(CheckDistinct(op, {{"dy", args.dy},
                                         {"d_residual", args.d_residual},
                                         {"d_branch", args.d_branch},
+                                        {"branch", args.branch},
                                         {"scratch", args.scratch}}));
   NF_BACKEND(args.residual);
   return backend->ResidualNormBackward(args);

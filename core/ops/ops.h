@@ -198,7 +198,8 @@ absl::Status ResidualNormForward(const ResidualNormArgs& args);
 // Its backward from dy (y's gradient): d_residual holds the residual's gradient from after the
 // block and gains the LayerNorm's input gradient (it is then x's gradient too); d_branch =
 // branch's gradient; dweight, dbias and, with the branch LayerNorm, d_branch_weight,
-// d_branch_bias (fp32) accumulated. dy, d_residual, d_branch and scratch distinct.
+// d_branch_bias (fp32) accumulated. dy, d_residual, d_branch, branch and scratch distinct (a
+// fused backend reads branch for the parameter gradients after writing d_branch).
 struct ResidualNormBackwardArgs {
   DropoutSpec dropout;
   Tensor dy, residual, weight, mean, rstd;

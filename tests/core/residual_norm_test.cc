@@ -200,6 +200,11 @@ TEST(ResidualNormTest, RejectsBadArguments) {
   backward.d_branch = c.d_residual;
   ExpectInvalidArgument(ops::ResidualNormBackward(backward), "ResidualNormBackward",
                         "share memory");
+  // In place over the branch: a fused backend reads the branch after writing d_branch.
+  backward = c.Backward({});
+  backward.d_branch = backward.branch;
+  ExpectInvalidArgument(ops::ResidualNormBackward(backward), "ResidualNormBackward",
+                        "d_branch and branch share memory");
   backward = c.Backward({});
   backward.d_branch_weight = MakeZeros(DType::kF32, {7});
   ExpectInvalidArgument(ops::ResidualNormBackward(backward),

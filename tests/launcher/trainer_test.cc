@@ -20,6 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "core/ops/backend.h"
+#include "core/ops/op_timing.h"
 #include "google/protobuf/util/message_differencer.h"
 #include "launcher/config.h"
 #include "launcher/train_loop.h"
@@ -544,6 +545,27 @@ TEST(RunTrainingTest, WritesResolvedConfigAndOneRecordPerStep) {
   EXPECT_THAT(lines[3], StartsWith("step 4/5 | "));
   EXPECT_THAT(lines[4], StartsWith("step 5/5 | "));
   EXPECT_EQ(lines[5], absl::StrCat("saved checkpoint ", run_dir, "/checkpoints/iter_0000005"));
+}
+
+// NF_OP_TIMING=1 (here set by the API the variable sets): the run ends with rank 0's table of
+// time per op, the layer's ops in it, and leaves no totals behind.
+TEST(RunTrainingTest, OpTimingPrintsTheTimePerOpAtTheEnd) {
+  TrainConfig config = SmallConfig(TrainOptions::FP32, 3);
+  config.mutable_checkpoint()->set_save_at_end(false);
+  const TempDir dir("run_training_op_times");
+  std::ostringstream console;
+  ops::SetOpTimingEnabled(true);
+  const absl::Status status = RunTraining(config, dir.path().string(), console).status();
+  ops::SetOpTimingEnabled(false);
+  NF_ASSERT_OK(status);
+  const std::string text = console.str();
+  const size_t table = text.find("time per op on rank 0, steps 1-3 (NF_OP_TIMING=1):\n");
+  ASSERT_NE(table, std::string::npos) << text;
+  for (const char* op :
+       {"Gemm", "LayerNormForward", "ResidualNormBackward", "AdamWStep", "all ops"}) {
+    EXPECT_THAT(text.substr(table), HasSubstr(op)) << text;
+  }
+  EXPECT_THAT(ops::TakeOpTimes(), ::testing::IsEmpty());
 }
 
 }  // namespace
