@@ -17,6 +17,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/time/time.h"
+#include "core/ops/op_timing.h"
 #include "core/status.h"
 #include "generate/training_samples.h"
 #include "launcher/batch_source.h"
@@ -79,6 +80,9 @@ Non-finite gradients, and updates that would overflow the model dtype (fp16: a w
 past 65504, e.g. from too large an lr), skip the step without changing anything and stop
 the run (fp16: after train.max_consecutive_skipped in a row) without saving, so the last
 checkpoint stays the last good state.
+
+NF_OP_TIMING=1 times every op (CUDA events on a GPU) and prints rank 0's time per op at
+the end of the run.
 
 exit codes: 0 done, 1 runtime error, 2 bad command line, configuration or run directory
 (unwritable, or in use by another nf-launch), 3 stopped early with a checkpoint: run the
@@ -143,6 +147,10 @@ int Run(int argc, char** argv) {
     }
   }
   if (config_path.empty()) return UsageError("--config is required");
+  if (const absl::Status timing = nf::ops::CheckOpTimingEnvironment(); !timing.ok()) {
+    if (PrintsSharedErrors()) std::cerr << "nf-launch: " << timing.message() << "\n";
+    return 2;
+  }
   if (run_dir.empty() && !dry_run) return UsageError("--run-dir is required");
 
   const auto config = nf::launcher::LoadTrainConfig(config_path, overrides);

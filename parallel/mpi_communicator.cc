@@ -9,6 +9,7 @@
 #include "absl/time/time.h"
 #include "core/ops/ops.h"
 #include "core/status.h"
+#include "core/trace_range.h"
 #include "parallel/comm_checks.h"
 #include "parallel/mpi_runtime.h"
 
@@ -119,6 +120,7 @@ class MpiPendingOp final : public CommHandle {
     MPI_Status status;
     const int peer[1] = {peer_world_rank};
     const absl::string_view operation = CommOpName(op_);
+    const TraceRange trace(absl::StrCat("mpi ", operation, " wait on ", group_->name));
     const absl::Time start = absl::Now();
     NF_RETURN_IF_ERROR(WaitUnderWatchdog(
         [&]() -> absl::StatusOr<bool> {

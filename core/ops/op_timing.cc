@@ -71,6 +71,15 @@ bool OpTimingEnabled() {
 
 void SetOpTimingEnabled(bool enabled) { enabled_state.store(enabled ? 2 : 1); }
 
+absl::Status CheckOpTimingEnvironment() {
+  const char* value = std::getenv("NF_OP_TIMING");
+  if (value == nullptr || std::strcmp(value, "0") == 0 || std::strcmp(value, "1") == 0) {
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(absl::StrFormat(
+      "NF_OP_TIMING=%s is not a choice: 1 times every op, 0 or unset times none", value));
+}
+
 std::vector<OpTime> TakeOpTimes() {
   Registry& registry = TheRegistry();
   std::vector<OpTime> times;

@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
+
 namespace nf::ops {
 
 class Backend;
@@ -30,6 +32,10 @@ std::unique_ptr<TimedSpan> StartWallClockSpan();
 
 bool OpTimingEnabled();  // NF_OP_TIMING=1 at the first call, unless set since
 void SetOpTimingEnabled(bool enabled);
+
+// OK unless NF_OP_TIMING holds something other than 0 or 1 (a misspelt request would otherwise
+// time nothing without a word); programs check it at start-up.
+absl::Status CheckOpTimingEnvironment();
 
 struct OpTime {
   std::string op;

@@ -394,6 +394,16 @@ TEST_F(NfLaunchCliTest, DryRunPlansALayoutOrRefusesIt) {
 }
 
 // A dataset that does not exist is refused before anything starts, naming the field.
+TEST_F(NfLaunchCliTest, AMisspeltOpTimingRequestIsRefused) {
+  setenv("NF_OP_TIMING", "yes", 1);
+  const Outcome outcome = Launch({"--config", TinyConfig(), "--run-dir", (dir_ / "run").string()});
+  unsetenv("NF_OP_TIMING");
+  ExpectConfigurationError(
+      outcome, {"NF_OP_TIMING=yes is not a choice: 1 times every op, 0 or unset times none"},
+      /*usage_hint=*/false);
+  EXPECT_FALSE(std::filesystem::exists(dir_ / "run"));
+}
+
 TEST_F(NfLaunchCliTest, MissingDatasetIsRefusedNamingTheField) {
   const std::string prefix = (dir_ / "no_such_corpus").string();
   ExpectConfigurationError(
