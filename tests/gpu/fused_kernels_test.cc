@@ -1,11 +1,13 @@
 // The CUDA backend's fused kernels (the residual add with the LayerNorms on either side of it,
-// the scaled head merge) against the compositions they replace, run on the same GPU: equal bit
-// for bit, as the kernels promise (same row reductions, same roundings); and close to the CPU
-// within cuda_ops_test.cc's tolerances. Also the CUDA-event op timing.
+// NormFormer's FFN LayerNorm with the activation before it, the scaled head merge) against the
+// compositions they replace, run on the same GPU: equal bit for bit, as the kernels promise (same
+// row reductions, same roundings); and close to the CPU within cuda_ops_test.cc's tolerances. Also
+// the CUDA-event op timing.
 #include <cmath>
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "core/ops/composed_ops.h"
 #include "core/ops/op_timing.h"
 #include "gmock/gmock.h"
@@ -174,6 +176,75 @@ TEST_P(FusedKernelsTest, ResidualNormIsTheCompositionBitForBit) {
       const bool stored = fused_outputs[i].second.dtype() == dtype();
       ExpectCloseToCpu(fused_outputs[i].second, cpu_outputs[i].second,
                        stored ? Tol(dtype()) : kReduction, what + " vs the CPU");
+    }
+  }
+}
+
+TEST_P(FusedKernelsTest, ActivationNormIsTheCompositionBitForBit) {
+  const int64_t rows = 70;
+  for (const ops::Activation act :
+       {ops::Activation::kGelu, ops::Activation::kGeluTanh, ops::Activation::kReluSquared}) {
+    for (const float p : {0.0f, 0.2f}) {
+      for (const int64_t cols : {300, 96}) {
+        SCOPED_TRACE(absl::StrCat("activation ", static_cast<int>(act), " p=", p, " cols=", cols));
+        const ops::DropoutSpec dropout{
+            .p = p, .seed = 5, .site = 3, .first_sample = 2, .seq_len = 16, .col_offset = 6};
+        auto host = [&](DType t, Shape shape, uint32_t seed, float lo = -2.0f, float hi = 2.0f) {
+          return testing::MakeTensor(t, shape,
+                                     testing::RandomFloats(NumElements(shape), seed, lo, hi));
+        };
+        const Tensor x = host(dtype(), {rows, cols}, 1), dy = host(dtype(), {rows, cols}, 2);
+        const Tensor weight = host(DType::kF32, {cols}, 3, 0.5f, 1.5f);
+        const Tensor bias = host(DType::kF32, {cols}, 4), grads = host(DType::kF32, {cols}, 5);
+        struct Side {
+          ops::ActivationNormArgs forward;
+          ops::ActivationNormBackwardArgs backward;
+        };
+        const auto side = [&](bool gpu) {
+          auto zeros = [&](DType t, Shape shape) { return On(gpu, testing::MakeZeros(t, shape)); };
+          Side s;
+          s.forward = {.act = act,
+                       .dropout = dropout,
+                       .x = On(gpu, x),
+                       .weight = On(gpu, weight),
+                       .bias = On(gpu, bias),
+                       .y = zeros(dtype(), {rows, cols}),
+                       .mean = zeros(DType::kF32, {rows}),
+                       .rstd = zeros(DType::kF32, {rows}),
+                       .scratch = zeros(dtype(), {rows, cols})};
+          s.backward = {.act = act,
+                        .dropout = dropout,
+                        .dy = On(gpu, dy),
+                        .x = s.forward.x,
+                        .weight = s.forward.weight,
+                        .mean = s.forward.mean,
+                        .rstd = s.forward.rstd,
+                        .dx = zeros(dtype(), {rows, cols}),
+                        .dweight = On(gpu, grads),
+                        .dbias = On(gpu, grads),
+                        .scratch = zeros(dtype(), {rows, cols})};
+          return s;
+        };
+        Side fused = side(true), composed = side(true), cpu = side(false);
+        for (Side* s : {&fused, &cpu}) {
+          NF_ASSERT_OK(ops::ActivationNormForward(s->forward));
+          NF_ASSERT_OK(ops::ActivationNormBackward(s->backward));
+        }
+        NF_ASSERT_OK(ops::ComposedActivationNormForward(GpuBackend(), composed.forward));
+        NF_ASSERT_OK(ops::ComposedActivationNormBackward(GpuBackend(), composed.backward));
+        const auto outputs = [](const Side& s) {
+          return std::vector<std::pair<std::string, Tensor>>{
+              {"y", s.forward.y},    {"mean", s.forward.mean},        {"rstd", s.forward.rstd},
+              {"dx", s.backward.dx}, {"dweight", s.backward.dweight}, {"dbias", s.backward.dbias}};
+        };
+        const auto f = outputs(fused), c = outputs(composed), h = outputs(cpu);
+        for (size_t i = 0; i < f.size(); ++i) {
+          ExpectIdentical(f[i].second, c[i].second, f[i].first);
+          const bool stored = f[i].second.dtype() == dtype();
+          ExpectCloseToCpu(f[i].second, h[i].second, stored ? Tol(dtype()) : kReduction,
+                           f[i].first + " vs the CPU");
+        }
+      }
     }
   }
 }
