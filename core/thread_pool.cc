@@ -6,6 +6,9 @@
 #include <cstdlib>
 #include <string>
 
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+
 namespace nf {
 
 struct ThreadPool::Job {
@@ -124,6 +127,17 @@ void ThreadPool::ParallelFor(int64_t n, int64_t grain,
   job_.store(nullptr);
   auto drained = [&] { return joined_workers_.load() == 0; };
   while (!SpinUntil(drained)) std::this_thread::yield();
+}
+
+absl::Status ThreadPool::CheckEnvironment() {
+  const char* env = std::getenv("NF_NUM_THREADS");
+  int threads = 0;
+  if (env == nullptr || (absl::SimpleAtoi(env, &threads) && threads > 0)) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "NF_NUM_THREADS=", env,
+      " is not a positive number of threads: set e.g. 8, or unset it for one per hardware "
+      "thread (",
+      std::thread::hardware_concurrency(), " here)"));
 }
 
 ThreadPool& ThreadPool::Global() {

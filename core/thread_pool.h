@@ -18,6 +18,8 @@
 #include <thread>
 #include <vector>
 
+#include "absl/status/status.h"
+
 namespace nf {
 
 class ThreadPool {
@@ -37,6 +39,10 @@ class ThreadPool {
 
   // The pool the CPU kernels use: NF_NUM_THREADS threads, else one per hardware thread.
   static ThreadPool& Global();
+
+  // OK unless NF_NUM_THREADS is set to something other than a positive integer (the pool would
+  // quietly take one thread per hardware thread instead); programs check it at start-up.
+  static absl::Status CheckEnvironment();
 
  private:
   struct Job;

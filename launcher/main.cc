@@ -19,6 +19,7 @@
 #include "absl/time/time.h"
 #include "core/ops/op_timing.h"
 #include "core/status.h"
+#include "core/thread_pool.h"
 #include "generate/training_samples.h"
 #include "launcher/batch_source.h"
 #include "launcher/config.h"
@@ -102,6 +103,12 @@ int ExitCode(nf::launcher::RunEnd end) {
   return end == nf::launcher::RunEnd::kFinished ? 0 : nf::launcher::kExitResume;
 }
 
+// The environment variables that steer a run: a misspelt value is refused, not ignored.
+absl::Status CheckEnvironment() {
+  NF_RETURN_IF_ERROR(nf::ops::CheckOpTimingEnvironment());
+  return nf::ThreadPool::CheckEnvironment();
+}
+
 int UsageError(const std::string& message) {
   if (PrintsSharedErrors()) {
     std::cerr << "nf-launch: " << message << "\n(run nf-launch --help for usage)\n";
@@ -147,8 +154,8 @@ int Run(int argc, char** argv) {
     }
   }
   if (config_path.empty()) return UsageError("--config is required");
-  if (const absl::Status timing = nf::ops::CheckOpTimingEnvironment(); !timing.ok()) {
-    if (PrintsSharedErrors()) std::cerr << "nf-launch: " << timing.message() << "\n";
+  if (const absl::Status environment = CheckEnvironment(); !environment.ok()) {
+    if (PrintsSharedErrors()) std::cerr << "nf-launch: " << environment.message() << "\n";
     return 2;
   }
   if (run_dir.empty() && !dry_run) return UsageError("--run-dir is required");

@@ -404,6 +404,19 @@ TEST_F(NfLaunchCliTest, AMisspeltOpTimingRequestIsRefused) {
   EXPECT_FALSE(std::filesystem::exists(dir_ / "run"));
 }
 
+TEST_F(NfLaunchCliTest, AThreadCountThatIsNotANumberIsRefused) {
+  for (const char* bad : {"two", "0", "-4", "8x"}) {
+    setenv("NF_NUM_THREADS", bad, 1);
+    const Outcome outcome =
+        Launch({"--config", TinyConfig(), "--run-dir", (dir_ / "run").string()});
+    unsetenv("NF_NUM_THREADS");
+    ExpectConfigurationError(
+        outcome, {absl::StrCat("NF_NUM_THREADS=", bad, " is not a positive number of threads")},
+        /*usage_hint=*/false);
+  }
+  EXPECT_FALSE(std::filesystem::exists(dir_ / "run"));
+}
+
 TEST_F(NfLaunchCliTest, MissingDatasetIsRefusedNamingTheField) {
   const std::string prefix = (dir_ / "no_such_corpus").string();
   ExpectConfigurationError(
