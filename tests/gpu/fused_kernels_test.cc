@@ -30,18 +30,14 @@ ops::Backend& GpuBackend() {
   return **backend;
 }
 
-void ExpectIdentical(const Tensor& a, const Tensor& b, const std::string& what) {
-  NF_ASSERT_OK(ops::Synchronize(kGpu));
-  const std::vector<double> x = testing::ToDoubles(ToCpu(a)), y = testing::ToDoubles(ToCpu(b));
-  ASSERT_EQ(x.size(), y.size()) << what;
-  for (size_t i = 0; i < x.size(); ++i) ASSERT_EQ(x[i], y[i]) << what << ": element " << i;
+// The fused result on the GPU against the composition's on the same GPU, bit for bit.
+void ExpectIdentical(const Tensor& fused, const Tensor& composed, const std::string& what) {
+  testing::ExpectTwinIdentical({ToCpu(composed), fused}, what);
 }
 
+// The fused result on the GPU against the CPU's, within tol of the CPU's largest magnitude.
 void ExpectCloseToCpu(const Tensor& gpu, const Tensor& cpu, double tol, const std::string& what) {
-  NF_ASSERT_OK(ops::Synchronize(kGpu));
-  const std::vector<double> expected = testing::ToDoubles(cpu);
-  testing::ExpectAllClose(testing::ToDoubles(ToCpu(gpu)), expected,
-                          tol * std::max(1e-30, testing::MaxAbs(expected)), 0.0, what);
+  testing::ExpectTwinClose({cpu, gpu}, tol, what);
 }
 
 // The same host values on `device`: a copy on the host for the CPU, on GPU 0 otherwise.
