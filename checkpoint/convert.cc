@@ -12,6 +12,7 @@
 #include "checkpoint/assemble.h"
 #include "checkpoint/crc32c.h"
 #include "checkpoint/durable_files.h"
+#include "checkpoint/output_path.h"
 #include "checkpoint/save.h"
 #include "checkpoint/shard_mapping.h"
 #include "core/status.h"
@@ -130,12 +131,9 @@ absl::Status ConvertCheckpoint(const fs::path& dir, const Manifest& manifest,
   }
   NF_RETURN_IF_ERROR(parallel::CheckModelDivisibility(model.num_heads(), model.ffn_dim(), tp));
   NF_RETURN_IF_ERROR(parallel::CheckLayerSplit(model.num_layers(), pp, v));
-  std::error_code error;
-  if (fs::exists(out, error)) {
-    return absl::AlreadyExistsError(
-        absl::StrCat(out.string(), " exists: convert writes a new directory, choose another"));
-  }
+  NF_RETURN_IF_ERROR(CheckNewOutput(out, "--out", "convert writes a new directory"));
   NF_ASSIGN_OR_RETURN(const auto plan, Plan(manifest, target));
+  std::error_code error;
 
   const fs::path staging = out.string() + ".tmp";
   fs::remove_all(staging, error);

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "checkpoint/fairseq_model.h"
+#include "checkpoint/output_path.h"
 #include "checkpoint/safetensors_export.h"
 #include "checkpoint/safetensors_file.h"
 #include "core/status.h"
@@ -39,6 +40,7 @@ absl::Status FoldHeadScale(NamedTensor& out_proj, NamedTensor& c_attn, int64_t h
 
 absl::Status ExportFairseqSafetensors(const fs::path& dir, const Manifest& manifest,
                                       const fs::path& out, std::optional<DType> dtype) {
+  NF_RETURN_IF_ERROR(CheckNewOutput(out, "--out", "export writes a new file"));
   const model::ModelConfig& model = manifest.model();
   NF_RETURN_IF_ERROR(CheckFairseqRepresents(model));
   std::map<std::string, const TensorRecord*> params;

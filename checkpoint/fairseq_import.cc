@@ -14,11 +14,13 @@
 #include "checkpoint/fairseq_model.h"
 #include "checkpoint/manifest_file.h"
 #include "checkpoint/non_finite.h"
+#include "checkpoint/output_path.h"
 #include "checkpoint/safetensors_file.h"
 #include "checkpoint/save.h"
 #include "checkpoint/shard_mapping.h"
 #include "core/ops/ops.h"
 #include "core/status.h"
+#include "model/model_config_check.h"
 #include "model/normformer_params.h"
 
 namespace nf::checkpoint {
@@ -48,6 +50,11 @@ absl::StatusOr<ModelConfig> ModelOf(const fs::path& file, const SafetensorsConte
                                                    " metadata): give the model with --config"));
   }
   const ModelConfig model = recorded ? *recorded : *options.model;
+  if (absl::Status valid = model::ValidateModelConfig(model); !valid.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        file.string(), ": ", recorded ? absl::StrCat(kModelConfigMetadata, " metadata: ") : "",
+        valid.message()));
+  }
   if (absl::Status represents = CheckFairseqRepresents(model); !represents.ok()) {
     return absl::InvalidArgumentError(
         absl::StrCat(file.string(), " is a fairseq transformer_lm, and ", represents.message()));
@@ -238,11 +245,8 @@ absl::StatusOr<Manifest> WriteOneRankCheckpoint(const fs::path& dir, const Model
 
 absl::Status ImportFairseqSafetensors(const fs::path& file, const ImportOptions& options,
                                       const fs::path& out) {
+  NF_RETURN_IF_ERROR(CheckNewOutput(out, "--out", "import writes a new directory"));
   std::error_code error;
-  if (fs::exists(out, error)) {
-    return absl::AlreadyExistsError(
-        absl::StrCat(out.string(), " exists: import writes a new directory, choose another"));
-  }
   NF_ASSIGN_OR_RETURN(SafetensorsContents contents, ReadSafetensors(file));
   NF_ASSIGN_OR_RETURN(const ModelConfig model, ModelOf(file, contents, options));
   std::map<std::string, NamedTensor*> by_name;

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "checkpoint/manifest_model.h"
+#include "model/text_proto.h"
 #include "google/protobuf/text_format.h"
 
 namespace nf::checkpoint {
@@ -82,10 +83,15 @@ absl::Status CheckFairseqRepresents(const ModelConfig& model) {
 
 std::string FairseqFlags(const ModelConfig& model) {
   const NormFormerConfig& nf = model.normformer();
+  // Every architectural field is explicit: a field the flags leave out takes the default of
+  // fairseq's TransformerLanguageModelConfig (post-LN, 512-wide input and output projections,
+  // relu, ...), not the value of this model.
   std::vector<std::string> flags = {
-      "--task language_modeling --arch transformer_lm",
+      "--task language_modeling --arch transformer_lm --decoder-normalize-before",
       absl::StrCat("--decoder-layers ", model.num_layers()),
       absl::StrCat("--decoder-embed-dim ", model.d_model()),
+      absl::StrCat("--decoder-input-dim ", model.d_model()),
+      absl::StrCat("--decoder-output-dim ", model.d_model()),
       absl::StrCat("--decoder-ffn-embed-dim ", model.ffn_dim()),
       absl::StrCat("--decoder-attention-heads ", model.num_heads()),
       absl::StrCat("--activation-fn ",
@@ -131,9 +137,10 @@ absl::StatusOr<std::optional<ModelConfig>> ModelConfigFromMetadata(
   const std::string* text = Find(metadata, kModelConfigMetadata);
   if (text == nullptr) return std::nullopt;
   ModelConfig model;
-  if (!google::protobuf::TextFormat::ParseFromString(*text, &model)) {
+  const std::string where = absl::StrCat("metadata ", kModelConfigMetadata);
+  if (absl::Status parsed = model::ParseTextProto(*text, where, model); !parsed.ok()) {
     return absl::DataLossError(
-        absl::StrCat("metadata ", kModelConfigMetadata, " is not a model config in text format"));
+        absl::StrCat(parsed.message(), " (not a model config in text format)"));
   }
   RecordModelFieldsExplicitly(model);
   return model;

@@ -117,8 +117,18 @@ absl::StatusOr<fs::path> LatestCheckpoint(const fs::path& checkpoints_dir) {
   return checkpoints_dir / name;
 }
 
+std::vector<int64_t> CheckpointSteps(const fs::path& checkpoints_dir) {
+  std::vector<int64_t> steps = IterationDirSteps(checkpoints_dir);
+  std::erase_if(steps, [&](int64_t step) {
+    return !ReadManifest(checkpoints_dir / IterationDirName(step)).ok();
+  });
+  return steps;
+}
+
 absl::StatusOr<ResumePoint> FindResumePoint(const fs::path& checkpoints_dir) {
-  const std::vector<int64_t> steps = CheckpointSteps(checkpoints_dir);
+  // Every directory under a checkpoint's name, readable or not: one that fails is reported,
+  // and never a reason to start afresh over it.
+  const std::vector<int64_t> steps = IterationDirSteps(checkpoints_dir);
   const absl::StatusOr<fs::path> latest = LatestCheckpoint(checkpoints_dir);
   std::string latest_problem;
   if (latest.ok()) {
@@ -157,6 +167,9 @@ absl::StatusOr<ResumePoint> FindResumePoint(const fs::path& checkpoints_dir) {
 absl::StatusOr<Manifest> ReadManifest(const fs::path& dir) {
   const fs::path path = dir / kManifestName;
   std::error_code error;
+  if (!fs::exists(dir, error) && !error) {
+    return absl::NotFoundError(absl::StrCat("checkpoint ", dir.string(), " does not exist"));
+  }
   if (!fs::exists(path, error)) {
     if (error) {
       return absl::FailedPreconditionError(

@@ -27,6 +27,11 @@ absl::StatusOr<std::filesystem::path> LatestCheckpoint(
 // against the directory's name, and every shard file it lists exists with the recorded size.
 absl::StatusOr<Manifest> ReadManifest(const std::filesystem::path& dir);
 
+// The steps of the checkpoints in `checkpoints_dir`: iteration directories whose manifest reads
+// (ReadManifest), ascending. Retention counts and removes only these: a directory that merely
+// carries a checkpoint's name (empty, half copied, damaged) is neither counted nor touched.
+std::vector<int64_t> CheckpointSteps(const std::filesystem::path& checkpoints_dir);
+
 // Where a run in `checkpoints_dir` resumes: the checkpoint `latest` names when its manifest
 // reads (ReadManifest). When `latest` is missing or damaged, or names a checkpoint that fails,
 // the newest checkpoint whose manifest reads, with `warning` naming what was wrong and the

@@ -11,6 +11,7 @@
 #include "checkpoint/crc32c.h"
 #include "checkpoint/manifest_model.h"
 #include "core/dtype.h"
+#include "model/model_config_check.h"
 
 namespace nf::checkpoint {
 namespace {
@@ -120,7 +121,14 @@ absl::StatusOr<Manifest> DecodeManifest(absl::string_view bytes, absl::string_vi
                      "; this build reads version ", kFormatVersion));
   }
   if (absl::Status valid = ValidateManifest(manifest, where); !valid.ok()) return valid;
-  if (manifest.has_model()) ReadUnrecordedModelFieldsAsLegacy(*manifest.mutable_model());
+  if (manifest.has_model()) {
+    ReadUnrecordedModelFieldsAsLegacy(*manifest.mutable_model());
+    // The same validation as a run's config: a model that cannot be built (max_seq_len 0, a
+    // dropout of 5) is refused here, for every reader, not met as a crash in one of them.
+    if (absl::Status model = model::ValidateModelConfig(manifest.model()); !model.ok()) {
+      return Corrupt(where, absl::StrCat("its model config is invalid: ", model.message()));
+    }
+  }
   return manifest;
 }
 

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "checkpoint/assemble.h"
+#include "checkpoint/output_path.h"
 #include "core/ops/ops.h"
 #include "core/status.h"
 
@@ -33,6 +34,7 @@ absl::Status ConvertForExport(NamedTensor& tensor, std::optional<DType> dtype) {
 
 absl::Status ExportSafetensors(const fs::path& dir, const Manifest& manifest, const fs::path& out,
                                std::optional<DType> dtype) {
+  NF_RETURN_IF_ERROR(CheckNewOutput(out, "--out", "export writes a new file"));
   std::vector<NamedTensor> tensors;
   for (const TensorRecord& record : manifest.tensors()) {
     if (record.kind() != TensorRecord::PARAM) continue;

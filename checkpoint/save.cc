@@ -18,6 +18,7 @@
 #include "absl/strings/str_format.h"
 #include "checkpoint/crc32c.h"
 #include "checkpoint/durable_files.h"
+#include "checkpoint/load.h"
 #include "checkpoint/non_finite.h"
 #include "checkpoint/shard_mapping.h"
 #include "core/ops/ops.h"
@@ -288,6 +289,8 @@ absl::StatusOr<Manifest> Merge(const std::vector<std::string>& fragments) {
 }
 
 // Removes the checkpoints the policy no longer keeps; one that cannot be removed is a warning.
+// Only checkpoints count (CheckpointSteps): an empty iter_ directory with a later step must not
+// push a real one out of the newest keep_last.
 void ApplyRetention(const fs::path& checkpoints_dir, const RetentionPolicy& retention,
                     int64_t newest) {
   const std::vector<int64_t> steps = CheckpointSteps(checkpoints_dir);
@@ -433,7 +436,7 @@ bool ParseIterationDirName(const std::string& name, int64_t& step) {
          absl::SimpleAtoi(name.substr(kPrefix), &step) && IterationDirName(step) == name;
 }
 
-std::vector<int64_t> CheckpointSteps(const fs::path& checkpoints_dir) {
+std::vector<int64_t> IterationDirSteps(const fs::path& checkpoints_dir) {
   std::vector<int64_t> steps;
   std::error_code error;
   // increment(error) rather than a range-for, whose ++ throws on a failing readdir.
@@ -471,7 +474,13 @@ AsyncCheckpointer::AsyncCheckpointer(fs::path checkpoints_dir, RetentionPolicy r
       spare_(std::make_unique<ShardSnapshot>()) {}
 
 AsyncCheckpointer::~AsyncCheckpointer() {
-  if (pending_) pending_->write.wait();  // the thread must not outlive its buffers
+  if (!pending_) return;
+  pending_->write.wait();  // the thread must not outlive its buffers
+  // Nothing of a discarded save stays: a later run's first save would remove the staging
+  // directory anyway, but a user looking at checkpoints/ meanwhile should not find it.
+  std::error_code ignored;
+  if (!pending_->shard_file.empty()) fs::remove(pending_->staging / pending_->shard_file, ignored);
+  if (pending_->world_rank == 0) fs::remove_all(pending_->staging, ignored);
 }
 
 absl::Status AsyncCheckpointer::Start(const RankState& state, const RunProgress& progress,
@@ -498,6 +507,9 @@ absl::Status AsyncCheckpointer::Start(const RankState& state, const RunProgress&
   pending->info = CommitInfoOf(state, progress, retention_);
   pending->snapshot = shard;
   const int world_rank = state.topology.world_rank();
+  pending->staging = staging;
+  pending->world_rank = world_rank;
+  if (shard->ok()) pending->shard_file = (*shard)->file;
   ShardSnapshot* spare = spare_.get();  // untouched by this thread until Commit
   pending->write =
       std::async(std::launch::async,

@@ -42,9 +42,11 @@ std::string IterationDirName(int64_t step);
 // The step an iteration directory's name stands for ("iter_0000200": 200); false for any other
 // name (a .tmp staging directory, a copy under another name).
 bool ParseIterationDirName(const std::string& name, int64_t& step);
-// The steps of the committed checkpoints (iteration directories) in `checkpoints_dir`,
-// ascending; empty when there are none or the directory does not exist.
-std::vector<int64_t> CheckpointSteps(const std::filesystem::path& checkpoints_dir);
+// The steps of the iteration directories in `checkpoints_dir` (named as IterationDirName names,
+// whatever they hold), ascending; empty when there are none or the directory does not exist.
+// Counting checkpoints, use CheckpointSteps (load.h): an empty or half-copied directory under a
+// checkpoint's name is not one.
+std::vector<int64_t> IterationDirSteps(const std::filesystem::path& checkpoints_dir);
 
 // Collective over `world` (every rank calls it at the same step). Fails on every rank when any
 // rank could not write its shard; then nothing is committed and the previous `latest` stays.
@@ -79,7 +81,9 @@ class AsyncCheckpointer {
                     std::function<void(const std::filesystem::path&)> on_commit = nullptr);
   AsyncCheckpointer(const AsyncCheckpointer&) = delete;
   AsyncCheckpointer& operator=(const AsyncCheckpointer&) = delete;
-  // Waits for a write in flight (without committing it: call Finish first to keep it).
+  // Discards a save in flight (call Finish first to keep it): waits for this rank's write,
+  // removes its shard file, and rank 0 removes the staging directory, so that a run ending in
+  // an error leaves no iter_*.tmp behind and `latest` as it was.
   ~AsyncCheckpointer();
 
   // Collective (every rank, the same step).
@@ -94,6 +98,9 @@ class AsyncCheckpointer {
  private:
   struct Pending {
     CommitInfo info;
+    std::filesystem::path staging;
+    std::string shard_file;  // this rank's, in `staging`
+    int world_rank = 0;
     std::shared_ptr<absl::StatusOr<ShardSnapshot>> snapshot;  // shared with the writer
     std::future<absl::StatusOr<Manifest>> write;              // this rank's fragment, once written
   };

@@ -34,6 +34,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "checkpoint/load.h"
+#include "checkpoint/output_path.h"
 #include "checkpoint/save.h"
 #include "core/ops/backend.h"
 #include "core/status.h"
@@ -217,6 +218,13 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
   }
   if (flags.tasks.empty() && (flags.max_examples > 0 || !flags.examples_out.empty())) {
     return absl::InvalidArgumentError("--max-examples and --examples-out are for --task");
+  }
+  // Refused before the evaluation runs, not after it: a report is never written into a checkpoint.
+  if (!flags.out.empty()) {
+    NF_RETURN_IF_ERROR(nf::checkpoint::CheckOutsideCheckpoints(flags.out, "--out"));
+  }
+  if (!flags.examples_out.empty()) {
+    NF_RETURN_IF_ERROR(nf::checkpoint::CheckOutsideCheckpoints(flags.examples_out, "--examples-out"));
   }
   return flags;
 }

@@ -10,8 +10,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
+#include "model/text_proto.h"
 #include "google/protobuf/descriptor.h"
-#include "google/protobuf/io/tokenizer.h"
 #include "google/protobuf/text_format.h"
 
 namespace nf::launcher {
@@ -43,26 +43,6 @@ absl::StatusOr<std::string> ReadFile(const std::string& path) {
   if (std::ferror(file.get())) return ReadError(path, errno);
   return contents;
 }
-
-// Keeps the parser's first error as "PATH:LINE:COL: message" (1-based, as editors count); the
-// parser stops at it, so later ones would only be consequences.
-class FirstErrorCollector : public google::protobuf::io::ErrorCollector {
- public:
-  explicit FirstErrorCollector(const std::string& path) : path_(path) {}
-
-  void AddError(int line, google::protobuf::io::ColumnNumber column,
-                const std::string& message) override {
-    if (!first_.empty()) return;
-    first_ = line < 0 ? absl::StrCat(path_, ": ", message)
-                      : absl::StrCat(path_, ":", line + 1, ":", column + 1, ": ", message);
-  }
-
-  const std::string& first() const { return first_; }
-
- private:
-  std::string path_;
-  std::string first_;
-};
 
 // Sets every unset singular field to its default, descending into every singular message
 // field (creating it). Unset members of a oneof stay unset: setting them would clear the set
@@ -119,14 +99,8 @@ void FillDefaults(Message* message) {
 absl::StatusOr<TrainConfig> LoadTrainConfig(const std::string& path,
                                             const std::vector<std::string>& overrides) {
   NF_ASSIGN_OR_RETURN(const std::string text, ReadFile(path));
-  FirstErrorCollector errors(path);
-  google::protobuf::TextFormat::Parser parser;
-  parser.RecordErrorsTo(&errors);
   TrainConfig config;
-  if (!parser.ParseFromString(text, &config)) {
-    return absl::InvalidArgumentError(
-        errors.first().empty() ? absl::StrCat(path, ": not a valid TrainConfig") : errors.first());
-  }
+  NF_RETURN_IF_ERROR(model::ParseTextProto(text, path, config));
   for (const std::string& override_text : overrides) {
     NF_RETURN_IF_ERROR(ApplyOverride(override_text, &config));
   }

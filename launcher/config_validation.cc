@@ -8,13 +8,16 @@
 #include <concepts>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "core/range_checks.h"
 #include "core/status.h"
 #include "data/splits.h"
 #include "launcher/config.h"
+#include "model/model_config_check.h"
 #include "parallel/pipeline_schedule.h"
 #include "parallel/topology.h"
 
@@ -22,59 +25,6 @@ namespace nf::launcher {
 namespace {
 
 absl::Status Invalid(absl::string_view message) { return absl::InvalidArgumentError(message); }
-
-template <std::integral T>
-absl::Status RequirePositive(absl::string_view name, T value) {
-  if (value > 0) return absl::OkStatus();
-  return Invalid(absl::StrCat(name, " must be positive (got ", value, ")"));
-}
-
-template <std::integral T>
-absl::Status RequireNonNegative(absl::string_view name, T value) {
-  if (value >= 0) return absl::OkStatus();
-  return Invalid(absl::StrCat(name, " must be >= 0 (got ", value, ")"));
-}
-
-// The floating-point checks are written so that NaN fails them.
-template <std::floating_point T>
-absl::Status RequirePositive(absl::string_view name, T value) {
-  if (value > 0 && std::isfinite(value)) return absl::OkStatus();
-  return Invalid(absl::StrCat(name, " must be positive and finite (got ", value, ")"));
-}
-
-template <std::floating_point T>
-absl::Status RequireNonNegative(absl::string_view name, T value) {
-  if (value >= 0 && std::isfinite(value)) return absl::OkStatus();
-  return Invalid(absl::StrCat(name, " must be >= 0 and finite (got ", value, ")"));
-}
-
-// [0, 1): a probability that still lets something through, or an exponential-average decay.
-absl::Status RequireUnitInterval(absl::string_view name, float value) {
-  if (value >= 0 && value < 1) return absl::OkStatus();
-  return Invalid(absl::StrCat(name, " must be in [0, 1) (got ", value, ")"));
-}
-
-absl::Status ValidateModel(const nf::model::ModelConfig& model) {
-  NF_RETURN_IF_ERROR(RequirePositive("model.num_layers", model.num_layers()));
-  NF_RETURN_IF_ERROR(RequirePositive("model.d_model", model.d_model()));
-  NF_RETURN_IF_ERROR(RequirePositive("model.num_heads", model.num_heads()));
-  NF_RETURN_IF_ERROR(RequirePositive("model.ffn_dim", model.ffn_dim()));
-  NF_RETURN_IF_ERROR(RequirePositive("model.vocab_size", model.vocab_size()));
-  NF_RETURN_IF_ERROR(RequirePositive("model.max_seq_len", model.max_seq_len()));
-  NF_RETURN_IF_ERROR(RequireNonNegative("model.first_position", model.first_position()));
-  if (model.d_model() % model.num_heads() != 0) {
-    const int64_t up = (int64_t{model.d_model()} / model.num_heads() + 1) * model.num_heads();
-    return Invalid(absl::StrCat("model.d_model (", model.d_model(),
-                                ") must be a multiple of model.num_heads (", model.num_heads(),
-                                "): e.g. model.d_model=", up, ", or a num_heads that divides ",
-                                model.d_model()));
-  }
-  NF_RETURN_IF_ERROR(RequireUnitInterval("model.dropout", model.dropout()));
-  NF_RETURN_IF_ERROR(RequireUnitInterval("model.attention_dropout", model.attention_dropout()));
-  NF_RETURN_IF_ERROR(RequireUnitInterval("model.activation_dropout", model.activation_dropout()));
-  NF_RETURN_IF_ERROR(RequirePositive("model.layer_norm_eps", model.layer_norm_eps()));
-  return absl::OkStatus();
-}
 
 absl::Status ValidateBatch(const TrainOptions& train, const nf::model::ModelConfig& model) {
   NF_RETURN_IF_ERROR(RequirePositive("train.seq_len", train.seq_len()));
@@ -98,6 +48,21 @@ absl::Status ValidateBatch(const TrainOptions& train, const nf::model::ModelConf
   NF_RETURN_IF_ERROR(RequirePositive("train.log_interval", train.log_interval()));
   NF_RETURN_IF_ERROR(RequireNonNegative("train.eval_interval", train.eval_interval()));
   NF_RETURN_IF_ERROR(RequirePositive("train.eval_iters", train.eval_iters()));
+  // The run's progress counters (samples consumed, the data stream's length, tokens) are products
+  // of these: bounded so that none can overflow, nor lose integers as a double, in any run.
+  // 2^53 tokens is ~9e15, some 300 times the largest runs published.
+  constexpr int64_t kMaxTokens = int64_t{1} << 53;
+  const int64_t tokens_per_step = global * train.seq_len();
+  for (const auto& [name, iters] : {std::pair<const char*, int64_t>{"train.train_iters",
+                                                                   train.train_iters()},
+                                    {"train.eval_iters", train.eval_iters()}}) {
+    if (iters > kMaxTokens / tokens_per_step) {
+      return Invalid(absl::StrCat(
+          name, " (", iters, ") x train.global_batch_size (", global, ") x train.seq_len (",
+          train.seq_len(), ") exceeds 2^53 tokens: the run's progress counters would overflow; "
+          "at most ", kMaxTokens / tokens_per_step, " steps of this batch"));
+    }
+  }
   NF_RETURN_IF_ERROR(RequireNonNegative("train.exit_interval", train.exit_interval()));
   NF_RETURN_IF_ERROR(RequireNonNegative("train.exit_duration_mins", train.exit_duration_mins()));
   if (train.activation_recompute() && train.has_recompute() &&
@@ -277,7 +242,7 @@ absl::Status ValidateSequenceParallel(const ParallelConfig& parallel, const Trai
 }  // namespace
 
 absl::Status ValidateTrainConfig(const TrainConfig& config) {
-  NF_RETURN_IF_ERROR(ValidateModel(config.model()));
+  NF_RETURN_IF_ERROR(model::ValidateModelConfig(config.model()));
   NF_RETURN_IF_ERROR(ValidateBatch(config.train(), config.model()));
   NF_RETURN_IF_ERROR(ValidateOptimizer(config.train().optimizer()));
   NF_RETURN_IF_ERROR(ValidateSchedule(config.train()));

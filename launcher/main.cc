@@ -17,6 +17,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/time/time.h"
+#include "checkpoint/output_path.h"
 #include "core/ops/op_timing.h"
 #include "core/status.h"
 #include "core/thread_pool.h"
@@ -159,6 +160,13 @@ int Run(int argc, char** argv) {
     return 2;
   }
   if (run_dir.empty() && !dry_run) return UsageError("--run-dir is required");
+  if (!dry_run) {
+    if (const absl::Status outside = nf::checkpoint::CheckOutsideCheckpoints(run_dir, "--run-dir");
+        !outside.ok()) {
+      if (PrintsSharedErrors()) std::cerr << "nf-launch: " << outside.message() << "\n";
+      return 2;
+    }
+  }
 
   const auto config = nf::launcher::LoadTrainConfig(config_path, overrides);
   if (!config.ok()) {

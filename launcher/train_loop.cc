@@ -187,6 +187,8 @@ class TrainingRun {
     NF_RETURN_IF_ERROR(StartMetrics());
     const auto load_start = std::chrono::steady_clock::now();
     NF_RETURN_IF_ERROR(Resume(config_, checkpoints_, *trainer_, writes_ ? &console_ : nullptr));
+    // Only now: a resume refused (another model's checkpoint) leaves the run's config as it was.
+    NF_RETURN_IF_ERROR(WriteResolvedConfig());
     first_step_ = trainer_->step();
     if (metrics_ && first_step_ > 0) {
       metrics_->RecordCheckpointLoad(SecondsSince(load_start), first_step_);
@@ -261,13 +263,17 @@ class TrainingRun {
       return absl::UnavailableError(
           absl::StrCat("cannot create run directory ", dir_.string(), ": ", error.message()));
     }
-    NF_RETURN_IF_ERROR(
-        checkpoint::ReplaceFileAtomically(dir_ / "config.pbtxt", ResolvedConfigText(config_)));
     NF_ASSIGN_OR_RETURN(log_, JsonlLog::Open((dir_ / "log.jsonl").string()));
     if (config_.train().eval_interval() > 0) {
       NF_ASSIGN_OR_RETURN(validation_log_, JsonlLog::Open((dir_ / "validation.jsonl").string()));
     }
     return absl::OkStatus();
+  }
+
+  // RUN/config.pbtxt: the configuration this run trains with, every default spelt out.
+  absl::Status WriteResolvedConfig() {
+    if (!writes_) return absl::OkStatus();
+    return checkpoint::ReplaceFileAtomically(dir_ / "config.pbtxt", ResolvedConfigText(config_));
   }
 
   // Validation perplexity after `step` (0: the untrained model), into RUN/validation.jsonl and
@@ -441,6 +447,10 @@ class TrainingRun {
     const bool fp16 = train.precision() == TrainOptions::FP16;
     const int64_t limit = fp16 ? std::max(1, train.max_consecutive_skipped()) : 1;
     if (consecutive_skipped_ < limit) return absl::OkStatus();
+    // Every rank sees the same skipped steps, so all come here together and can commit the save
+    // still in flight: it holds the state of an applied step, from before the trouble, and is
+    // the checkpoint a rerun should resume from.
+    NF_RETURN_IF_ERROR(checkpointer_.Finish(*trainer_->world()));
     // The checkpoint a rerun would resume from (every checkpoint holds finite state).
     const absl::StatusOr<checkpoint::ResumePoint> good = checkpoint::FindResumePoint(checkpoints_);
     std::string named = "(none: the run has not saved one)";

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <csignal>
 #include <filesystem>
+#include <functional>
 #include <fstream>
 #include <limits>
 #include <optional>
@@ -98,6 +99,32 @@ TEST(ManifestIntegrityTest, BytesOutsideEveryPieceAreRefused) {
   EXPECT_THAT(std::string(read.status().message()),
               HasSubstr(absl::StrCat("the pieces of ", file.name(), " cover ", file.size() - 4,
                                      " of its ", file.size(), " bytes")));
+}
+
+// A manifest whose model config cannot be built (each of these crashed or misled a reader that
+// trusted it: nf-eval divided by max_seq_len 0) is refused by every reader, naming the field;
+// a manifest is read only through DecodeManifest.
+TEST(ManifestIntegrityTest, AModelConfigThatCannotBeBuiltIsRefused) {
+  TempDir dir;
+  SaveSteps(TinyConfig(launcher::TrainOptions::FP32), dir.path(), 1);
+  const fs::path saved = dir.path() / "iter_0000001";
+  const Manifest good = *ReadManifest(saved);
+  const std::vector<std::pair<std::function<void(model::ModelConfig&)>, std::string>> cases = {
+      {[](model::ModelConfig& m) { m.set_max_seq_len(0); }, "model.max_seq_len must be in"},
+      {[](model::ModelConfig& m) { m.set_max_seq_len(-1); }, "model.max_seq_len must be in"},
+      {[](model::ModelConfig& m) { m.set_dropout(5); }, "model.dropout must be in [0, 1)"},
+      {[](model::ModelConfig& m) { m.set_num_layers(1 << 30); }, "model.num_layers must be in"},
+      {[](model::ModelConfig& m) { m.set_num_heads(3); }, "must be a multiple of model.num_heads"},
+  };
+  for (const auto& [spoil, expected] : cases) {
+    Manifest manifest = good;
+    spoil(*manifest.mutable_model());
+    NF_ASSERT_OK(ReplaceFileAtomically(saved / kManifestName, EncodeManifest(manifest)));
+    const absl::StatusOr<Manifest> read = ReadManifest(saved);
+    ASSERT_FALSE(read.ok()) << expected;
+    EXPECT_THAT(std::string(read.status().message()), HasSubstr("its model config is invalid: "));
+    EXPECT_THAT(std::string(read.status().message()), HasSubstr(expected));
+  }
 }
 
 // Writes a non-finite value into element 3 of `tensor` (a host buffer of f32 or f16).
@@ -224,17 +251,18 @@ TEST(FailedSaveTest, AFailedExportOrConversionLeavesNoTemporaries) {
   const fs::path saved = dir.path() / "iter_0000001";
   const absl::StatusOr<Manifest> manifest = ReadManifest(saved);
   NF_ASSERT_OK(manifest);
+  TempDir out;  // outside the checkpoints directory, where nothing may be written
   absl::Status exported, converted;
   {
     const FileSizeLimit full(4096);  // a fraction of the parameters
-    exported = ExportSafetensors(saved, *manifest, dir.path() / "model.safetensors", std::nullopt);
-    converted = ConvertCheckpoint(saved, *manifest, {}, dir.path() / "converted");
+    exported = ExportSafetensors(saved, *manifest, out.path() / "model.safetensors", std::nullopt);
+    converted = ConvertCheckpoint(saved, *manifest, {}, out.path() / "converted");
   }
   EXPECT_THAT(std::string(exported.message()), HasSubstr("model.safetensors.tmp: File too large"));
   EXPECT_THAT(std::string(converted.message()), HasSubstr("rank_00000.shard: File too large"));
   for (const char* name :
        {"model.safetensors", "model.safetensors.tmp", "converted", "converted.tmp"}) {
-    EXPECT_FALSE(fs::exists(dir.path() / name)) << name;
+    EXPECT_FALSE(fs::exists(out.path() / name)) << name;
   }
 }
 

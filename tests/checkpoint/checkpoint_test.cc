@@ -175,6 +175,31 @@ TEST(AsyncCheckpointerTest, SavesTheSnapshotWhileTrainingGoesOn) {
   }
 }
 
+// A save still in flight when the checkpointer goes away (a run ending in an error on this rank)
+// is discarded whole: no staging directory is left, and `latest` still names the last commit.
+TEST(AsyncCheckpointerTest, ASaveNotFinishedIsDiscardedWithoutATrace) {
+  const TrainConfig config = TinyConfig(launcher::TrainOptions::FP32);
+  TempDir dir;
+  auto trainer = MakeTrainer(config);
+  parallel::LocalCommunicator world;
+  {
+    AsyncCheckpointer saver(dir.path(), {.keep_last = 5, .keep_every = 0});
+    TrainSteps(*trainer, 1);
+    NF_ASSERT_OK(saver.Start(trainer->CheckpointState(), trainer->Progress(), world));
+    NF_ASSERT_OK(saver.Finish(world));
+    TrainSteps(*trainer, 1);
+    NF_ASSERT_OK(saver.Start(trainer->CheckpointState(), trainer->Progress(), world));
+    EXPECT_TRUE(fs::exists(dir.path() / "iter_0000002.tmp"));
+  }
+  std::vector<std::string> names;
+  for (const auto& entry : fs::directory_iterator(dir.path())) {
+    names.push_back(entry.path().filename().string());
+  }
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(names, (std::vector<std::string>{"iter_0000001", "latest"}));
+  EXPECT_EQ(*LatestCheckpoint(dir.path()), dir.path() / "iter_0000001");
+}
+
 // The state an async save copies beside the next step stays unchanged until the copy is done:
 // the step's optimizer update waits for every state reader (here one that finishes 200 ms
 // later), and the step then goes on as usual.
@@ -200,8 +225,9 @@ TEST(ConvertTest, RoundTripsThroughAnotherLayoutAndLoads) {
   TempDir dir;
   auto trainer = MakeTrainer(config);
   TrainSteps(*trainer, 2);
-  NF_ASSERT_OK(Save(*trainer, dir.path()));
-  const fs::path saved = dir.path() / "iter_0000002";
+  // The conversions go beside the run's checkpoints/ (nothing may be written inside it).
+  NF_ASSERT_OK(Save(*trainer, dir.path() / "checkpoints"));
+  const fs::path saved = dir.path() / "checkpoints" / "iter_0000002";
   const Manifest manifest = *ReadManifest(saved);
   const fs::path wide = dir.path() / "wide", back = dir.path() / "back";
   NF_ASSERT_OK(ConvertCheckpoint(saved, manifest,
@@ -228,7 +254,8 @@ TEST(ConvertTest, RoundTripsThroughAnotherLayoutAndLoads) {
   EXPECT_EQ(Bytes(a.exp_avg_sq()), Bytes(b.exp_avg_sq()));
 
   const absl::Status exists = ConvertCheckpoint(saved, manifest, {}, wide);
-  EXPECT_NE(exists.message().find("exists: convert writes a new directory"),
+  // An existing checkpoint as --out is refused as one: nothing is ever written inside it.
+  EXPECT_NE(exists.message().find(absl::StrCat("is inside checkpoint ", wide.string())),
             absl::string_view::npos)
       << exists;
   const absl::Status odd =
@@ -253,6 +280,27 @@ TEST(RetentionTest, KeepsTheNewestAndEveryMthForever) {
   std::sort(names.begin(), names.end());
   EXPECT_EQ(names,
             (std::vector<std::string>{"iter_0000003", "iter_0000006", "iter_0000007", "latest"}));
+}
+
+TEST(RetentionTest, CountsOnlyDirectoriesWhoseManifestReads) {
+  // An empty directory under a later checkpoint's name (a copy that never happened, a failed
+  // rsync) is not a checkpoint: it must neither push a real one out of keep_last nor be removed.
+  const TrainConfig config = TinyConfig(launcher::TrainOptions::FP32);
+  TempDir dir;
+  auto trainer = MakeTrainer(config);
+  for (int step = 1; step <= 3; ++step) {
+    TrainSteps(*trainer, 1);
+    if (step == 3) fs::create_directory(dir.path() / "iter_0000009");
+    NF_ASSERT_OK(Save(*trainer, dir.path(), {.keep_last = 2}));
+  }
+  std::vector<std::string> names;
+  for (const auto& entry : fs::directory_iterator(dir.path())) {
+    names.push_back(entry.path().filename().string());
+  }
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(names, (std::vector<std::string>{"iter_0000002", "iter_0000003", "iter_0000009",
+                                             "latest"}));
+  EXPECT_EQ(CheckpointSteps(dir.path()), (std::vector<int64_t>{2, 3}));
 }
 
 // ---- Bad checkpoints -------------------------------------------------------------------------

@@ -1,9 +1,13 @@
 """fairseq's transformer_lm forward in float64 numpy, independent of normformer's code.
 
-Written from fairseq's models/transformer_lm.py (base_lm_architecture: decoder_normalize_before
-is always on), models/transformer/transformer_decoder.py (extract_features, and
-upgrade_state_dict_named: the final LayerNorm is dropped unless decoder.version > 2; a shared
-head is the embedding), modules/transformer_layer.py (TransformerDecoderLayerBase.forward with
+Written from fairseq's models/transformer_lm.py (TransformerLanguageModelConfig: what
+fairseq-train builds from its flags; a field a flag leaves out takes the dataclass default, so
+decoder_normalize_before is off and decoder_input_dim / decoder_output_dim are 512 unless the flags
+say otherwise), models/transformer/transformer_decoder.py (the parameters it builds:
+project_in_dim / project_out_dim when those dims differ from decoder_embed_dim, the final
+LayerNorm only with decoder_normalize_before and without no_decoder_final_norm;
+extract_features; upgrade_state_dict_named: the final LayerNorm is dropped unless
+decoder.version > 2, a shared head is the embedding; then a strict load_state_dict), modules/transformer_layer.py (TransformerDecoderLayerBase.forward with
 attn_ln, c_attn, ffn_layernorm and w_resid), modules/multihead_attention.py (q scaled by
 head_dim^-0.5 after its bias, causal mask, softmax, out_proj), modules/positional_embedding.py,
 sinusoidal_positional_embedding.py, learned_positional_embedding.py and utils.make_positions
@@ -40,6 +44,10 @@ class Architecture:
         assert valued.get("--arch") == "transformer_lm", flags
         self.layers = int(valued.get("--decoder-layers", 6))
         self.embed_dim = int(valued.get("--decoder-embed-dim", 512))
+        self.input_dim = int(valued.get("--decoder-input-dim", 512))
+        self.output_dim = int(valued.get("--decoder-output-dim", 512))
+        self.normalize_before = "--decoder-normalize-before" in switches
+        self.final_norm = self.normalize_before and "--no-decoder-final-norm" not in switches
         self.ffn_dim = int(valued.get("--decoder-ffn-embed-dim", 2048))
         self.heads = int(valued.get("--decoder-attention-heads", 8))
         self.activation = valued.get("--activation-fn", "relu")
@@ -98,9 +106,50 @@ class TransformerLM:
         self.p = {name: np.asarray(value, dtype=np.float64) for name, value in state_dict.items()}
         # upgrade_state_dict_named: without decoder.version > 2 the final LayerNorm is dropped.
         version = self.p.get("decoder.version", np.array([1.0]))
-        self.final_norm = bool(version[0] > 2)
+        self.final_norm = self.arch.final_norm and bool(version[0] > 2)
+        if not self.final_norm:
+            self.p = {k: v for k, v in self.p.items() if not k.startswith("decoder.layer_norm.")}
+        self.p["decoder.version"] = np.array([3.0] if self.final_norm else [1.0])
         if "decoder.output_projection.weight" not in self.p and self.arch.share_embed:
             self.p["decoder.output_projection.weight"] = self.p["decoder.embed_tokens.weight"]
+        self.strict_load()
+
+    def expected_names(self):
+        """The state dict keys of the model fairseq builds from the flags (sinusoidal positions'
+        _float_tensor buffer left out: upgrade_state_dict_named adds it)."""
+        a = self.arch
+        names = {"decoder.version", "decoder.embed_tokens.weight",
+                 "decoder.output_projection.weight"}
+        if a.learned_pos:
+            names.add("decoder.embed_positions.weight")
+        if a.input_dim != a.embed_dim:
+            names.add("decoder.project_in_dim.weight")
+        if a.output_dim != a.embed_dim:
+            names.add("decoder.project_out_dim.weight")
+        if self.final_norm:
+            names |= {"decoder.layer_norm.weight", "decoder.layer_norm.bias"}
+        modules = ["self_attn.k_proj", "self_attn.v_proj", "self_attn.q_proj", "self_attn.out_proj",
+                   "self_attn_layer_norm", "final_layer_norm", "fc1", "fc2"]
+        modules += ["attn_ln"] if a.scale_attn else []
+        modules += ["ffn_layernorm"] if a.scale_fc else []
+        for layer in range(a.layers):
+            prefix = f"decoder.layers.{layer}."
+            names |= {prefix + m + suffix for m in modules for suffix in (".weight", ".bias")}
+            names |= {prefix + "c_attn"} if a.scale_heads else set()
+            names |= {prefix + "w_resid"} if a.scale_resids else set()
+        return names
+
+    def strict_load(self):
+        """torch's load_state_dict(strict=True): the file's names are exactly the model's."""
+        expected = self.expected_names()
+        missing = sorted(expected - self.p.keys())
+        unexpected = sorted(self.p.keys() - expected)
+        if missing or unexpected:
+            raise ValueError(f"the flags build another model: missing {missing[:4]}, "
+                             f"unexpected {unexpected[:4]}")
+        if not self.arch.normalize_before:
+            raise ValueError("the flags build a post-LN model (no --decoder-normalize-before); "
+                             "this reference computes pre-LN layers only")
 
     def logits(self, tokens):
         """tokens: int [batch, time], without PADDING_IDX. Returns [batch, time, vocab]."""

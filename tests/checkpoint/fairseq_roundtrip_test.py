@@ -16,6 +16,7 @@ mistakes are refused.
 usage: fairseq_roundtrip_test.py NF_LAUNCH NF_CKPT MPIRUN...
 """
 import json
+import re
 import pathlib
 import sys
 import tempfile
@@ -110,6 +111,44 @@ def check_command_line(nf_ckpt, work, exported):
         assert not (work / "x").exists()
     run(nf_ckpt, "import", exported, "--out", work / "stepped", "--step", "0")
     assert "step 0," in run(nf_ckpt, "inspect", work / "stepped").stdout
+    check_bad_model_configs(nf_ckpt, work, exported)
+
+
+def with_model_config(exported, out, text):
+    """A copy of the safetensors file `exported` whose normformer.model_config metadata is `text`."""
+    data = pathlib.Path(exported).read_bytes()
+    length = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8:8 + length])
+    header["__metadata__"]["normformer.model_config"] = text
+    encoded = json.dumps(header).encode()
+    encoded += b" " * (-len(encoded) % 8)
+    out.write_bytes(len(encoded).to_bytes(8, "little") + encoded + data[8 + length:])
+    return out
+
+
+def check_bad_model_configs(nf_ckpt, work, exported):
+    """A model config that cannot be built is refused by import, naming the field, in one line
+    (before, max_seq_len 0 was imported and verified, and nf-eval died of SIGFPE on it)."""
+    _, metadata = raw_tensors(exported)
+    recorded = metadata["normformer.model_config"]
+    cases = [
+        ("max_seq_len: 0", "model.max_seq_len must be in"),
+        ("max_seq_len: -1", "model.max_seq_len must be in"),
+        ("dropout: 5", "model.dropout must be in [0, 1)"),
+        ("num_layers: 1000000000", "model.num_layers must be in"),
+        ("d_model: {", "not a model config in text format"),
+    ]
+    for change, message in cases:
+        field = change.split(":")[0]
+        text = re.sub(rf"\b{field}: \S+", change, recorded)
+        assert text != recorded, (change, recorded)
+        spoilt = with_model_config(exported, work / "spoilt.safetensors", text)
+        result = run(nf_ckpt, "import", spoilt, "--out", work / "x", check=False)
+        assert result.returncode == 1, (change, result.returncode, result.stderr)
+        assert message in result.stderr, (change, result.stderr)
+        assert len(result.stderr.splitlines()) == 1, (change, result.stderr)
+        assert not (work / "x").exists(), change
+    print(f"import refused {len(cases)} model configs that cannot be built, each in one line")
 
 
 def main():

@@ -160,17 +160,78 @@ TEST_F(NfCkptCliTest, DirectoriesThatCannotBeReadAreOneLineNamingThePathAndTheRe
                 ": shard file rank_00000.shard is missing or unreadable (Is a directory)")});
 }
 
-// An export that fails (here its rename onto a directory) leaves no FILE.tmp behind.
-TEST_F(NfCkptCliTest, AFailedExportLeavesNoTemporaryFile) {
+// A checkpoint that is not there is said to be missing, not to lack its manifest.
+TEST_F(NfCkptCliTest, AMissingCheckpointIsSaidNotToExist) {
+  const fs::path nope = dir_ / "nope";
+  const Outcome outcome = Run({"inspect", nope.string()});
+  EXPECT_EQ(outcome.exit_code, 1);
+  EXPECT_EQ(Lines(outcome.err), std::vector<std::string>{absl::StrCat(
+                                    "nf-ckpt: checkpoint ", nope.string(), " does not exist")});
+}
+
+// Every command that writes replaces nothing: an --out that exists (here a directory) is refused
+// before anything is written, and no FILE.tmp is left.
+TEST_F(NfCkptCliTest, AnExistingOutIsRefused) {
   const fs::path out = dir_ / "model.safetensors";
   fs::create_directory(out);
   const Outcome outcome = Run({"export", (dir_ / "checkpoints").string(), "--format", "safetensors",
                                "--out", out.string()});
   EXPECT_EQ(outcome.exit_code, 1) << outcome.err;
   EXPECT_EQ(Lines(outcome.err),
-            std::vector<std::string>{absl::StrCat("nf-ckpt: cannot rename ", out.string(),
-                                                  ".tmp to ", out.string(), ": Is a directory")});
+            std::vector<std::string>{absl::StrCat("nf-ckpt: --out ", out.string(),
+                                                  " exists: export writes a new file, choose "
+                                                  "another")});
   EXPECT_FALSE(fs::exists(out.string() + ".tmp"));
+  EXPECT_TRUE(fs::is_empty(out));
+}
+
+// No command writes inside a checkpoint or a run's checkpoints directory: an export over the
+// manifest (which used to exit 0 and destroy the latest checkpoint), a file beside the shards, a
+// conversion under a checkpoint's name in checkpoints/ (which retention would then count) and an
+// import into a staging directory are refused, and every byte of the checkpoints stays.
+TEST_F(NfCkptCliTest, NothingIsWrittenInsideACheckpoint) {
+  const fs::path checkpoints = dir_ / "checkpoints";
+  const fs::path saved = checkpoints / "iter_0000001";
+  const std::string manifest_before = *ReadWholeFile(saved / kManifestName);
+  const Outcome exported = Run({"export", checkpoints.string(), "--format", "fairseq", "--out",
+                                (dir_ / "model.safetensors").string()});
+  ASSERT_EQ(exported.exit_code, 0) << exported.err;
+  struct Refusal {
+    std::vector<std::string> args;
+    fs::path out;
+    std::string inside;
+  };
+  const std::vector<Refusal> refusals = {
+      {{"export", checkpoints.string(), "--format", "fairseq"}, saved / kManifestName,
+       absl::StrCat(" is inside checkpoint ", saved.string(), ": ")},
+      {{"export", checkpoints.string(), "--format", "safetensors"}, saved / "sub" / "x.safetensors",
+       absl::StrCat(" is inside checkpoint ", saved.string(), ": ")},
+      {{"convert", checkpoints.string(), "--tp", "1", "--pp", "1", "--dp", "1"},
+       checkpoints / "iter_0000099", " is inside checkpoint "},
+      {{"convert", checkpoints.string(), "--tp", "1", "--pp", "1", "--dp", "1"},
+       checkpoints / "converted", absl::StrCat(" is inside the checkpoints directory ",
+                                               checkpoints.string(), ", which only training")},
+      {{"import", (dir_ / "model.safetensors").string()}, checkpoints / "iter_0000007.tmp" / "x",
+       " is inside checkpoint "},
+  };
+  for (const Refusal& refusal : refusals) {
+    std::vector<std::string> args = refusal.args;
+    args.insert(args.end(), {"--out", refusal.out.string()});
+    const Outcome outcome = Run(args);
+    SCOPED_TRACE(refusal.out.string());
+    ASSERT_EQ(Lines(outcome.err).size(), 1u) << outcome.err;
+    EXPECT_THAT(outcome.err,
+                HasSubstr(absl::StrCat("nf-ckpt: --out ", refusal.out.string(), refusal.inside)));
+    EXPECT_EQ(outcome.exit_code, 1);
+    if (refusal.out.filename() != kManifestName) {
+      EXPECT_FALSE(fs::exists(refusal.out));
+    }
+  }
+  EXPECT_EQ(*ReadWholeFile(saved / kManifestName), manifest_before);
+  EXPECT_FALSE(fs::exists(checkpoints / "iter_0000099"));
+  EXPECT_EQ(CheckpointSteps(checkpoints), std::vector<int64_t>{1});
+  const Outcome verify = Run({"verify", checkpoints.string()});
+  EXPECT_EQ(verify.exit_code, 0) << verify.err;
 }
 
 }  // namespace

@@ -326,6 +326,48 @@ TEST_F(NfLaunchCliTest, ExitIntervalStopsWithACheckpointAndTheSameCommandResumes
   for (size_t i = 0; i < 6; ++i) EXPECT_EQ(strip_seconds(stopped[i]), strip_seconds(whole[i]));
 }
 
+// A resume refused (the run's checkpoint is another model's) leaves the run directory's
+// config.pbtxt as it was: it still describes the checkpoints there.
+TEST_F(NfLaunchCliTest, ARefusedResumeLeavesTheRunsConfigAsItWas) {
+  const std::string run_dir = (dir_ / "run").string();
+  ASSERT_EQ(Launch({"--config", TinyConfig(), "--run-dir", run_dir}).exit_code, 0);
+  const std::string before = ReadFile(dir_ / "run" / "config.pbtxt");
+  const Outcome refused = Launch({"--config", TinyConfig(), "--set", "model.d_model=32", "--set",
+                                  "train.train_iters=6", "--run-dir", run_dir});
+  EXPECT_EQ(refused.exit_code, 1);
+  EXPECT_THAT(refused.err, HasSubstr("model.d_model"));
+  EXPECT_EQ(ReadFile(dir_ / "run" / "config.pbtxt"), before);
+  EXPECT_THAT(before, HasSubstr("d_model: 16"));
+}
+
+// Progress counters are int64 products of the step count, the batch and the sequence length: a
+// train_iters that would overflow them is refused before anything runs (it used to run, save a
+// checkpoint that verify refused, and fail to resume).
+TEST_F(NfLaunchCliTest, AStepCountThatWouldOverflowTheCountersIsRefused) {
+  ExpectConfigurationError(
+      Launch({"--config", TinyConfig(), "--set", "train.train_iters=576460752303423488",
+              "--run-dir", (dir_ / "run").string()}),
+      {"train.train_iters (576460752303423488) x train.global_batch_size (4) x train.seq_len (8) "
+       "exceeds 2^53 tokens"},
+      /*usage_hint=*/false);
+  EXPECT_FALSE(std::filesystem::exists(dir_ / "run"));
+}
+
+// A run directory inside a checkpoint (or a run's checkpoints directory) is refused: the run's
+// files would land among a checkpoint's.
+TEST_F(NfLaunchCliTest, ARunDirectoryInsideACheckpointIsRefused) {
+  const std::string run_dir = (dir_ / "run").string();
+  ASSERT_EQ(Launch({"--config", TinyConfig(), "--run-dir", run_dir}).exit_code, 0);
+  const std::filesystem::path checkpoints = dir_ / "run" / "checkpoints";
+  for (const std::filesystem::path& inside :
+       {checkpoints / "iter_0000003" / "again", checkpoints / "another"}) {
+    ExpectConfigurationError(
+        Launch({"--config", TinyConfig(), "--run-dir", inside.string()}),
+        {absl::StrCat("--run-dir ", inside.string(), " is inside ")}, /*usage_hint=*/false);
+    EXPECT_FALSE(std::filesystem::exists(inside));
+  }
+}
+
 // A run directory another live nf-launch holds is refused at once, naming the holder.
 TEST_F(NfLaunchCliTest, ASecondRunInALiveRunDirectoryIsRefused) {
   auto held = RunDirLock::Acquire(dir_ / "busy");
@@ -353,6 +395,29 @@ TEST_F(NfLaunchCliTest, NonFiniteGradientsStopTheRunKeepingTheLastCheckpoint) {
   EXPECT_THAT(err[0], HasSubstr("(FP32): stopping; the last good checkpoint is "));
   const std::string latest = ReadFile(dir_ / "run" / "checkpoints" / "latest");
   EXPECT_THAT(err[0], HasSubstr(latest.substr(0, latest.size() - 1)));
+}
+
+// The same stop with an async save in flight (bf16: the first non-finite step stops the run, the
+// step after the save): the save is committed before the run ends, so the message names it and
+// nothing half-written (iter_*.tmp) is left. Before, the run said "(none ...)" and left only the
+// staging directory.
+TEST_F(NfLaunchCliTest, AStopCommitsTheAsyncSaveInFlightAndNamesIt) {
+  const Outcome outcome = Launch(
+      {"--config", TinyConfig(), "--set", "train.train_iters=6", "--set",
+       "train.precision=BF16", "--set", "train.optimizer.lr=1e6", "--set",
+       "train.lr_schedule.warmup_iters=0", "--set", "checkpoint.save_interval=1", "--set",
+       "checkpoint.async_save=true", "--run-dir", (dir_ / "run").string()});
+  EXPECT_EQ(outcome.exit_code, 1);
+  const std::vector<std::string> err = Lines(outcome.err);
+  ASSERT_EQ(err.size(), 1u) << outcome.err;
+  EXPECT_THAT(err[0], HasSubstr("(BF16): stopping; the last good checkpoint is "));
+  const std::filesystem::path checkpoints = dir_ / "run" / "checkpoints";
+  ASSERT_TRUE(std::filesystem::exists(checkpoints / "latest")) << outcome.err;
+  const std::string latest = ReadFile(checkpoints / "latest");
+  EXPECT_THAT(err[0], HasSubstr((checkpoints / latest.substr(0, latest.size() - 1)).string()));
+  for (const auto& entry : std::filesystem::directory_iterator(checkpoints)) {
+    EXPECT_THAT(entry.path().filename().string(), Not(HasSubstr(".tmp")));
+  }
 }
 
 // An update that would itself overflow (lr 1e38: the step size lr / (1 - beta1) is inf in fp32)

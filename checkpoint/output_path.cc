@@ -1,0 +1,72 @@
+#include "checkpoint/output_path.h"
+
+#include <string>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "checkpoint/durable_files.h"
+#include "checkpoint/save.h"
+#include "core/status.h"
+
+namespace nf::checkpoint {
+namespace fs = std::filesystem;
+
+namespace {
+
+// A directory named as a checkpoint or as one being staged (iter_NNNNNNN, iter_NNNNNNN.tmp).
+bool NamedAsCheckpoint(const fs::path& dir) {
+  std::string name = dir.filename().string();
+  if (absl::EndsWith(name, ".tmp")) name.resize(name.size() - 4);
+  int64_t step = 0;
+  return ParseIterationDirName(name, step);
+}
+
+// A run's checkpoints directory: its `latest` file names a checkpoint.
+bool HoldsCheckpoints(const fs::path& dir) {
+  std::error_code error;
+  if (!fs::is_regular_file(dir / kLatestName, error)) return false;
+  const absl::StatusOr<std::string> named = ReadWholeFile(dir / kLatestName);
+  int64_t step = 0;
+  return named.ok() &&
+         ParseIterationDirName(std::string(absl::StripAsciiWhitespace(*named)), step);
+}
+
+}  // namespace
+
+absl::Status CheckOutsideCheckpoints(const fs::path& path, absl::string_view flag) {
+  std::error_code error;
+  // weakly_canonical resolves the existing part (symbolic links, ..) and keeps the rest.
+  fs::path resolved = fs::weakly_canonical(fs::absolute(path, error), error);
+  if (error) resolved = path.lexically_normal();
+  for (fs::path dir = resolved; !dir.empty(); dir = dir.parent_path()) {
+    std::error_code ignored;
+    const bool is_dir = fs::is_directory(dir, ignored);
+    if (NamedAsCheckpoint(dir) || (is_dir && fs::exists(dir / kManifestName, ignored))) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          flag, " ", path.string(), " is inside checkpoint ", dir.string(),
+          ": writing there would damage it; choose a path outside every checkpoint"));
+    }
+    if (is_dir && HoldsCheckpoints(dir)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          flag, " ", path.string(), " is inside the checkpoints directory ", dir.string(),
+          ", which only training writes (retention counts and removes what is there); choose "
+          "a path outside it"));
+    }
+    if (dir == dir.parent_path()) break;  // the root
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckNewOutput(const fs::path& path, absl::string_view flag,
+                            absl::string_view writes) {
+  NF_RETURN_IF_ERROR(CheckOutsideCheckpoints(path, flag));
+  std::error_code error;
+  if (fs::exists(fs::symlink_status(path, error))) {
+    return absl::AlreadyExistsError(
+        absl::StrCat(flag, " ", path.string(), " exists: ", writes, ", choose another"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace nf::checkpoint
