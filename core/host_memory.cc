@@ -1,5 +1,8 @@
 #include "core/host_memory.h"
 
+#include <sys/resource.h>
+
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -87,9 +90,10 @@ absl::StatusOr<AvailableMemory> AvailableHostMemory() {
   const std::optional<std::string> cgroup_file = ReadSmallFile("/proc/self/cgroup");
   const std::optional<std::string> cgroup =
       cgroup_file ? ParseCgroupPath(*cgroup_file) : std::nullopt;
-  if (!cgroup) return available;  // cgroup v1 or none: MemAvailable is all there is
-  for (std::filesystem::path dir =
-           std::filesystem::path(kCgroupRoot) / std::filesystem::path(*cgroup).relative_path();
+  // cgroup v1 or none: no cgroup limit to read.
+  for (std::filesystem::path dir = cgroup ? std::filesystem::path(kCgroupRoot) /
+                                                std::filesystem::path(*cgroup).relative_path()
+                                          : std::filesystem::path(kCgroupRoot);
        dir.string().size() > std::strlen(kCgroupRoot); dir = dir.parent_path()) {
     // -1: no limit here ("max"), or no memory controller on this level.
     const int64_t limit = CgroupValue(dir / "memory.max");
@@ -99,6 +103,19 @@ absl::StatusOr<AvailableMemory> AvailableHostMemory() {
       available.bytes = std::max<int64_t>(limit - usage, 0);
       available.source = absl::StrCat("the limit of cgroup ", dir.string(), " (memory.max ",
                                       Gib(limit), ", of which ", Gib(usage), " in use)");
+    }
+  }
+  // `ulimit -v` (RLIMIT_AS) caps the address space, mapped or not: what may still be mapped is
+  // the limit less this process's virtual size (an allocation beyond it fails however much
+  // memory is free).
+  rlimit address_space{};
+  if (getrlimit(RLIMIT_AS, &address_space) == 0 && address_space.rlim_cur != RLIM_INFINITY) {
+    const int64_t limit = static_cast<int64_t>(address_space.rlim_cur);
+    const int64_t mapped = StatusField("VmSize");
+    if (limit - mapped < available.bytes) {
+      available.bytes = std::max<int64_t>(limit - mapped, 0);
+      available.source = absl::StrCat("ulimit -v (the address-space limit, ", Gib(limit),
+                                      ", of which ", Gib(mapped), " mapped)");
     }
   }
   return available;

@@ -16,9 +16,10 @@ struct AvailableMemory {
   std::string source;  // where the figure comes from, for messages: "MemAvailable in ..."
 };
 
-// The smaller of the kernel's MemAvailable (/proc/meminfo: free memory plus the page cache it
-// can reclaim) and, inside a cgroup v2 with a memory limit (a container, a Slurm job with
-// cgroup enforcement), the room left below the tightest limit on the way up to the root.
+// The smallest of the kernel's MemAvailable (/proc/meminfo: free memory plus the page cache it
+// can reclaim); inside a cgroup v2 with a memory limit (a container, a Slurm job with cgroup
+// enforcement), the room left below the tightest limit on the way up to the root; and under
+// `ulimit -v` (RLIMIT_AS), the address space left below it.
 absl::StatusOr<AvailableMemory> AvailableHostMemory();
 
 // This process's resident set now and at its peak (VmRSS and VmHWM of /proc/self/status);

@@ -13,12 +13,13 @@
 // the newest Unicode; invalid UTF-8 is tokenized byte-wise instead of being undecodable; the load
 // checks what encoder.py would find out later with a KeyError.
 //
-// Text "<|endoftext|>" is ordinary text by default, as in encoder.py and Megatron's own
-// GPT2BPETokenizer (its pieces "<|", "endoftext", "|>"; the end-of-document id is appended by the
-// caller), so a document cannot end itself early. ParseSpecialTokens(true) reads it as the
-// end-of-document token instead, as `tokenizers` reads GPT-2's added special token (what
-// Megatron's HuggingFaceTokenizer and transformers' GPT2TokenizerFast give); the default is the
-// ids of `tokenizers` with encode_special_tokens = True (transformers' split_special_tokens).
+// Text "<|endoftext|>" is ordinary text by default, as in encoder.py and Megatron-LM's
+// GPT2BPETokenizer up to core 0.14 (its pieces "<|", "endoftext", "|>"; the end-of-document id
+// is appended by the caller), so a document cannot end itself early. ParseSpecialTokens(true)
+// reads it as the end-of-document token instead, as `tokenizers` reads GPT-2's added special
+// token (what Megatron's HuggingFaceTokenizer, its GPT2BPETokenizer from core 0.15 and
+// transformers' GPT2TokenizerFast give; docs/design.md section 6.1); the default is the ids of
+// `tokenizers` with encode_special_tokens = True (transformers' split_special_tokens).
 #pragma once
 
 #include <array>

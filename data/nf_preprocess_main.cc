@@ -49,14 +49,21 @@ files appear only when everything succeeded.
   --workers N             tokenizing threads, 1 to 256 (default 1); the output does not depend
                           on it
   --no-eod                do not append the end-of-document token to each document
-  --parse-special-tokens  gpt2: read "<|endoftext|>" in the text as the end-of-document token,
-                          as Hugging Face tokenizers does (the document is not split); by
-                          default it is text, as in Megatron's GPT2BPETokenizer
+  --parse-special-tokens  gpt2: read "<|endoftext|>" in the text as the end-of-document token
+                          (the document is not split), as Hugging Face tokenizers does and so
+                          Megatron-LM's GPT2BPETokenizer from core 0.15 on; by default it is
+                          text, as in that tokenizer up to core 0.14 (and with
+                          --legacy-tokenizer in 0.15 and 0.16)
   --keep-empty-documents  keep empty documents (empty JSONL texts, blank lines of --format lines,
                           texts without tokens) as Megatron's preprocess_data.py does: no tokens,
                           no end-of-document token, one entry of the document index; by default
                           they are skipped. An output without any token is refused either way
   --help                  this text
+
+For the PREFIX.bin and PREFIX.idx that Megatron-LM's tools/preprocess_data.py --append-eod
+writes (byte for byte where the tokenizers give the same ids): --keep-empty-documents, plus
+--parse-special-tokens for its GPT2BPETokenizer from core 0.15 on (unless --legacy-tokenizer);
+for a Megatron run without --append-eod, add --no-eod.
 )";
 
 int Usage(const std::string& message) {

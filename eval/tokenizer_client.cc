@@ -9,11 +9,14 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <iostream>
 #include <sstream>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "core/status.h"
 
 extern char** environ;
 
@@ -61,13 +64,41 @@ class TextsFile {
   std::string path_;
 };
 
-// Runs argv[0] with standard output into a pipe and returns everything it wrote.
+// What a process wrote to a file descriptor of an unlinked temporary file, from its start.
+std::string ReadBack(int fd) {
+  std::string text;
+  char buffer[4096];
+  ::lseek(fd, 0, SEEK_SET);
+  for (ssize_t n; (n = ::read(fd, buffer, sizeof(buffer))) > 0 || (n < 0 && errno == EINTR);) {
+    if (n > 0) text.append(buffer, static_cast<size_t>(n));
+  }
+  return text;
+}
+
+// An unlinked temporary file (a descriptor only) for a helper's standard error.
+absl::StatusOr<int> AnonymousFile() {
+  std::string path = (fs::temp_directory_path() / "nf-eval-stderr-XXXXXX").string();
+  const int fd = mkostemp(path.data(), O_CLOEXEC);
+  if (fd < 0) return OsError(absl::StrCat("cannot create ", path), errno);
+  ::unlink(path.c_str());
+  return fd;
+}
+
+// Runs argv[0] with standard output into a pipe and returns everything it wrote. Its standard
+// error is kept aside: when it fails, its own message becomes this error (one line for the
+// user, not the helper's line and then ours); when it succeeds, what it said is passed on.
 absl::StatusOr<std::string> RunCapturingOutput(const std::vector<std::string>& args) {
+  NF_ASSIGN_OR_RETURN(const int errors_fd, AnonymousFile());
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } close_errors{errors_fd};
   int pipe_fds[2];
   if (::pipe2(pipe_fds, O_CLOEXEC) != 0) return OsError("cannot create a pipe", errno);
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
   posix_spawn_file_actions_adddup2(&actions, pipe_fds[1], STDOUT_FILENO);
+  posix_spawn_file_actions_adddup2(&actions, errors_fd, STDERR_FILENO);
   std::vector<char*> argv;
   for (const std::string& arg : args) argv.push_back(const_cast<char*>(arg.c_str()));
   argv.push_back(nullptr);
@@ -93,14 +124,21 @@ absl::StatusOr<std::string> RunCapturingOutput(const std::vector<std::string>& a
   int status = 0;
   while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
   }
+  const std::string said = ReadBack(errors_fd);
   if (read_error != 0) return OsError(absl::StrCat("cannot read from ", args[0]), read_error);
   if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+    // "nf-tokenize: cannot open SentencePiece model M: ..." -> "cannot open ... (nf-tokenize,
+    // exit code 1)": its first line says what is wrong.
+    absl::string_view first = said.substr(0, said.find('\n'));
+    absl::ConsumePrefix(&first, absl::StrCat(fs::path(args[0]).filename().string(), ": "));
+    const std::string how = WIFEXITED(status) ? absl::StrCat("exit code ", WEXITSTATUS(status))
+                                              : absl::StrCat("signal ", WTERMSIG(status));
     return absl::FailedPreconditionError(
-        absl::StrCat(args[0], " failed (",
-                     WIFEXITED(status) ? absl::StrCat("exit code ", WEXITSTATUS(status))
-                                       : absl::StrCat("signal ", WTERMSIG(status)),
-                     ")"));
+        first.empty() ? absl::StrCat(args[0], " failed (", how, ")")
+                      : absl::StrCat(first, " (", fs::path(args[0]).filename().string(), ", ",
+                                     how, ")"));
   }
+  std::cerr << said;
   return output;
 }
 

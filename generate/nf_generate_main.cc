@@ -111,6 +111,7 @@ int SharedFailure(const absl::Status& status) {
 absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
   Flags flags;
   nf::generate::SamplingOptions& sampling = flags.generation.sampling;
+  bool greedy = false, temperature_given = false;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg == "--parse-special-tokens") {
@@ -118,7 +119,7 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
       continue;
     }
     if (arg == "--greedy") {
-      sampling.temperature = 0.0;
+      greedy = true;
       continue;
     }
     if (i + 1 >= argc) return absl::InvalidArgumentError(arg + " needs a value (or is unknown)");
@@ -146,6 +147,7 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
       flags.generation.max_new_tokens = number;
     } else if (arg == "--temperature") {
       if (!absl::SimpleAtod(value, &sampling.temperature)) return bad("a number");
+      temperature_given = true;
     } else if (arg == "--top-k") {
       if (!absl::SimpleAtoi(value, &sampling.top_k)) return bad("an integer");
     } else if (arg == "--top-p") {
@@ -170,6 +172,11 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
       return absl::InvalidArgumentError("unknown argument '" + arg + "'");
     }
   }
+  if (greedy && temperature_given) {
+    return absl::InvalidArgumentError(
+        "--greedy is --temperature 0: give one of --greedy and --temperature, not both");
+  }
+  if (greedy) sampling.temperature = 0.0;
   if (flags.checkpoint.empty()) return absl::InvalidArgumentError("--checkpoint is required");
   NF_RETURN_IF_ERROR(nf::eval::CheckTokenizerFlags(flags.tokenizer));
   NF_RETURN_IF_ERROR(nf::generate::CheckSamplingOptions(sampling));

@@ -1,5 +1,6 @@
 #include "generate/prompts.h"
 
+#include <filesystem>
 #include <fstream>
 
 #include "absl/strings/str_cat.h"
@@ -9,6 +10,12 @@
 namespace nf::generate {
 
 absl::StatusOr<std::vector<std::string>> ReadPromptFile(const std::string& path) {
+  // A directory opens as a stream that reads nothing: it would be a file of no prompts.
+  std::error_code error;
+  if (std::filesystem::is_directory(path, error)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the prompt file ", path, " is a directory: give a file of prompts"));
+  }
   std::ifstream in(path, std::ios::binary);
   if (!in) return absl::NotFoundError(absl::StrCat("cannot read the prompt file ", path));
   std::vector<std::string> lines;
@@ -19,7 +26,12 @@ absl::StatusOr<std::vector<std::string>> ReadPromptFile(const std::string& path)
     jsonl = jsonl && line.front() == '{';
     lines.push_back(std::move(line));
   }
-  if (!jsonl || lines.empty()) return lines;
+  if (in.bad()) return absl::DataLossError(absl::StrCat("cannot read the prompt file ", path));
+  if (lines.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the prompt file ", path, " holds no prompt (every line is empty)"));
+  }
+  if (!jsonl) return lines;
   std::vector<std::string> prompts;
   for (size_t i = 0; i < lines.size(); ++i) {
     const auto value = ParseJson(lines[i]);

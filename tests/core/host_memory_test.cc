@@ -2,6 +2,11 @@
 // machine and process.
 #include "core/host_memory.h"
 
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <fstream>
+#include <string>
 #include <vector>
 
 #include "test_util.h"
@@ -36,6 +41,30 @@ TEST(HostMemoryLiveTest, AvailableIsPositiveAndBelowTotal) {
   EXPECT_GT(available->bytes, 0);
   EXPECT_LT(available->bytes, int64_t{1} << 50) << available->source;
   EXPECT_FALSE(available->source.empty());
+}
+
+// Under `ulimit -v` an allocation past the address-space limit fails whatever is free, so the
+// room below the limit is what is available (the memory check used to ignore it).
+TEST(HostMemoryLiveTest, AnAddressSpaceLimitBoundsWhatIsAvailable) {
+  rlimit before{};
+  ASSERT_EQ(getrlimit(RLIMIT_AS, &before), 0);
+  std::ifstream status("/proc/self/status");
+  int64_t mapped_kb = 0;
+  for (std::string line; std::getline(status, line);) {
+    if (line.rfind("VmSize:", 0) == 0) mapped_kb = std::stoll(line.substr(7));
+  }
+  ASSERT_GT(mapped_kb, 0);
+  // 256 MiB beyond what is mapped now: well below any machine's free memory.
+  rlimit limited = before;
+  limited.rlim_cur = static_cast<rlim_t>(mapped_kb * 1024 + (int64_t{256} << 20));
+  if (before.rlim_max != RLIM_INFINITY) limited.rlim_cur = std::min(limited.rlim_cur, before.rlim_max);
+  ASSERT_EQ(setrlimit(RLIMIT_AS, &limited), 0);
+  const absl::StatusOr<AvailableMemory> available = AvailableHostMemory();
+  ASSERT_EQ(setrlimit(RLIMIT_AS, &before), 0);
+  NF_ASSERT_OK(available);
+  EXPECT_LE(available->bytes, int64_t{256} << 20);
+  EXPECT_GT(available->bytes, int64_t{128} << 20);  // the test's own small mappings since
+  EXPECT_NE(available->source.find("ulimit -v"), std::string::npos) << available->source;
 }
 
 TEST(HostMemoryLiveTest, ResidentAndPeakFollowAnAllocation) {

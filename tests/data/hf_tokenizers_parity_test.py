@@ -26,7 +26,7 @@ And texts holding "<|endoftext|>" (at either end, twice, next to spaces, inside 
 literal, a prefix or another case of it): with --parse-special-tokens the ids of HF's default
 (the literal is the token, the text on each side tokenized on its own), without it those of HF
 with encode_special_tokens = True (the literal tokenized as text, which is also what Megatron's
-own GPT2BPETokenizer and openai's encoder.py give); one document each either way.
+GPT2BPETokenizer up to core 0.14 and openai's encoder.py give); one document each either way.
 
 usage: hf_tokenizers_parity_test.py NF_PREPROCESS
 """

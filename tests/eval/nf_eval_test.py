@@ -463,11 +463,19 @@ def check_refusals(tools, work):
                                   big_vocab / "merges.txt"], "not the tokenizer the model"),
         (1, "a part without documents", ["--dataset", work / "corpus", "--part", "test"],
          "holds no documents"),
+        (1, "a SentencePiece model that does not exist",
+         ["--task", f"hellaswag={hellaswag}", "--tokenizer", "sentencepiece", "--spm-model",
+          work / "missing.model"], "missing.model"),
+        (2, "a report inside a checkpoint",
+         ["--dataset", work / "corpus", "--out", checkpoint / "report.json"],
+         "is inside the checkpoints directory"),
     ]
     for code, what, args, message in cases:
         result = run(nf_eval, "--checkpoint", checkpoint, *args, check=False)
         assert result.returncode == code and message in result.stderr, (what, result.returncode,
                                                                          result.stderr)
+        # One line: a helper's own message (nf-tokenize's) is not printed before ours.
+        assert code == 2 or len(result.stderr.splitlines()) == 1, (what, result.stderr)
     print(f"{len(cases)} refusals, each naming the problem")
 
 

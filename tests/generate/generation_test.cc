@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 
 #include "generate/prompts.h"
@@ -67,6 +68,21 @@ TEST(PromptFileTest, ReadsLinesOrJsonLines) {
   std::ofstream(path) << "{\"prompt\": 3}\n";
   EXPECT_FALSE(ReadPromptFile(path).ok());
   EXPECT_EQ(ReadPromptFile(path + ".missing").status().code(), absl::StatusCode::kNotFound);
+}
+
+// A directory, or a file with no prompt in it, is refused: it used to generate from one empty
+// prompt as if the user had asked for that.
+TEST(PromptFileTest, ADirectoryOrAFileWithoutPromptsIsRefused) {
+  const std::string dir = ::testing::TempDir() + "/prompt_dir";
+  std::filesystem::create_directories(dir);
+  const absl::Status directory = ReadPromptFile(dir).status();
+  EXPECT_EQ(directory.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(directory.message()), ::testing::HasSubstr("is a directory"));
+  const std::string empty = ::testing::TempDir() + "/no_prompts.txt";
+  std::ofstream(empty) << "\n\r\n\n";
+  const absl::Status nothing = ReadPromptFile(empty).status();
+  EXPECT_EQ(nothing.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(nothing.message()), ::testing::HasSubstr("holds no prompt"));
 }
 
 // A SentencePiece-like decoder: id 0 "▁The", 1 "▁secret", 2 "▁of", 3 "s"; the text's first space

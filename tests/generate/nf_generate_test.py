@@ -190,6 +190,9 @@ def main():
         for args, message in [([], "--tokenizer must be gpt2 or sentencepiece"),
                               ([*tokenizer, "--top-p", "0"], "--top-p must lie in (0, 1]"),
                               ([*tokenizer, "--temperature", "-1"], "--temperature must be"),
+                              ([*tokenizer, "--greedy", "--temperature", "2"],
+                               "give one of --greedy and --temperature, not both"),
+                              ([*tokenizer, "--prompt-file", work], "is a directory"),
                               ([*tokenizer, "--tp", "2"], "needs 2 ranks")]:
             result = run(nf_generate, "--checkpoint", checkpoint, *args, check=False)
             assert result.returncode == 2 and message in result.stderr, (args, result.stderr)
