@@ -1,6 +1,7 @@
 // The generation loop on fixed logits: what it feeds, where it stops, and prompt files.
 #include "generate/generation.h"
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <cstdio>
