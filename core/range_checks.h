@@ -9,6 +9,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "core/status.h"
 
 namespace nf {
 
@@ -27,9 +28,10 @@ absl::Status RequireNonNegative(absl::string_view name, T value) {
 // [1, limit]: a size that allocates or loops by its value; `why` says what the limit stands for.
 template <std::integral T>
 absl::Status RequireInRange(absl::string_view name, T value, T limit, absl::string_view why) {
-  if (value > 0 && value <= limit) return absl::OkStatus();
+  NF_RETURN_IF_ERROR(RequirePositive(name, value));
+  if (value <= limit) return absl::OkStatus();
   return absl::InvalidArgumentError(
-      absl::StrCat(name, " must be in [1, ", limit, "] (got ", value, "; ", why, ")"));
+      absl::StrCat(name, " must be at most ", limit, " (got ", value, "; ", why, ")"));
 }
 
 template <std::floating_point T>

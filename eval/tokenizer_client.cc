@@ -129,7 +129,7 @@ absl::StatusOr<std::string> RunCapturingOutput(const std::vector<std::string>& a
   if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
     // "nf-tokenize: cannot open SentencePiece model M: ..." -> "cannot open ... (nf-tokenize,
     // exit code 1)": its first line says what is wrong.
-    absl::string_view first = said.substr(0, said.find('\n'));
+    absl::string_view first = absl::string_view(said).substr(0, said.find('\n'));
     absl::ConsumePrefix(&first, absl::StrCat(fs::path(args[0]).filename().string(), ": "));
     const std::string how = WIFEXITED(status) ? absl::StrCat("exit code ", WEXITSTATUS(status))
                                               : absl::StrCat("signal ", WTERMSIG(status));

@@ -107,7 +107,7 @@ class TransformerLM:
         # upgrade_state_dict_named: without decoder.version > 2 the final LayerNorm is dropped.
         version = self.p.get("decoder.version", np.array([1.0]))
         self.final_norm = self.arch.final_norm and bool(version[0] > 2)
-        if not self.final_norm:
+        if self.arch.final_norm and not self.final_norm:  # the upgrade drops the module
             self.p = {k: v for k, v in self.p.items() if not k.startswith("decoder.layer_norm.")}
         self.p["decoder.version"] = np.array([3.0] if self.final_norm else [1.0])
         if "decoder.output_projection.weight" not in self.p and self.arch.share_embed:

@@ -132,10 +132,10 @@ def check_bad_model_configs(nf_ckpt, work, exported):
     _, metadata = raw_tensors(exported)
     recorded = metadata["normformer.model_config"]
     cases = [
-        ("max_seq_len: 0", "model.max_seq_len must be in"),
-        ("max_seq_len: -1", "model.max_seq_len must be in"),
+        ("max_seq_len: 0", "model.max_seq_len must be positive (got 0)"),
+        ("max_seq_len: -1", "model.max_seq_len must be positive (got -1)"),
         ("dropout: 5", "model.dropout must be in [0, 1)"),
-        ("num_layers: 1000000000", "model.num_layers must be in"),
+        ("num_layers: 1000000000", "model.num_layers must be at most 4096"),
         ("d_model: {", "not a model config in text format"),
     ]
     for change, message in cases:

@@ -34,8 +34,8 @@ TEST(PieceReaderTest, EachTensorParallelRankReadsExactlyItsPieces) {
   TempDir dir;
   auto trainer = MakeTrainer(TinyConfig(launcher::TrainOptions::FP32));
   TrainSteps(*trainer, 2);
-  NF_ASSERT_OK(Save(*trainer, dir.path()));
-  const fs::path saved = dir.path() / "iter_0000002", tp2 = dir.path() / "tp2";
+  NF_ASSERT_OK(Save(*trainer, dir.path() / "checkpoints"));  // the conversion goes beside it
+  const fs::path saved = dir.path() / "checkpoints" / "iter_0000002", tp2 = dir.path() / "tp2";
   NF_ASSERT_OK(ConvertCheckpoint(saved, *ReadManifest(saved), {.tensor_parallel = 2}, tp2));
   const Manifest manifest = *ReadManifest(tp2);
   int64_t checkpoint_bytes = 0;
