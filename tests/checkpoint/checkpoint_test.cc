@@ -138,6 +138,16 @@ TEST_P(ResumeTest, ResumedRunEqualsTheUninterruptedOneBitForBit) {
   }
 }
 
+// The names in `dir`, sorted.
+std::vector<std::string> SortedNames(const fs::path& dir) {
+  std::vector<std::string> names;
+  for (const auto& entry : fs::directory_iterator(dir)) {
+    names.push_back(entry.path().filename().string());
+  }
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
 // An async save holds the state of the step it was started at, even though training moves the
 // parameters while it is written, and commits at Poll or Finish; a second Start finishes the
 // first save.
@@ -191,11 +201,7 @@ TEST(AsyncCheckpointerTest, ASaveNotFinishedIsDiscardedWithoutATrace) {
     NF_ASSERT_OK(saver.Start(trainer->CheckpointState(), trainer->Progress(), world));
     EXPECT_TRUE(fs::exists(dir.path() / "iter_0000002.tmp"));
   }
-  std::vector<std::string> names;
-  for (const auto& entry : fs::directory_iterator(dir.path())) {
-    names.push_back(entry.path().filename().string());
-  }
-  std::sort(names.begin(), names.end());
+  const std::vector<std::string> names = SortedNames(dir.path());
   EXPECT_EQ(names, (std::vector<std::string>{"iter_0000001", "latest"}));
   EXPECT_EQ(*LatestCheckpoint(dir.path()), dir.path() / "iter_0000001");
 }
@@ -273,11 +279,7 @@ TEST(RetentionTest, KeepsTheNewestAndEveryMthForever) {
     TrainSteps(*trainer, 1);
     NF_ASSERT_OK(Save(*trainer, dir.path(), {.keep_last = 2, .keep_every = 3}));
   }
-  std::vector<std::string> names;
-  for (const auto& entry : fs::directory_iterator(dir.path())) {
-    names.push_back(entry.path().filename().string());
-  }
-  std::sort(names.begin(), names.end());
+  const std::vector<std::string> names = SortedNames(dir.path());
   EXPECT_EQ(names,
             (std::vector<std::string>{"iter_0000003", "iter_0000006", "iter_0000007", "latest"}));
 }
@@ -293,11 +295,7 @@ TEST(RetentionTest, CountsOnlyDirectoriesWhoseManifestReads) {
     if (step == 3) fs::create_directory(dir.path() / "iter_0000009");
     NF_ASSERT_OK(Save(*trainer, dir.path(), {.keep_last = 2}));
   }
-  std::vector<std::string> names;
-  for (const auto& entry : fs::directory_iterator(dir.path())) {
-    names.push_back(entry.path().filename().string());
-  }
-  std::sort(names.begin(), names.end());
+  const std::vector<std::string> names = SortedNames(dir.path());
   EXPECT_EQ(names, (std::vector<std::string>{"iter_0000002", "iter_0000003", "iter_0000009",
                                              "latest"}));
   EXPECT_EQ(CheckpointSteps(dir.path()), (std::vector<int64_t>{2, 3}));
