@@ -35,10 +35,13 @@ bool HoldsCheckpoints(const fs::path& dir) {
 }  // namespace
 
 absl::Status CheckOutsideCheckpoints(const fs::path& path, absl::string_view flag) {
+  // weakly_canonical resolves the existing part (symbolic links, ..) and keeps the rest; a
+  // path the OS cannot resolve is checked as written, made absolute where that works.
   std::error_code error;
-  // weakly_canonical resolves the existing part (symbolic links, ..) and keeps the rest.
-  fs::path resolved = fs::weakly_canonical(fs::absolute(path, error), error);
-  if (error) resolved = path.lexically_normal();
+  fs::path resolved = fs::absolute(path, error);
+  if (error) resolved = path;
+  fs::path canonical = fs::weakly_canonical(resolved, error);
+  resolved = error ? resolved.lexically_normal() : std::move(canonical);
   for (fs::path dir = resolved; !dir.empty(); dir = dir.parent_path()) {
     std::error_code ignored;
     const bool is_dir = fs::is_directory(dir, ignored);

@@ -110,11 +110,21 @@ absl::StatusOr<std::vector<PieceSource>> PiecesOf(const RankState& state,
   return pieces;
 }
 
+// "rank_00003.shard": the file each rank writes into a checkpoint.
+std::string ShardFileName(int world_rank) {
+  return absl::StrFormat("rank_%05d.shard", world_rank);
+}
+
+// Where the checkpoint of `step` is written before its commit renames it into place.
+fs::path StagingDir(const fs::path& checkpoints_dir, int64_t step) {
+  return checkpoints_dir / (IterationDirName(step) + ".tmp");
+}
+
 // This rank's pieces as they lie: records and sources, nothing copied but device buffers.
 absl::StatusOr<ShardSnapshot> PlanShard(const RankState& state) {
   const parallel::Topology& t = state.topology;
   ShardSnapshot shard;
-  shard.file = absl::StrFormat("rank_%05d.shard", t.world_rank());
+  shard.file = ShardFileName(t.world_rank());
   NF_ASSIGN_OR_RETURN(const std::vector<PieceSource> sources, PiecesOf(state, shard.host_copies));
   for (const PieceSource& p : sources) {
     const model::ParamTable::Entry& e = *p.entry;
@@ -312,7 +322,7 @@ void ApplyRetention(const fs::path& checkpoints_dir, const RetentionPolicy& rete
 
 absl::StatusOr<fs::path> PrepareStaging(const fs::path& checkpoints_dir, int64_t step,
                                         parallel::Communicator& world) {
-  const fs::path staging = checkpoints_dir / (IterationDirName(step) + ".tmp");
+  const fs::path staging = StagingDir(checkpoints_dir, step);
   absl::Status prepared;
   if (world.rank() == 0) {
     // Each step names the directory it failed on: a regular file where checkpoints/ should be
@@ -355,7 +365,7 @@ absl::Status CommitCheckpoint(const fs::path& checkpoints_dir, const CommitInfo&
                               const absl::StatusOr<Manifest>& fragment,
                               parallel::Communicator& world) {
   const std::string name = IterationDirName(info.progress.step);
-  const fs::path staging = checkpoints_dir / (name + ".tmp");
+  const fs::path staging = StagingDir(checkpoints_dir, info.progress.step);
   NF_ASSIGN_OR_RETURN(const bool write_failed, AnyFailed(world, fragment.ok()));
   if (write_failed) {
     RemoveStaging(staging, world);
@@ -478,9 +488,10 @@ AsyncCheckpointer::~AsyncCheckpointer() {
   pending_->write.wait();  // the thread must not outlive its buffers
   // Nothing of a discarded save stays: a later run's first save would remove the staging
   // directory anyway, but a user looking at checkpoints/ meanwhile should not find it.
+  const fs::path staging = StagingDir(dir_, pending_->info.progress.step);
   std::error_code ignored;
-  if (!pending_->shard_file.empty()) fs::remove(pending_->staging / pending_->shard_file, ignored);
-  if (pending_->world_rank == 0) fs::remove_all(pending_->staging, ignored);
+  fs::remove(staging / ShardFileName(pending_->world_rank), ignored);
+  if (pending_->world_rank == 0) fs::remove_all(staging, ignored);
 }
 
 absl::Status AsyncCheckpointer::Start(const RankState& state, const RunProgress& progress,
@@ -507,9 +518,7 @@ absl::Status AsyncCheckpointer::Start(const RankState& state, const RunProgress&
   pending->info = CommitInfoOf(state, progress, retention_);
   pending->snapshot = shard;
   const int world_rank = state.topology.world_rank();
-  pending->staging = staging;
   pending->world_rank = world_rank;
-  if (shard->ok()) pending->shard_file = (*shard)->file;
   ShardSnapshot* spare = spare_.get();  // untouched by this thread until Commit
   pending->write =
       std::async(std::launch::async,

@@ -98,8 +98,6 @@ class AsyncCheckpointer {
  private:
   struct Pending {
     CommitInfo info;
-    std::filesystem::path staging;
-    std::string shard_file;  // this rank's, in `staging`
     int world_rank = 0;
     std::shared_ptr<absl::StatusOr<ShardSnapshot>> snapshot;  // shared with the writer
     std::future<absl::StatusOr<Manifest>> write;              // this rank's fragment, once written
