@@ -36,6 +36,15 @@ struct Connection {
 
 bool WaitsForRequest(const Connection& c) { return c.response.empty(); }
 
+// When a connection waiting for its request may give its slot to a newcomer.
+Clock::time_point EvictableFrom(const Connection& c) {
+  return c.deadline - MetricsServer::kRequestDeadline + MetricsServer::kEvictionGrace;
+}
+
+bool Evictable(const Connection& c, Clock::time_point now) {
+  return WaitsForRequest(c) && EvictableFrom(c) <= now;
+}
+
 std::string Response(absl::string_view status, absl::string_view content_type,
                      const std::string& body) {
   return absl::StrCat("HTTP/1.0 ", status, "\r\nContent-Type: ", content_type,
@@ -79,12 +88,13 @@ bool Advance(Connection& c, const std::function<std::string()>& render) {
 }
 
 // Takes the next connection from the backlog. When every slot is taken, it replaces the
-// connection that has waited longest for its request; when every slot is writing an answer, the
+// connection that has waited longest for its request, if that one is evictable; otherwise the
 // newcomer stays in the backlog. False when accept() failed for want of descriptors or memory.
-bool Accept(int listen_fd, std::vector<Connection>& connections) {
+bool Accept(int listen_fd, std::vector<Connection>& connections, Clock::time_point now) {
   auto evicted = connections.end();
   if (connections.size() == MetricsServer::kMaxConnections) {
-    evicted = std::find_if(connections.begin(), connections.end(), WaitsForRequest);
+    evicted = std::find_if(connections.begin(), connections.end(),
+                           [now](const Connection& c) { return Evictable(c, now); });
     if (evicted == connections.end()) return true;
   }
   const int fd = ::accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
@@ -167,8 +177,12 @@ void MetricsServer::Serve() {
       ::close(c.fd);
       return true;
     });
-    const bool room = connections.size() < kMaxConnections ||
-                      std::any_of(connections.begin(), connections.end(), WaitsForRequest);
+    // The oldest connection still waiting for its request: the next to give its slot up.
+    const auto oldest_waiting =
+        std::find_if(connections.begin(), connections.end(), WaitsForRequest);
+    const bool full = connections.size() == kMaxConnections;
+    const bool room = !full || (oldest_waiting != connections.end() &&
+                                Evictable(*oldest_waiting, now));
     const bool accepting = room && now >= accept_paused_until;
     // fds[0]: the wake pipe, fds[1]: the listening socket, fds[2 + i]: connections[i].
     fds.assign(
@@ -185,6 +199,9 @@ void MetricsServer::Serve() {
     };
     if (!connections.empty()) wake_by(connections.front().deadline);
     if (room && !accepting) wake_by(accept_paused_until);
+    if (full && !room && oldest_waiting != connections.end()) {
+      wake_by(EvictableFrom(*oldest_waiting));
+    }
     if (::poll(fds.data(), fds.size(), timeout_ms) < 0) {
       if (errno == EINTR) continue;
       break;
@@ -197,7 +214,7 @@ void MetricsServer::Serve() {
       }
     }
     std::erase_if(connections, [](const Connection& c) { return c.fd < 0; });
-    if ((fds[1].revents & POLLIN) != 0 && !Accept(listen_fd_, connections)) {
+    if ((fds[1].revents & POLLIN) != 0 && !Accept(listen_fd_, connections, Clock::now())) {
       accept_paused_until = Clock::now() + kAcceptBackoff;
     }
   }
