@@ -170,6 +170,9 @@ def read_archive(path, skip_other_objects):
 def state_dict_of(top):
     """fairseq's checkpoint dict keeps the parameters under "model"; a bare state dict is one."""
     if isinstance(top, dict) and isinstance(top.get("model"), dict):
+        if not top["model"]:
+            raise ConversionError("the checkpoint's \"model\" state dict is empty: no parameters "
+                                  "to convert (a checkpoint saved without its model?)")
         return top["model"]
     if isinstance(top, dict) and top and all(isinstance(v, TensorRef) for v in top.values()):
         return top

@@ -18,6 +18,7 @@ usage: fairseq_pt_test.py NF_LAUNCH NF_CKPT SCRIPTS_DIR
 """
 import argparse
 import pathlib
+import pickle
 import sys
 import tempfile
 import zipfile
@@ -131,11 +132,18 @@ def check_code_is_never_run(scripts, work):
     skipped = convert(scripts, evil, work / "evil.safetensors", "--skip-other-objects")
     assert skipped.returncode == 1 and "found neither a checkpoint" in skipped.stderr, skipped
     assert not marker.exists() and not (work / "evil.safetensors").exists()
+    # A checkpoint whose "model" is empty (one saved without its model): nothing is written.
+    empty = work / "empty.pt"
+    with zipfile.ZipFile(empty, "w") as z:
+        z.writestr("archive/data.pkl", pickle.dumps({"model": {}, "extra_state": {}}, protocol=2))
+    refused = convert(scripts, empty, work / "empty.safetensors")
+    assert refused.returncode == 1 and "state dict is empty" in refused.stderr, refused
+    assert not (work / "empty.safetensors").exists()
     legacy = work / "legacy.pt"
     legacy.write_bytes(b"\x80\x02\x8a\x0alegacy torch format")
     refused = convert(scripts, legacy, work / "legacy.safetensors")
     assert refused.returncode == 1 and "not a PyTorch zip checkpoint" in refused.stderr, refused
-    print("code named by a pickle is never run; a non-zip file is refused")
+    print("code named by a pickle is never run; an empty model and a non-zip file are refused")
 
 
 def main():
