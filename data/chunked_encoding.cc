@@ -40,33 +40,41 @@ size_t OutsideSpecialToken(absl::string_view text, size_t begin, size_t end,
   return from + at > begin ? from + at : from + at + special.size();
 }
 
-// The cut of the chunk starting at `begin`, for a text longer than begin + max_bytes.
-Cut NextCut(absl::string_view text, size_t begin, size_t max_bytes,
-            Tokenizer::SpaceAtCut space_at_cut, absl::string_view special) {
-  // A space at `space` ends up in this chunk for kEndsPrevious, so it must fit too.
-  for (size_t space = begin + max_bytes - 1; space > begin; --space) {
-    if (text[space] != ' ' || NextUtf8Char(text, space + 1).klass == CharClass::kSpace ||
-        WhitespaceBefore(text, space)) {
-      continue;
+// The cut of the chunk starting at `begin`, for a text longer than begin + max_bytes, and
+// whether it is exact. The exact cut furthest along that fits: at a single ASCII space between
+// two non-space characters (the space placed as the tokenizer says), or before any whitespace
+// character that follows a non-whitespace one, where the tokenizer allows it.
+Cut NextCut(const Tokenizer& tokenizer, absl::string_view text, size_t begin, size_t max_bytes,
+            bool& exact) {
+  exact = true;
+  const size_t limit = begin + max_bytes;
+  for (size_t at = limit; at > begin; --at) {
+    if (IsContinuation(text[at])) continue;
+    const Utf8Char c = NextUtf8Char(text, at);
+    if (c.klass != CharClass::kSpace || WhitespaceBefore(text, at)) continue;
+    const bool single_space = text[at] == ' ' && at < limit &&
+                              NextUtf8Char(text, at + 1).klass != CharClass::kSpace;
+    if (single_space) {
+      switch (tokenizer.space_at_cut()) {
+        case Tokenizer::SpaceAtCut::kStartsNext:
+          return {.end = at, .next = at};
+        case Tokenizer::SpaceAtCut::kEndsPrevious:
+          return {.end = at + 1, .next = at + 1};
+        case Tokenizer::SpaceAtCut::kDropped:
+          return {.end = at, .next = at + 1};
+      }
     }
-    switch (space_at_cut) {
-      case Tokenizer::SpaceAtCut::kStartsNext:
-        return {.end = space, .next = space};
-      case Tokenizer::SpaceAtCut::kEndsPrevious:
-        return {.end = space + 1, .next = space + 1};
-      case Tokenizer::SpaceAtCut::kDropped:
-        return {.end = space, .next = space + 1};
-    }
+    if (tokenizer.CutsBeforeWhitespace(text.substr(at, c.length))) return {.end = at, .next = at};
   }
-  // No such space: the last character boundary that fits. A character is at most 4 bytes, so
+  // No exact cut: the last character boundary that fits. A character is at most 4 bytes, so
   // one starts within 3 bytes before the limit unless the limit is inside a run of invalid
   // bytes, where every byte is a character of its own. A special token's text (which has no
   // spaces) is never cut: it would become text on both sides.
-  const size_t limit = begin + max_bytes;
+  exact = false;
   size_t end = limit;
   while (end > limit - (kMinChunkBytes - 1) && IsContinuation(text[end])) --end;
   if (IsContinuation(text[end])) end = limit;
-  end = OutsideSpecialToken(text, begin, end, special);
+  end = OutsideSpecialToken(text, begin, end, tokenizer.special_token_text());
   return {.end = end, .next = end};
 }
 
@@ -74,14 +82,17 @@ Cut NextCut(absl::string_view text, size_t begin, size_t max_bytes,
 
 absl::StatusOr<std::vector<int32_t>> EncodeInChunks(const Tokenizer& tokenizer,
                                                     absl::string_view text,
-                                                    size_t max_chunk_bytes) {
+                                                    size_t max_chunk_bytes,
+                                                    int64_t* inexact_cuts) {
   const size_t max_bytes = std::max(max_chunk_bytes, kMinChunkBytes);
+  if (inexact_cuts != nullptr) *inexact_cuts = 0;
   if (text.size() <= max_bytes) return tokenizer.Encode(text);
-  const Tokenizer::SpaceAtCut space_at_cut = tokenizer.space_at_cut();
   std::vector<int32_t> ids;
   size_t begin = 0;
   while (text.size() - begin > max_bytes) {
-    const Cut cut = NextCut(text, begin, max_bytes, space_at_cut, tokenizer.special_token_text());
+    bool exact = true;
+    const Cut cut = NextCut(tokenizer, text, begin, max_bytes, exact);
+    if (!exact && inexact_cuts != nullptr) ++*inexact_cuts;
     NF_ASSIGN_OR_RETURN(const std::vector<int32_t> chunk_ids,
                         tokenizer.Encode(text.substr(begin, cut.end - begin)));
     ids.insert(ids.end(), chunk_ids.begin(), chunk_ids.end());

@@ -24,24 +24,32 @@ inline constexpr size_t kDefaultMaxChunkBytes = size_t{1} << 20;
 
 // tokenizer.Encode(text) when the text has at most `max_chunk_bytes` bytes (at least 4 are
 // used: one UTF-8 character). A longer text is encoded in chunks of at most that many bytes,
-// each cut at the last single ASCII space between two non-space characters (Unicode White_Space
-// decides) that fits, the space going where tokenizer.space_at_cut() says. GPT-2's
-// pre-tokenization starts a token there, and so do SentencePiece models that split by
-// whitespace (the default, and what nf-preprocess trains), so the ids are those of encoding the
-// text whole (tests/data/chunked_encoding_test.cc), except that SentencePiece may break a tie
-// between two segmentations of a word that score the same the other way (it compares float
-// running scores, whose rounding depends on all the text before). That rounding also makes
-// SentencePiece's whole-text encoding of a text of many megabytes drift from the model's best
-// segmentation, which chunks keep small.
+// each cut at the exact cut furthest along that fits, and the chunks' ids concatenated. Exact
+// cuts (the ids those of encoding the text whole):
+//   - a single ASCII space between two non-space characters (Unicode White_Space decides), the
+//     space going where tokenizer.space_at_cut() says: GPT-2's pre-tokenization starts a token
+//     there, and so do SentencePiece models that split by whitespace (the default, and what
+//     nf-preprocess trains);
+//   - before any whitespace character that follows a non-whitespace one, where
+//     tokenizer.CutsBeforeWhitespace allows it: for GPT-2 always; for SentencePiece with
+//     remove_extra_whitespaces (the default) before the characters its normalizer makes a word
+//     boundary of. Text in paragraphs between newlines, double-spaced text and text separated by
+//     U+3000 is cut there.
+// SentencePiece may still break a tie between two segmentations of a word that score the same
+// the other way (it compares float running scores, whose rounding depends on all the text
+// before). That rounding also makes SentencePiece's whole-text encoding of a long text drift from
+// the model's best segmentation, which chunks keep small.
 //
-// A stretch of `max_chunk_bytes` without such a space (text without spaces, such as Chinese or
-// Japanese, or a base64 blob) is cut at the last UTF-8 character boundary that fits instead; the
-// ids next to that cut may differ from whole-text encoding (a word split in two, and a
-// SentencePiece model with a dummy prefix starts a new word there, as if a space stood there).
-// That cut moves off an occurrence of tokenizer.special_token_text() it would fall inside (to
-// its start, or past its end when it starts the chunk), so a special token stays one.
+// A stretch of `max_chunk_bytes` without an exact cut (text without whitespace, such as a long
+// Chinese paragraph, or a base64 blob) is cut at the last UTF-8 character boundary that fits
+// instead, and counted in *inexact_cuts (when given): the ids next to that cut may differ from
+// whole-text encoding (a word split in two, and a SentencePiece model with a dummy prefix starts
+// a new word there, as if a space stood there). That cut moves off an occurrence of
+// tokenizer.special_token_text() it would fall inside (to its start, or past its end when it
+// starts the chunk), so a special token stays one.
 absl::StatusOr<std::vector<int32_t>> EncodeInChunks(const Tokenizer& tokenizer,
                                                     absl::string_view text,
-                                                    size_t max_chunk_bytes = kDefaultMaxChunkBytes);
+                                                    size_t max_chunk_bytes = kDefaultMaxChunkBytes,
+                                                    int64_t* inexact_cuts = nullptr);
 
 }  // namespace nf::data

@@ -71,6 +71,11 @@ class Gpt2Bpe final : public Tokenizer {
   // siblings take it, and a whitespace run before it ends there), and the pre-tokens before it
   // are the same when the text ends there.
   SpaceAtCut space_at_cut() const override { return SpaceAtCut::kStartsNext; }
+  // Exact before every whitespace character that follows a non-whitespace one: no pre-token
+  // spans that boundary (the letter, number and other-symbol pre-tokens hold no whitespace, and
+  // the whitespace pre-tokens start there), and the pre-tokens after it do not depend on the
+  // text before it.
+  bool CutsBeforeWhitespace(absl::string_view) const override { return true; }
 
  private:
   struct Merge {

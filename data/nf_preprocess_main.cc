@@ -16,6 +16,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "data/chunked_encoding.h"
 #include "data/document_reader.h"
 #include "data/gpt2_bpe.h"
 #include "data/preprocess.h"
@@ -275,6 +276,13 @@ int Run(int argc, char** argv) {
       done->bytes / 1e6 / std::max(done->seconds, 1e-9),
       done->tokens / std::max(done->seconds, 1e-9), flags.workers, flags.output_prefix,
       (*tokenizer)->vocab_size() < 65500 ? "uint16" : "int32", (*tokenizer)->vocab_size());
+  if (done->inexactly_cut_documents > 0) {
+    std::cerr << absl::StrFormat(
+        "nf-preprocess: warning: %d documents had a stretch of %d bytes without whitespace the "
+        "tokenizer can be cut at; each was cut there at a character boundary, where its ids may "
+        "differ from encoding it whole (docs/design.md, section 6.1)\n",
+        done->inexactly_cut_documents, nf::data::kDefaultMaxChunkBytes);
+  }
   return 0;
 }
 

@@ -28,6 +28,7 @@ struct Batch {
   int64_t id = 0;
   std::vector<std::string> documents;
   std::vector<std::vector<int32_t>> tokens;  // filled by a worker
+  int64_t inexactly_cut_documents = 0;       // counted by the worker
   absl::Status status;
 };
 
@@ -97,9 +98,10 @@ class BatchQueue {
 // a status: an exception must not leave an encoder thread, where it would end the process
 // without a word and leave the output's temporaries behind.
 absl::StatusOr<std::vector<int32_t>> EncodeOrStatus(const Tokenizer& tokenizer,
-                                                    const std::string& text) {
+                                                    const std::string& text,
+                                                    int64_t& inexact_cuts) {
   try {
-    return EncodeInChunks(tokenizer, text);
+    return EncodeInChunks(tokenizer, text, kDefaultMaxChunkBytes, &inexact_cuts);
   } catch (const std::bad_alloc&) {
     return absl::ResourceExhaustedError(
         absl::StrCat("out of memory encoding a document of ", text.size(),
@@ -134,11 +136,13 @@ absl::StatusOr<PreprocessProgress> Preprocess(
       Batch batch;
       while (queue.Take(batch)) {
         for (const std::string& text : batch.documents) {
-          auto tokens = EncodeOrStatus(tokenizer, text);
+          int64_t inexact_cuts = 0;
+          auto tokens = EncodeOrStatus(tokenizer, text, inexact_cuts);
           if (!tokens.ok()) {
             batch.status = tokens.status();
             break;
           }
+          if (inexact_cuts > 0) ++batch.inexactly_cut_documents;
           // Megatron's rule: a document without ids stays without, end-of-document or not.
           const bool empty = options.keep_empty_documents && tokens->empty();
           if (options.append_end_of_document && !empty) tokens->push_back(*eod);
@@ -192,6 +196,7 @@ absl::StatusOr<PreprocessProgress> Preprocess(
   auto last_report = start;
   while (std::optional<Batch> batch = queue.NextInOrder()) {
     if (!batch->status.ok() && status.ok()) status = batch->status;
+    progress.inexactly_cut_documents += batch->inexactly_cut_documents;
     for (const std::vector<int32_t>& tokens : batch->tokens) {
       if (!status.ok()) break;
       if (options.keep_empty_documents && tokens.empty()) {

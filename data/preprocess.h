@@ -34,6 +34,9 @@ struct PreprocessOptions {
 struct PreprocessProgress {
   int64_t documents = 0;
   int64_t empty_documents = 0;  // of them, kept empty (keep_empty_documents)
+  // Of them, documents cut somewhere without an exact cut (no whitespace the tokenizer can cut
+  // at within a chunk): their ids next to such a cut may differ from encoding them whole.
+  int64_t inexactly_cut_documents = 0;
   int64_t tokens = 0;
   int64_t bytes = 0;  // input bytes consumed
   double seconds = 0.0;

@@ -13,6 +13,8 @@ constexpr uint64_t kTrainerSpec = 2;               // ModelProto
 constexpr uint64_t kNormalizerSpec = 3;            // ModelProto
 constexpr uint64_t kTreatWhitespaceAsSuffix = 24;  // TrainerSpec
 constexpr uint64_t kAddDummyPrefix = 3;            // NormalizerSpec
+constexpr uint64_t kRemoveExtraWhitespaces = 4;    // NormalizerSpec
+constexpr uint64_t kSplitByWhitespace = 22;        // TrainerSpec
 
 // One field of a message: its number and wire type, and its value when a varint or bytes.
 struct Field {
@@ -90,8 +92,11 @@ absl::StatusOr<SentencePieceWhitespaceOptions> ReadWhitespaceOptions(
     if (field.number == kTrainerSpec) {
       well_formed &=
           ReadBool(field.bytes, kTreatWhitespaceAsSuffix, &options.treat_whitespace_as_suffix);
+      well_formed &= ReadBool(field.bytes, kSplitByWhitespace, &options.split_by_whitespace);
     } else if (field.number == kNormalizerSpec) {
       well_formed &= ReadBool(field.bytes, kAddDummyPrefix, &options.add_dummy_prefix);
+      well_formed &=
+          ReadBool(field.bytes, kRemoveExtraWhitespaces, &options.remove_extra_whitespaces);
     }
   });
   if (!top_level_well_formed || !well_formed) {

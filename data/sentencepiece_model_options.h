@@ -18,6 +18,11 @@ struct SentencePieceWhitespaceOptions {
   // TrainerSpec.treat_whitespace_as_suffix (field 24): pieces end with the space ("world▁")
   // instead of starting with it.
   bool treat_whitespace_as_suffix = false;
+  // NormalizerSpec.remove_extra_whitespaces (field 4): leading, trailing and repeated
+  // whitespace is removed, so a run of whitespace is one word boundary wherever it lies.
+  bool remove_extra_whitespaces = true;
+  // TrainerSpec.split_by_whitespace (field 22): no piece spans a whitespace.
+  bool split_by_whitespace = true;
 };
 
 // From ModelProto's bytes (trainer_spec is field 2, normalizer_spec field 3). InvalidArgument

@@ -4,9 +4,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <string>
 #include <unordered_map>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -44,11 +47,57 @@ Tokenizer::SpaceAtCut SpaceAtCutOf(const SentencePieceWhitespaceOptions& options
                                             : Tokenizer::SpaceAtCut::kStartsNext;
 }
 
+// Unicode's White_Space characters, as UTF-8 (what the chunker's whitespace class holds).
+constexpr const char* kWhiteSpace[] = {
+    "\t",     "\n",     "\v",     "\f",     "\r",     " ",       "\u0085", "\u00A0", "\u1680",
+    "\u2000", "\u2001", "\u2002", "\u2003", "\u2004", "\u2005", "\u2006", "\u2007", "\u2008",
+    "\u2009", "\u200A", "\u2028", "\u2029", "\u202F", "\u205F", "\u3000"};
+
+// The whitespace characters a text may be cut before (Tokenizer::CutsBeforeWhitespace). Only
+// where the model removes extra whitespace (a run of it, at a chunk's edge or not, is one word
+// boundary) and no piece spans whitespace; then those characters its normalizer makes a word
+// boundary of, found by encoding probes both ways: NFKC makes most of them a space, but deletes
+// U+000B (joining the words around it) and keeps U+0085 as a character, and a model may carry
+// its own normalization rules.
+std::vector<std::string> WhitespaceCuts(const sentencepiece_backend::Model& model,
+                                        const SentencePieceWhitespaceOptions& options) {
+  std::vector<std::string> cuts;
+  if (!options.remove_extra_whitespaces || !options.split_by_whitespace) return cuts;
+  const auto encode = [&model](const std::string& text) {
+    std::vector<int> ids;
+    return model.Encode(text, &ids).ok() ? ids : std::vector<int>{-1};
+  };
+  // Words of several scripts and lengths, before and after the whitespace, also in a run.
+  static const std::pair<const char*, const char*> kProbes[] = {
+      {"a", "b"}, {"the", "cat"}, {"x1", "2y"}, {"\u6f22", "\u5b57"}, {"a.", ",b"}};
+  for (const char* c : kWhiteSpace) {
+    bool exact = true;
+    for (const auto& [before, after] : kProbes) {
+      for (const std::string& rest : {std::string(c) + after, std::string(c) + "  " + after}) {
+        std::vector<int> chunked = encode(before);
+        const std::vector<int> next = encode(rest);
+        chunked.insert(chunked.end(), next.begin(), next.end());
+        exact = exact && chunked == encode(before + rest);
+      }
+    }
+    if (exact) cuts.emplace_back(c);
+  }
+  return cuts;
+}
+
 }  // namespace
 
 SentencePieceTokenizer::SentencePieceTokenizer(std::unique_ptr<sentencepiece_backend::Model> model,
-                                               SpaceAtCut space_at_cut)
-    : model_(std::move(model)), space_at_cut_(space_at_cut) {}
+                                               SpaceAtCut space_at_cut,
+                                               std::vector<std::string> whitespace_cuts)
+    : model_(std::move(model)),
+      space_at_cut_(space_at_cut),
+      whitespace_cuts_(std::move(whitespace_cuts)) {}
+
+bool SentencePieceTokenizer::CutsBeforeWhitespace(absl::string_view whitespace) const {
+  return std::find(whitespace_cuts_.begin(), whitespace_cuts_.end(), whitespace) !=
+         whitespace_cuts_.end();
+}
 
 SentencePieceTokenizer::~SentencePieceTokenizer() = default;
 
@@ -71,8 +120,9 @@ absl::StatusOr<std::unique_ptr<SentencePieceTokenizer>> SentencePieceTokenizer::
     return absl::InvalidArgumentError(
         absl::StrCat("cannot load SentencePiece model ", path, ": ", options.status().message()));
   }
-  return std::unique_ptr<SentencePieceTokenizer>(
-      new SentencePieceTokenizer(std::move(model), SpaceAtCutOf(*options)));
+  std::vector<std::string> whitespace_cuts = WhitespaceCuts(*model, *options);
+  return std::unique_ptr<SentencePieceTokenizer>(new SentencePieceTokenizer(
+      std::move(model), SpaceAtCutOf(*options), std::move(whitespace_cuts)));
 }
 
 absl::Status SentencePieceTokenizer::Train(const SentencePieceTrainOptions& options) {

@@ -56,12 +56,18 @@ class SentencePieceTokenizer final : public Tokenizer {
   // except that of two segmentations of a word that score the same, SentencePiece may pick the
   // other one (it compares float running scores, whose rounding depends on the text before).
   SpaceAtCut space_at_cut() const override { return space_at_cut_; }
+  // With remove_extra_whitespaces and split_by_whitespace (both SentencePiece's defaults), the
+  // whitespace characters the normalizer makes a word boundary of (probed when the model is
+  // loaded: NFKC's nmt_nfkc rules make all of Unicode's but U+000B and U+0085 one); exact up to
+  // the ties above. None otherwise.
+  bool CutsBeforeWhitespace(absl::string_view whitespace) const override;
 
  private:
   SentencePieceTokenizer(std::unique_ptr<sentencepiece_backend::Model> model,
-                         SpaceAtCut space_at_cut);
+                         SpaceAtCut space_at_cut, std::vector<std::string> whitespace_cuts);
   std::unique_ptr<sentencepiece_backend::Model> model_;
   SpaceAtCut space_at_cut_;
+  std::vector<std::string> whitespace_cuts_;  // UTF-8, for CutsBeforeWhitespace
 };
 
 }  // namespace nf::data

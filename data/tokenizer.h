@@ -53,6 +53,13 @@ class Tokenizer {
   // The default keeps every byte of the text, which is all a tokenizer that does not say more
   // can be promised.
   virtual SpaceAtCut space_at_cut() const { return SpaceAtCut::kStartsNext; }
+
+  // A broader cut, for text without single spaces (paragraphs of CJK text between newlines,
+  // double spacing, ideographic spaces): whether a text may be cut before `whitespace` (the bytes
+  // of one Unicode White_Space character) where a non-whitespace character precedes it, the
+  // whitespace starting the next chunk, with the chunks' ids concatenated those of the whole
+  // text. False unless the tokenizer says so.
+  virtual bool CutsBeforeWhitespace(absl::string_view /*whitespace*/) const { return false; }
 };
 
 }  // namespace nf::data

@@ -73,6 +73,22 @@ std::string VariedText(std::mt19937& rng, size_t bytes) {
   return text;
 }
 
+// Text without a single space between two words (issue 33's long documents that were cut
+// mid-word): words, CJK and not, separated by newlines (paragraphs), double or triple spaces,
+// tabs, ideographic spaces (U+3000), no-break spaces and line separators.
+std::string TextWithoutSingleSpaces(std::mt19937& rng, size_t bytes) {
+  static const char* const kWords[] = {"漢字", "日本語の文", "中文段落", "kalo", "minestr",
+                                       "über",  "42",         "x=1;",     "😀",    "Ωμέγα"};
+  static const char* const kSeparators[] = {"\n", "\n\n", "  ", "   ", "\t", "\u3000",
+                                            "\u00A0", "\u2028", "\r\n"};
+  std::string text;
+  while (text.size() < bytes) {
+    for (int glued = 1 + rng() % 4; glued > 0; --glued) text += kWords[rng() % std::size(kWords)];
+    text += kSeparators[rng() % std::size(kSeparators)];
+  }
+  return text;
+}
+
 // Wraps a tokenizer: records the texts Encode is called with, and may claim another
 // space_at_cut (to show that the claim matters).
 class Recorder final : public Tokenizer {
@@ -89,6 +105,10 @@ class Recorder final : public Tokenizer {
   int64_t vocab_size() const override { return inner_.vocab_size(); }
   std::optional<int32_t> end_of_document() const override { return inner_.end_of_document(); }
   SpaceAtCut space_at_cut() const override { return claim_.value_or(inner_.space_at_cut()); }
+  // A claimed space side is tested on single spaces alone.
+  bool CutsBeforeWhitespace(absl::string_view whitespace) const override {
+    return !claim_ && inner_.CutsBeforeWhitespace(whitespace);
+  }
   absl::string_view special_token_text() const override { return inner_.special_token_text(); }
 
   mutable std::vector<std::string> chunks;
@@ -125,12 +145,14 @@ bool IsWholeCharacters(const std::string& chunk) {
 struct WholeAndChunked {
   Ids whole, chunked;
   std::vector<std::string> chunks;
+  int64_t inexact_cuts = 0;
 };
 
 WholeAndChunked EncodeBothWays(const Tokenizer& tokenizer, const std::string& text, size_t limit) {
   const Recorder recorder(tokenizer);
   absl::StatusOr<Ids> whole = tokenizer.Encode(text);
-  absl::StatusOr<Ids> chunked = EncodeInChunks(recorder, text, limit);
+  int64_t inexact_cuts = -1;
+  absl::StatusOr<Ids> chunked = EncodeInChunks(recorder, text, limit, &inexact_cuts);
   NF_EXPECT_OK(whole);
   NF_EXPECT_OK(chunked);
   if (text.size() > limit) {
@@ -139,7 +161,8 @@ WholeAndChunked EncodeBothWays(const Tokenizer& tokenizer, const std::string& te
   for (const std::string& chunk : recorder.chunks) EXPECT_LE(chunk.size(), limit);
   return {.whole = whole.value_or(Ids{}),
           .chunked = chunked.value_or(Ids{}),
-          .chunks = recorder.chunks};
+          .chunks = recorder.chunks,
+          .inexact_cuts = inexact_cuts};
 }
 
 std::string Chunks(const WholeAndChunked& result) {
@@ -334,6 +357,24 @@ TEST(ChunkedEncodingTest, Gpt2IdsAreThoseOfTheWholeText) {
   }
 }
 
+// Before every whitespace character that follows a non-space one is an exact cut for GPT-2: text
+// without single spaces is cut there, with the ids of the whole text and no inexact cut.
+TEST(ChunkedEncodingTest, Gpt2CutsBeforeAnyWhitespace) {
+  const std::unique_ptr<Gpt2Bpe> bpe = ToyGpt2();
+  std::mt19937 rng(8);
+  for (int trial = 0; trial < 20; ++trial) {
+    const std::string text = TextWithoutSingleSpaces(rng, 3000);
+    for (const size_t limit : kChunkLimits) {
+      const WholeAndChunked result = EncodeBothWays(*bpe, text, limit);
+      ASSERT_EQ(result.chunked, result.whole) << "limit " << limit << ", " << Chunks(result);
+      ASSERT_EQ(result.inexact_cuts, 0) << "limit " << limit << ", " << Chunks(result);
+    }
+  }
+  // Without whitespace there is no exact cut: counted.
+  const WholeAndChunked blob = EncodeBothWays(*bpe, std::string(300, 'x'), 64);
+  EXPECT_EQ(blob.inexact_cuts, 4);
+}
+
 TEST(ChunkedEncodingTest, Gpt2WithTheSpaceOnTheWrongSideDiffers) {
   // What the test above would not notice if the space's side did not matter.
   const std::unique_ptr<Gpt2Bpe> bpe = ToyGpt2();
@@ -491,6 +532,34 @@ TEST_P(ChunkedSentencePieceTest, IdsAreThoseOfTheWholeText) {
     const absl::StatusOr<Ids> chunked = EncodeInChunks(Recorder(*model, *wrong), text, 100);
     NF_ASSERT_OK(chunked);
     EXPECT_FALSE(SameSegmentationUpToTies(*model->Encode(text), *chunked, vocabulary));
+  }
+}
+
+// Text without single spaces is cut before its other whitespace where the model removes extra
+// whitespace (the defaults and bpe here: nf-preprocess's and most models'), with the whole text's
+// ids up to ties and no inexact cut; a model that keeps whitespace allows no such cut. Before,
+// such text was cut mid-word and SentencePiece put a word start (▁) there.
+TEST_P(ChunkedSentencePieceTest, TextWithoutSingleSpacesIsCutBeforeItsOtherWhitespace) {
+  const std::unique_ptr<SentencePieceTokenizer> model = Train(GetParam());
+  ASSERT_NE(model, nullptr);
+  const bool removes_extra_whitespace = GetParam().name == "defaults" ||
+                                        GetParam().name == "bpe" || GetParam().name == "suffix";
+  // NFKC makes these a space; U+000B it deletes, joining the words around it.
+  for (const char* c : {"\n", "\t", "\u3000", "\u00A0", "\u2028"}) {
+    EXPECT_EQ(model->CutsBeforeWhitespace(c), removes_extra_whitespace) << absl::CEscape(c);
+  }
+  EXPECT_FALSE(model->CutsBeforeWhitespace("\v"));
+  if (!removes_extra_whitespace) return;
+  const Vocabulary vocabulary = ReadVocabulary(Path(GetParam().name + ".vocab"));
+  std::mt19937 rng(9);
+  for (int trial = 0; trial < 20; ++trial) {
+    const std::string text = TextWithoutSingleSpaces(rng, 3000);
+    for (const size_t limit : kChunkLimits) {
+      const WholeAndChunked result = EncodeBothWays(*model, text, limit);
+      ASSERT_TRUE(SameSegmentationUpToTies(result.whole, result.chunked, vocabulary))
+          << "limit " << limit << ", " << Chunks(result);
+      ASSERT_EQ(result.inexact_cuts, 0) << "limit " << limit << ", " << Chunks(result);
+    }
   }
 }
 

@@ -187,6 +187,27 @@ TEST_F(NfPreprocessCliTest, InputWithoutDocumentsExitsOneAndLeavesNothing) {
   }
 }
 
+// A document with a stretch of more than a chunk (1 MiB) without whitespace has no exact cut
+// there: it is encoded all the same, and the run says how many documents were cut inexactly.
+// Documents whose long stretches have whitespace, newlines included, are cut exactly: no word.
+TEST_F(NfPreprocessCliTest, ADocumentCutWithoutAnExactCutIsReported) {
+  const Outcome trained = Run({"--input", WriteCorpus(), "--output-prefix", Path("m"),
+                               "--tokenizer", "sentencepiece", "--spm-train-vocab-size", "40"});
+  ASSERT_EQ(trained.exit_code, 0) << trained.err;
+  std::string paragraphs;  // lines of 60 letters: no single space, a newline every 61 bytes
+  while (paragraphs.size() < (size_t{3} << 20) / 2) paragraphs += std::string(60, 'o') + "\\n";
+  std::ofstream(Path("long.jsonl")) << "{\"text\": \"" << std::string((size_t{3} << 20) / 2, 'o')
+                                    << "\"}\n{\"text\": \"" << paragraphs << "\"}\n";
+  const Outcome outcome = Run({"--input", Path("long.jsonl"), "--output-prefix", Path("out"),
+                               "--tokenizer", "sentencepiece", "--spm-model", Path("m.spm.model")});
+  EXPECT_EQ(outcome.exit_code, 0) << outcome.err;
+  EXPECT_THAT(outcome.out, HasSubstr("nf-preprocess: 2 documents"));
+  EXPECT_EQ(outcome.err,
+            "nf-preprocess: warning: 1 documents had a stretch of 1048576 bytes without "
+            "whitespace the tokenizer can be cut at; each was cut there at a character boundary, "
+            "where its ids may differ from encoding it whole (docs/design.md, section 6.1)\n");
+}
+
 TEST_F(NfPreprocessCliTest, MalformedInputExitsOneAndLeavesNothing) {
   std::ofstream(Path("bad.jsonl")) << "{\"text\": \"fine\"}\n{\"text\": broken}\n";
   const Outcome trained = Run({"--input", WriteCorpus(), "--output-prefix", Path("m"),
