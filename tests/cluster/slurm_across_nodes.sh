@@ -103,7 +103,11 @@ job=$(cd "$repo" && CONFIG=deploy/configs/tiny.pbtxt RUN_DIR="$dir/run" NF_LAUNC
 echo "submitted job $job"
 job_field() { on0 scontrol show job "$job" 2>/dev/null | grep -oE "(^| )$1=[^ ]*" | head -1 | cut -d= -f2; }
 steps_logged() { [[ -f $dir/run/log.jsonl ]] && (($(wc -l <"$dir/run/log.jsonl") >= $1)); }
-wait_for 120 "step 15 of the first run" steps_logged 15
+# Every wait below depends on the machine's load: it ends when its state comes, or at once when
+# the job has ended without it; the seconds only catch a wedged cluster.
+job_alive() { slurm_job_alive "$(job_field JobState)"; }
+still_possible=job_alive
+wait_for 900 "step 15 of the first run" steps_logged 15
 # While it runs: each of the job's nodes has published its two ranks (deploy/prometheus file-based
 # discovery, written on the node), at the node's own name and port_base + local rank (from the
 # launcher's local rank variables: OMPI's under mpirun, SLURM_LOCALID under srun), and every
@@ -134,7 +138,7 @@ lost_index=$(cluster_node_of "$lost")
 ip -n "$lost" link set eth0 down
 for pid in $(ip netns pids "$lost"); do kill -9 "$pid" 2>/dev/null || true; done
 requeued() { [[ $(job_field JobState) == PENDING && $(job_field Restarts) == 1 ]]; }
-wait_for 150 "the job to requeue itself" requeued
+wait_for 900 "the job to requeue itself" requeued
 echo "requeued: $(on0 sinfo -h -n "$lost" -o '%n %t') ($(job_field Reason))"
 if [[ $launcher == srun ]]; then
   grep -q "the collective watchdog ended the run: requeueing (failure 1 of" "$dir/job.out" ||
@@ -143,10 +147,10 @@ fi
 # A requeued job becomes eligible again after a delay (about two minutes): release it once the
 # lost node is down, so that the restart cannot be placed on it.
 lost_down() { [[ $(on0 sinfo -h -n "$lost" -o %t) == down* ]]; }
-wait_for 150 "Slurm to mark $lost down" lost_down
-on0 scontrol update JobId="$job" StartTime=now
+wait_for 900 "Slurm to mark $lost down" lost_down
+slurm_release_requeued "$job" on0
 finished() { [[ $(job_field JobState) == COMPLETED ]]; }
-wait_for 240 "the job to complete" finished
+wait_for 900 "the job to complete" finished
 cat "$dir/job.out"
 grep -q "(restart 1) on" "$dir/job.out" || fail "the job did not restart"
 [[ -z $(ls -A "$dir/targets") ]] || fail "Prometheus targets left behind: $(ls "$dir/targets")"

@@ -105,7 +105,12 @@ job=$(cd "$repo" && CONFIG=deploy/configs/tiny.pbtxt RUN_DIR="$dir/run" NF_LAUNC
   --output="$dir/job.out" --chdir="$repo" "deploy/slurm/normformer-$launcher.sbatch" "${run_args[@]}")
 echo "submitted job $job"
 steps_logged() { [[ -f $dir/run/log.jsonl ]] && (($(wc -l <"$dir/run/log.jsonl") >= $1)); }
-wait_for 120 "step 20 of the first run" steps_logged 20
+job_field() { scontrol show job "$job" 2>/dev/null | grep -o "$1=[^ ]*" | cut -d= -f2; }
+# Every wait below depends on the machine's load: it ends when its state comes, or at once when
+# the job has ended without it; the seconds only catch a wedged Slurm.
+job_alive() { slurm_job_alive "$(job_field JobState)"; }
+still_possible=job_alive
+wait_for 900 "step 20 of the first run" steps_logged 20
 # While it runs: the node's targets file lists both ranks, and they answer with their metrics.
 targets_file=$(compgen -G "$dir/targets/*.json") || fail "no targets file in $dir/targets"
 python3 - "$targets_file" "$metrics_base" <<'PY' || fail "targets file: $(cat "$targets_file")"
@@ -122,16 +127,16 @@ for port in $metrics_base $((metrics_base + 1)); do
     fail "no normformer_steps_total with job=\"run\" on port $port"
 done
 scancel --signal=USR1 --batch "$job"
-job_field() { scontrol show job "$job" 2>/dev/null | grep -o "$1=[^ ]*" | cut -d= -f2; }
 requeued() { [[ $(job_field JobState) == PENDING && $(job_field Restarts) == 1 ]]; }
-wait_for 120 "the job to requeue itself" requeued
-# Slurm makes a requeued job eligible again only after a delay (about two minutes in 22.05):
-# release it sooner, but not at once: the first run's job step (same step id) must finish
-# tearing down on the node, which the delay otherwise covers.
-sleep 5
-scontrol update JobId="$job" StartTime=now
+wait_for 900 "the job to requeue itself" requeued
+# Released at once, but only once the first run has left the node: its slurmstepd processes
+# (the batch step and srun's step, whose id the restart reuses) have ended, and the node is idle.
+# Released before, the restart's srun fails to launch its tasks ("task 0 launch failed").
+first_run_gone() { ! pgrep -f "slurmstepd: \[$job\." >/dev/null && node_idle; }
+wait_for 900 "the first run to leave the node" first_run_gone
+slurm_release_requeued "$job"
 finished() { [[ $(job_field JobState) == COMPLETED ]]; }
-wait_for 240 "the resumed job to complete" finished
+wait_for 900 "the resumed job to complete" finished
 cat "$dir/job.out"
 
 # The publisher withdrew the node's targets when the last run ended.
