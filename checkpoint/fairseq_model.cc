@@ -7,8 +7,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "checkpoint/manifest_model.h"
-#include "model/text_proto.h"
 #include "google/protobuf/text_format.h"
+#include "model/text_proto.h"
 
 namespace nf::checkpoint {
 namespace {

@@ -28,8 +28,7 @@ bool HoldsCheckpoints(const fs::path& dir) {
   if (!fs::is_regular_file(dir / kLatestName, error)) return false;
   const absl::StatusOr<std::string> named = ReadWholeFile(dir / kLatestName);
   int64_t step = 0;
-  return named.ok() &&
-         ParseIterationDirName(std::string(absl::StripAsciiWhitespace(*named)), step);
+  return named.ok() && ParseIterationDirName(std::string(absl::StripAsciiWhitespace(*named)), step);
 }
 
 }  // namespace
@@ -46,9 +45,9 @@ absl::Status CheckOutsideCheckpoints(const fs::path& path, absl::string_view fla
     std::error_code ignored;
     const bool is_dir = fs::is_directory(dir, ignored);
     if (NamedAsCheckpoint(dir) || (is_dir && fs::exists(dir / kManifestName, ignored))) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          flag, " ", path.string(), " is inside checkpoint ", dir.string(),
-          ": writing there would damage it; choose a path outside every checkpoint"));
+      return absl::FailedPreconditionError(
+          absl::StrCat(flag, " ", path.string(), " is inside checkpoint ", dir.string(),
+                       ": writing there would damage it; choose a path outside every checkpoint"));
     }
     if (is_dir && HoldsCheckpoints(dir)) {
       return absl::FailedPreconditionError(absl::StrCat(

@@ -111,9 +111,7 @@ absl::StatusOr<std::vector<PieceSource>> PiecesOf(const RankState& state,
 }
 
 // "rank_00003.shard": the file each rank writes into a checkpoint.
-std::string ShardFileName(int world_rank) {
-  return absl::StrFormat("rank_%05d.shard", world_rank);
-}
+std::string ShardFileName(int world_rank) { return absl::StrFormat("rank_%05d.shard", world_rank); }
 
 // Where the checkpoint of `step` is written before its commit renames it into place.
 fs::path StagingDir(const fs::path& checkpoints_dir, int64_t step) {

@@ -52,8 +52,8 @@ Cut NextCut(const Tokenizer& tokenizer, absl::string_view text, size_t begin, si
     if (IsContinuation(text[at])) continue;
     const Utf8Char c = NextUtf8Char(text, at);
     if (c.klass != CharClass::kSpace || WhitespaceBefore(text, at)) continue;
-    const bool single_space = text[at] == ' ' && at < limit &&
-                              NextUtf8Char(text, at + 1).klass != CharClass::kSpace;
+    const bool single_space =
+        text[at] == ' ' && at < limit && NextUtf8Char(text, at + 1).klass != CharClass::kSpace;
     if (single_space) {
       switch (tokenizer.space_at_cut()) {
         case Tokenizer::SpaceAtCut::kStartsNext:
@@ -81,8 +81,7 @@ Cut NextCut(const Tokenizer& tokenizer, absl::string_view text, size_t begin, si
 }  // namespace
 
 absl::StatusOr<std::vector<int32_t>> EncodeInChunks(const Tokenizer& tokenizer,
-                                                    absl::string_view text,
-                                                    size_t max_chunk_bytes,
+                                                    absl::string_view text, size_t max_chunk_bytes,
                                                     int64_t* inexact_cuts) {
   const size_t max_bytes = std::max(max_chunk_bytes, kMinChunkBytes);
   if (inexact_cuts != nullptr) *inexact_cuts = 0;

@@ -49,7 +49,7 @@ Tokenizer::SpaceAtCut SpaceAtCutOf(const SentencePieceWhitespaceOptions& options
 
 // Unicode's White_Space characters, as UTF-8 (what the chunker's whitespace class holds).
 constexpr const char* kWhiteSpace[] = {
-    "\t",     "\n",     "\v",     "\f",     "\r",     " ",       "\u0085", "\u00A0", "\u1680",
+    "\t",     "\n",     "\v",     "\f",     "\r",     " ",      "\u0085", "\u00A0", "\u1680",
     "\u2000", "\u2001", "\u2002", "\u2003", "\u2004", "\u2005", "\u2006", "\u2007", "\u2008",
     "\u2009", "\u200A", "\u2028", "\u2029", "\u202F", "\u205F", "\u3000"};
 

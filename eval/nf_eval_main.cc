@@ -224,7 +224,8 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
     NF_RETURN_IF_ERROR(nf::checkpoint::CheckOutsideCheckpoints(flags.out, "--out"));
   }
   if (!flags.examples_out.empty()) {
-    NF_RETURN_IF_ERROR(nf::checkpoint::CheckOutsideCheckpoints(flags.examples_out, "--examples-out"));
+    NF_RETURN_IF_ERROR(
+        nf::checkpoint::CheckOutsideCheckpoints(flags.examples_out, "--examples-out"));
   }
   return flags;
 }

@@ -134,9 +134,9 @@ absl::StatusOr<std::string> RunCapturingOutput(const std::vector<std::string>& a
     const std::string how = WIFEXITED(status) ? absl::StrCat("exit code ", WEXITSTATUS(status))
                                               : absl::StrCat("signal ", WTERMSIG(status));
     return absl::FailedPreconditionError(
-        first.empty() ? absl::StrCat(args[0], " failed (", how, ")")
-                      : absl::StrCat(first, " (", fs::path(args[0]).filename().string(), ", ",
-                                     how, ")"));
+        first.empty()
+            ? absl::StrCat(args[0], " failed (", how, ")")
+            : absl::StrCat(first, " (", fs::path(args[0]).filename().string(), ", ", how, ")"));
   }
   std::cerr << said;
   return output;

@@ -10,9 +10,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
-#include "model/text_proto.h"
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/text_format.h"
+#include "model/text_proto.h"
 
 namespace nf::launcher {
 namespace {

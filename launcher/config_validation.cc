@@ -53,14 +53,16 @@ absl::Status ValidateBatch(const TrainOptions& train, const nf::model::ModelConf
   // 2^53 tokens is ~9e15, some 300 times the largest runs published.
   constexpr int64_t kMaxTokens = int64_t{1} << 53;
   const int64_t tokens_per_step = global * train.seq_len();
-  for (const auto& [name, iters] : {std::pair<const char*, int64_t>{"train.train_iters",
-                                                                   train.train_iters()},
-                                    {"train.eval_iters", train.eval_iters()}}) {
+  for (const auto& [name, iters] :
+       {std::pair<const char*, int64_t>{"train.train_iters", train.train_iters()},
+        {"train.eval_iters", train.eval_iters()}}) {
     if (iters > kMaxTokens / tokens_per_step) {
-      return Invalid(absl::StrCat(
-          name, " (", iters, ") x train.global_batch_size (", global, ") x train.seq_len (",
-          train.seq_len(), ") exceeds 2^53 tokens: the run's progress counters would overflow; "
-          "at most ", kMaxTokens / tokens_per_step, " steps of this batch"));
+      return Invalid(
+          absl::StrCat(name, " (", iters, ") x train.global_batch_size (", global,
+                       ") x train.seq_len (", train.seq_len(),
+                       ") exceeds 2^53 tokens: the run's progress counters would overflow; "
+                       "at most ",
+                       kMaxTokens / tokens_per_step, " steps of this batch"));
     }
   }
   NF_RETURN_IF_ERROR(RequireNonNegative("train.exit_interval", train.exit_interval()));

@@ -181,8 +181,8 @@ void MetricsServer::Serve() {
     const auto oldest_waiting =
         std::find_if(connections.begin(), connections.end(), WaitsForRequest);
     const bool full = connections.size() == kMaxConnections;
-    const bool room = !full || (oldest_waiting != connections.end() &&
-                                Evictable(*oldest_waiting, now));
+    const bool room =
+        !full || (oldest_waiting != connections.end() && Evictable(*oldest_waiting, now));
     const bool accepting = room && now >= accept_paused_until;
     // fds[0]: the wake pipe, fds[1]: the listening socket, fds[2 + i]: connections[i].
     fds.assign(

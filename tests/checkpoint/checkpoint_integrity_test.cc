@@ -7,8 +7,8 @@
 #include <cmath>
 #include <csignal>
 #include <filesystem>
-#include <functional>
 #include <fstream>
+#include <functional>
 #include <limits>
 #include <optional>
 #include <string>
@@ -110,10 +110,13 @@ TEST(ManifestIntegrityTest, AModelConfigThatCannotBeBuiltIsRefused) {
   const fs::path saved = dir.path() / "iter_0000001";
   const Manifest good = *ReadManifest(saved);
   const std::vector<std::pair<std::function<void(model::ModelConfig&)>, std::string>> cases = {
-      {[](model::ModelConfig& m) { m.set_max_seq_len(0); }, "model.max_seq_len must be positive (got 0)"},
-      {[](model::ModelConfig& m) { m.set_max_seq_len(-1); }, "model.max_seq_len must be positive (got -1)"},
+      {[](model::ModelConfig& m) { m.set_max_seq_len(0); },
+       "model.max_seq_len must be positive (got 0)"},
+      {[](model::ModelConfig& m) { m.set_max_seq_len(-1); },
+       "model.max_seq_len must be positive (got -1)"},
       {[](model::ModelConfig& m) { m.set_dropout(5); }, "model.dropout must be in [0, 1)"},
-      {[](model::ModelConfig& m) { m.set_num_layers(1 << 30); }, "model.num_layers must be at most 4096"},
+      {[](model::ModelConfig& m) { m.set_num_layers(1 << 30); },
+       "model.num_layers must be at most 4096"},
       {[](model::ModelConfig& m) { m.set_num_heads(3); }, "must be a multiple of model.num_heads"},
   };
   for (const auto& [spoil, expected] : cases) {

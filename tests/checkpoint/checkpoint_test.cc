@@ -296,8 +296,8 @@ TEST(RetentionTest, CountsOnlyDirectoriesWhoseManifestReads) {
     NF_ASSERT_OK(Save(*trainer, dir.path(), {.keep_last = 2}));
   }
   const std::vector<std::string> names = SortedNames(dir.path());
-  EXPECT_EQ(names, (std::vector<std::string>{"iter_0000002", "iter_0000003", "iter_0000009",
-                                             "latest"}));
+  EXPECT_EQ(names,
+            (std::vector<std::string>{"iter_0000002", "iter_0000003", "iter_0000009", "latest"}));
   EXPECT_EQ(CheckpointSteps(dir.path()), (std::vector<int64_t>{2, 3}));
 }
 

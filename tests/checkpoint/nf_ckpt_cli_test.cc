@@ -202,16 +202,21 @@ TEST_F(NfCkptCliTest, NothingIsWrittenInsideACheckpoint) {
     std::string inside;
   };
   const std::vector<Refusal> refusals = {
-      {{"export", checkpoints.string(), "--format", "fairseq"}, saved / kManifestName,
+      {{"export", checkpoints.string(), "--format", "fairseq"},
+       saved / kManifestName,
        absl::StrCat(" is inside checkpoint ", saved.string(), ": ")},
-      {{"export", checkpoints.string(), "--format", "safetensors"}, saved / "sub" / "x.safetensors",
+      {{"export", checkpoints.string(), "--format", "safetensors"},
+       saved / "sub" / "x.safetensors",
        absl::StrCat(" is inside checkpoint ", saved.string(), ": ")},
       {{"convert", checkpoints.string(), "--tp", "1", "--pp", "1", "--dp", "1"},
-       checkpoints / "iter_0000099", " is inside checkpoint "},
+       checkpoints / "iter_0000099",
+       " is inside checkpoint "},
       {{"convert", checkpoints.string(), "--tp", "1", "--pp", "1", "--dp", "1"},
-       checkpoints / "converted", absl::StrCat(" is inside the checkpoints directory ",
-                                               checkpoints.string(), ", which only training")},
-      {{"import", (dir_ / "model.safetensors").string()}, checkpoints / "iter_0000007.tmp" / "x",
+       checkpoints / "converted",
+       absl::StrCat(" is inside the checkpoints directory ", checkpoints.string(),
+                    ", which only training")},
+      {{"import", (dir_ / "model.safetensors").string()},
+       checkpoints / "iter_0000007.tmp" / "x",
        " is inside checkpoint "},
   };
   for (const Refusal& refusal : refusals) {

@@ -57,7 +57,8 @@ TEST(HostMemoryLiveTest, AnAddressSpaceLimitBoundsWhatIsAvailable) {
   // 256 MiB beyond what is mapped now: well below any machine's free memory.
   rlimit limited = before;
   limited.rlim_cur = static_cast<rlim_t>(mapped_kb * 1024 + (int64_t{256} << 20));
-  if (before.rlim_max != RLIM_INFINITY) limited.rlim_cur = std::min(limited.rlim_cur, before.rlim_max);
+  if (before.rlim_max != RLIM_INFINITY)
+    limited.rlim_cur = std::min(limited.rlim_cur, before.rlim_max);
   ASSERT_EQ(setrlimit(RLIMIT_AS, &limited), 0);
   const absl::StatusOr<AvailableMemory> available = AvailableHostMemory();
   ASSERT_EQ(setrlimit(RLIMIT_AS, &before), 0);

@@ -78,9 +78,9 @@ std::string VariedText(std::mt19937& rng, size_t bytes) {
 // tabs, ideographic spaces (U+3000), no-break spaces and line separators.
 std::string TextWithoutSingleSpaces(std::mt19937& rng, size_t bytes) {
   static const char* const kWords[] = {"漢字", "日本語の文", "中文段落", "kalo", "minestr",
-                                       "über",  "42",         "x=1;",     "😀",    "Ωμέγα"};
-  static const char* const kSeparators[] = {"\n", "\n\n", "  ", "   ", "\t", "\u3000",
-                                            "\u00A0", "\u2028", "\r\n"};
+                                       "über", "42",         "x=1;",     "😀",    "Ωμέγα"};
+  static const char* const kSeparators[] = {"\n",     "\n\n",   "  ",     "   ", "\t",
+                                            "\u3000", "\u00A0", "\u2028", "\r\n"};
   std::string text;
   while (text.size() < bytes) {
     for (int glued = 1 + rng() % 4; glued > 0; --glued) text += kWords[rng() % std::size(kWords)];
@@ -465,6 +465,24 @@ const std::vector<SentencePieceConfig>& SentencePieceConfigs() {
   return *configs;
 }
 
+// 20 texts of `make_text`, each encoded in chunks at every limit of kChunkLimits: the whole
+// text's segmentation up to ties, and with `all_exact` not one inexact cut.
+void ExpectChunkedAsWhole(const Tokenizer& model, const Vocabulary& vocabulary,
+                          std::string (*make_text)(std::mt19937&, size_t), std::mt19937& rng,
+                          bool all_exact) {
+  for (int trial = 0; trial < 20; ++trial) {
+    const std::string text = make_text(rng, 3000);
+    for (const size_t limit : kChunkLimits) {
+      const WholeAndChunked result = EncodeBothWays(model, text, limit);
+      ASSERT_TRUE(SameSegmentationUpToTies(result.whole, result.chunked, vocabulary))
+          << "limit " << limit << ", " << Chunks(result);
+      if (all_exact) {
+        ASSERT_EQ(result.inexact_cuts, 0) << "limit " << limit << ", " << Chunks(result);
+      }
+    }
+  }
+}
+
 class ChunkedSentencePieceTest : public ::testing::TestWithParam<SentencePieceConfig> {
  protected:
   // The models are trained once, on one corpus: training is the slow part.
@@ -519,14 +537,7 @@ TEST_P(ChunkedSentencePieceTest, IdsAreThoseOfTheWholeText) {
   const Vocabulary vocabulary = ReadVocabulary(Path(GetParam().name + ".vocab"));
   ASSERT_EQ(static_cast<int64_t>(vocabulary.pieces.size()), model->vocab_size());
   std::mt19937 rng(7);
-  for (int trial = 0; trial < 20; ++trial) {
-    const std::string text = VariedText(rng, 3000);
-    for (const size_t limit : kChunkLimits) {
-      const WholeAndChunked result = EncodeBothWays(*model, text, limit);
-      ASSERT_TRUE(SameSegmentationUpToTies(result.whole, result.chunked, vocabulary))
-          << "limit " << limit << ", " << Chunks(result);
-    }
-  }
+  ExpectChunkedAsWhole(*model, vocabulary, VariedText, rng, /*all_exact=*/false);
   if (const std::optional<SpaceAtCut> wrong = GetParam().wrong) {
     const std::string text = VariedText(rng, 3000);
     const absl::StatusOr<Ids> chunked = EncodeInChunks(Recorder(*model, *wrong), text, 100);
@@ -542,8 +553,8 @@ TEST_P(ChunkedSentencePieceTest, IdsAreThoseOfTheWholeText) {
 TEST_P(ChunkedSentencePieceTest, TextWithoutSingleSpacesIsCutBeforeItsOtherWhitespace) {
   const std::unique_ptr<SentencePieceTokenizer> model = Train(GetParam());
   ASSERT_NE(model, nullptr);
-  const bool removes_extra_whitespace = GetParam().name == "defaults" ||
-                                        GetParam().name == "bpe" || GetParam().name == "suffix";
+  const bool removes_extra_whitespace =
+      GetParam().name == "defaults" || GetParam().name == "bpe" || GetParam().name == "suffix";
   // NFKC makes these a space; U+000B it deletes, joining the words around it.
   for (const char* c : {"\n", "\t", "\u3000", "\u00A0", "\u2028"}) {
     EXPECT_EQ(model->CutsBeforeWhitespace(c), removes_extra_whitespace) << absl::CEscape(c);
@@ -552,15 +563,7 @@ TEST_P(ChunkedSentencePieceTest, TextWithoutSingleSpacesIsCutBeforeItsOtherWhite
   if (!removes_extra_whitespace) return;
   const Vocabulary vocabulary = ReadVocabulary(Path(GetParam().name + ".vocab"));
   std::mt19937 rng(9);
-  for (int trial = 0; trial < 20; ++trial) {
-    const std::string text = TextWithoutSingleSpaces(rng, 3000);
-    for (const size_t limit : kChunkLimits) {
-      const WholeAndChunked result = EncodeBothWays(*model, text, limit);
-      ASSERT_TRUE(SameSegmentationUpToTies(result.whole, result.chunked, vocabulary))
-          << "limit " << limit << ", " << Chunks(result);
-      ASSERT_EQ(result.inexact_cuts, 0) << "limit " << limit << ", " << Chunks(result);
-    }
-  }
+  ExpectChunkedAsWhole(*model, vocabulary, TextWithoutSingleSpaces, rng, /*all_exact=*/true);
 }
 
 INSTANTIATE_TEST_SUITE_P(Whitespace, ChunkedSentencePieceTest,

@@ -361,9 +361,9 @@ TEST_F(NfLaunchCliTest, ARunDirectoryInsideACheckpointIsRefused) {
   const std::filesystem::path checkpoints = dir_ / "run" / "checkpoints";
   for (const std::filesystem::path& inside :
        {checkpoints / "iter_0000003" / "again", checkpoints / "another"}) {
-    ExpectConfigurationError(
-        Launch({"--config", TinyConfig(), "--run-dir", inside.string()}),
-        {absl::StrCat("--run-dir ", inside.string(), " is inside ")}, /*usage_hint=*/false);
+    ExpectConfigurationError(Launch({"--config", TinyConfig(), "--run-dir", inside.string()}),
+                             {absl::StrCat("--run-dir ", inside.string(), " is inside ")},
+                             /*usage_hint=*/false);
     EXPECT_FALSE(std::filesystem::exists(inside));
   }
 }
@@ -402,11 +402,11 @@ TEST_F(NfLaunchCliTest, NonFiniteGradientsStopTheRunKeepingTheLastCheckpoint) {
 // nothing half-written (iter_*.tmp) is left. Before, the run said "(none ...)" and left only the
 // staging directory.
 TEST_F(NfLaunchCliTest, AStopCommitsTheAsyncSaveInFlightAndNamesIt) {
-  const Outcome outcome = Launch(
-      {"--config", TinyConfig(), "--set", "train.train_iters=6", "--set",
-       "train.precision=BF16", "--set", "train.optimizer.lr=1e6", "--set",
-       "train.lr_schedule.warmup_iters=0", "--set", "checkpoint.save_interval=1", "--set",
-       "checkpoint.async_save=true", "--run-dir", (dir_ / "run").string()});
+  const Outcome outcome =
+      Launch({"--config", TinyConfig(), "--set", "train.train_iters=6", "--set",
+              "train.precision=BF16", "--set", "train.optimizer.lr=1e6", "--set",
+              "train.lr_schedule.warmup_iters=0", "--set", "checkpoint.save_interval=1", "--set",
+              "checkpoint.async_save=true", "--run-dir", (dir_ / "run").string()});
   EXPECT_EQ(outcome.exit_code, 1);
   const std::vector<std::string> err = Lines(outcome.err);
   ASSERT_EQ(err.size(), 1u) << outcome.err;

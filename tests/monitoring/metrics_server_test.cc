@@ -244,8 +244,8 @@ TEST(MetricsServerTest, AScraperWhoseRequestComesLateIsAnsweredUnderAFloodOfIdle
     scraper.Send("GET /metrics HTTP/1.0\r\n\r\n");
     const std::string answer = scraper.ReadUntilClosed(1000);
     if (answer == Answer200(page)) ++answered;
-    EXPECT_EQ(answer.substr(0, 15), "HTTP/1.0 200 OK") << "scrape " << i << ": "
-                                                      << answer.size() << " bytes";
+    EXPECT_EQ(answer.substr(0, 15), "HTTP/1.0 200 OK")
+        << "scrape " << i << ": " << answer.size() << " bytes";
   }
   EXPECT_EQ(answered, kScrapes);
   EXPECT_GE(hostile.drops(), 200 - MetricsServer::kMaxConnections);
