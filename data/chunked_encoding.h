@@ -22,10 +22,13 @@ namespace nf::data {
 // may change ids (below).
 inline constexpr size_t kDefaultMaxChunkBytes = size_t{1} << 20;
 
-// tokenizer.Encode(text) when the text has at most `max_chunk_bytes` bytes (at least 4 are
-// used: one UTF-8 character). A longer text is encoded in chunks of at most that many bytes,
-// each cut at the exact cut furthest along that fits, and the chunks' ids concatenated. Exact
-// cuts (the ids those of encoding the text whole):
+// tokenizer.Encode(text) when the text has at most P = min(tokenizer.preferred_chunk_bytes(),
+// max_chunk_bytes) bytes (at least 4 are used: one UTF-8 character). A longer text is encoded
+// in chunks, and the chunks' ids concatenated: each chunk is cut at the exact cut furthest along
+// within P bytes, else at the first exact cut beyond (never more than `max_chunk_bytes`). P is
+// 4 KiB for SentencePiece unigram models, whose ids drift from the best segmentation as one
+// call's text grows, and `max_chunk_bytes` for the others. Exact cuts (the ids those of
+// encoding the text whole):
 //   - a single ASCII space between two non-space characters (Unicode White_Space decides), the
 //     space going where tokenizer.space_at_cut() says: GPT-2's pre-tokenization starts a token
 //     there, and so do SentencePiece models that split by whitespace (the default, and what

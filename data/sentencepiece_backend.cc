@@ -39,6 +39,14 @@ int Model::piece_size() const { return processor_->GetPieceSize(); }
 
 int Model::eos_id() const { return processor_->eos_id(); }
 
+int Model::unk_id() const { return processor_->unk_id(); }
+
+int Model::PieceToId(std::string_view piece) const { return processor_->PieceToId(piece); }
+
+bool Model::IsUnknownOrByte(int id) const {
+  return processor_->IsUnknown(id) || processor_->IsByte(id);
+}
+
 std::string Model::serialized_proto() const { return processor_->serialized_model_proto(); }
 
 Result Train(const std::unordered_map<std::string, std::string>& flags) {

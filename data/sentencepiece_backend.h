@@ -38,6 +38,11 @@ class Model {
   Result Decode(const std::vector<int>& ids, std::string* text) const;
   int piece_size() const;
   int eos_id() const;  // -1 when the model has none
+  int unk_id() const;
+  // The id of `piece`, or unk_id() when the vocabulary has no such piece.
+  int PieceToId(std::string_view piece) const;
+  // Whether `id` stands for text outside the vocabulary: <unk> or a byte piece (<0xNN>).
+  bool IsUnknownOrByte(int id) const;
   // The model's ModelProto, serialized (sentencepiece_model_options.h reads it).
   std::string serialized_proto() const;
 

@@ -15,6 +15,8 @@ constexpr uint64_t kTreatWhitespaceAsSuffix = 24;  // TrainerSpec
 constexpr uint64_t kAddDummyPrefix = 3;            // NormalizerSpec
 constexpr uint64_t kRemoveExtraWhitespaces = 4;    // NormalizerSpec
 constexpr uint64_t kSplitByWhitespace = 22;        // TrainerSpec
+constexpr uint64_t kModelType = 3;                 // TrainerSpec
+constexpr uint64_t kUnigram = 1;                   // TrainerSpec.ModelType
 
 // One field of a message: its number and wire type, and its value when a varint or bytes.
 struct Field {
@@ -74,18 +76,25 @@ bool ForEachField(absl::string_view message, const Visit& visit) {
   return true;
 }
 
+// The varint field `number` of `message` into *value, when present.
+bool ReadVarintField(absl::string_view message, uint64_t number, uint64_t* value) {
+  return ForEachField(message, [&](const Field& field) {
+    if (field.number == number && field.wire_type == kVarint) *value = field.varint;
+  });
+}
+
 // The bool field `number` of `message` into *value, when present.
 bool ReadBool(absl::string_view message, uint64_t number, bool* value) {
-  return ForEachField(message, [&](const Field& field) {
-    if (field.number == number && field.wire_type == kVarint) *value = field.varint != 0;
-  });
+  uint64_t varint = *value ? 1 : 0;
+  const bool well_formed = ReadVarintField(message, number, &varint);
+  *value = varint != 0;
+  return well_formed;
 }
 
 }  // namespace
 
-absl::StatusOr<SentencePieceWhitespaceOptions> ReadWhitespaceOptions(
-    absl::string_view model_proto) {
-  SentencePieceWhitespaceOptions options;
+absl::StatusOr<SentencePieceModelOptions> ReadModelOptions(absl::string_view model_proto) {
+  SentencePieceModelOptions options;
   bool well_formed = true;
   const bool top_level_well_formed = ForEachField(model_proto, [&](const Field& field) {
     if (field.wire_type != kLengthDelimited) return;
@@ -93,6 +102,9 @@ absl::StatusOr<SentencePieceWhitespaceOptions> ReadWhitespaceOptions(
       well_formed &=
           ReadBool(field.bytes, kTreatWhitespaceAsSuffix, &options.treat_whitespace_as_suffix);
       well_formed &= ReadBool(field.bytes, kSplitByWhitespace, &options.split_by_whitespace);
+      uint64_t model_type = options.unigram ? kUnigram : 0;
+      well_formed &= ReadVarintField(field.bytes, kModelType, &model_type);
+      options.unigram = model_type == kUnigram;
     } else if (field.number == kNormalizerSpec) {
       well_formed &= ReadBool(field.bytes, kAddDummyPrefix, &options.add_dummy_prefix);
       well_formed &=

@@ -1,5 +1,6 @@
-// The options of a SentencePiece model that decide which side of a cut a space belongs to
-// (Tokenizer::space_at_cut), read from the model's serialized ModelProto: libsentencepiece's
+// The options of a SentencePiece model that decide where a long text may be cut and which side
+// of a cut a space belongs to (Tokenizer::space_at_cut), read from the model's serialized
+// ModelProto: libsentencepiece's
 // public API gives the proto only as bytes (its generated header is not installed, and this
 // build must not link protobuf, see data/CMakeLists.txt), so the few fields needed are read
 // from protobuf's wire format here.
@@ -11,7 +12,7 @@
 namespace nf::data {
 
 // With their defaults in sentencepiece_model.proto, which apply when a field is absent.
-struct SentencePieceWhitespaceOptions {
+struct SentencePieceModelOptions {
   // NormalizerSpec.add_dummy_prefix (field 3): every text is encoded as if it began with a
   // space, so "world" alone and in "hello world" give the same pieces.
   bool add_dummy_prefix = true;
@@ -23,10 +24,13 @@ struct SentencePieceWhitespaceOptions {
   bool remove_extra_whitespaces = true;
   // TrainerSpec.split_by_whitespace (field 22): no piece spans a whitespace.
   bool split_by_whitespace = true;
+  // TrainerSpec.model_type (field 3) is UNIGRAM (1, the default), not BPE, WORD or CHAR: the
+  // model picks the best-scoring segmentation of each text (Viterbi).
+  bool unigram = true;
 };
 
 // From ModelProto's bytes (trainer_spec is field 2, normalizer_spec field 3). InvalidArgument
 // when they are not well-formed protobuf wire format.
-absl::StatusOr<SentencePieceWhitespaceOptions> ReadWhitespaceOptions(absl::string_view model_proto);
+absl::StatusOr<SentencePieceModelOptions> ReadModelOptions(absl::string_view model_proto);
 
 }  // namespace nf::data

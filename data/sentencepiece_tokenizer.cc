@@ -6,6 +6,9 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstddef>
+#include <cstdint>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <utility>
@@ -14,7 +17,9 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "core/status.h"
 #include "data/sentencepiece_model_options.h"
+#include "data/unicode_class.h"
 
 namespace nf::data {
 namespace {
@@ -37,11 +42,33 @@ absl::Status CheckReadable(const std::string& path, absl::string_view what) {
   return absl::OkStatus();
 }
 
+// See preferred_chunk_bytes() in the header.
+constexpr size_t kUnigramChunkBytes = 4096;
+
+// SentencePiece 0.1.97 joins consecutive unknown pieces into one <unk> by copying the text joined
+// so far once per character (PopulateSentencePieceText), so one Encode call on a run of n
+// characters outside the vocabulary takes time quadratic in n ('é' x 400k: 22 s; byte-fallback
+// models, whose byte pieces are not joined, are linear). Encode therefore cuts such runs: every
+// kUnknownRunProbeBytes it looks at the character boundary there, and where the characters on
+// both sides are unknown it encodes the two sides apart and splices their ids. That is exact, as
+// no piece holds an unknown character: the best segmentation of the whole text splits there (and
+// no BPE merge spans it), the splice drops the second side's dummy-prefix word start and makes
+// the two sides' <unk>s the one <unk> the whole text has. Each cut is checked on the
+// kCutCheckCharacters characters on either side, encoded whole and cut (the normalizer may join
+// characters across it, and the splice does not cover every option, e.g. whitespace as a
+// suffix); a cut that fails the check is not made. A run of unknown characters within one call
+// is thus at most ~2 KiB ('é' x 1.6M: 0.32 s, linear), and text without one costs a table
+// lookup per 2 KiB where the probe meets ASCII, one one-character encode (~15 us) elsewhere.
+constexpr size_t kUnknownRunProbeBytes = 2048;
+constexpr int kCutCheckCharacters = 8;
+
+bool IsContinuationByte(char byte) { return (static_cast<unsigned char>(byte) & 0xC0) == 0x80; }
+
 // Where a text's single space goes when it is cut there (Tokenizer::space_at_cut). With a dummy
 // prefix, the next chunk's own implicit space stands for it, whichever side the pieces keep
 // whitespace on ("a b" is "▁a▁b", or "a▁b▁" as suffixes: "▁a" + "▁b", "a▁" + "b▁"). Without one,
 // the space stays with the chunk whose pieces hold it.
-Tokenizer::SpaceAtCut SpaceAtCutOf(const SentencePieceWhitespaceOptions& options) {
+Tokenizer::SpaceAtCut SpaceAtCutOf(const SentencePieceModelOptions& options) {
   if (options.add_dummy_prefix) return Tokenizer::SpaceAtCut::kDropped;
   return options.treat_whitespace_as_suffix ? Tokenizer::SpaceAtCut::kEndsPrevious
                                             : Tokenizer::SpaceAtCut::kStartsNext;
@@ -60,7 +87,7 @@ constexpr const char* kWhiteSpace[] = {
 // U+000B (joining the words around it) and keeps U+0085 as a character, and a model may carry
 // its own normalization rules.
 std::vector<std::string> WhitespaceCuts(const sentencepiece_backend::Model& model,
-                                        const SentencePieceWhitespaceOptions& options) {
+                                        const SentencePieceModelOptions& options) {
   std::vector<std::string> cuts;
   if (!options.remove_extra_whitespaces || !options.split_by_whitespace) return cuts;
   const auto encode = [&model](const std::string& text) {
@@ -88,11 +115,18 @@ std::vector<std::string> WhitespaceCuts(const sentencepiece_backend::Model& mode
 }  // namespace
 
 SentencePieceTokenizer::SentencePieceTokenizer(std::unique_ptr<sentencepiece_backend::Model> model,
-                                               SpaceAtCut space_at_cut,
-                                               std::vector<std::string> whitespace_cuts)
+                                               const SentencePieceModelOptions& options)
     : model_(std::move(model)),
-      space_at_cut_(space_at_cut),
-      whitespace_cuts_(std::move(whitespace_cuts)) {}
+      space_at_cut_(SpaceAtCutOf(options)),
+      whitespace_cuts_(WhitespaceCuts(*model_, options)),
+      preferred_chunk_bytes_(options.unigram ? kUnigramChunkBytes : SIZE_MAX),
+      add_dummy_prefix_(options.add_dummy_prefix),
+      unk_id_(model_->unk_id()),
+      word_start_id_(model_->PieceToId("\u2581")) {
+  for (size_t c = 0; c < unknown_ascii_.size(); ++c) {
+    unknown_ascii_[c] = EncodesAsUnknown(std::string(1, static_cast<char>(c)));
+  }
+}
 
 bool SentencePieceTokenizer::CutsBeforeWhitespace(absl::string_view whitespace) const {
   return std::find(whitespace_cuts_.begin(), whitespace_cuts_.end(), whitespace) !=
@@ -114,15 +148,14 @@ absl::StatusOr<std::unique_ptr<SentencePieceTokenizer>> SentencePieceTokenizer::
     return absl::InvalidArgumentError(
         absl::StrCat("cannot load SentencePiece model ", path, ": ", result.message));
   }
-  const absl::StatusOr<SentencePieceWhitespaceOptions> options =
-      ReadWhitespaceOptions(model->serialized_proto());
+  const absl::StatusOr<SentencePieceModelOptions> options =
+      ReadModelOptions(model->serialized_proto());
   if (!options.ok()) {
     return absl::InvalidArgumentError(
         absl::StrCat("cannot load SentencePiece model ", path, ": ", options.status().message()));
   }
-  std::vector<std::string> whitespace_cuts = WhitespaceCuts(*model, *options);
-  return std::unique_ptr<SentencePieceTokenizer>(new SentencePieceTokenizer(
-      std::move(model), SpaceAtCutOf(*options), std::move(whitespace_cuts)));
+  return std::unique_ptr<SentencePieceTokenizer>(
+      new SentencePieceTokenizer(std::move(model), *options));
 }
 
 absl::Status SentencePieceTokenizer::Train(const SentencePieceTrainOptions& options) {
@@ -158,13 +191,85 @@ absl::Status SentencePieceTokenizer::Train(const SentencePieceTrainOptions& opti
                   absl::StrCat("SentencePiece training of ", options.model_prefix));
 }
 
+std::optional<std::vector<int>> SentencePieceTokenizer::TryEncode(absl::string_view text) const {
+  std::vector<int> ids;
+  if (!model_->Encode(std::string_view(text.data(), text.size()), &ids).ok()) return std::nullopt;
+  return ids;
+}
+
+bool SentencePieceTokenizer::IsUnknownCharacter(absl::string_view character) const {
+  const auto first_byte = static_cast<unsigned char>(character.front());
+  if (character.size() == 1 && first_byte < unknown_ascii_.size()) {
+    return unknown_ascii_[first_byte];
+  }
+  return EncodesAsUnknown(character);
+}
+
+bool SentencePieceTokenizer::EncodesAsUnknown(absl::string_view character) const {
+  const std::optional<std::vector<int>> ids = TryEncode(character);
+  if (!ids || ids->empty()) return false;
+  const size_t first = add_dummy_prefix_ && ids->front() == word_start_id_ ? 1 : 0;
+  return first < ids->size() && std::all_of(ids->begin() + first, ids->end(),
+                                            [&](int id) { return model_->IsUnknownOrByte(id); });
+}
+
+void SentencePieceTokenizer::AppendSpliced(std::vector<int>& ids,
+                                           const std::vector<int>& next) const {
+  size_t from = 0;
+  if (add_dummy_prefix_ && next.size() > 1 && next[0] == word_start_id_ &&
+      model_->IsUnknownOrByte(next[1])) {
+    from = 1;
+  }
+  if (!ids.empty() && from < next.size() && ids.back() == unk_id_ && next[from] == unk_id_) {
+    ++from;
+  }
+  ids.insert(ids.end(), next.begin() + static_cast<std::ptrdiff_t>(from), next.end());
+}
+
+bool SentencePieceTokenizer::IsCutInUnknownRun(absl::string_view text, size_t at) const {
+  const size_t before = PreviousUtf8CharStart(text, at);
+  if (!IsUnknownCharacter(text.substr(at, NextUtf8Char(text, at).length)) ||
+      !IsUnknownCharacter(text.substr(before, at - before))) {
+    return false;
+  }
+  size_t from = at, to = at;
+  for (int i = 0; i < kCutCheckCharacters && from > 0; ++i)
+    from = PreviousUtf8CharStart(text, from);
+  for (int i = 0; i < kCutCheckCharacters && to < text.size(); ++i) {
+    to += NextUtf8Char(text, to).length;
+  }
+  const std::optional<std::vector<int>> whole = TryEncode(text.substr(from, to - from));
+  std::optional<std::vector<int>> spliced = TryEncode(text.substr(from, at - from));
+  const std::optional<std::vector<int>> right = TryEncode(text.substr(at, to - at));
+  if (!whole || !spliced || !right) return false;
+  AppendSpliced(*spliced, *right);
+  return *spliced == *whole;
+}
+
 absl::StatusOr<std::vector<int32_t>> SentencePieceTokenizer::Encode(absl::string_view text) const {
   std::vector<int> ids;
-  if (absl::Status s = ToStatus(model_->Encode(std::string_view(text.data(), text.size()), &ids),
-                                "SentencePiece Encode");
-      !s.ok()) {
-    return s;
+  size_t begin = 0;
+  // Appends the ids of text[begin, end), spliced after a cut.
+  const auto encode_up_to = [&](size_t end) {
+    std::vector<int> next;
+    NF_RETURN_IF_ERROR(
+        ToStatus(model_->Encode(std::string_view(text.data() + begin, end - begin), &next),
+                 "SentencePiece Encode"));
+    if (begin == 0) {
+      ids = std::move(next);
+    } else {
+      AppendSpliced(ids, next);
+    }
+    begin = end;
+    return absl::OkStatus();
+  };
+  for (size_t probe = kUnknownRunProbeBytes; probe < text.size(); probe += kUnknownRunProbeBytes) {
+    size_t at = probe;
+    while (at < text.size() && at < probe + 3 && IsContinuationByte(text[at])) ++at;
+    if (at >= text.size() || !IsCutInUnknownRun(text, at)) continue;
+    NF_RETURN_IF_ERROR(encode_up_to(at));
   }
+  NF_RETURN_IF_ERROR(encode_up_to(text.size()));
   return std::vector<int32_t>(ids.begin(), ids.end());
 }
 

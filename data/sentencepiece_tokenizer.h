@@ -2,6 +2,8 @@
 // the Tokenizer interface, and training one from text files.
 #pragma once
 
+#include <array>
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -13,6 +15,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "data/sentencepiece_backend.h"
+#include "data/sentencepiece_model_options.h"
 #include "data/tokenizer.h"
 
 namespace nf::data {
@@ -61,13 +64,38 @@ class SentencePieceTokenizer final : public Tokenizer {
   // loaded: NFKC's nmt_nfkc rules make all of Unicode's but U+000B and U+0085 one); exact up to
   // the ties above. None otherwise.
   bool CutsBeforeWhitespace(absl::string_view whitespace) const override;
+  // 4 KiB for unigram models, none for the others. A unigram model compares segmentations by a
+  // float running score from the text's start, whose rounding grows with the text:
+  // libsentencepiece 0.1.97 picks lower-scoring segmentations than sentencepiece 0.2.x's as a
+  // text grows (about 200 regions of a 1 MiB document, 7 of a 16 KiB one, none of 4 KiB ones).
+  // BPE merges compare scores one pair at a time and do not drift.
+  size_t preferred_chunk_bytes() const override { return preferred_chunk_bytes_; }
 
  private:
   SentencePieceTokenizer(std::unique_ptr<sentencepiece_backend::Model> model,
-                         SpaceAtCut space_at_cut, std::vector<std::string> whitespace_cuts);
+                         const SentencePieceModelOptions& options);
+  // model_->Encode, or nullopt when it fails.
+  std::optional<std::vector<int>> TryEncode(absl::string_view text) const;
+  // Whether `character` (one, UTF-8) encodes as unknown: <unk> or byte pieces, after the dummy
+  // prefix's word start. EncodesAsUnknown encodes it; IsUnknownCharacter looks ASCII up.
+  bool EncodesAsUnknown(absl::string_view character) const;
+  bool IsUnknownCharacter(absl::string_view character) const;
+  // Whether text[0, at) and text[at, ...) may be encoded apart and spliced (AppendSpliced):
+  // inside a run of unknown characters, checked on the characters around `at`.
+  bool IsCutInUnknownRun(absl::string_view text, size_t at) const;
+  // Appends the ids of the text that follows a cut inside a run of unknown characters to those
+  // of the text before it: without the word start of the second's dummy prefix, and with the
+  // <unk>s on either side of the cut one <unk>, as the whole text has it.
+  void AppendSpliced(std::vector<int>& ids, const std::vector<int>& next) const;
+
   std::unique_ptr<sentencepiece_backend::Model> model_;
   SpaceAtCut space_at_cut_;
   std::vector<std::string> whitespace_cuts_;  // UTF-8, for CutsBeforeWhitespace
+  size_t preferred_chunk_bytes_;
+  bool add_dummy_prefix_;
+  int unk_id_;
+  int word_start_id_;                      // the piece "▁" (U+2581), or unk_id_
+  std::array<bool, 128> unknown_ascii_{};  // EncodesAsUnknown of each ASCII character
 };
 
 }  // namespace nf::data

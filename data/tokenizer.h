@@ -6,6 +6,7 @@
 // on one shared instance.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <span>
@@ -60,6 +61,11 @@ class Tokenizer {
   // whitespace starting the next chunk, with the chunks' ids concatenated those of the whole
   // text. False unless the tokenizer says so.
   virtual bool CutsBeforeWhitespace(absl::string_view /*whitespace*/) const { return false; }
+
+  // The length of text beyond which one Encode call's ids drift from the model's best
+  // segmentation: a longer text is cut into chunks of about this size, at its exact cuts
+  // (chunked_encoding.h). None (the largest size_t) unless the tokenizer says so.
+  virtual size_t preferred_chunk_bytes() const { return SIZE_MAX; }
 };
 
 }  // namespace nf::data

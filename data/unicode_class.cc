@@ -87,4 +87,12 @@ Utf8Char NextUtf8Char(absl::string_view text, size_t pos) {
   return {.klass = ClassifyCodePoint(code_point), .length = length};
 }
 
+size_t PreviousUtf8CharStart(absl::string_view text, size_t end) {
+  size_t start = end - 1;
+  while (start > 0 && end - start < 4 && IsContinuation(static_cast<unsigned char>(text[start]))) {
+    --start;
+  }
+  return start + NextUtf8Char(text, start).length == end ? start : end - 1;
+}
+
 }  // namespace nf::data

@@ -32,4 +32,9 @@ struct Utf8Char {
 // The character starting at text[pos]; pos < text.size().
 Utf8Char NextUtf8Char(absl::string_view text, size_t pos);
 
+// Where the character that ends just before text[end] starts (0 < end <= text.size()), as
+// NextUtf8Char reads the text: at most 3 bytes back, or end - 1 when no well-formed character
+// ends exactly there (the byte before `end` is then an invalid byte, a character of its own).
+size_t PreviousUtf8CharStart(absl::string_view text, size_t end);
+
 }  // namespace nf::data

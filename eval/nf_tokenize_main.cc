@@ -26,6 +26,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "data/chunked_encoding.h"
 #include "data/gpt2_bpe.h"
 #include "data/sentencepiece_tokenizer.h"
 #include "eval/tokenizer_protocol.h"
@@ -86,7 +87,9 @@ absl::Status EncodeTexts(const nf::data::Tokenizer& tokenizer, const std::string
       return absl::InvalidArgumentError(
           absl::StrCat(path, ": a malformed record at byte ", pos, " (eval/tokenizer_protocol.h)"));
     }
-    auto ids = tokenizer.Encode(absl::string_view(file).substr(newline + 1, length));
+    // As nf-preprocess encodes a document: the same ids for the same text, in bounded memory.
+    auto ids =
+        nf::data::EncodeInChunks(tokenizer, absl::string_view(file).substr(newline + 1, length));
     if (!ids.ok()) return ids.status();
     absl::StrAppend(&out, absl::StrJoin(*ids, " "), "\n");
     pos = newline + 1 + length + 1;
