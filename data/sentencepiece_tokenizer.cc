@@ -246,11 +246,22 @@ bool SentencePieceTokenizer::IsCutInUnknownRun(absl::string_view text, size_t at
   return *spliced == *whole;
 }
 
+std::vector<size_t> SentencePieceTokenizer::UnknownRunCuts(absl::string_view text) const {
+  std::vector<size_t> cuts;
+  for (size_t probe = kUnknownRunProbeBytes; probe < text.size(); probe += kUnknownRunProbeBytes) {
+    size_t at = probe;
+    while (at < text.size() && at < probe + 3 && IsContinuationByte(text[at])) ++at;
+    if (at < text.size() && IsCutInUnknownRun(text, at)) cuts.push_back(at);
+  }
+  return cuts;
+}
+
 absl::StatusOr<std::vector<int32_t>> SentencePieceTokenizer::Encode(absl::string_view text) const {
+  std::vector<size_t> ends = UnknownRunCuts(text);
+  ends.push_back(text.size());
   std::vector<int> ids;
   size_t begin = 0;
-  // Appends the ids of text[begin, end), spliced after a cut.
-  const auto encode_up_to = [&](size_t end) {
+  for (const size_t end : ends) {
     std::vector<int> next;
     NF_RETURN_IF_ERROR(
         ToStatus(model_->Encode(std::string_view(text.data() + begin, end - begin), &next),
@@ -261,15 +272,7 @@ absl::StatusOr<std::vector<int32_t>> SentencePieceTokenizer::Encode(absl::string
       AppendSpliced(ids, next);
     }
     begin = end;
-    return absl::OkStatus();
-  };
-  for (size_t probe = kUnknownRunProbeBytes; probe < text.size(); probe += kUnknownRunProbeBytes) {
-    size_t at = probe;
-    while (at < text.size() && at < probe + 3 && IsContinuationByte(text[at])) ++at;
-    if (at >= text.size() || !IsCutInUnknownRun(text, at)) continue;
-    NF_RETURN_IF_ERROR(encode_up_to(at));
   }
-  NF_RETURN_IF_ERROR(encode_up_to(text.size()));
   return std::vector<int32_t>(ids.begin(), ids.end());
 }
 

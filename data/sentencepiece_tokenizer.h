@@ -47,7 +47,13 @@ class SentencePieceTokenizer final : public Tokenizer {
 
   ~SentencePieceTokenizer() override;
 
+  // The ids of one SentencePiece call on the whole text, made of calls on the pieces between
+  // UnknownRunCuts(text).
   absl::StatusOr<std::vector<int32_t>> Encode(absl::string_view text) const override;
+  // Where Encode cuts `text`: inside runs of characters outside the vocabulary, about every
+  // 2 KiB, where a cut is exact (sentencepiece_tokenizer.cc says why and how). libsentencepiece
+  // 0.1.97 takes time quadratic in the length of such a run in one call.
+  std::vector<size_t> UnknownRunCuts(absl::string_view text) const;
   absl::StatusOr<std::string> Decode(std::span<const int32_t> ids) const override;
   int64_t vocab_size() const override { return model_->piece_size(); }
   // The model's </s> id (2 by SentencePiece's default), unless it was trained without one.

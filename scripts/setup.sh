@@ -70,6 +70,13 @@ assert tokenizers.__version__ == '0.23.3'" 2>/dev/null; then
   echo "setup: installing tokenizers into $venv"
   "$venv/bin/pip" install -q --disable-pip-version-check --no-deps "tokenizers==0.23.3"
 fi
+# The Python package sentencepiece, which users train and encode SentencePiece models with, for
+# the test of nf-tokenize's ids against it (tests/data/sentencepiece_reference_test.py).
+if ! "$venv/bin/python" -c "import sentencepiece
+assert sentencepiece.__version__ == '0.2.3'" 2>/dev/null; then
+  echo "setup: installing sentencepiece into $venv"
+  "$venv/bin/pip" install -q --disable-pip-version-check --no-deps "sentencepiece==0.2.3"
+fi
 # The cuDNN frontend's C++ headers (core/cuda/cudnn_attention.cc; CMake finds them in .venv).
 # --no-deps: only the headers are used, not the Python package's CUTLASS and TVM dependencies.
 if ! "$venv/bin/python" -c "import importlib.metadata as m

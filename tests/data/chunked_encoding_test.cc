@@ -89,6 +89,23 @@ std::string TextWithoutSingleSpaces(std::mt19937& rng, size_t bytes) {
   return text;
 }
 
+// Text with runs of up to 3,000 characters that no model here has seen (Cyrillic, the euro
+// sign, a 4-byte character, invalid bytes, mixed), long enough that SentencePieceTokenizer
+// cuts them (every 2 KiB), after a separator or glued to the word before, some with a known
+// letter inside, and some followed by a word glued to them.
+std::string TextWithUnknownRuns(std::mt19937& rng, size_t bytes) {
+  static const char* const kUnknown[] = {"ж", "€", "𝄞", "\xff", "ж€", "жж\xffж"};
+  std::string text;
+  while (text.size() < bytes) {
+    text += VariedText(rng, 20);
+    if (rng() % 2 == 0) text += "kalo";
+    const char* unknown = kUnknown[rng() % std::size(kUnknown)];
+    for (size_t n = rng() % 3000; n > 0; --n) text += n == 700 ? "a" : unknown;
+    if (rng() % 2 == 0) text += "mine";
+  }
+  return text;
+}
+
 // Wraps a tokenizer: records the texts Encode is called with, and may claim another
 // space_at_cut (to show that the claim matters).
 class Recorder final : public Tokenizer {
@@ -110,6 +127,7 @@ class Recorder final : public Tokenizer {
     return !claim_ && inner_.CutsBeforeWhitespace(whitespace);
   }
   absl::string_view special_token_text() const override { return inner_.special_token_text(); }
+  size_t preferred_chunk_bytes() const override { return inner_.preferred_chunk_bytes(); }
 
   mutable std::vector<std::string> chunks;
 
@@ -129,6 +147,23 @@ class ByteTokenizer final : public Tokenizer {
   }
   int64_t vocab_size() const override { return 256; }
   std::optional<int32_t> end_of_document() const override { return std::nullopt; }
+};
+
+// ByteTokenizer that asks for chunks of `preferred` bytes (as SentencePiece unigram models do).
+class PreferringByteTokenizer final : public Tokenizer {
+ public:
+  explicit PreferringByteTokenizer(size_t preferred) : preferred_(preferred) {}
+  absl::StatusOr<Ids> Encode(absl::string_view text) const override { return bytes_.Encode(text); }
+  absl::StatusOr<std::string> Decode(std::span<const int32_t> ids) const override {
+    return bytes_.Decode(ids);
+  }
+  int64_t vocab_size() const override { return 256; }
+  std::optional<int32_t> end_of_document() const override { return std::nullopt; }
+  size_t preferred_chunk_bytes() const override { return preferred_; }
+
+ private:
+  ByteTokenizer bytes_;
+  size_t preferred_;
 };
 
 // Whether `chunk` is whole UTF-8 characters (no sequence cut at either end).
@@ -342,6 +377,30 @@ std::unique_ptr<Gpt2Bpe> ToyGpt2() {
   merges.push_back(space + " 42");
   merges.push_back(ByteSymbol(0xC3) + " " + ByteSymbol(0xA9));  // é
   return MakeBpe(MakeToy(merges, {"<|endoftext|>"}));
+}
+
+// A tokenizer's preferred chunk size: text is cut at the last space within it, or, where none
+// is, at the first space beyond it (an exact cut, not an inexact one at the preferred size);
+// only past the limit with no space at all is a cut inexact.
+TEST(ChunkedEncodingTest, PreferredChunksEndAtTheNearestExactCut) {
+  const PreferringByteTokenizer tokenizer(16);
+  const std::string long_word(40, 'w');
+  const std::string text =
+      "ab cd ef gh ij kl mn op " + long_word + " qr st " + std::string(150, 'z') + " uv";
+  const Recorder recorder(tokenizer);
+  int64_t inexact_cuts = -1;
+  const absl::StatusOr<Ids> ids = EncodeInChunks(recorder, text, 100, &inexact_cuts);
+  NF_ASSERT_OK(ids);
+  EXPECT_EQ(*ids, *tokenizer.Encode(text));
+  EXPECT_EQ(inexact_cuts, 1);  // the 150 z's, longer than the limit of 100
+  EXPECT_EQ(recorder.chunks,
+            (std::vector<std::string>{"ab cd ef gh ij", " kl mn op", " " + long_word, " qr st",
+                                      " " + std::string(99, 'z'), std::string(51, 'z'), " uv"}));
+  // A tokenizer's preference above the limit is the limit.
+  const PreferringByteTokenizer large(1000);
+  const Recorder large_recorder(large);
+  NF_ASSERT_OK(EncodeInChunks(large_recorder, text, 100));
+  EXPECT_EQ(large_recorder.chunks.front(), "ab cd ef gh ij kl mn op " + long_word + " qr st");
 }
 
 TEST(ChunkedEncodingTest, Gpt2IdsAreThoseOfTheWholeText) {
@@ -564,6 +623,33 @@ TEST_P(ChunkedSentencePieceTest, TextWithoutSingleSpacesIsCutBeforeItsOtherWhite
   const Vocabulary vocabulary = ReadVocabulary(Path(GetParam().name + ".vocab"));
   std::mt19937 rng(9);
   ExpectChunkedAsWhole(*model, vocabulary, TextWithoutSingleSpaces, rng, /*all_exact=*/true);
+}
+
+// Runs of unknown characters, which SentencePieceTokenizer::Encode cuts and splices (0.1.97 takes
+// time quadratic in a run's length in one call), keep the ids of one 0.1.97 call on the whole
+// text (up to ties): each model's <unk> (or its byte pieces) where the text has one, never a word
+// start or a second <unk> at a cut.
+TEST_P(ChunkedSentencePieceTest, RunsOfUnknownCharactersKeepTheWholeTextsIds) {
+  const std::unique_ptr<SentencePieceTokenizer> model = Train(GetParam());
+  ASSERT_NE(model, nullptr);
+  std::unique_ptr<sentencepiece_backend::Model> library;
+  const sentencepiece_backend::Result loaded =
+      sentencepiece_backend::Model::Load(Path(GetParam().name + ".model"), &library);
+  ASSERT_TRUE(loaded.ok()) << loaded.message;
+  const Vocabulary vocabulary = ReadVocabulary(Path(GetParam().name + ".vocab"));
+  std::mt19937 rng(11);
+  for (int trial = 0; trial < 8; ++trial) {
+    const std::string text = TextWithUnknownRuns(rng, 30000);
+    // The splice covers a dummy prefix's word start, not a dummy suffix's.
+    const bool cuts_expected = GetParam().name != "suffix";
+    EXPECT_EQ(!model->UnknownRunCuts(text).empty(), cuts_expected) << "trial " << trial;
+    std::vector<int> whole;
+    ASSERT_TRUE(library->Encode(text, &whole).ok());
+    const absl::StatusOr<Ids> ours = model->Encode(text);
+    NF_ASSERT_OK(ours);
+    ASSERT_TRUE(SameSegmentationUpToTies(Ids(whole.begin(), whole.end()), *ours, vocabulary))
+        << "trial " << trial;
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Whitespace, ChunkedSentencePieceTest,
