@@ -6,10 +6,13 @@
 // pages are dropped from the page cache (posix_fadvise DONTNEED), for dd and for the load alike.
 //
 //   build/bench/nf-bench-checkpoint [--dir DIR] [--d-model N] [--layers N] [--trials N]
+//                                   [--seq-len N]
 //
 // The default model (12 layers, d_model 512, vocab 32000: 54M parameters, fp32 with master
 // weights and both moments: 0.9 GB per checkpoint) is big enough that the disk, not the
-// per-file overheads, sets the rates.
+// per-file overheads, sets the rates. The training step is 4 sequences of --seq-len tokens
+// (128): a shorter one, like a GPU's step beside the host's copy, shows what an async save's
+// copy costs when the step cannot hide it.
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -68,7 +71,7 @@ absl::Status Run(int argc, char** argv) {
   std::error_code error;
   fs::path temp = fs::temp_directory_path(error);  // $TMPDIR, if it is a directory
   fs::path dir = (error ? fs::path("/tmp") : temp) / "nf_bench_checkpoint";
-  int d_model = 512, layers = 12, trials = 3;
+  int d_model = 512, layers = 12, trials = 3, seq_len = 128;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
     if (flag == "--dir")
@@ -79,6 +82,8 @@ absl::Status Run(int argc, char** argv) {
       layers = std::atoi(argv[i + 1]);
     else if (flag == "--trials")
       trials = std::atoi(argv[i + 1]);
+    else if (flag == "--seq-len")
+      seq_len = std::atoi(argv[i + 1]);
     else
       return absl::InvalidArgumentError("unknown flag " + flag);
   }
@@ -89,11 +94,12 @@ absl::Status Run(int argc, char** argv) {
   m.set_num_heads(8);
   m.set_ffn_dim(4 * d_model);
   m.set_vocab_size(32000);
-  // A step of 4 x 128 tokens (~0.5-1 s of forward and backward here): an async save's copy
-  // runs beside a step's forward and backward, so a step of a size people train with.
-  constexpr int kSeq = 128, kBatch = 4, step_tokens = kSeq * kBatch;
-  m.set_max_seq_len(kSeq);
-  config.mutable_train()->set_seq_len(kSeq);
+  // A step of 4 x 128 tokens by default (~0.5-4 s of forward and backward here): an async
+  // save's copy runs beside a step's forward and backward, so a step of a size people train with.
+  constexpr int kBatch = 4;
+  const int step_tokens = seq_len * kBatch;
+  m.set_max_seq_len(seq_len);
+  config.mutable_train()->set_seq_len(seq_len);
   config.mutable_train()->set_micro_batch_size(kBatch);
   config.mutable_train()->set_global_batch_size(kBatch);
   config.mutable_train()->mutable_lr_schedule()->set_warmup_iters(1);
@@ -108,6 +114,7 @@ absl::Status Run(int argc, char** argv) {
   }
 
   std::vector<double> save_s, load_s, first_snapshot_s, snapshot_s, dd_write_s, dd_read_s;
+  std::vector<double> unreserved_snapshot_s;
   std::vector<double> step_alone_s, step_with_copy_s;
   int64_t bytes = 0, load_bytes = 0;
   for (int t = 0; t < trials; ++t) {
@@ -145,9 +152,27 @@ absl::Status Run(int argc, char** argv) {
 
     // Async: the loop is blocked for Start plus whatever the next step's optimizer update
     // waits for the snapshot copy, which runs beside that step's forward and backward. The
-    // first save of a run copies into fresh memory; later ones reuse the buffer, as periodic
-    // checkpointing does: the second is timed, and its step against one without a save.
+    // first save of a run copies into the buffer the run reserved at its start (nf-launch
+    // calls Reserve after resuming; 5 steps run here before the save, many more in a run);
+    // later ones reuse it, as periodic checkpointing does: the second is timed, and its step
+    // against one without a save.
+    // Also the first save of a saver that reserved nothing, as every run's was before
+    // Reserve: it copies into fresh memory.
+    {
+      checkpoint::AsyncCheckpointer unreserved(dir / absl::StrCat("unreserved", t), {});
+      start = std::chrono::steady_clock::now();
+      NF_RETURN_IF_ERROR(unreserved.Start(trainer->CheckpointState(), trainer->Progress(), world));
+      double blocked = Seconds(start);
+      const double waited = trainer->state_reader_wait_seconds();
+      NF_RETURN_IF_ERROR(trainer->TrainStep().status());
+      blocked += trainer->state_reader_wait_seconds() - waited;
+      unreserved_snapshot_s.push_back(blocked);
+      NF_RETURN_IF_ERROR(unreserved.Finish(world));
+      fs::remove_all(dir / absl::StrCat("unreserved", t), error);
+    }
     checkpoint::AsyncCheckpointer saver(dir / absl::StrCat("async", t), {});
+    saver.Reserve(trainer->CheckpointState());
+    for (int step = 0; step < 5; ++step) NF_RETURN_IF_ERROR(trainer->TrainStep().status());
     for (int save = 0; save < 2; ++save) {
       NF_RETURN_IF_ERROR(saver.Finish(world));
       start = std::chrono::steady_clock::now();
@@ -180,6 +205,10 @@ absl::Status Run(int argc, char** argv) {
               gb / Median(dd_read_s));
   std::printf("| load (cold) | %.3f | %.2f | %.2f |\n", Median(load_s), gb / Median(load_s),
               Median(dd_read_s) / Median(load_s));
+  std::printf(
+      "| async save, first of a run, nothing reserved: loop blocked | %.3f | | %.2f of a "
+      "sync save |\n",
+      Median(unreserved_snapshot_s), Median(unreserved_snapshot_s) / Median(save_s));
   std::printf("| async save, first of a run: loop blocked | %.3f | | %.2f of a sync save |\n",
               Median(first_snapshot_s), Median(first_snapshot_s) / Median(save_s));
   std::printf("| async save, later ones: loop blocked | %.3f | | %.2f of a sync save |\n",

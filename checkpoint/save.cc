@@ -148,44 +148,63 @@ absl::StatusOr<ShardSnapshot> PlanShard(const RankState& state) {
   return shard;
 }
 
-// Copies the pieces into the snapshot's own buffer, so that training may change the state
-// while they are written. `spare` is a previous snapshot, whose buffer is reused when large
-// enough: its pages are mapped already, which makes the copy several times faster than into
-// fresh memory. A piece whose bytes another piece holds too (the master weights of an f32 model
-// are its parameters) is copied once. An async save calls it on its writer thread, beside the
-// next training step, so it copies on that one thread: the pool belongs to the step's kernels.
-void CopyPieces(ShardSnapshot& shard, ShardSnapshot& spare) {
+// Where each piece of a snapshot goes in its copy: a piece whose bytes another piece holds too
+// (the master weights of an f32 model are its parameters) is copied once.
+struct CopyLayout {
   struct Span {
     const char* from;
     int64_t offset, length;
   };
-  std::vector<Span> spans;
+  std::vector<Span> spans;            // each distinct piece once, back to back
+  std::vector<int64_t> piece_offset;  // per piece, in the file's order
+  int64_t size = 0;
+};
+
+CopyLayout CopyLayoutOf(const ShardSnapshot& shard) {
+  CopyLayout layout;
   std::map<std::pair<const char*, int64_t>, int64_t> copied;  // (source, length) -> offset
-  std::vector<int64_t> copy_offsets;
-  int64_t copy_size = 0;
   size_t i = 0;
   for (const TensorRecord& record : shard.fragment.tensors()) {
     for (const Piece& piece : record.pieces()) {
       const auto [it, fresh] =
-          copied.emplace(std::make_pair(shard.sources[i++], piece.length()), copy_size);
+          copied.emplace(std::make_pair(shard.sources[i++], piece.length()), layout.size);
       if (fresh) {
-        spans.push_back({it->first.first, copy_size, piece.length()});
-        copy_size += piece.length();
+        layout.spans.push_back({it->first.first, layout.size, piece.length()});
+        layout.size += piece.length();
       }
-      copy_offsets.push_back(it->second);
+      layout.piece_offset.push_back(it->second);
     }
   }
+  return layout;
+}
+
+// A buffer of `bytes` whose pages are mapped: written once, so the kernel maps (and zeroes) each
+// page now rather than during a copy into it.
+std::unique_ptr<char[]> MappedBuffer(int64_t bytes) {
+  std::unique_ptr<char[]> buffer(new char[static_cast<size_t>(bytes)]);
+  const int64_t page = sysconf(_SC_PAGESIZE);
+  for (int64_t at = 0; at < bytes; at += page) buffer[static_cast<size_t>(at)] = 0;
+  return buffer;
+}
+
+// Copies the pieces into the snapshot's own buffer, so that training may change the state
+// while they are written. `spare` is a previous snapshot, whose buffer is reused when large
+// enough: its pages are mapped already, which makes the copy several times faster than into
+// fresh memory. An async save calls it on its writer thread, beside the next training step, so
+// it copies on that one thread: the pool belongs to the step's kernels.
+void CopyPieces(ShardSnapshot& shard, ShardSnapshot& spare) {
+  const CopyLayout layout = CopyLayoutOf(shard);
   shard.copy = std::move(spare.copy);
   shard.copy_capacity = spare.copy_capacity;
-  if (shard.copy == nullptr || shard.copy_capacity < copy_size) {
-    shard.copy_capacity = std::max<int64_t>(copy_size, 1);
+  if (shard.copy == nullptr || shard.copy_capacity < layout.size) {
+    shard.copy_capacity = std::max<int64_t>(layout.size, 1);
     shard.copy.reset(new char[static_cast<size_t>(shard.copy_capacity)]);
   }
-  for (const Span& span : spans) {
+  for (const CopyLayout::Span& span : layout.spans) {
     std::memcpy(shard.copy.get() + span.offset, span.from, static_cast<size_t>(span.length));
   }
   for (size_t p = 0; p < shard.sources.size(); ++p) {
-    shard.sources[p] = shard.copy.get() + copy_offsets[p];
+    shard.sources[p] = shard.copy.get() + layout.piece_offset[p];
   }
   shard.host_copies.clear();  // nothing points into them any more
 }
@@ -492,6 +511,19 @@ AsyncCheckpointer::~AsyncCheckpointer() {
   if (pending_->world_rank == 0) fs::remove_all(staging, ignored);
 }
 
+void AsyncCheckpointer::Reserve(const RankState& state) {
+  absl::StatusOr<ShardSnapshot> shard = PlanShard(state);
+  if (!shard.ok()) return;  // the first Start reports it
+  const int64_t bytes = std::max<int64_t>(CopyLayoutOf(*shard).size, 1);
+  reserved_ = std::async(std::launch::async, [bytes] {
+    setpriority(PRIO_PROCESS, static_cast<id_t>(gettid()), 10);  // below the training threads
+    auto spare = std::make_unique<ShardSnapshot>();
+    spare->copy = MappedBuffer(bytes);
+    spare->copy_capacity = bytes;
+    return spare;
+  });
+}
+
 absl::Status AsyncCheckpointer::Start(const RankState& state, const RunProgress& progress,
                                       parallel::Communicator& world) {
   if (pending_ && pending_->write.wait_for(std::chrono::seconds(0)) != std::future_status::ready) {
@@ -502,6 +534,10 @@ absl::Status AsyncCheckpointer::Start(const RankState& state, const RunProgress&
                      "checkpoint.save_interval)"));
   }
   NF_RETURN_IF_ERROR(Finish(world));
+  if (reserved_.valid()) {
+    std::unique_ptr<ShardSnapshot> reserved = reserved_.get();
+    if (reserved->copy_capacity > spare_->copy_capacity) spare_ = std::move(reserved);
+  }
   NF_ASSIGN_OR_RETURN(const fs::path staging, PrepareStaging(dir_, progress.step, world));
   auto shard = std::make_shared<absl::StatusOr<ShardSnapshot>>(PlanShard(state));
   // The snapshot copy runs on the writer thread, beside the next step's forward and backward

@@ -189,6 +189,7 @@ class TrainingRun {
     NF_RETURN_IF_ERROR(Resume(config_, checkpoints_, *trainer_, writes_ ? &console_ : nullptr));
     // Only now: a resume refused (another model's checkpoint) leaves the run's config as it was.
     NF_RETURN_IF_ERROR(WriteResolvedConfig());
+    if (config_.checkpoint().async_save()) checkpointer_.Reserve(trainer_->CheckpointState());
     first_step_ = trainer_->step();
     if (metrics_ && first_step_ > 0) {
       metrics_->RecordCheckpointLoad(SecondsSince(load_start), first_step_);

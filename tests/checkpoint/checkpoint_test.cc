@@ -153,36 +153,55 @@ std::vector<std::string> SortedNames(const fs::path& dir) {
 // first save.
 TEST(AsyncCheckpointerTest, SavesTheSnapshotWhileTrainingGoesOn) {
   const TrainConfig config = TinyConfig(launcher::TrainOptions::FP16);
-  TempDir dir;
   auto whole = MakeTrainer(config);
   const std::vector<double> expected = TrainSteps(*whole, 6);
 
   parallel::LocalCommunicator world;
-  std::vector<std::string> committed;
-  {
-    AsyncCheckpointer saver(dir.path(), {.keep_last = 5, .keep_every = 0},
-                            [&](const fs::path& p) { committed.push_back(p.filename().string()); });
-    auto trainer = MakeTrainer(config);
-    TrainSteps(*trainer, 2);
-    NF_ASSERT_OK(saver.Start(trainer->CheckpointState(), trainer->Progress(), world));
-    TrainSteps(*trainer, 1);  // moves every parameter while step 2's snapshot is written
-    NF_ASSERT_OK(saver.Start(trainer->CheckpointState(), trainer->Progress(), world));
-    EXPECT_EQ(committed, std::vector<std::string>{"iter_0000002"});  // finished by Start
-    TrainSteps(*trainer, 2);
-    while (saver.pending()) NF_ASSERT_OK(saver.Poll(world));
-    NF_ASSERT_OK(saver.Finish(world));
-  }
-  EXPECT_EQ(committed, (std::vector<std::string>{"iter_0000002", "iter_0000003"}));
-  EXPECT_EQ(*LatestCheckpoint(dir.path()), dir.path() / "iter_0000003");
-  for (const char* name : {"iter_0000002", "iter_0000003"}) {
-    auto resumed = MakeTrainer(config);
-    NF_ASSERT_OK(Load(*resumed, dir.path() / name));
-    const int64_t from = resumed->step();
-    const std::vector<double> continued = TrainSteps(*resumed, static_cast<int>(6 - from));
-    for (size_t i = 0; i < continued.size(); ++i) {
-      EXPECT_EQ(continued[i], expected[from + i]) << name << " step " << from + i + 1;
+  // Without a reserved buffer, and with one (as nf-launch reserves it): the first save copies
+  // into it.
+  for (const bool reserve : {false, true}) {
+    SCOPED_TRACE(reserve ? "reserved" : "not reserved");
+    TempDir dir;
+    std::vector<std::string> committed;
+    {
+      AsyncCheckpointer saver(
+          dir.path(), {.keep_last = 5, .keep_every = 0},
+          [&](const fs::path& p) { committed.push_back(p.filename().string()); });
+      auto trainer = MakeTrainer(config);
+      if (reserve) saver.Reserve(trainer->CheckpointState());
+      TrainSteps(*trainer, 2);
+      NF_ASSERT_OK(saver.Start(trainer->CheckpointState(), trainer->Progress(), world));
+      TrainSteps(*trainer, 1);  // moves every parameter while step 2's snapshot is written
+      NF_ASSERT_OK(saver.Start(trainer->CheckpointState(), trainer->Progress(), world));
+      EXPECT_EQ(committed, std::vector<std::string>{"iter_0000002"});  // finished by Start
+      TrainSteps(*trainer, 2);
+      while (saver.pending()) NF_ASSERT_OK(saver.Poll(world));
+      NF_ASSERT_OK(saver.Finish(world));
+    }
+    EXPECT_EQ(committed, (std::vector<std::string>{"iter_0000002", "iter_0000003"}));
+    EXPECT_EQ(*LatestCheckpoint(dir.path()), dir.path() / "iter_0000003");
+    for (const char* name : {"iter_0000002", "iter_0000003"}) {
+      auto resumed = MakeTrainer(config);
+      NF_ASSERT_OK(Load(*resumed, dir.path() / name));
+      const int64_t from = resumed->step();
+      const std::vector<double> continued = TrainSteps(*resumed, static_cast<int>(6 - from));
+      for (size_t i = 0; i < continued.size(); ++i) {
+        EXPECT_EQ(continued[i], expected[from + i]) << name << " step " << from + i + 1;
+      }
     }
   }
+}
+
+// A checkpointer that reserved a buffer and never saved goes away quietly, leaving nothing.
+TEST(AsyncCheckpointerTest, AReservationWithoutASaveLeavesNothing) {
+  TempDir dir;
+  auto trainer = MakeTrainer(TinyConfig(launcher::TrainOptions::FP32));
+  {
+    AsyncCheckpointer saver(dir.path() / "checkpoints", {.keep_last = 5, .keep_every = 0});
+    saver.Reserve(trainer->CheckpointState());
+    TrainSteps(*trainer, 1);
+  }
+  EXPECT_FALSE(fs::exists(dir.path() / "checkpoints"));
 }
 
 // A save still in flight when the checkpointer goes away (a run ending in an error on this rank)
