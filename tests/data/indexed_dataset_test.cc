@@ -443,8 +443,9 @@ std::vector<BadCase> BadCases() {
       "the file is 33 bytes, shorter than the 34-byte header");
   // The valid .idx is 34 + 3 * 12 + 4 * 8 = 102 bytes.
   add(
-      "truncated_idx", kKeepFields, [](Bytes* idx, Bytes*) { idx->resize(idx->size() - 8); },
-      ".idx", "the file is 94 bytes, expected exactly 102");
+      "truncated_idx", kKeepFields,
+      [](Bytes* idx, Bytes*) { idx->erase(idx->end() - 8, idx->end()); }, ".idx",
+      "the file is 94 bytes, expected exactly 102");
   add(
       "idx_with_trailing_bytes", kKeepFields, [](Bytes* idx, Bytes*) { idx->push_back(0); }, ".idx",
       "the file is 103 bytes, expected exactly 102");
@@ -455,8 +456,8 @@ std::vector<BadCase> BadCases() {
       },
       ".idx", "multimodal sequence modes are not supported");
   add(
-      "truncated_bin", kKeepFields, [](Bytes*, Bytes* bin) { bin->resize(bin->size() - 1); },
-      ".bin", "sequence 2 (byte offset 8, 2 tokens) runs past the end of the 11-byte");
+      "truncated_bin", kKeepFields, [](Bytes*, Bytes* bin) { bin->pop_back(); }, ".bin",
+      "sequence 2 (byte offset 8, 2 tokens) runs past the end of the 11-byte");
   add(
       "empty_bin", kKeepFields, [](Bytes*, Bytes* bin) { bin->clear(); }, ".bin",
       "sequence 0 (byte offset 0, 3 tokens) runs past the end of the 0-byte");
