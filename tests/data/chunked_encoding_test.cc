@@ -563,25 +563,30 @@ class ChunkedSentencePieceTest : public ::testing::TestWithParam<SentencePieceCo
   }
   static std::string Path(const std::string& name) { return (*dir_ / name).string(); }
 
-  // nf-preprocess's own training for "defaults", SentencePiece's trainer with the flags else.
+  // The model of `config`, trained once per configuration: the suite's tests share it.
   static std::unique_ptr<SentencePieceTokenizer> Train(const SentencePieceConfig& config) {
     const std::string prefix = Path(config.name);
-    if (config.flags.empty()) {
-      NF_EXPECT_OK(SentencePieceTokenizer::Train(
-          {.inputs = {Path("corpus.txt")}, .model_prefix = prefix, .vocab_size = 400}));
-    } else {
-      std::unordered_map<std::string, std::string> flags = config.flags;
-      flags.insert({{"input", Path("corpus.txt")},
-                    {"model_prefix", prefix},
-                    {"vocab_size", "400"},
-                    {"character_coverage", "1.0"}});
-      const sentencepiece_backend::Result trained = sentencepiece_backend::Train(flags);
-      EXPECT_TRUE(trained.ok()) << trained.message;
-    }
+    if (!std::filesystem::exists(prefix + ".model")) TrainModel(config, prefix);
     absl::StatusOr<std::unique_ptr<SentencePieceTokenizer>> model =
         SentencePieceTokenizer::Load(prefix + ".model");
     NF_EXPECT_OK(model);
     return model.ok() ? *std::move(model) : nullptr;
+  }
+
+  // nf-preprocess's own training for "defaults", SentencePiece's trainer with the flags else.
+  static void TrainModel(const SentencePieceConfig& config, const std::string& prefix) {
+    if (config.flags.empty()) {
+      NF_EXPECT_OK(SentencePieceTokenizer::Train(
+          {.inputs = {Path("corpus.txt")}, .model_prefix = prefix, .vocab_size = 400}));
+      return;
+    }
+    std::unordered_map<std::string, std::string> flags = config.flags;
+    flags.insert({{"input", Path("corpus.txt")},
+                  {"model_prefix", prefix},
+                  {"vocab_size", "400"},
+                  {"character_coverage", "1.0"}});
+    const sentencepiece_backend::Result trained = sentencepiece_backend::Train(flags);
+    EXPECT_TRUE(trained.ok()) << trained.message;
   }
 
   static std::filesystem::path* dir_;
