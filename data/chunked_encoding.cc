@@ -12,8 +12,6 @@ namespace {
 // The longest UTF-8 character: the smallest chunk that can always hold one.
 constexpr size_t kMinChunkBytes = 4;
 
-bool IsContinuation(char byte) { return (static_cast<unsigned char>(byte) & 0xC0) == 0x80; }
-
 // Whether the character that ends just before `end` (> 0) is whitespace.
 bool WhitespaceBefore(absl::string_view text, size_t end) {
   return NextUtf8Char(text, PreviousUtf8CharStart(text, end)).klass == CharClass::kSpace;
@@ -42,7 +40,7 @@ size_t OutsideSpecialToken(absl::string_view text, size_t begin, size_t end,
 // a non-whitespace one, where the tokenizer allows it.
 std::optional<Cut> ExactCutAt(const Tokenizer& tokenizer, absl::string_view text, size_t at,
                               size_t limit) {
-  if (IsContinuation(text[at])) return std::nullopt;
+  if (IsUtf8Continuation(text[at])) return std::nullopt;
   const Utf8Char c = NextUtf8Char(text, at);
   if (c.klass != CharClass::kSpace || WhitespaceBefore(text, at)) return std::nullopt;
   const bool single_space =
@@ -86,8 +84,8 @@ Cut NextCut(const Tokenizer& tokenizer, absl::string_view text, size_t begin,
   // spaces) is never cut: it would become text on both sides.
   exact = false;
   size_t end = begin + max_bytes;
-  while (end > begin + max_bytes - (kMinChunkBytes - 1) && IsContinuation(text[end])) --end;
-  if (IsContinuation(text[end])) end = begin + max_bytes;
+  while (end > begin + max_bytes - (kMinChunkBytes - 1) && IsUtf8Continuation(text[end])) --end;
+  if (IsUtf8Continuation(text[end])) end = begin + max_bytes;
   end = OutsideSpecialToken(text, begin, end, tokenizer.special_token_text());
   return {.end = end, .next = end};
 }

@@ -38,8 +38,6 @@ bool IsWhiteSpace(uint32_t c) {
   }
 }
 
-bool IsContinuation(unsigned char byte) { return (byte & 0xC0) == 0x80; }
-
 }  // namespace
 
 CharClass ClassifyCodePoint(uint32_t code_point) {
@@ -78,7 +76,7 @@ Utf8Char NextUtf8Char(absl::string_view text, size_t pos) {
   }
   if (text.size() - pos < static_cast<size_t>(length)) return kInvalid;
   for (int i = 1; i < length; ++i) {
-    if (!IsContinuation(byte(i))) return kInvalid;
+    if (!IsUtf8Continuation(static_cast<char>(byte(i)))) return kInvalid;
     code_point = (code_point << 6) | (byte(i) & 0x3F);
   }
   if (code_point < min || code_point > 0x10FFFF || (code_point >= 0xD800 && code_point <= 0xDFFF)) {
@@ -89,7 +87,7 @@ Utf8Char NextUtf8Char(absl::string_view text, size_t pos) {
 
 size_t PreviousUtf8CharStart(absl::string_view text, size_t end) {
   size_t start = end - 1;
-  while (start > 0 && end - start < 4 && IsContinuation(static_cast<unsigned char>(text[start]))) {
+  while (start > 0 && end - start < 4 && IsUtf8Continuation(text[start])) {
     --start;
   }
   return start + NextUtf8Char(text, start).length == end ? start : end - 1;

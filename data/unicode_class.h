@@ -29,6 +29,11 @@ struct Utf8Char {
   int length;  // bytes, 1 to 4
 };
 
+// Whether `byte` continues a UTF-8 sequence (10xxxxxx) rather than starting a character.
+inline bool IsUtf8Continuation(char byte) {
+  return (static_cast<unsigned char>(byte) & 0xC0) == 0x80;
+}
+
 // The character starting at text[pos]; pos < text.size().
 Utf8Char NextUtf8Char(absl::string_view text, size_t pos);
 
