@@ -431,6 +431,8 @@ absl::StatusOr<SimulationResult> SimulateSchedules(absl::Span<const std::vector<
   SimulationResult result;
   result.busy.assign(p, 0);
   result.peak_pending_sends.assign(p, 0);
+  result.done_at.resize(p);
+  for (int rank = 0; rank < p; ++rank) result.done_at[rank].assign(schedules[rank].size(), 0);
   // The send `rank` must wait for before its next action (or, past its list, before it is
   // done), if any: an index into pending[rank].
   auto wait_before = [&](int rank) -> std::optional<size_t> {
@@ -498,6 +500,7 @@ absl::StatusOr<SimulationResult> SimulateSchedules(absl::Span<const std::vector<
           in.received_at = clock[rank];
           ++received[c];
         }
+        result.done_at[rank][next[rank]] = clock[rank];
         ++next[rank];
         progress = true;
       }

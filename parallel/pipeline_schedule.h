@@ -141,6 +141,9 @@ struct SimulationResult {
   // Per rank: the most sends issued and not yet waited for at once (without send_windows
   // none is waited for: the rank's number of sends).
   std::vector<int> peak_pending_sends;
+  // Per rank, per action of its list: when it completed (a computation's end, a send's issue,
+  // a receive's arrival). BuildTransferPlan places its groups by these times.
+  std::vector<std::vector<int64_t>> done_at;
 };
 
 // Runs the lists of all ranks (indexed by rank) on a unit-time model: a forward takes
