@@ -31,15 +31,25 @@ absl::StatusOr<PipelineExecutor> PipelineExecutor::Create(std::vector<PipelineSt
   if (stages.empty()) return absl::InvalidArgumentError("a pipeline rank needs a model chunk");
   const int p = pp.size(), r = pp.rank(), v = static_cast<int>(stages.size());
   PipelineExecutor executor(std::move(stages), pp);
-  NF_ASSIGN_OR_RETURN(executor.schedule_, parallel::BuildSchedule(kind, p, r, micro_batches, v));
-  NF_ASSIGN_OR_RETURN(executor.forward_only_,
-                      parallel::BuildForwardOnlySchedule(p, r, micro_batches, v));
+  // Every rank's lists, for the plan: where a receive goes depends on when its peer sends.
+  NF_ASSIGN_OR_RETURN(const auto schedules, parallel::BuildAllSchedules(kind, p, micro_batches, v));
+  NF_ASSIGN_OR_RETURN(const auto forward_only,
+                      parallel::BuildAllForwardOnlySchedules(p, micro_batches, v));
+  NF_ASSIGN_OR_RETURN(auto plans, parallel::BuildTransferPlans(schedules));
+  NF_ASSIGN_OR_RETURN(auto forward_only_plans, parallel::BuildTransferPlans(forward_only));
+  executor.schedule_ = schedules[r];
+  executor.forward_only_ = forward_only[r];
+  executor.plan_ = std::move(plans[r]);
+  executor.forward_only_plan_ = std::move(forward_only_plans[r]);
   executor.window_ = parallel::SendWindow(kind, p, r, v);
-  for (const PipelineStage* stage : executor.stages_) {
-    NF_ASSIGN_OR_RETURN(Tensor received,
-                        stage->Zeros(stage->activation_dtype(), stage->activation_shape()));
-    NF_RETURN_IF_ERROR(CheckOnDevice(received, *stage));
-    executor.received_.push_back(std::move(received));
+  // One receive buffer per chunk up front: a stage whose memory is not on its device is
+  // refused here rather than at its first transfer.
+  executor.recv_pool_.resize(executor.stages_.size());
+  for (size_t c = 0; c < executor.stages_.size(); ++c) {
+    NF_ASSIGN_OR_RETURN(Tensor buffer,
+                        executor.PooledBuffer(*executor.stages_[c], executor.recv_pool_[c],
+                                              executor.recv_buffers_));
+    executor.recv_pool_[c].push_back(std::move(buffer));
   }
   return executor;
 }
@@ -107,34 +117,93 @@ absl::Status PipelineExecutor::CompleteSendsAbove(int window, bool train) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<Tensor> PipelineExecutor::GradBuffer(const PipelineStage& stage) {
-  for (auto it = grad_pool_.begin(); it != grad_pool_.end(); ++it) {
+absl::StatusOr<Tensor> PipelineExecutor::PooledBuffer(const PipelineStage& stage,
+                                                      std::vector<Tensor>& pool, int& allocated) {
+  for (auto it = pool.begin(); it != pool.end(); ++it) {
     if (it->device() == stage.device() && it->dtype() == stage.activation_dtype() &&
         it->shape() == stage.activation_shape()) {
       Tensor buffer = std::move(*it);
-      grad_pool_.erase(it);
+      pool.erase(it);
       return buffer;
     }
   }
   NF_ASSIGN_OR_RETURN(Tensor buffer,
                       stage.Zeros(stage.activation_dtype(), stage.activation_shape()));
   NF_RETURN_IF_ERROR(CheckOnDevice(buffer, stage));
-  ++grad_buffers_;
+  ++allocated;
   return buffer;
 }
 
-absl::Status PipelineExecutor::RunAction(const Action& a, bool train, const PipelineStep& step,
-                                         BatchSource& batches, const GradsDoneFn& grads_done,
-                                         std::vector<int>& backwards_left, const Tensor*& input,
-                                         Result& result) {
+absl::Status PipelineExecutor::StartGroup(const parallel::PlanStep& group, int window, bool train,
+                                          Result& result) {
+  std::vector<parallel::Transfer> transfers;
+  std::vector<Tensor> buffers;  // by transfer
+  for (const Action& a : group.actions) {
+    PipelineStage& stage = *stages_[a.model_chunk];
+    Tensor buffer;
+    if (a.kind == Action::kSendActivation) {
+      NF_RETURN_IF_ERROR(Annotate(CompleteSendsAbove(window, train), a));
+      const auto output = outputs_.find({a.micro_batch, a.model_chunk});
+      if (output == outputs_.end()) {
+        return absl::InternalError(absl::StrCat(a.ToString(), " before its forward"));
+      }
+      buffer = std::move(output->second);
+      outputs_.erase(output);
+    } else if (a.kind == Action::kSendGrad) {
+      NF_RETURN_IF_ERROR(Annotate(CompleteSendsAbove(window, train), a));
+      NF_ASSIGN_OR_RETURN(buffer, PooledBuffer(stage, grad_pool_, grad_buffers_));
+      // The input gradient is overwritten by the chunk's next backward: send a copy.
+      NF_RETURN_IF_ERROR(Annotate(stage.CopyInputGrad(buffer), a));
+    } else {
+      NF_ASSIGN_OR_RETURN(buffer, PooledBuffer(stage, recv_pool_[a.model_chunk], recv_buffers_));
+    }
+    transfers.push_back({.op = a.is_send() ? parallel::CommOp::kSend : parallel::CommOp::kRecv,
+                         .tensor = buffer,
+                         .peer = a.peer});
+    buffers.push_back(std::move(buffer));
+  }
+  const TraceRange trace(parallel::PlanStepToString(group));
+  auto handles = pp_->StartBatch(transfers);
+  if (!handles.ok()) return Annotate(handles.status(), group.actions.front());
+  for (size_t i = 0; i < group.actions.size(); ++i) {
+    const Action& a = group.actions[i];
+    if (a.is_send()) {
+      live_send_bytes_ += static_cast<int64_t>(buffers[i].nbytes());
+      sends_.push_back(
+          {.action = a, .buffer = std::move(buffers[i]), .handle = std::move((*handles)[i])});
+      result.peak_live_sends = std::max(result.peak_live_sends, static_cast<int>(sends_.size()));
+      result.peak_send_bytes = std::max(result.peak_send_bytes, live_send_bytes_);
+    } else {
+      recvs_[{a.kind == Action::kRecvActivation, a.micro_batch, a.model_chunk}] = {
+          .action = a, .buffer = std::move(buffers[i]), .handle = std::move((*handles)[i])};
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::optional<PipelineExecutor::PendingRecv>> PipelineExecutor::TakeInput(
+    const Action& compute) {
+  const PipelineStage& stage = *stages_[compute.model_chunk];
+  const bool forward = compute.kind == Action::kForward;
+  if (forward ? stage.first() : stage.last()) return std::nullopt;  // reads ids, or the loss
+  const auto it = recvs_.find({forward, compute.micro_batch, compute.model_chunk});
+  if (it == recvs_.end()) {
+    return absl::InternalError(
+        absl::StrCat(compute.ToString(), " before the receive of its input was started"));
+  }
+  PendingRecv recv = std::move(it->second);
+  recvs_.erase(it);
+  NF_RETURN_IF_ERROR(Annotate(recv.handle->Wait(), recv.action));
+  return recv;
+}
+
+absl::Status PipelineExecutor::RunCompute(const Action& a, bool train, const PipelineStep& step,
+                                          BatchSource& batches, const GradsDoneFn& grads_done,
+                                          std::vector<int>& backwards_left, const Tensor* input,
+                                          Result& result) {
   const TraceRange trace(a.ToString());
   PipelineStage& stage = *stages_[a.model_chunk];
   switch (a.kind) {
-    case Action::kRecvActivation:
-    case Action::kRecvGrad:
-      NF_RETURN_IF_ERROR(pp_->Recv(received_[a.model_chunk], a.peer));
-      input = &received_[a.model_chunk];
-      return absl::OkStatus();
     case Action::kForward: {
       const int64_t global_micro_batch = step.first_micro_batch + a.micro_batch;
       const uint64_t first_sample =
@@ -156,7 +225,6 @@ absl::Status PipelineExecutor::RunAction(const Action& a, bool train, const Pipe
           const Tensor* const output,
           stage.Forward(a.micro_batch, first ? &batches.inputs() : nullptr, first ? nullptr : input,
                         last ? batches.targets() : Tensor(), first_sample, train));
-      input = nullptr;
       if (!last) {
         // Sent by the next action; valid until this micro-batch's backward on the chunk, or
         // in evaluation until the send completes.
@@ -164,29 +232,6 @@ absl::Status PipelineExecutor::RunAction(const Action& a, bool train, const Pipe
       } else if (!train) {
         stage.DiscardForward(a.micro_batch);  // nothing to send, no backward
       }
-      return absl::OkStatus();
-    }
-    case Action::kSendActivation:
-    case Action::kSendGrad: {
-      Tensor buffer;
-      if (a.kind == Action::kSendActivation) {
-        const auto output = outputs_.find({a.micro_batch, a.model_chunk});
-        if (output == outputs_.end()) {
-          return absl::InternalError(absl::StrCat(a.ToString(), " before its forward"));
-        }
-        buffer = std::move(output->second);
-        outputs_.erase(output);
-      } else {
-        NF_ASSIGN_OR_RETURN(buffer, GradBuffer(stage));
-        // The input gradient is overwritten by the chunk's next backward: send a copy.
-        NF_RETURN_IF_ERROR(stage.CopyInputGrad(buffer));
-      }
-      NF_ASSIGN_OR_RETURN(std::unique_ptr<parallel::CommHandle> handle,
-                          pp_->SendAsync(buffer, a.peer));
-      live_send_bytes_ += static_cast<int64_t>(buffer.nbytes());
-      sends_.push_back({.action = a, .buffer = std::move(buffer), .handle = std::move(handle)});
-      result.peak_live_sends = std::max(result.peak_live_sends, static_cast<int>(sends_.size()));
-      result.peak_send_bytes = std::max(result.peak_send_bytes, live_send_bytes_);
       return absl::OkStatus();
     }
     case Action::kBackward: {
@@ -197,18 +242,19 @@ absl::Status PipelineExecutor::RunAction(const Action& a, bool train, const Pipe
       }
       NF_RETURN_IF_ERROR(
           stage.Backward(a.micro_batch, stage.last() ? nullptr : input, step.loss_weight, done));
-      input = nullptr;
       return absl::OkStatus();
     }
+    default:
+      break;
   }
-  return absl::InternalError(absl::StrCat("unknown action ", a.ToString()));
+  return absl::InternalError(absl::StrCat(a.ToString(), " is not a computation"));
 }
 
-absl::StatusOr<PipelineExecutor::Result> PipelineExecutor::RunSchedule(
-    const std::vector<Action>& schedule, int window, bool train, const PipelineStep& step,
+absl::StatusOr<PipelineExecutor::Result> PipelineExecutor::RunPlan(
+    const std::vector<parallel::PlanStep>& plan, int window, bool train, const PipelineStep& step,
     BatchSource& batches, const GradsDoneFn& grads_done) {
   Result result;
-  // The pipeline group's wait seconds (communicator.h) grow only by this schedule's sends and
+  // The pipeline group's wait seconds (communicator.h) grow only by this plan's sends and
   // receives while it runs.
   const auto pipeline_waited = [this] {
     return pp_->stats().seconds_of(parallel::CommOp::kSend) +
@@ -216,13 +262,18 @@ absl::StatusOr<PipelineExecutor::Result> PipelineExecutor::RunSchedule(
   };
   const double waited_before = pipeline_waited();
   std::vector<int> backwards_left(stages_.size(), 0);
-  for (const Action& a : schedule) {
-    if (a.kind == Action::kBackward) ++backwards_left[a.model_chunk];
+  for (const parallel::PlanStep& s : plan) {
+    if (s.is_compute() && s.actions[0].kind == Action::kBackward) {
+      ++backwards_left[s.actions[0].model_chunk];
+    }
   }
-  const Tensor* input = nullptr;  // the activation or gradient just received
-  for (const Action& a : schedule) {
-    // The waits SimulateSchedules models with send_windows, and no others.
-    if (a.is_send()) NF_RETURN_IF_ERROR(CompleteSendsAbove(window, train));
+  for (const parallel::PlanStep& s : plan) {
+    if (!s.is_compute()) {
+      NF_RETURN_IF_ERROR(StartGroup(s, window, train, result));
+      continue;
+    }
+    const Action& a = s.actions[0];
+    // The waits SimulateUnderNcclRules models, and no others.
     if (a.kind == Action::kBackward) {
       // Its activation send read the activations the backward releases.
       for (size_t k = 0; k < sends_.size(); ++k) {
@@ -234,13 +285,22 @@ absl::StatusOr<PipelineExecutor::Result> PipelineExecutor::RunSchedule(
         }
       }
     }
-    NF_RETURN_IF_ERROR(
-        Annotate(RunAction(a, train, step, batches, grads_done, backwards_left, input, result), a));
+    NF_ASSIGN_OR_RETURN(const std::optional<PendingRecv> input, TakeInput(a));
+    NF_RETURN_IF_ERROR(Annotate(RunCompute(a, train, step, batches, grads_done, backwards_left,
+                                           input ? &input->buffer : nullptr, result),
+                                a));
+    // The computation has read its input (stages copy what they keep).
+    if (input) recv_pool_[a.model_chunk].push_back(input->buffer);
   }
   absl::Status status;
   while (!sends_.empty()) status.Update(CompleteSend(0, train));
   NF_RETURN_IF_ERROR(status);
+  if (!recvs_.empty()) {
+    return absl::InternalError(
+        absl::StrCat(recvs_.begin()->second.action.ToString(), " was started and never read"));
+  }
   result.send_buffers = grad_buffers_;
+  result.recv_buffers = recv_buffers_;
   result.pipeline_wait_seconds = pipeline_waited() - waited_before;
   last_result_ = result;
   return result;
@@ -249,13 +309,13 @@ absl::StatusOr<PipelineExecutor::Result> PipelineExecutor::RunSchedule(
 absl::StatusOr<PipelineExecutor::Result> PipelineExecutor::Run(const PipelineStep& step,
                                                                BatchSource& batches,
                                                                const GradsDoneFn& grads_done) {
-  return RunSchedule(schedule_, window_, /*train=*/true, step, batches, grads_done);
+  return RunPlan(plan_, window_, /*train=*/true, step, batches, grads_done);
 }
 
 absl::StatusOr<PipelineExecutor::Result> PipelineExecutor::RunForwardOnly(const PipelineStep& step,
                                                                           BatchSource& batches) {
-  return RunSchedule(forward_only_, parallel::kForwardOnlySendWindow, /*train=*/false, step,
-                     batches, nullptr);
+  return RunPlan(forward_only_plan_, parallel::kForwardOnlySendWindow, /*train=*/false, step,
+                 batches, nullptr);
 }
 
 }  // namespace nf::launcher

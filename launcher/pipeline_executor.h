@@ -3,9 +3,16 @@
 // of its model chunks in the schedule's order, with activations and gradients exchanged over
 // the pipeline group. One walker for both, so training and evaluation place, send and wait alike.
 //
-// Transfers. Receives are blocking and placed by the schedule right before the computation
-// that needs them; sends are non-blocking. Messages between two ranks match in order on one
-// tag, as CheckSchedulePairing guarantees. A send's buffer stays untouched until the send is
+// Transfers. The executor runs its rank's transfer plan (parallel/transfer_plan.h): between
+// two computations it starts each group of the plan as one batch (Communicator::StartBatch:
+// one NCCL group), sends right after the computation that produced them and receives posted
+// ahead, and before a computation it waits for the receive of its input. That arrangement is
+// what keeps every schedule free of deadlock under NCCL's rules, where a lone send blocks its
+// rank's later transfers until the peer receives (transfer_plan_test proves it in the
+// unit-time model up to 16 stages; pipeline_nccl_rules_test runs this executor on the
+// NCCL-rules test double). Messages between two ranks match in order on one tag, as
+// CheckSchedulePairing guarantees. A receive lands in a buffer of its chunk's pool, returned
+// once the computation has read it. A send's buffer stays untouched until the send is
 // waited for: an activation send's is the chunk's output (a view of the activations the chunk
 // keeps until that micro-batch's backward, or, in evaluation, until the send completes, when
 // the forward is discarded), a gradient send's a copy of the chunk's input gradient in a
@@ -33,7 +40,10 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <map>
 #include <memory>
+#include <optional>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -44,6 +54,7 @@
 #include "model/normformer_model.h"
 #include "parallel/communicator.h"
 #include "parallel/pipeline_schedule.h"
+#include "parallel/transfer_plan.h"
 
 namespace nf::launcher {
 
@@ -82,6 +93,8 @@ class PipelineExecutor {
     int64_t peak_send_bytes = 0;
     // Gradient send buffers allocated so far (the pool and those in flight).
     int send_buffers = 0;
+    // Receive buffers allocated so far, over all chunks (the pools and those in flight).
+    int recv_buffers = 0;
   };
   // Runs the training schedule once (forward with dropout, backward). The last model stage's
   // losses accumulate in its chunk (NormFormerModel::TakeLossSum).
@@ -97,6 +110,8 @@ class PipelineExecutor {
 
   const std::vector<parallel::Action>& schedule() const { return schedule_; }
   const std::vector<parallel::Action>& forward_only_schedule() const { return forward_only_; }
+  const std::vector<parallel::PlanStep>& plan() const { return plan_; }
+  const std::vector<parallel::PlanStep>& forward_only_plan() const { return forward_only_plan_; }
   int send_window() const { return window_; }
 
  private:
@@ -108,21 +123,34 @@ class PipelineExecutor {
     Tensor buffer;  // a pooled gradient buffer, or the chunk's output (a view)
     std::unique_ptr<parallel::CommHandle> handle;
   };
-  // Runs `schedule` with at most `window` sends pending; forwards with `train`, and no
-  // backward in the schedule unless train.
-  absl::StatusOr<Result> RunSchedule(const std::vector<parallel::Action>& schedule, int window,
-                                     bool train, const PipelineStep& step, BatchSource& batches,
-                                     const GradsDoneFn& grads_done);
-  absl::Status RunAction(const parallel::Action& a, bool train, const PipelineStep& step,
-                         BatchSource& batches, const GradsDoneFn& grads_done,
-                         std::vector<int>& backwards_left, const Tensor*& input, Result& result);
+  // A receive started and not yet read: its buffer (from the chunk's pool) and handle.
+  struct PendingRecv {
+    parallel::Action action;
+    Tensor buffer;
+    std::unique_ptr<parallel::CommHandle> handle;
+  };
+  // Runs `plan` with at most `window` sends pending; forwards with `train`, and no backward in
+  // the plan unless train.
+  absl::StatusOr<Result> RunPlan(const std::vector<parallel::PlanStep>& plan, int window,
+                                 bool train, const PipelineStep& step, BatchSource& batches,
+                                 const GradsDoneFn& grads_done);
+  // Starts one group of the plan: its send (after the window's waits) and its receives.
+  absl::Status StartGroup(const parallel::PlanStep& group, int window, bool train, Result& result);
+  // Waits for the receive of `compute`'s input, if it has one, and hands it over; its buffer
+  // goes back to the chunk's pool once the computation has read it.
+  absl::StatusOr<std::optional<PendingRecv>> TakeInput(const parallel::Action& compute);
+  absl::Status RunCompute(const parallel::Action& a, bool train, const PipelineStep& step,
+                          BatchSource& batches, const GradsDoneFn& grads_done,
+                          std::vector<int>& backwards_left, const Tensor* input, Result& result);
   // Waits for the pending send at `index` and releases its buffer: a gradient buffer back to
   // the pool; in evaluation, the forward an activation send read.
   absl::Status CompleteSend(size_t index, bool train);
   // Waits for the oldest pending sends until fewer than `window` are pending.
   absl::Status CompleteSendsAbove(int window, bool train);
-  // A gradient send buffer on `stage`'s device, from the pool or newly allocated.
-  absl::StatusOr<Tensor> GradBuffer(const PipelineStage& stage);
+  // A [T, d] buffer on `stage`'s device from `pool`, or newly allocated (counted in
+  // `allocated`).
+  absl::StatusOr<Tensor> PooledBuffer(const PipelineStage& stage, std::vector<Tensor>& pool,
+                                      int& allocated);
   // "stage 2 forward of micro-batch 5: " + the status's message, its code kept.
   absl::Status Annotate(const absl::Status& status, const parallel::Action& a) const;
 
@@ -131,9 +159,14 @@ class PipelineExecutor {
   parallel::Communicator* pp_;
   std::vector<parallel::Action> schedule_;
   std::vector<parallel::Action> forward_only_;
-  int window_ = 1;  // SendWindow of the training schedule
-  // [T, d] per chunk, on its device: the last activation or gradient received for it.
-  std::vector<Tensor> received_;
+  std::vector<parallel::PlanStep> plan_;               // of schedule_
+  std::vector<parallel::PlanStep> forward_only_plan_;  // of forward_only_
+  int window_ = 1;                                     // SendWindow of the training schedule
+  // Per chunk, [T, d] receive buffers on its device, free for reuse.
+  std::vector<std::vector<Tensor>> recv_pool_;
+  int recv_buffers_ = 0;  // allocated: free ones plus those in flight
+  // Receives started and not yet read, by (activation?, micro-batch, chunk).
+  std::map<std::tuple<bool, int, int>, PendingRecv> recvs_;
   // Forward outputs not sent yet, by (micro-batch, chunk).
   absl::flat_hash_map<std::pair<int, int>, Tensor> outputs_;
   std::vector<Tensor> grad_pool_;  // [T, d] gradient send buffers, free for reuse

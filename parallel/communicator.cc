@@ -1,5 +1,8 @@
 #include "parallel/communicator.h"
 
+#include "absl/strings/str_cat.h"
+#include "parallel/comm_checks.h"
+
 namespace nf::parallel {
 
 absl::string_view CommOpName(CommOp op) {
@@ -30,6 +33,27 @@ void CommStats::Add(const CommStats& other) {
     calls[op] += other.calls[op];
     seconds[op] += other.seconds[op];
   }
+}
+
+absl::StatusOr<std::vector<std::unique_ptr<CommHandle>>> Communicator::StartBatch(
+    absl::Span<const Transfer> transfers) {
+  for (const Transfer& t : transfers) {
+    if (t.op != CommOp::kSend && t.op != CommOp::kRecv) {
+      return internal::CommError(absl::StatusCode::kInvalidArgument, t.op, name(),
+                                 "a batch holds sends and receives only");
+    }
+    if (absl::Status s = internal::CheckPeer(t.op, name(), rank(), size(), t.peer, t.tensor);
+        !s.ok()) {
+      return s;
+    }
+  }
+  std::vector<std::unique_ptr<CommHandle>> handles;
+  for (const Transfer& t : transfers) {
+    auto handle = t.op == CommOp::kSend ? SendAsync(t.tensor, t.peer) : RecvAsync(t.tensor, t.peer);
+    if (!handle.ok()) return handle.status();
+    handles.push_back(*std::move(handle));
+  }
+  return handles;
 }
 
 int64_t CommStats::total_bytes() const {

@@ -34,9 +34,12 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/types/span.h"
 #include "core/tensor.h"
 
 namespace nf::parallel {
@@ -64,6 +67,13 @@ struct CommStats {
   int64_t total_bytes() const;
   void Add(const CommStats& other);  // element-wise sum
   double seconds_of(CommOp op) const { return seconds[static_cast<int>(op)]; }
+};
+
+// One send or receive of a batch (Communicator::StartBatch).
+struct Transfer {
+  CommOp op = CommOp::kSend;  // kSend or kRecv
+  Tensor tensor;
+  int peer = -1;
 };
 
 // A pending non-blocking operation; Wait() completes it (under the watchdog) and must be
@@ -104,6 +114,15 @@ class Communicator {
   virtual absl::StatusOr<std::unique_ptr<CommHandle>> SendAsync(const Tensor& tensor, int peer) = 0;
   virtual absl::StatusOr<std::unique_ptr<CommHandle>> RecvAsync(const Tensor& tensor, int peer) = 0;
   virtual absl::Status Barrier() = 0;
+  // Starts `transfers` (sends and receives, to any peers) as one unit and returns a handle for
+  // each, in order; messages to one peer match in the order of the calls and of the batch.
+  // NCCL runs a batch as one group, whose transfers progress together: this is how two ranks
+  // exchange messages without waiting for each other (transfer_plan.h). By default, as for MPI,
+  // each transfer starts on its own (SendAsync, RecvAsync): non-blocking operations that never
+  // wait for each other. Nothing starts unless every transfer is a send or receive to a peer
+  // of the group.
+  virtual absl::StatusOr<std::vector<std::unique_ptr<CommHandle>>> StartBatch(
+      absl::Span<const Transfer> transfers);
 
   const CommStats& stats() const { return *stats_; }
   void ResetStats() { *stats_ = {}; }

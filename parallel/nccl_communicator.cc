@@ -111,10 +111,7 @@ struct NcclCommunicator::State {
   int device = 0;
   WatchdogOptions watchdog;
   cudaStream_t compute = nullptr;
-  cudaStream_t stream = nullptr;  // communication
-  // Sends issued but not yet handed to NCCL, in issue order (the point-to-point note in the
-  // header); each is its handle, which flushes the queue before it completes or dies.
-  std::vector<NcclPendingOp*> deferred;
+  cudaStream_t stream = nullptr;     // communication
   int32_t* barrier_value = nullptr;  // one device int, all-reduced by Barrier (max: stays 0)
   // Null once aborted after an asynchronous NCCL error: a communicator in that state cannot
   // be used again.
@@ -139,9 +136,9 @@ class NcclPendingOp final : public CommHandle {
   }
 
   ~NcclPendingOp() override {
-    // NCCL may still write the tensors (or, for a deferred send, not have started): waiting
-    // (under the watchdog) is the only safe end for a handle the caller dropped.
-    if ((issued_ || deferred_) && !waited_) Wait().IgnoreError();
+    // NCCL may still read or write the tensors: waiting (under the watchdog) is the only safe
+    // end for a handle the caller dropped.
+    if (issued_ && !waited_) Wait().IgnoreError();
     ScopedDevice on_device(state_->device);
     for (cudaEvent_t event : {ready_, started_, done_}) {
       if (event != nullptr) cudaEventDestroy(event);
@@ -168,12 +165,6 @@ class NcclPendingOp final : public CommHandle {
     const cudaError_t error = cudaEventRecord(ready_, s.compute);
     if (error == cudaSuccess) return absl::OkStatus();
     return CudaError(error, CommOpName(op_), s.name, "cudaEventRecord on the compute stream");
-  }
-
-  // A send waits in the communicator's queue until the next receive, wait or other operation.
-  void Defer() {
-    deferred_ = true;
-    state_->deferred.push_back(this);
   }
 
   // Makes the communication stream wait for `ready_`; called before the NCCL group starts.
@@ -222,7 +213,6 @@ class NcclPendingOp final : public CommHandle {
 
   // Marks the operation's end on the communication stream; from then on it must be waited for.
   absl::Status RecordDone() {
-    deferred_ = false;
     const cudaError_t error = cudaEventRecord(done_, state_->stream);
     if (error != cudaSuccess) {
       return CudaError(error, CommOpName(op_), state_->name,
@@ -240,7 +230,6 @@ class NcclPendingOp final : public CommHandle {
                                  absl::StrCat("Wait() called twice on the handle of ", Describe()));
     }
     waited_ = true;
-    if (deferred_) NF_RETURN_IF_ERROR(IssueDeferredSends(s));
     if (!issued_) {
       return internal::CommError(absl::StatusCode::kAborted, op_, s.name,
                                  absl::StrCat(NcclCallName(op_), " of ", Describe(),
@@ -278,12 +267,6 @@ class NcclPendingOp final : public CommHandle {
   // Issues `ops` on the communication stream as one NCCL group (one kernel, in which NCCL
   // progresses every send and receive at once) and records each one's completion.
   static absl::Status IssueGroup(NcclCommunicator::State& s, absl::Span<NcclPendingOp* const> ops);
-  // Issues the queued sends, if any, as one group.
-  static absl::Status IssueDeferredSends(NcclCommunicator::State& s) {
-    std::vector<NcclPendingOp*> sends;
-    sends.swap(s.deferred);
-    return IssueGroup(s, sends);
-  }
 
  private:
   using State = NcclCommunicator::State;
@@ -327,7 +310,6 @@ class NcclPendingOp final : public CommHandle {
   cudaEvent_t started_ = nullptr;
   cudaEvent_t done_ = nullptr;
   int group_size_ = 1;
-  bool deferred_ = false;  // in state_->deferred, not handed to NCCL yet
   bool issued_ = false;
   bool waited_ = false;
 };
@@ -481,36 +463,56 @@ internal::NcclCaller NcclCommunicator::Caller() const {
   return {.group = state_->name, .rank = state_->rank, .size = size(), .device = state_->device};
 }
 
-absl::StatusOr<std::unique_ptr<NcclPendingOp>> NcclCommunicator::Start(
-    CommOp op, const absl::StatusOr<internal::NcclPlan>& plan, std::vector<Tensor> tensors) {
-  NF_RETURN_IF_ERROR(plan.status());
+absl::StatusOr<std::vector<std::unique_ptr<NcclPendingOp>>> NcclCommunicator::StartGroup(
+    absl::Span<const Planned> ops) {
   State& s = *state_;
-  const TraceRange trace(absl::StrCat("nccl ", CommOpName(op), " on ", s.name));
+  for (const Planned& planned : ops) NF_RETURN_IF_ERROR(planned.plan.status());
+  if (ops.empty()) return std::vector<std::unique_ptr<NcclPendingOp>>();
+  const CommOp first = ops.front().op;
+  const TraceRange trace(
+      absl::StrCat("nccl ", CommOpName(first), ops.size() > 1 ? " group" : "", " on ", s.name));
   if (s.comm == nullptr) {
-    return internal::CommError(absl::StatusCode::kFailedPrecondition, op, s.name,
+    return internal::CommError(absl::StatusCode::kFailedPrecondition, first, s.name,
                                "the NCCL communicator was aborted after an earlier error");
   }
   ScopedDevice on_device(s.device);
-  NF_RETURN_IF_ERROR(on_device.status(CommOpName(op), s.name));
-  auto pending =
-      std::make_unique<NcclPendingOp>(state_, shared_stats(), op, *plan, std::move(tensors));
-  NF_RETURN_IF_ERROR(pending->Prepare());
-  if (op == CommOp::kSend) {
-    pending->Defer();
-  } else if (op == CommOp::kRecv) {
-    // One group with the sends issued before it: a kernel that cannot block on either.
-    std::vector<NcclPendingOp*> group;
-    group.swap(s.deferred);
-    group.push_back(pending.get());
-    NF_RETURN_IF_ERROR(NcclPendingOp::IssueGroup(s, group));
-  } else {
-    // Collectives stay out of point-to-point groups: the earlier sends go first, alone.
-    NF_RETURN_IF_ERROR(NcclPendingOp::IssueDeferredSends(s));
-    NcclPendingOp* const alone[] = {pending.get()};
-    NF_RETURN_IF_ERROR(NcclPendingOp::IssueGroup(s, alone));
+  NF_RETURN_IF_ERROR(on_device.status(CommOpName(first), s.name));
+  std::vector<std::unique_ptr<NcclPendingOp>> pending;
+  std::vector<NcclPendingOp*> group;
+  for (const Planned& planned : ops) {
+    pending.push_back(std::make_unique<NcclPendingOp>(state_, shared_stats(), planned.op,
+                                                      *planned.plan, planned.tensors));
+    NF_RETURN_IF_ERROR(pending.back()->Prepare());
+    group.push_back(pending.back().get());
   }
-  Count(op, plan->bytes);
+  NF_RETURN_IF_ERROR(NcclPendingOp::IssueGroup(s, group));
+  for (const Planned& planned : ops) Count(planned.op, planned.plan->bytes);
   return pending;
+}
+
+absl::StatusOr<std::unique_ptr<NcclPendingOp>> NcclCommunicator::Start(
+    CommOp op, const absl::StatusOr<internal::NcclPlan>& plan, std::vector<Tensor> tensors) {
+  const Planned alone[] = {{.op = op, .plan = plan, .tensors = std::move(tensors)}};
+  NF_ASSIGN_OR_RETURN(auto pending, StartGroup(alone));
+  return std::move(pending.front());
+}
+
+absl::StatusOr<std::vector<std::unique_ptr<CommHandle>>> NcclCommunicator::StartBatch(
+    absl::Span<const Transfer> transfers) {
+  std::vector<Planned> ops;
+  for (const Transfer& t : transfers) {
+    if (t.op != CommOp::kSend && t.op != CommOp::kRecv) {
+      return internal::CommError(absl::StatusCode::kInvalidArgument, t.op, state_->name,
+                                 "a batch holds sends and receives only");
+    }
+    ops.push_back({.op = t.op,
+                   .plan = internal::PlanPointToPoint(Caller(), t.op, t.tensor, t.peer),
+                   .tensors = {t.tensor}});
+  }
+  NF_ASSIGN_OR_RETURN(auto pending, StartGroup(ops));
+  std::vector<std::unique_ptr<CommHandle>> handles;
+  for (auto& op : pending) handles.push_back(std::move(op));
+  return handles;
 }
 
 absl::Status NcclCommunicator::AllReduce(const Tensor& tensor, ReduceOp op) {

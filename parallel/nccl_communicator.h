@@ -27,30 +27,20 @@
 // forms, ZeRO's gather); any other overlap of input and output is refused, where the MPI
 // communicator goes through a scratch copy.
 //
-// Point to point. The pipeline executor issues its sends non-blocking and its receives blocking
-// (launcher/pipeline_executor.h), so two stages often both send to each other before either
-// receives. NCCL cannot run that as separate calls: it serialises every kernel of a
-// communicator, whatever stream it is given (each launch waits for the previous one), and a
-// send larger than NCCL's buffers completes only once the peer's receive runs, so each rank's
-// send would wait for a receive queued behind the peer's own send. Separate streams for sends
-// and receives do not help for the same reason. So SendAsync only queues the send (its
-// ordering after the compute stream is fixed at the call, by an event), and the queue goes to
-// NCCL together with the next receive as one ncclGroupStart/End group: one kernel that
-// progresses all of them at once, which is how NCCL expects a sendrecv exchange to be posted.
-// The queue also goes to NCCL, as a group of its own and before anything else, at the next
-// collective or barrier and when a send's handle is waited for or dropped, so the host never
-// blocks while a send of its own is still queued, and a peer waiting for that send is never
-// waiting for something this rank has not issued. Messages between two ranks still match in
-// program order: NCCL matches sends and receives to one peer in issue order, within a group as
-// across groups. Deferring changes when a send starts, never the order; the cost is that a send
-// starts no earlier than the next receive or wait, which the executor issues right after it.
-// With sends grouped this way, a group completes once every rank it exchanges with has reached
-// the matching group; the executor's schedules pair each send with a receive from the same or
-// the next stage (Megatron's send_forward_recv_backward pattern), and only a multi-GPU run
-// verifies them under NCCL (docs/parallelism.md, "On GPUs"). NCCL does not check that both
-// sides agree on the size: a receive of another size than the send is a programming error that
-// the MPI communicator reports and NCCL does not. Sending to this rank is refused, as by every
-// communicator.
+// Point to point. Every call is issued at once as one NCCL group (ncclGroupStart/End) on the
+// communication stream, ordered after the compute stream by an event: SendAsync and RecvAsync
+// a group of one, StartBatch a group of all its transfers. There is no other grouping policy
+// here, so what the tests run on NCCL's rules (tests/parallel/nccl_rules_communicator.h) is
+// what runs on GPUs. The rules that matter: NCCL serialises every kernel of a communicator,
+// whatever stream it is given, and a send larger than its buffers completes only once the
+// peer's receive runs, so a send issued alone blocks everything this rank issues after it
+// until the peer receives; two ranks that each send alone before receiving never finish. The
+// pipeline executor therefore issues each step's transfers as one batch, arranged by
+// transfer_plan.h so that no rank's group waits for a group another rank issues later.
+// Messages to one peer match in issue order, within a group as across groups. NCCL does not
+// check that both sides agree on the size: a receive of another size than the send is a
+// programming error that the MPI communicator and the test double report and NCCL does not.
+// Sending to this rank is refused, as by every communicator.
 //
 // A communicator is used by one thread at a time (communicator.h); handles may outlive it.
 #pragma once
@@ -111,6 +101,9 @@ class NcclCommunicator final : public Communicator {
   absl::Status Recv(const Tensor& tensor, int peer) override;
   absl::StatusOr<std::unique_ptr<CommHandle>> SendAsync(const Tensor& tensor, int peer) override;
   absl::StatusOr<std::unique_ptr<CommHandle>> RecvAsync(const Tensor& tensor, int peer) override;
+  // One NCCL group of the batch's sends and receives.
+  absl::StatusOr<std::vector<std::unique_ptr<CommHandle>>> StartBatch(
+      absl::Span<const Transfer> transfers) override;
   // An all-reduce of one int on the device: returns when every rank has reached it.
   absl::Status Barrier() override;
 
@@ -129,9 +122,18 @@ class NcclCommunicator final : public Communicator {
 
   internal::NcclCaller Caller() const;
 
-  // Makes the operation of `plan`, ordered after the compute stream as of this call, and queues
-  // it (a send) or issues it (after the queued sends, grouped with them for a receive);
-  // `tensors` stay alive until the returned operation is waited for.
+  // One operation to start: its arguments, or why it cannot start, and the tensors that stay
+  // alive until it is waited for.
+  struct Planned {
+    CommOp op;
+    absl::StatusOr<internal::NcclPlan> plan;
+    std::vector<Tensor> tensors;
+  };
+  // Issues `ops`, ordered after the compute stream as of this call, as one NCCL group on the
+  // communication stream; nothing is issued unless every plan is valid.
+  absl::StatusOr<std::vector<std::unique_ptr<NcclPendingOp>>> StartGroup(
+      absl::Span<const Planned> ops);
+  // StartGroup of one operation.
   absl::StatusOr<std::unique_ptr<NcclPendingOp>> Start(
       CommOp op, const absl::StatusOr<internal::NcclPlan>& plan, std::vector<Tensor> tensors);
 

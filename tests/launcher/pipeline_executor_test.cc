@@ -172,14 +172,21 @@ class FakePipelineComm final : public parallel::Communicator {
     return std::unique_ptr<parallel::CommHandle>(std::make_unique<Handle>(
         this, fabric_->Post(rank_, peer, tensor), static_cast<int64_t>(tensor.nbytes())));
   }
-  absl::Status Recv(const Tensor& tensor, int peer) override {
+  // The receive copies the message out at Wait(), as MPI may.
+  absl::StatusOr<std::unique_ptr<parallel::CommHandle>> RecvAsync(const Tensor& tensor,
+                                                                  int peer) override {
     NF_RETURN_IF_ERROR(Check("receive", tensor, peer));
     transfers_.push_back({.send = false,
                           .peer = peer,
                           .bytes = static_cast<int64_t>(tensor.nbytes()),
                           .device = tensor.device()});
     Count(parallel::CommOp::kRecv, static_cast<int64_t>(tensor.nbytes()));
-    return fabric_->Take(peer, rank_, tensor);
+    return std::unique_ptr<parallel::CommHandle>(
+        std::make_unique<RecvHandle>(*fabric_, peer, rank_, tensor));
+  }
+  absl::Status Recv(const Tensor& tensor, int peer) override {
+    NF_ASSIGN_OR_RETURN(std::unique_ptr<parallel::CommHandle> handle, RecvAsync(tensor, peer));
+    return handle->Wait();
   }
   absl::Status Send(const Tensor& tensor, int peer) override {
     NF_ASSIGN_OR_RETURN(std::unique_ptr<parallel::CommHandle> handle, SendAsync(tensor, peer));
@@ -203,9 +210,6 @@ class FakePipelineComm final : public parallel::Communicator {
     return Unused();
   }
   absl::Status Broadcast(const Tensor&, int) override { return Unused(); }
-  absl::StatusOr<std::unique_ptr<parallel::CommHandle>> RecvAsync(const Tensor&, int) override {
-    return Unused();
-  }
   absl::Status Barrier() override { return Unused(); }
 
   const std::vector<Transfer>& transfers() const { return transfers_; }
@@ -240,6 +244,18 @@ class FakePipelineComm final : public parallel::Communicator {
     std::shared_ptr<Fabric::Message> message_;
     int64_t bytes_;
     bool waited_ = false;
+  };
+
+  class RecvHandle final : public parallel::CommHandle {
+   public:
+    RecvHandle(Fabric& fabric, int from, int to, Tensor dst)
+        : fabric_(&fabric), from_(from), to_(to), dst_(std::move(dst)) {}
+    absl::Status Wait() override { return fabric_->Take(from_, to_, dst_); }
+
+   private:
+    Fabric* fabric_;
+    int from_, to_;
+    Tensor dst_;
   };
 
   absl::Status Check(absl::string_view what, const Tensor& tensor, int peer) const {
@@ -467,7 +483,7 @@ struct RankOutcome {
   std::vector<Transfer> transfers;
   int live_sends_at_end = 0, dropped_sends = 0;
   std::vector<std::unique_ptr<FakeStage>> stages;
-  std::vector<Action> schedule, forward_only_schedule;
+  std::vector<parallel::PlanStep> plan, forward_only_plan;
   int window = 0;
 };
 
@@ -492,8 +508,8 @@ std::vector<RankOutcome> RunPipeline(const Layout& layout, const std::vector<Mod
       out.status = [&]() -> absl::Status {
         NF_ASSIGN_OR_RETURN(PipelineExecutor executor,
                             PipelineExecutor::Create(stages, comm, layout.kind, layout.m));
-        out.schedule = executor.schedule();
-        out.forward_only_schedule = executor.forward_only_schedule();
+        out.plan = executor.plan();
+        out.forward_only_plan = executor.forward_only_plan();
         out.window = executor.send_window();
         for (size_t run = 0; run < modes.size(); ++run) {
           const PipelineStep step = {.step = static_cast<int64_t>(run),
@@ -523,11 +539,13 @@ std::vector<RankOutcome> RunPipeline(const Layout& layout, const std::vector<Mod
   return outcomes;
 }
 
-// The transfers a list makes, in order.
-std::vector<std::pair<bool, int>> TransfersOf(const std::vector<Action>& list) {
+// The transfers a plan makes, in order.
+std::vector<std::pair<bool, int>> TransfersOf(const std::vector<parallel::PlanStep>& plan) {
   std::vector<std::pair<bool, int>> out;
-  for (const Action& a : list) {
-    if (!a.is_compute()) out.emplace_back(a.is_send(), a.peer);
+  for (const parallel::PlanStep& step : plan) {
+    for (const Action& a : step.actions) {
+      if (!a.is_compute()) out.emplace_back(a.is_send(), a.peer);
+    }
   }
   return out;
 }
@@ -543,10 +561,10 @@ const Layout kLayouts[] = {
 
 // Training, then evaluation, then training again, on every layout, through a communicator that
 // refuses host tensors as NCCL does: every transfer is of a [T, d] tensor on the fake device, in
-// the order of the rank's list (the training schedule, then the forward-only one, then the
+// the order of the rank's transfer plan (the training one, then the forward-only one, then the
 // training one); every stage ran each micro-batch once per run, with dropout in training only,
 // and holds nothing at the end; no send was left without a wait.
-TEST(PipelineExecutorTest, EveryTransferIsOnTheDeviceInScheduleOrder) {
+TEST(PipelineExecutorTest, EveryTransferIsOnTheDeviceInPlanOrder) {
   for (const Layout& layout : kLayouts) {
     SCOPED_TRACE(layout.Name());
     std::vector<RankOutcome> outcomes =
@@ -554,10 +572,10 @@ TEST(PipelineExecutorTest, EveryTransferIsOnTheDeviceInScheduleOrder) {
     for (int r = 0; r < layout.p; ++r) {
       const RankOutcome& out = outcomes[r];
       NF_ASSERT_OK(out.status) << "rank " << r;
-      std::vector<std::pair<bool, int>> expected = TransfersOf(out.schedule);
-      const std::vector<std::pair<bool, int>> eval = TransfersOf(out.forward_only_schedule);
+      std::vector<std::pair<bool, int>> expected = TransfersOf(out.plan);
+      const std::vector<std::pair<bool, int>> eval = TransfersOf(out.forward_only_plan);
       expected.insert(expected.end(), eval.begin(), eval.end());
-      const std::vector<std::pair<bool, int>> train = TransfersOf(out.schedule);
+      const std::vector<std::pair<bool, int>> train = TransfersOf(out.plan);
       expected.insert(expected.end(), train.begin(), train.end());
       ASSERT_EQ(out.transfers.size(), expected.size()) << "rank " << r;
       for (size_t k = 0; k < expected.size(); ++k) {
