@@ -1,9 +1,10 @@
 // Pipeline-parallel schedules as data: the ordered list of computations and point-to-point
 // transfers each pipeline rank runs in one training step, after Megatron-LM's schedules (GPipe,
-// 1F1B, interleaved 1F1B). Pure logic, no communication: an executor walks its rank's list,
-// issuing sends as non-blocking and receives as blocking operations. Building every rank's list
-// in one process lets the checker and the unit-time simulator below prove, before any job
-// starts, that the lists pair up and cannot deadlock, and measure their bubble.
+// 1F1B, interleaved 1F1B). Pure logic, no communication: an executor runs its rank's list
+// through a transfer plan (transfer_plan.h), which groups the transfers for NCCL. Building every
+// rank's list in one process lets the checker and the unit-time simulator below prove, before
+// any job starts, that the lists pair up and cannot deadlock under MPI's rules, and measure
+// their bubble.
 //
 // Model stages. The model's layers are cut into p * v contiguous stages (v = virtual_stages, 1
 // unless interleaved). Model stage s runs on pipeline rank s % p as that rank's model chunk
@@ -58,8 +59,9 @@ struct Action {
 // (except on model stage 0) and followed by the send of its output (except on the last model
 // stage); every backward is preceded by the receive of its output gradient (except on the last
 // stage) and followed by the send of its input gradient (except on stage 0). Receives come
-// immediately before the computation that needs them: a receive is blocking, and the latest
-// position is the one that can never deadlock when an earlier one would not.
+// immediately before the computation that needs them (with blocking receives, the latest
+// position is the one that can never deadlock when an earlier one would not); PipelineExecutor
+// posts them earlier, as its transfer plan says (transfer_plan.h).
 //   kGPipe: forwards 0 .. m-1, then backwards m-1 .. 0.
 //   kOneFOneB: min(p - r - 1, m) warm-up forwards, then alternately one forward and one
 //     backward, then the remaining backwards, all in micro-batch order.
