@@ -59,19 +59,19 @@ absl::StatusOr<std::map<std::string, std::vector<Assignment>>> Plan(const Manife
                                                     .layer_end = stages[stage].second};
       const std::vector<model::ParamSpec> specs =
           model::NormFormerParamSpecs(model, padded_vocab, placement);
-      // The chunk's flat layout, as ParamTable lays it out (padded to a multiple of dp).
-      std::vector<int64_t> offsets, numels;
-      int64_t total = 0;
+      // The chunk's flat layout, as ParamTable lays it out.
+      std::vector<int64_t> numels;
       for (const model::ParamSpec& spec : specs) {
         const ShardPlace place{.sharding = spec.sharding, .tp_rank = t.tp_rank(), .tp_size = tp};
-        offsets.push_back(total);
         numels.push_back(NumElements(LocalShape(spec.global_shape, place)));
-        total += numels.back();
       }
-      total = (total + dp - 1) / dp * dp;
-      NF_ASSIGN_OR_RETURN(
-          const std::vector<parallel::GradBucket> buckets,
-          parallel::MakeGradBuckets(total, target.grad_bucket_elements, dp, t.dp_rank()));
+      const model::FlatLayout layout = model::LayOutFlat(specs, numels, dp);
+      const std::vector<int64_t>& offsets = layout.offsets;
+      const int64_t total = layout.padded_elements;
+      NF_ASSIGN_OR_RETURN(const std::vector<parallel::GradBucket> buckets,
+                          parallel::MakeGradBuckets(
+                              total, model::AlignedBucketElements(target.grad_bucket_elements, dp),
+                              dp, t.dp_rank()));
       const bool tied_copy = model.tie_embeddings() && placement.last() && !placement.first();
       for (size_t i = 0; i < specs.size(); ++i) {
         const model::ParamSpec& spec = specs[i];

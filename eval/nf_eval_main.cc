@@ -328,8 +328,8 @@ absl::StatusOr<nf::eval::EvalRank> RankOf(const Flags& flags, nf::parallel::Proc
   nf::launcher::TrainOptions device_options;
   device_options.set_device(flags.cuda ? nf::launcher::TrainOptions::CUDA
                                        : nf::launcher::TrainOptions::CPU);
-  NF_ASSIGN_OR_RETURN(const nf::Device device,
-                      nf::launcher::TrainingDevice(device_options, groups.topology));
+  NF_ASSIGN_OR_RETURN(const nf::Device device, nf::launcher::TrainingDevice(device_options));
+  NF_RETURN_IF_ERROR(nf::launcher::CheckOneRankPerGpu(groups, device));
 #if NF_WITH_CUDA
   if (device.type == nf::DeviceType::kCuda && groups.topology.world_size() > 1) {
     NF_ASSIGN_OR_RETURN(device_groups, nf::parallel::CreateDeviceGroups(groups, device));

@@ -249,8 +249,7 @@ absl::Status Generate(const Plan& plan, nf::parallel::ProcessGroups& groups,
   nf::launcher::TrainOptions device_options;
   device_options.set_device(flags.cuda ? nf::launcher::TrainOptions::CUDA
                                        : nf::launcher::TrainOptions::CPU);
-  NF_ASSIGN_OR_RETURN(const nf::Device device,
-                      nf::launcher::TrainingDevice(device_options, topology));
+  NF_ASSIGN_OR_RETURN(const nf::Device device, nf::launcher::TrainingDevice(device_options));
   nf::parallel::DeviceGroups device_groups;
 #if NF_WITH_CUDA
   if (device.type == nf::DeviceType::kCuda && topology.world_size() > 1) {

@@ -75,8 +75,8 @@ absl::StatusOr<MemoryDemand> DeviceDemand(double needed, std::string parts, Devi
 
 // This rank's verdict: OK, a refusal, or an error finding out (a GPU that cannot be asked).
 // Collective over `node` when there is one, whatever happens on the way.
-absl::Status CheckThisRank(const TrainConfig& config, const parallel::Topology& topology,
-                           const PipelineRankMemory& r, parallel::Communicator* node) {
+absl::Status CheckThisRank(const TrainConfig& config, const PipelineRankMemory& r,
+                           parallel::Communicator* node) {
   const std::string device_parts = absl::StrCat(
       "parameters ", Gib(r.parameter_bytes), ", gradients ", Gib(r.gradient_bytes), ", optimizer ",
       Gib(r.optimizer_bytes), ", activations ", Gib(r.activation_bytes));
@@ -96,7 +96,7 @@ absl::Status CheckThisRank(const TrainConfig& config, const parallel::Topology& 
       HostDemand(r.gpu_host_bytes(),
                  absl::StrCat(host_parts, " (the snapshot twice during a save)"), node));
   NF_RETURN_IF_ERROR(CompareWithAvailable(host));
-  NF_ASSIGN_OR_RETURN(const Device device, TrainingDevice(config.train(), topology));
+  NF_ASSIGN_OR_RETURN(const Device device, TrainingDevice(config.train()));
   NF_ASSIGN_OR_RETURN(const MemoryDemand gpu, DeviceDemand(r.device_bytes(), device_parts, device));
   return CompareWithAvailable(gpu);
 }
@@ -131,13 +131,12 @@ absl::Status CheckMemoryFits(const TrainConfig& config, const parallel::ProcessG
   NF_ASSIGN_OR_RETURN(const std::vector<PipelineRankMemory> rows,
                       EstimateMemory(config, topology.world_size()));
   const PipelineRankMemory mine = ThisRank(rows[topology.pp_rank()], config, topology);
-  if (groups == nullptr) return CheckThisRank(config, topology, mine, nullptr);
+  if (groups == nullptr) return CheckThisRank(config, mine, nullptr);
   NF_ASSIGN_OR_RETURN(const std::unique_ptr<parallel::MpiCommunicator> node,
                       parallel::CreateNodeGroup(
                           {.watchdog = {.timeout = absl::Seconds(
                                             config.parallel().collective_timeout_seconds())}}));
-  return parallel::LowestRankError(CheckThisRank(config, topology, mine, node.get()),
-                                   *groups->world);
+  return parallel::LowestRankError(CheckThisRank(config, mine, node.get()), *groups->world);
 }
 
 }  // namespace nf::launcher

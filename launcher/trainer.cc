@@ -3,11 +3,13 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "core/ops/backend.h"
 #include "core/ops/ops.h"
@@ -111,16 +113,38 @@ absl::StatusOr<int> MicroBatchesPerRank(const TrainOptions& train, int dp) {
   return static_cast<int>(train.global_batch_size() / per_step);
 }
 
-absl::StatusOr<int> GpuOfLocalRank(int local_rank, int gpus, int world_size) {
-  // NCCL refuses two ranks of one communicator on one GPU, and a GPU shared by processes
-  // would only slow each down: a job of several ranks takes one GPU per rank.
-  if (world_size > 1 && local_rank >= gpus) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("train.device: CUDA: local rank ", local_rank, " but this process sees ", gpus,
-                     gpus == 1 ? " GPU" : " GPUs", "; run one rank per GPU (at most ", gpus,
-                     gpus == 1 ? " rank" : " ranks", " per node), or check CUDA_VISIBLE_DEVICES"));
+int GpuOfLocalRank(int local_rank, int gpus) { return gpus > 0 ? local_rank % gpus : 0; }
+
+absl::Status CheckOneRankPerGpu(const std::vector<std::string>& hosts,
+                                const std::vector<std::string>& gpu_uuids) {
+  absl::flat_hash_map<std::string, size_t> first_rank;  // GPU UUID -> the first rank on it
+  for (size_t rank = 0; rank < gpu_uuids.size(); ++rank) {
+    const auto [it, inserted] = first_rank.emplace(gpu_uuids[rank], rank);
+    if (inserted) continue;
+    return absl::FailedPreconditionError(absl::StrCat(
+        "train.device: CUDA: ranks ", it->second, " and ", rank, " on ", hosts[rank],
+        " would both drive GPU ", gpu_uuids[rank],
+        "; run one rank per GPU: at most as many ranks per node as GPUs, each rank seeing all of "
+        "them or only its own (--gpus-per-task=1, or a CUDA_VISIBLE_DEVICES per rank)"));
   }
-  return local_rank % gpus;
+  return absl::OkStatus();
+}
+
+absl::Status CheckOneRankPerGpu(const parallel::ProcessGroups& groups, Device device) {
+  const int world = groups.topology.world_size();
+  if (device.type != DeviceType::kCuda || world == 1) return absl::OkStatus();
+  constexpr int64_t kUuidBytes = 40;  // "GPU-" + 32 hex digits + 4 dashes
+  NF_ASSIGN_OR_RETURN(const std::string uuid, ops::GpuUuid(device.index));
+  NF_ASSIGN_OR_RETURN(Tensor mine, Tensor::HostZeros(DType::kU8, {kUuidBytes}));
+  std::memcpy(mine.raw_data(), uuid.data(), std::min<size_t>(uuid.size(), kUuidBytes));
+  NF_ASSIGN_OR_RETURN(Tensor all, Tensor::HostZeros(DType::kU8, {world * kUuidBytes}));
+  NF_RETURN_IF_ERROR(groups.world->AllGather(mine, all));
+  std::vector<std::string> uuids;
+  for (int rank = 0; rank < world; ++rank) {
+    const char* bytes = static_cast<const char*>(all.raw_data()) + rank * kUuidBytes;
+    uuids.emplace_back(bytes, strnlen(bytes, kUuidBytes));
+  }
+  return CheckOneRankPerGpu(groups.hosts, uuids);
 }
 
 namespace {
@@ -138,14 +162,12 @@ int64_t EmbeddingGroupEnd(const model::NormFormerModel& chunk) {
 
 }  // namespace
 
-absl::StatusOr<Device> TrainingDevice(const TrainOptions& train,
-                                      const parallel::Topology& topology) {
+absl::StatusOr<Device> TrainingDevice(const TrainOptions& train) {
   if (train.device() == TrainOptions::CPU) return Device::Cpu();
   NF_RETURN_IF_ERROR(CheckDeviceAvailable(train));
   const int gpus = ops::GpuCount();
   NF_ASSIGN_OR_RETURN(const int local_rank, parallel::DiscoverLocalRank());
-  NF_ASSIGN_OR_RETURN(const int gpu, GpuOfLocalRank(local_rank, gpus, topology.world_size()));
-  return Device::Cuda(gpu);
+  return Device::Cuda(GpuOfLocalRank(local_rank, gpus));
 }
 
 absl::Status CheckDeviceAvailable(const TrainOptions& train) {
@@ -167,7 +189,8 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainConfig& conf
                      ") do not match parallel.tensor_parallel ", parallel.tensor_parallel(),
                      " x parallel.pipeline_parallel ", parallel.pipeline_parallel()));
   }
-  NF_ASSIGN_OR_RETURN(const Device device, TrainingDevice(train, topology));
+  NF_ASSIGN_OR_RETURN(const Device device, TrainingDevice(train));
+  NF_RETURN_IF_ERROR(CheckOneRankPerGpu(groups, device));
   std::unique_ptr<Trainer> t(new Trainer());
   t->config_ = config;
   t->device_ = device;
@@ -192,7 +215,8 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainConfig& conf
     NF_ASSIGN_OR_RETURN(stages, parallel::StageLayers(config.model().num_layers(), p, v, split));
   }
   const parallel::DataParallelOptions dp_options = {
-      .bucket_elements = parallel.grad_bucket_elements(),
+      .bucket_elements =
+          model::AlignedBucketElements(parallel.grad_bucket_elements(), topology.dp()),
       .shard_optimizer = parallel.distributed_optimizer()};
   std::vector<model::NormFormerModel*> chunk_views;
   for (int c = 0; c < v; ++c) {

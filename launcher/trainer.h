@@ -177,12 +177,23 @@ absl::StatusOr<int> MicroBatchesPerRank(const TrainOptions& train, int dp);
 absl::Status CheckDeviceAvailable(const TrainOptions& train);
 
 // train.device resolved for this rank: the CPU, or GPU local rank % visible GPUs.
-absl::StatusOr<Device> TrainingDevice(const TrainOptions& train,
-                                      const parallel::Topology& topology);
+absl::StatusOr<Device> TrainingDevice(const TrainOptions& train);
 
-// The GPU of a process: local_rank % gpus (gpus > 0), refused when a job of several ranks
-// would put two of a node's ranks on one GPU.
-absl::StatusOr<int> GpuOfLocalRank(int local_rank, int gpus, int world_size);
+// The GPU of a process: local_rank % gpus (gpus > 0). Every GPU of the node visible to every
+// rank gives rank i GPU i; one visible GPU per rank (Slurm's --gpus-per-task=1, a per-rank
+// CUDA_VISIBLE_DEVICES) gives each rank its own GPU 0. CheckOneRankPerGpu refuses a job where
+// two ranks end up on one physical GPU.
+int GpuOfLocalRank(int local_rank, int gpus);
+
+// NCCL refuses two ranks of one communicator on one GPU, and a shared GPU only slows both:
+// given every world rank's host and the UUID of the GPU it drives, refuses a job in which two
+// ranks drive the same GPU, naming both ranks, the host and the GPU.
+absl::Status CheckOneRankPerGpu(const std::vector<std::string>& hosts,
+                                const std::vector<std::string>& gpu_uuids);
+
+// The same over the world (collective): gathers every rank's GPU UUID. OK on the CPU and for a
+// job of one process.
+absl::Status CheckOneRankPerGpu(const parallel::ProcessGroups& groups, Device device);
 
 // The parallel sizes of a config (dp resolved from the world by the topology).
 parallel::ParallelSizes ParallelSizesOf(const ParallelConfig& config);

@@ -45,7 +45,10 @@ void AddProjections(std::vector<ParamSpec>& specs, const std::vector<std::string
     AddLinear(specs, prefix, out, in, init);
     biases.push_back(specs.back());
     specs.pop_back();
+    // Each weight after the first, and each bias after the first, continues the previous.
+    if (biases.size() > 1) specs.back().follows_previous = true;
   }
+  for (size_t i = 1; i < biases.size(); ++i) biases[i].follows_previous = true;
   specs.insert(specs.end(), biases.begin(), biases.end());
 }
 

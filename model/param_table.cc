@@ -67,13 +67,33 @@ double InitialValue(const ParamSpec& spec, uint32_t seed, uint64_t name_key, int
 
 }  // namespace
 
+FlatLayout LayOutFlat(const std::vector<ParamSpec>& specs, const std::vector<int64_t>& local_numels,
+                      int64_t buffer_multiple) {
+  FlatLayout layout;
+  int64_t end = 0;
+  for (size_t i = 0; i < specs.size(); ++i) {
+    const int64_t offset = specs[i].follows_previous
+                               ? end
+                               : (end + kParamAlignment - 1) / kParamAlignment * kParamAlignment;
+    layout.offsets.push_back(offset);
+    end = offset + local_numels[i];
+  }
+  const int64_t multiple = kParamAlignment * std::max<int64_t>(buffer_multiple, 1);
+  layout.padded_elements = (end + multiple - 1) / multiple * multiple;
+  return layout;
+}
+
+int64_t AlignedBucketElements(int64_t bucket_elements, int dp) {
+  const int64_t multiple = kParamAlignment * std::max(dp, 1);
+  return (std::max<int64_t>(bucket_elements, 1) + multiple - 1) / multiple * multiple;
+}
+
 absl::StatusOr<ParamTable> ParamTable::Create(std::vector<ParamSpec> specs, DType dtype,
                                               int tp_rank, int tp_size, int64_t buffer_multiple,
                                               Device device) {
   ParamTable table;
   table.tp_rank_ = tp_rank;
   table.tp_size_ = tp_size;
-  int64_t offset = 0;
   for (ParamSpec& spec : specs) {
     Shape local = spec.global_shape;
     const int split_dim = spec.sharding == Sharding::kSplitRows   ? 0
@@ -95,15 +115,21 @@ absl::StatusOr<ParamTable> ParamTable::Create(std::vector<ParamSpec> specs, DTyp
     if (!table.index_.emplace(spec.name, table.entries_.size()).second) {
       return absl::InvalidArgumentError(absl::StrCat("parameter ", spec.name, " declared twice"));
     }
-    const int64_t numel = NumElements(local);
-    table.entries_.push_back({std::move(spec), local, offset, Tensor(), Tensor()});
-    offset += numel;
+    table.entries_.push_back({std::move(spec), local, 0, Tensor(), Tensor()});
   }
   if (buffer_multiple < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("parameter buffer multiple must be >= 1, got ", buffer_multiple));
   }
-  const int64_t padded = (offset + buffer_multiple - 1) / buffer_multiple * buffer_multiple;
+  std::vector<ParamSpec> laid_out;
+  std::vector<int64_t> numels;
+  for (const Entry& e : table.entries_) {
+    laid_out.push_back(e.spec);
+    numels.push_back(NumElements(e.local_shape));
+  }
+  const FlatLayout layout = LayOutFlat(laid_out, numels, buffer_multiple);
+  for (size_t i = 0; i < table.entries_.size(); ++i) table.entries_[i].offset = layout.offsets[i];
+  const int64_t padded = layout.padded_elements;
   NF_ASSIGN_OR_RETURN(table.params_, ops::Zeros(dtype, {padded}, device));
   NF_ASSIGN_OR_RETURN(table.grads_, ops::Zeros(DType::kF32, {padded}, device));
   for (Entry& e : table.entries_) {

@@ -38,7 +38,36 @@ struct ParamSpec {
   bool weight_decay = false;
   InitKind init = InitKind::kZeros;
   float init_scale = 0.0f;
+  // Laid out right after the previous parameter, unpadded: the two are viewed as one tensor
+  // (k and v after q, so one GEMM computes all three). Otherwise a parameter starts aligned.
+  bool follows_previous = false;
 };
+
+// Every parameter not marked follows_previous starts at a multiple of this many elements of
+// the flat buffers, and the buffers' length is a multiple of it times the buffer multiple (so
+// each data-parallel shard starts aligned too). 128 elements are 256 bytes at 2-byte dtypes and
+// 512 at fp32: the alignment cuBLASLt's fastest kernels and vectorised loads want, in the
+// parameters (model dtype) and in the fp32 gradients, master weights and moments laid out at
+// the same offsets. Without it a parameter of a few elements (a layer's per-head scales, heads
+// / tp of them) would leave every later one 8-byte aligned. The padding is zeros that no
+// parameter, gradient norm or checkpoint ever reads.
+inline constexpr int64_t kParamAlignment = 128;
+
+// Where each parameter lies in the flat buffers, in elements.
+struct FlatLayout {
+  std::vector<int64_t> offsets;  // per spec
+  int64_t padded_elements = 0;   // the buffers' length, padding included
+};
+// The layout of `specs` whose local (this tensor-parallel rank's) element counts are
+// `local_numels`, padded at the end to a multiple of kParamAlignment x buffer_multiple. The one
+// definition of the flat layout: ParamTable and checkpoint conversion both use it.
+FlatLayout LayOutFlat(const std::vector<ParamSpec>& specs, const std::vector<int64_t>& local_numels,
+                      int64_t buffer_multiple);
+
+// A gradient bucket size (parallel::MakeGradBuckets) rounded up to a multiple of
+// kParamAlignment x dp: every bucket then starts aligned, and so does each rank's slice of it,
+// so ZeRO-1's shards of master weights and moments keep the parameters' alignment.
+int64_t AlignedBucketElements(int64_t bucket_elements, int dp);
 
 class ParamTable {
  public:
@@ -50,9 +79,10 @@ class ParamTable {
     Tensor grad;     // view of grads(): [local_shape], fp32
   };
 
-  // Lays out `specs` for rank `tp_rank` of a tensor-parallel group of `tp_size` and allocates
-  // the buffers (gradients zeroed), padded with zeros at the end to a multiple of
-  // `buffer_multiple` elements (data parallelism splits them into dp equal parts). Fails,
+  // Lays out `specs` for rank `tp_rank` of a tensor-parallel group of `tp_size` (LayOutFlat)
+  // and allocates the buffers (gradients zeroed), padded with zeros at the end to a multiple of
+  // kParamAlignment x `buffer_multiple` elements (data parallelism splits them into dp equal
+  // parts). Fails,
   // naming the parameter, when a split dimension does not divide by tp_size or two parameters
   // share a name. The buffers live on `device`.
   static absl::StatusOr<ParamTable> Create(std::vector<ParamSpec> specs, DType dtype, int tp_rank,

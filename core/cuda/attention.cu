@@ -287,7 +287,17 @@ absl::Status DispatchHeadDim(int64_t dim, F&& f) {
                                                kMaxHeadDim));
 }
 
-dim3 RowGrid(int64_t rows, int64_t pairs) {
+// CUDA's limit on gridDim.y and gridDim.z.
+constexpr int64_t kMaxGridY = 65535;
+
+// Blocks of kRowsPerBlock rows by (sample, head) pairs; refuses more pairs than a grid has rows
+// rather than letting the launch fail with "invalid configuration argument".
+absl::StatusOr<dim3> RowGrid(int64_t rows, int64_t pairs) {
+  if (pairs > kMaxGridY) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "attention: micro-batch x heads per rank = ", pairs, " exceeds CUDA's ", kMaxGridY,
+        " grid rows; use a smaller micro-batch or more tensor-parallel ranks"));
+  }
   return dim3(static_cast<unsigned int>((rows + kRowsPerBlock - 1) / kRowsPerBlock),
               static_cast<unsigned int>(pairs));
 }
@@ -374,7 +384,7 @@ absl::Status CudaBackend::SoftmaxBackward(const Tensor& y, const Tensor& dy, con
 
 absl::Status CudaBackend::OwnAttentionForward(const ops::AttentionArgs& args) {
   const AttentionShape shape = ShapeOf(args.q, args.scale, args.dropout);
-  const dim3 grid = RowGrid(shape.seq, args.q.dim(0) * shape.heads);
+  NF_ASSIGN_OR_RETURN(const dim3 grid, RowGrid(shape.seq, args.q.dim(0) * shape.heads));
   return DispatchHeadDim(shape.dim, [&]<int kChunks>() {
     DispatchFloat(args.q.dtype(), [&]<typename T>() {
       AttentionForwardKernel<T, kChunks>
@@ -392,10 +402,11 @@ absl::Status CudaBackend::OwnAttentionBackward(const ops::AttentionBackwardArgs&
   const int64_t pairs = args.q.dim(0) * shape.heads;
   NF_ASSIGN_OR_RETURN(Tensor row_dot,
                       Tensor::Empty(DType::kF32, {pairs * shape.seq}, context_.allocator()));
-  const dim3 grid = RowGrid(shape.seq, pairs);
+  NF_ASSIGN_OR_RETURN(const dim3 grid, RowGrid(shape.seq, pairs));
+  NF_ASSIGN_OR_RETURN(const dim3 row_dot_grid, RowGrid(pairs * shape.seq, 1));
   return DispatchHeadDim(shape.dim, [&]<int kChunks>() {
     DispatchFloat(args.q.dtype(), [&]<typename T>() {
-      RowDotKernel<<<RowGrid(pairs * shape.seq, 1), kRowsPerBlock * 32, 0, stream()>>>(
+      RowDotKernel<<<row_dot_grid, kRowsPerBlock * 32, 0, stream()>>>(
           DevicePtr<T>(args.out), DevicePtr<T>(args.dout), row_dot.data<float>(), pairs * shape.seq,
           shape.dim);
       AttentionGradQKernel<T, kChunks>
@@ -418,8 +429,15 @@ absl::Status CudaBackend::KvCacheAttention(const ops::KvCacheAttentionArgs& args
   const int64_t pairs = args.q.dim(0) * args.q.dim(1), fresh = args.q.dim(2);
   const int64_t dim = args.q.dim(3), capacity = args.k_cache.dim(2);
   if (args.q.numel() == 0) return absl::OkStatus();
+  if (pairs > kMaxGridY) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("KvCacheAttention: batch x heads per rank = ", pairs, " exceeds CUDA's ",
+                     kMaxGridY, " grid rows; decode fewer sequences at once"));
+  }
   const size_t shared_bytes = static_cast<size_t>(dim + args.past + fresh) * sizeof(float);
-  if (shared_bytes > 48 * 1024) {
+  // The kernel's static scratch (32 floats) shares the 48 KiB with the dynamic part.
+  constexpr size_t kStaticScratchBytes = 32 * sizeof(float);
+  if (shared_bytes + kStaticScratchBytes > 48 * 1024) {
     return absl::UnimplementedError(
         absl::StrCat("KvCacheAttention: ", args.past + fresh, " keys of head_dim ", dim,
                      " exceed the CUDA kernel's 48 KiB of shared memory"));

@@ -1,6 +1,7 @@
 #include "core/cuda/cuda_context.h"
 
 #include <array>
+#include <atomic>
 #include <mutex>
 
 #include "absl/strings/str_cat.h"
@@ -36,6 +37,18 @@ int DeviceCount() {
   return count;
 }
 
+absl::StatusOr<std::string> DeviceUuid(int device) {
+  cudaDeviceProp properties;
+  NF_CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&properties, device));
+  std::string uuid = "GPU-";
+  for (int i = 0; i < 16; ++i) {
+    if (i == 4 || i == 6 || i == 8 || i == 10) uuid += '-';
+    absl::StrAppend(&uuid,
+                    absl::Hex(static_cast<uint8_t>(properties.uuid.bytes[i]), absl::kZeroPad2));
+  }
+  return uuid;
+}
+
 absl::StatusOr<int64_t> FreeMemory(int device) {
   NF_CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
   size_t free_bytes = 0, total_bytes = 0;
@@ -45,7 +58,11 @@ absl::StatusOr<int64_t> FreeMemory(int device) {
 
 absl::StatusOr<CudaContext*> CudaContext::ForDevice(int device) {
   static std::mutex mutex;
-  static std::array<CudaContext*, kMaxDevices> contexts{};
+  static std::array<std::atomic<CudaContext*>, kMaxDevices> contexts{};
+  // Every op asks for its device's context: after the first, without a lock or a driver call.
+  if (device >= 0 && device < kMaxDevices) {
+    if (CudaContext* ready = contexts[device].load(std::memory_order_acquire)) return ready;
+  }
   const int count = DeviceCount();
   if (device < 0 || device >= count || device >= kMaxDevices) {
     return absl::FailedPreconditionError(
@@ -53,7 +70,7 @@ absl::StatusOr<CudaContext*> CudaContext::ForDevice(int device) {
                      " GPU(s) (check CUDA_VISIBLE_DEVICES and the driver with nvidia-smi)"));
   }
   std::lock_guard<std::mutex> lock(mutex);
-  if (contexts[device] == nullptr) {
+  if (contexts[device].load(std::memory_order_relaxed) == nullptr) {
     // Lives for the process: kernels may still be queued when static destructors run.
     auto* context = new CudaContext(device);
     absl::Status status = context->Init();
@@ -61,9 +78,9 @@ absl::StatusOr<CudaContext*> CudaContext::ForDevice(int device) {
       delete context;
       return status;
     }
-    contexts[device] = context;
+    contexts[device].store(context, std::memory_order_release);
   }
-  return contexts[device];
+  return contexts[device].load(std::memory_order_relaxed);
 }
 
 absl::Status CudaContext::Init() {

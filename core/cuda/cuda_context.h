@@ -14,6 +14,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 
 #include "absl/status/statusor.h"
 #include "core/cuda/caching_allocator.h"
@@ -42,6 +43,10 @@ int DeviceCount();
 // The bytes GPU `device` can still allocate (cudaMemGetInfo's free figure; the other processes
 // on the GPU and this one's own cache already taken out).
 absl::StatusOr<int64_t> FreeMemory(int device);
+
+// GPU `device`'s UUID ("GPU-" and 32 hex digits, as nvidia-smi -L prints it): the same physical
+// GPU has the same UUID in every process, whatever its index under CUDA_VISIBLE_DEVICES.
+absl::StatusOr<std::string> DeviceUuid(int device);
 
 class CudaContext {
  public:

@@ -6,7 +6,12 @@
 // rounding). The algorithm for each problem shape is chosen once by cuBLASLt's heuristic and
 // cached, since the heuristic costs more than a small GEMM. A bias (GemmArgs::bias: one value per
 // column of the row-major C, so per row of the column-major D) is added by cuBLASLt's BIAS
-// epilogue instead of a pass of its own.
+// epilogue instead of a pass of its own, when its vector is at least kBiasEpilogueAlignment
+// bytes aligned. cuBLASLt takes alignment hints for A, B, C and D but none for the bias, and
+// its kernels may read the bias with vector loads: a less aligned bias can fault with
+// "misaligned address", which leaves the context unusable. Model biases are always aligned
+// (model/param_table.h lays every parameter out on 256 bytes); any other bias gets the GEMM,
+// then a plain bias add.
 #include <cublasLt.h>
 
 #include <map>
@@ -162,6 +167,9 @@ absl::StatusOr<MatmulPlan*> PlanFor(const ProblemKey& key, CudaContext& context)
   return it->second.get();
 }
 
+// The least alignment, in bytes, of a bias cuBLASLt's epilogue is given (see the top).
+constexpr uint32_t kBiasEpilogueAlignment = 16;
+
 uint32_t AlignmentOf(const void* ptr) {
   const auto address = reinterpret_cast<uintptr_t>(ptr);
   uint32_t alignment = 256;
@@ -184,9 +192,11 @@ absl::Status CudaBackend::Gemm(const ops::GemmArgs& args) {
   const int64_t batch = c.rank() == 3 ? c.dim(0) : 1;
   const int64_t k = args.trans_a ? args.a.dim(-2) : args.a.dim(-1);
   // cuBLASLt has no fp32-input kernels writing 16-bit outputs: compute those in fp32, then
-  // round once (the CPU backend does the same). Those, and empty products, add a bias after.
+  // round once (the CPU backend does the same). Those, empty products and biases too little
+  // aligned for the epilogue add a bias after.
   const bool staged = args.a.dtype() == DType::kF32 && c.dtype() != DType::kF32;
-  if (args.bias.defined() && (k == 0 || staged)) {
+  if (args.bias.defined() &&
+      (k == 0 || staged || AlignmentOf(args.bias.raw_data()) < kBiasEpilogueAlignment)) {
     NF_RETURN_IF_ERROR(Gemm(args.WithoutBias()));
     return AddBias(c, args.bias);
   }

@@ -100,6 +100,10 @@ int GpuCount();
 // build without the CUDA backend. Host memory: core/host_memory.h.
 absl::StatusOr<int64_t> FreeGpuMemory(int gpu);
 
+// GPU `gpu`'s UUID, the same in every process that sees it ("GPU-..." as nvidia-smi -L prints
+// it); Unimplemented in a build without the CUDA backend.
+absl::StatusOr<std::string> GpuUuid(int gpu);
+
 // The allocator for tensors on `device` (the CUDA backend's caching allocator for GPUs).
 absl::StatusOr<Allocator*> AllocatorFor(Device device);
 

@@ -47,6 +47,14 @@ absl::StatusOr<int64_t> FreeGpuMemory(int gpu) {
 #endif
 }
 
+absl::StatusOr<std::string> GpuUuid(int gpu) {
+#if NF_WITH_CUDA
+  return cuda::DeviceUuid(gpu);
+#else
+  return NoCudaInThisBuild(Device::Cuda(gpu));
+#endif
+}
+
 absl::StatusOr<Allocator*> AllocatorFor(Device device) {
   if (device.type == DeviceType::kCpu) return &CpuAllocator();
 #if NF_WITH_CUDA

@@ -98,6 +98,22 @@ TEST_P(CudaOpsTest, GemmWithBiasEpilogue) {
   ExpectTwinClose(c, Tol(dtype(), kReduction), "fp32 Gemm with bias into this dtype");
 }
 
+// A bias only 2 elements past an aligned address (4 bytes in fp16/bf16, 8 in fp32): below the
+// epilogue's 16 bytes, so the GEMM runs without it and the bias is added after; the result is
+// the CPU's, and the device reports no fault (a misaligned epilogue read would).
+TEST_P(CudaOpsTest, GemmWithAMisalignedBiasAddsItAfter) {
+  const int64_t m = 45, k = 64, n = 96;
+  Twin a = RandomTwin(dtype(), {m, k}, 31);
+  Twin b = RandomTwin(dtype(), {n, k}, 32);
+  Twin c = RandomTwin(dtype(), {m, n}, 33);
+  Twin storage = RandomTwin(dtype(), {n + 2}, 34);
+  const Twin bias = {*storage.cpu.View(2, {n}), *storage.gpu.View(2, {n})};
+  OnBoth([&](auto on) {
+    return ops::Gemm({.a = on(a), .b = on(b), .c = on(c), .trans_b = true, .bias = on(bias)});
+  });
+  ExpectTwinClose(c, Tol(dtype(), kReduction), "Gemm with a misaligned bias");
+}
+
 TEST_P(CudaOpsTest, BiasAndActivations) {
   Twin x = RandomTwin(dtype(), {300, 70}, 7, -3.0f, 3.0f);
   Twin bias = RandomTwin(dtype(), {70}, 8);

@@ -9,6 +9,7 @@
 #include "google/protobuf/text_format.h"
 #include "google/protobuf/util/message_differencer.h"
 #include "launcher/config.h"
+#include "model/aligned_layout.h"
 #include "test_util.h"
 
 namespace nf::launcher {
@@ -105,6 +106,27 @@ TEST(DeployConfigsTest, PaperSizesHaveThePapersShapesAndSettings) {
               size.layers == 12 || size.d_model == 1024 ? 1 << 19 : 1 << 20);
     const nf::model::NormFormerConfig& normformer = config.model().normformer();
     EXPECT_TRUE(normformer.scale_attn() && normformer.scale_heads() && normformer.scale_fc());
+  }
+}
+
+// Every shipped model keeps each parameter 256-byte aligned in its own layout and at every
+// tensor-parallel degree its heads allow up to 8 (model/param_table.h, kParamAlignment): the
+// 2.7B at tp 8 has 4 heads per rank, whose scales used to leave everything after them 8-byte
+// aligned.
+TEST(DeployConfigsTest, EveryParameterStartsAlignedInEveryLayout) {
+  for (const std::string& path : ConfigPaths()) {
+    SCOPED_TRACE(path);
+    const absl::StatusOr<TrainConfig> config = LoadTrainConfig(path, {});
+    NF_ASSERT_OK(config);
+    const ParallelConfig& parallel = config->parallel();
+    const int v = std::max(1, parallel.virtual_stages());
+    testing::ExpectAlignedLayout(
+        config->model(), parallel.tensor_parallel(), parallel.pipeline_parallel(), v,
+        std::max(1, parallel.data_parallel()), parallel.grad_bucket_elements());
+    for (const int tp : {1, 2, 4, 8}) {
+      if (config->model().num_heads() % tp != 0) continue;
+      testing::ExpectAlignedLayout(config->model(), tp, 1, 1, 8, parallel.grad_bucket_elements());
+    }
   }
 }
 

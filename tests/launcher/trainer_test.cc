@@ -454,25 +454,27 @@ TEST(TrainerTest, CudaWithSeveralRanksNeedsAGpu) {
               StartsWith("train.device: CUDA, but this process sees no GPU"));
 }
 
-TEST(GpuOfLocalRankTest, OneGpuPerRank) {
-  EXPECT_EQ(*GpuOfLocalRank(0, 1, 1), 0);
-  EXPECT_EQ(*GpuOfLocalRank(3, 8, 16), 3);  // 2 nodes of 8 GPUs
-  EXPECT_EQ(*GpuOfLocalRank(7, 8, 16), 7);
-  // One process may take any local rank (a job of one started by mpirun on a busy node).
-  EXPECT_EQ(*GpuOfLocalRank(3, 2, 1), 1);
+TEST(GpuOfLocalRankTest, EveryGpuVisibleOrOnlyItsOwn) {
+  EXPECT_EQ(GpuOfLocalRank(3, 8), 3);  // a node of 8 GPUs, all visible
+  EXPECT_EQ(GpuOfLocalRank(7, 8), 7);
+  // Slurm's --gpus-per-task=1 or a CUDA_VISIBLE_DEVICES per rank: each sees its own GPU as 0.
+  // (The code before refused local rank >= 1 here.)
+  EXPECT_EQ(GpuOfLocalRank(1, 1), 0);
+  EXPECT_EQ(GpuOfLocalRank(7, 1), 0);
+  EXPECT_EQ(GpuOfLocalRank(5, 2), 1);  // two visible per rank: the index by local rank, mod 2
 }
 
-TEST(GpuOfLocalRankTest, RefusesTwoRanksOnOneGpu) {
-  const auto one = GpuOfLocalRank(1, 1, 2);
-  ASSERT_FALSE(one.ok());
-  EXPECT_EQ(one.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_EQ(one.status().message(),
-            "train.device: CUDA: local rank 1 but this process sees 1 GPU; run one rank per GPU "
-            "(at most 1 rank per node), or check CUDA_VISIBLE_DEVICES");
-  const auto four = GpuOfLocalRank(4, 4, 8);
-  ASSERT_FALSE(four.ok());
-  EXPECT_THAT(std::string(four.status().message()),
-              HasSubstr("sees 4 GPUs; run one rank per GPU (at most 4 ranks per node)"));
+// Which physical GPU a rank drives is what matters, not its index: the UUIDs say it.
+TEST(GpuOfLocalRankTest, TwoRanksOnOnePhysicalGpuAreRefused) {
+  const std::vector<std::string> hosts = {"node1", "node1", "node2", "node2"};
+  // One GPU visible per rank, each its own: fine, although every rank uses cuda:0.
+  NF_EXPECT_OK(CheckOneRankPerGpu(hosts, {"GPU-a", "GPU-b", "GPU-c", "GPU-d"}));
+  // Two ranks of node2 seeing the same single GPU (CUDA_VISIBLE_DEVICES=0 for both).
+  const absl::Status shared = CheckOneRankPerGpu(hosts, {"GPU-a", "GPU-b", "GPU-c", "GPU-c"});
+  EXPECT_EQ(shared.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(shared.message()),
+              HasSubstr("train.device: CUDA: ranks 2 and 3 on node2 would both drive GPU GPU-c; "
+                        "run one rank per GPU"));
 }
 
 // ---- RunTraining ----------------------------------------------------------------------------
