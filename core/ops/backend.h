@@ -115,4 +115,14 @@ int64_t BytesInUse(Device device);
 // device kernel recorded on the way (CPU ops run synchronously: always OK there).
 absl::Status Synchronize(Device device);
 
+// The host synchronisations this process has asked for: every Synchronize and every OnHost (a
+// read of a computed value), counted on the CPU too, where they cost nothing, so that a CPU
+// test sees where a GPU step would make the host wait for the device
+// (tests/launcher/trainer_test.cc holds a training step to its budget). Waits for
+// communication are not counted here (CommStats). Any thread.
+int64_t HostSyncs();
+namespace internal {
+void CountHostSync();
+}  // namespace internal
+
 }  // namespace nf::ops

@@ -1,4 +1,6 @@
 // Maps a device to the backend that runs ops on it and the allocator its tensors come from.
+#include <atomic>
+
 #include "absl/strings/str_cat.h"
 #include "core/cpu/cpu_backend.h"
 #include "core/ops/backend.h"
@@ -76,7 +78,15 @@ int64_t BytesInUse(Device device) {
   return 0;
 }
 
+namespace {
+std::atomic<int64_t> host_syncs{0};
+}  // namespace
+
+int64_t HostSyncs() { return host_syncs.load(std::memory_order_relaxed); }
+void internal::CountHostSync() { host_syncs.fetch_add(1, std::memory_order_relaxed); }
+
 absl::Status Synchronize(Device device) {
+  internal::CountHostSync();
   if (device.type == DeviceType::kCpu) return absl::OkStatus();
 #if NF_WITH_CUDA
   NF_ASSIGN_OR_RETURN(cuda::CudaContext * context, cuda::CudaContext::ForDevice(device.index));

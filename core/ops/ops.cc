@@ -861,6 +861,7 @@ absl::StatusOr<Tensor> Zeros(DType dtype, Shape shape, Device device) {
 }
 
 absl::StatusOr<Tensor> OnHost(const Tensor& t) {
+  internal::CountHostSync();
   if (t.device().type == DeviceType::kCpu) return t;
   NF_ASSIGN_OR_RETURN(Tensor host, Tensor::HostEmpty(t.dtype(), t.shape()));
   NF_RETURN_IF_ERROR(Copy(t, host));

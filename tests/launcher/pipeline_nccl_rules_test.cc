@@ -11,6 +11,7 @@
 // micro-batch order under 1F1B and interleaving, reverse order under GPipe, as the reference
 // of the same kind on one rank). Embeddings are untied: tied ones sum two copies' gradients,
 // which reassociates (tests/model/pipeline_stage_test.cc).
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -191,9 +192,15 @@ struct Layout {
   int p, v, m;
 };
 
+// Up to 8 stages, or NF_TEST_MAX_PIPELINE_STAGES (the sanitizer pass: 4).
+int MaxStages() {
+  const char* value = std::getenv("NF_TEST_MAX_PIPELINE_STAGES");
+  return value != nullptr ? std::atoi(value) : 8;
+}
+
 std::vector<Layout> Layouts() {
   std::vector<Layout> layouts;
-  for (int p = 2; p <= 8; ++p) {
+  for (int p = 2; p <= MaxStages(); ++p) {
     for (ScheduleKind kind : {ScheduleKind::kGPipe, ScheduleKind::kOneFOneB}) {
       for (int m = p; m <= 4 * p; ++m) layouts.push_back({kind, p, 1, m});
     }
@@ -230,7 +237,7 @@ TEST(PipelineNcclRulesTest, EveryScheduleCompletesWithTheSingleRanksLossAndGradi
     }
     ++runs;
   }
-  EXPECT_EQ(runs, 2 * 112 + 84);
+  EXPECT_EQ(runs, MaxStages() == 8 ? 2 * 112 + 84 : static_cast<int>(Layouts().size()));
 }
 
 }  // namespace

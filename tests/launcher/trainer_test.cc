@@ -411,6 +411,26 @@ TEST(TrainerTest, BlockGradNormsAddUpToTheGlobalNorm) {
   EXPECT_NEAR(std::sqrt(squares), measured->grad_norm, 1e-6 * measured->grad_norm);
 }
 
+// The host synchronisations of a training step (ops::HostSyncs: reads of computed values and
+// Synchronize, where a GPU step makes the host wait for its device) stay within the budget
+// docs/design.md states: per chunk, its loss totals, its non-finite flag, its squared gradient
+// norm and whether its update would overflow; per step, the device-fault check. The per-block
+// norms of a logging step read one more value per block. Communication waits are not counted
+// here (CommStats).
+TEST(TrainerTest, AStepSynchronisesTheHostWithinItsBudget) {
+  for (const TrainOptions::Precision precision : {TrainOptions::FP32, TrainOptions::FP16}) {
+    std::unique_ptr<Trainer> trainer = MakeTrainer(SmallConfig(precision, 3));
+    Step(*trainer);  // the first step may read more (set-up)
+    const int64_t before = ops::HostSyncs();
+    Step(*trainer);
+    EXPECT_EQ(ops::HostSyncs() - before, 4 * 1 + 1) << TrainOptions::Precision_Name(precision);
+    const int64_t logging = ops::HostSyncs();
+    NF_ASSERT_OK(trainer->TrainStep(/*block_grad_norms=*/true).status());
+    // Embedding, 2 layers, head.
+    EXPECT_EQ(ops::HostSyncs() - logging, 4 * 1 + 1 + 4);
+  }
+}
+
 // The step's wall time contains its data-loader time; a single rank has no pipeline peers to
 // wait for (the pipeline waits of several ranks: monitoring.prometheus_scrape.np4).
 TEST(TrainerTest, StepTimeContainsTheDataWaitAndNoPeerWaitOnOneRank) {
