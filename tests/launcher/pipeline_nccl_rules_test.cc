@@ -11,7 +11,6 @@
 // micro-batch order under 1F1B and interleaving, reverse order under GPipe, as the reference
 // of the same kind on one rank). Embeddings are untied: tied ones sum two copies' gradients,
 // which reassociates (tests/model/pipeline_stage_test.cc).
-#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -27,6 +26,7 @@
 #include "launcher/pipeline_executor.h"
 #include "parallel/local_communicator.h"
 #include "parallel/nccl_rules_communicator.h"
+#include "parallel/pipeline_layouts.h"
 #include "test_util.h"
 
 namespace nf::launcher {
@@ -187,38 +187,17 @@ Outcome RunPipeline(ScheduleKind kind, int p, int v, int m) {
   return merged;
 }
 
-struct Layout {
-  ScheduleKind kind;
-  int p, v, m;
-};
+using Layout = testing::PipelineLayout;
 
-// Up to 8 stages, or NF_TEST_MAX_PIPELINE_STAGES (the sanitizer pass: 4).
-int MaxStages() {
-  const char* value = std::getenv("NF_TEST_MAX_PIPELINE_STAGES");
-  return value != nullptr ? std::atoi(value) : 8;
-}
-
-std::vector<Layout> Layouts() {
-  std::vector<Layout> layouts;
-  for (int p = 2; p <= MaxStages(); ++p) {
-    for (ScheduleKind kind : {ScheduleKind::kGPipe, ScheduleKind::kOneFOneB}) {
-      for (int m = p; m <= 4 * p; ++m) layouts.push_back({kind, p, 1, m});
-    }
-    for (int v = 2; v <= 4; ++v) {
-      for (int m = p; m <= 4 * p; m += p) {
-        layouts.push_back({ScheduleKind::kInterleavedOneFOneB, p, v, m});
-      }
-    }
-  }
-  return layouts;
-}
+// Up to 8 stages (the sanitizer pass: 4).
+int MaxStages() { return testing::MaxPipelineStages(8); }
+std::vector<Layout> Layouts() { return testing::PipelineLayouts(MaxStages()); }
 
 TEST(PipelineNcclRulesTest, EveryScheduleCompletesWithTheSingleRanksLossAndGradients) {
   std::map<std::tuple<bool, int, int>, Outcome> references;  // by (GPipe?, layers, m)
   int runs = 0;
   for (const Layout& l : Layouts()) {
-    const std::string name =
-        absl::StrCat(parallel::ScheduleKindName(l.kind), " p=", l.p, " v=", l.v, " m=", l.m);
+    const std::string name = l.Name();
     const int layers = l.p * l.v;
     const auto key = std::make_tuple(l.kind == ScheduleKind::kGPipe, layers, l.m);
     if (!references.contains(key)) references[key] = RunSingleRank(l.kind, layers, l.m);

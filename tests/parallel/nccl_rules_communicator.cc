@@ -9,61 +9,14 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "core/half.h"
+#include "comm_test_util.h"
 #include "core/status.h"
 #include "parallel/comm_checks.h"
 
 namespace nf::testing {
-namespace {
 
 using parallel::CommOp;
 using parallel::ReduceOp;
-
-double ReadElement(const Tensor& t, int64_t i) {
-  switch (t.dtype()) {
-    case DType::kF32:
-      return t.data<float>()[i];
-    case DType::kF64:
-      return t.data<double>()[i];
-    case DType::kF16:
-      return ToFloat(t.data<Half>()[i]);
-    case DType::kBF16:
-      return ToFloat(t.data<BFloat16>()[i]);
-    case DType::kI32:
-      return t.data<int32_t>()[i];
-    case DType::kI64:
-      return static_cast<double>(t.data<int64_t>()[i]);
-    default:
-      return 0.0;  // not reducible: refused before
-  }
-}
-
-void WriteElement(const Tensor& t, int64_t i, double v) {
-  switch (t.dtype()) {
-    case DType::kF32:
-      t.data<float>()[i] = static_cast<float>(v);
-      break;
-    case DType::kF64:
-      t.data<double>()[i] = v;
-      break;
-    case DType::kF16:
-      t.data<Half>()[i] = FromFloat<Half>(static_cast<float>(v));
-      break;
-    case DType::kBF16:
-      t.data<BFloat16>()[i] = FromFloat<BFloat16>(static_cast<float>(v));
-      break;
-    case DType::kI32:
-      t.data<int32_t>()[i] = static_cast<int32_t>(v);
-      break;
-    case DType::kI64:
-      t.data<int64_t>()[i] = static_cast<int64_t>(v);
-      break;
-    default:
-      break;
-  }
-}
-
-}  // namespace
 
 // ---- The fabric's state -------------------------------------------------------------------------
 
@@ -156,15 +109,15 @@ bool NcclRulesFabric::Impl::TryCollective(size_t index) {
   if (ops.front()->done) return false;
   const CommOp kind = ops.front()->call.op;
   if (kind == CommOp::kAllReduce) {
-    const int64_t n = ops.front()->call.tensor.numel();
-    for (int64_t i = 0; i < n; ++i) {
-      double v = ReadElement(ops[0]->call.tensor, i);
-      for (size_t r = 1; r < ops.size(); ++r) {
-        const double x = ReadElement(ops[r]->call.tensor, i);
-        v = ops[0]->call.reduce == ReduceOp::kSum ? v + x : std::max(v, x);
+    std::vector<double> reduced = Values(ops[0]->call.tensor);
+    for (size_t r = 1; r < ops.size(); ++r) {
+      const std::vector<double> values = Values(ops[r]->call.tensor);
+      for (size_t i = 0; i < reduced.size(); ++i) {
+        reduced[i] = ops[0]->call.reduce == ReduceOp::kSum ? reduced[i] + values[i]
+                                                           : std::max(reduced[i], values[i]);
       }
-      for (Op* op : ops) WriteElement(op->call.tensor, i, v);
     }
+    for (Op* op : ops) SetValues(op->call.tensor, reduced);
   } else if (kind == CommOp::kBroadcast) {
     const Op& root = *ops[ops.front()->call.peer];
     const std::vector<uint8_t> bytes(
@@ -180,16 +133,15 @@ bool NcclRulesFabric::Impl::TryCollective(size_t index) {
     }
     for (Op* op : ops) std::memcpy(op->call.output.raw_data(), gathered.data(), gathered.size());
   } else if (kind == CommOp::kReduceScatter) {
-    const int64_t n = ops.front()->call.output.numel();
-    std::vector<std::vector<double>> sums(ops.size(), std::vector<double>(n, 0.0));
-    for (size_t r = 0; r < ops.size(); ++r) {
-      for (int64_t i = 0; i < n; ++i) {
-        for (Op* op : ops)
-          sums[r][i] += ReadElement(op->call.tensor, static_cast<int64_t>(r) * n + i);
-      }
+    const size_t n = static_cast<size_t>(ops.front()->call.output.numel());
+    std::vector<double> sums(n * ops.size(), 0.0);
+    for (Op* op : ops) {
+      const std::vector<double> values = Values(op->call.tensor);
+      for (size_t i = 0; i < sums.size(); ++i) sums[i] += values[i];
     }
     for (size_t r = 0; r < ops.size(); ++r) {
-      for (int64_t i = 0; i < n; ++i) WriteElement(ops[r]->call.output, i, sums[r][i]);
+      SetValues(ops[r]->call.output,
+                std::vector<double>(sums.begin() + r * n, sums.begin() + (r + 1) * n));
     }
   }
   for (Op* op : ops) op->done = true;

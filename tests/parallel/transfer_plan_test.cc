@@ -7,7 +7,6 @@
 // 1F1B and holds the first stage's warm-up sends back; the model shows both.
 #include "parallel/transfer_plan.h"
 
-#include <cstdlib>
 #include <deque>
 #include <map>
 #include <string>
@@ -17,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "parallel/pipeline_layouts.h"
 #include "test_util.h"
 
 namespace nf::parallel {
@@ -24,35 +24,11 @@ namespace {
 
 using ::testing::HasSubstr;
 
-struct Layout {
-  ScheduleKind kind;
-  int p, v, m;
-  std::string Name() const {
-    return absl::StrCat(ScheduleKindName(kind), " p=", p, " v=", v, " m=", m);
-  }
-};
+using Layout = testing::PipelineLayout;
 
-// GPipe and 1F1B with v 1 and every m in p..4p; interleaving with v 2..4 and m p, 2p, 3p, 4p.
-std::vector<Layout> Layouts(int max_p) {
-  std::vector<Layout> layouts;
-  for (int p = 2; p <= max_p; ++p) {
-    for (ScheduleKind kind : {ScheduleKind::kGPipe, ScheduleKind::kOneFOneB}) {
-      for (int m = p; m <= 4 * p; ++m) layouts.push_back({kind, p, 1, m});
-    }
-    for (int v = 2; v <= 4; ++v) {
-      for (int m = p; m <= 4 * p; m += p) {
-        layouts.push_back({ScheduleKind::kInterleavedOneFOneB, p, v, m});
-      }
-    }
-  }
-  return layouts;
-}
-
-// Up to 16 stages, or NF_TEST_MAX_PIPELINE_STAGES (the sanitizer pass: 8).
-int MaxStages() {
-  const char* value = std::getenv("NF_TEST_MAX_PIPELINE_STAGES");
-  return value != nullptr ? std::atoi(value) : 16;
-}
+// Up to 16 stages (the sanitizer pass: 8).
+int MaxStages() { return testing::MaxPipelineStages(16); }
+std::vector<Layout> Layouts(int max_p) { return testing::PipelineLayouts(max_p); }
 
 std::vector<std::vector<Action>> Schedules(const Layout& l) {
   auto schedules = BuildAllSchedules(l.kind, l.p, l.m, l.v);
