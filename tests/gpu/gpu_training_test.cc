@@ -3,9 +3,12 @@
 // fp32 follows the CPU's loss curve and fp16 (with loss scaling) and bf16 track fp32; and the
 // memory check against the GPU's free memory.
 #include <cmath>
+#include <cstdint>
+#include <cstdio>
 #include <memory>
 #include <vector>
 
+#include "core/cuda/attention_dispatch.h"
 #include "gpu_test_util.h"
 #include "launcher/config.h"
 #include "launcher/memory_check.h"
@@ -151,6 +154,60 @@ TEST(GpuMemoryCheckTest, TheGpusFreeMemoryBoundsTheRun) {
   EXPECT_THAT(std::string(status.message()), ::testing::HasSubstr("not enough cuda:0 of node "));
   EXPECT_THAT(std::string(status.message()),
               ::testing::HasSubstr("(the free memory cudaMemGetInfo reports)"));
+}
+
+// What one GPU can show of issue 34's GPU path (scripts/gpu-check.sh runs it): a training
+// step's host synchronisations stay within the budget the CPU test holds (4 per chunk + 1, the
+// NCCL waits aside: one GPU has none); every parameter and gradient the GPU holds starts
+// 256-byte aligned, as cuBLASLt's fastest kernels and its bias epilogue want.
+TEST(GpuTrainingTest, HostSynchronisationsAndAlignmentOnTheGpu) {
+  NF_REQUIRE_GPU();
+  for (const TrainOptions::Precision precision : {TrainOptions::FP16, TrainOptions::BF16}) {
+    std::unique_ptr<launcher::Trainer> trainer =
+        testing::MakeTrainer(GpuConfig(precision, TrainOptions::CUDA));
+    testing::TrainSteps(*trainer, 1);
+    const int64_t before = ops::HostSyncs();
+    testing::TrainSteps(*trainer, 1);
+    EXPECT_EQ(ops::HostSyncs() - before, 4 * 1 + 1) << TrainOptions::Precision_Name(precision);
+    for (const auto& chunk : trainer->chunks()) {
+      for (const model::ParamTable::Entry& e : chunk->params().entries()) {
+        if (e.spec.follows_previous) continue;  // k and v continue q's aligned view
+        EXPECT_EQ(reinterpret_cast<uintptr_t>(e.value.raw_data()) % 256, 0u) << e.spec.name;
+        EXPECT_EQ(reinterpret_cast<uintptr_t>(e.grad.raw_data()) % 256, 0u) << e.spec.name;
+      }
+    }
+  }
+}
+
+// The attention path of the 2.7B config's layer at tp 8 (bf16, 4 heads of 80 per rank, seq
+// 2048, attention dropout 0.1): the project's own kernel while cuDNN cannot draw the Philox
+// masks; cuDNN's fused attention without dropout. Recorded, so that a change of dispatch shows.
+TEST(GpuTrainingTest, TheAttentionPathOfThe27BLayerAtTp8) {
+  NF_REQUIRE_GPU();
+  const Shape shape = {1, 4, 2048, 80};
+  auto tensor = [&](Shape s, DType dtype) {
+    return testing::OnGpu(testing::MakeZeros(dtype, std::move(s)));
+  };
+  auto context = cuda::CudaContext::ForDevice(0);
+  NF_ASSERT_OK(context);
+  const absl::Status cudnn_status = cuda::CudnnAttentionStatus(**context);
+  if (!cudnn_status.ok())
+    std::printf("cuDNN attention unavailable: %s\n", cudnn_status.ToString().c_str());
+  for (const float dropout : {0.1f, 0.0f}) {
+    const int64_t before = cuda::CudnnAttentionCalls();
+    NF_ASSERT_OK(ops::AttentionForward({.q = tensor(shape, DType::kBF16),
+                                        .k = tensor(shape, DType::kBF16),
+                                        .v = tensor(shape, DType::kBF16),
+                                        .out = tensor(shape, DType::kBF16),
+                                        .lse = tensor({1, 4, 2048}, DType::kF32),
+                                        .scale = 1.0f / std::sqrt(80.0f),
+                                        .dropout = {.p = dropout, .seq_len = 2048}}));
+    NF_ASSERT_OK(ops::Synchronize(testing::kGpu));
+    const bool cudnn = cuda::CudnnAttentionCalls() > before;
+    std::printf("2.7B layer at tp 8, attention dropout %.1f: %s\n", dropout,
+                cudnn ? "cuDNN fused attention" : "own kernel");
+    EXPECT_EQ(cudnn, dropout == 0.0f && cudnn_status.ok());
+  }
 }
 
 }  // namespace
