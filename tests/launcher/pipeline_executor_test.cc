@@ -602,13 +602,15 @@ TEST(PipelineExecutorTest, EveryTransferIsOnTheDeviceInPlanOrder) {
 // The sends pending at once stay within the rank's send window (SendWindow: p - r under 1F1B
 // and GPipe, the activations in flight when interleaved), however many micro-batches: the same
 // peak for 16 as for 64. The communicator's own count of sends not yet waited for agrees with
-// the executor's, and so do the bytes; the gradient send buffers never outnumber the window.
+// the executor's, and so do the bytes; the gradient send buffers never outnumber the window,
+// and the receive buffers (receives are posted ahead) the window plus one per chunk, the same
+// for 16 as for 64 micro-batches.
 TEST(PipelineExecutorTest, PendingSendsStayWithinThePipelineDepth) {
   for (const auto& [kind, v] :
        {std::pair{ScheduleKind::kOneFOneB, 1}, std::pair{ScheduleKind::kGPipe, 1},
         std::pair{ScheduleKind::kInterleavedOneFOneB, 2}}) {
     constexpr int p = 4;
-    std::map<int, std::vector<int>> peaks;  // by m, per rank
+    std::map<int, std::vector<int>> peaks, recv_buffers;  // by m, per rank
     for (const int m : {4, 16, 64}) {
       const Layout layout = {.kind = kind, .p = p, .v = v, .m = m};
       SCOPED_TRACE(layout.Name());
@@ -624,6 +626,9 @@ TEST(PipelineExecutorTest, PendingSendsStayWithinThePipelineDepth) {
         EXPECT_LE(train.peak_live_sends, out.window) << "rank " << r;
         EXPECT_LE(train.peak_send_bytes, out.window * kActivationBytes) << "rank " << r;
         EXPECT_LE(train.send_buffers, out.window) << "rank " << r;
+        // Receives posted ahead hold a few more buffers, bounded by the depth too.
+        EXPECT_LE(train.recv_buffers, out.window + v) << "rank " << r;
+        recv_buffers[m].push_back(train.recv_buffers);
         peaks[m].push_back(train.peak_live_sends);
         // Evaluation: one send pending at most, two forwards kept per stage.
         const PipelineExecutor::Result& eval = out.results[1];
@@ -634,6 +639,7 @@ TEST(PipelineExecutorTest, PendingSendsStayWithinThePipelineDepth) {
       }
     }
     EXPECT_EQ(peaks[16], peaks[64]) << parallel::ScheduleKindName(kind);
+    EXPECT_EQ(recv_buffers[16], recv_buffers[64]) << parallel::ScheduleKindName(kind);
   }
 }
 
