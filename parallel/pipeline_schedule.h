@@ -117,7 +117,7 @@ inline constexpr int kForwardOnlySendWindow = 1;
 // receive the rank its input comes from, and on every ordered pair of ranks the messages one
 // sends, activations and gradients together, are exactly the messages the other receives, in
 // the same order. That is what lets an executor use one tag per pair and still have each
-// blocking receive match the right send. The error names the first mismatch.
+// receive match the right send. The error names the first mismatch.
 absl::Status CheckSchedulePairing(absl::Span<const std::vector<Action>> schedules);
 
 struct SimulationOptions {
