@@ -245,14 +245,14 @@ absl::StatusOr<Plan> MakePlan(Flags flags) {
 absl::Status Generate(const Plan& plan, nf::parallel::ProcessGroups& groups,
                       nf::generate::TextDecoder* decoder) {
   const Flags& flags = plan.flags;
-  const nf::parallel::Topology& topology = groups.topology;
   nf::launcher::TrainOptions device_options;
   device_options.set_device(flags.cuda ? nf::launcher::TrainOptions::CUDA
                                        : nf::launcher::TrainOptions::CPU);
   NF_ASSIGN_OR_RETURN(const nf::Device device, nf::launcher::TrainingDevice(device_options));
+  NF_RETURN_IF_ERROR(nf::launcher::CheckOneRankPerGpu(groups, device));
   nf::parallel::DeviceGroups device_groups;
 #if NF_WITH_CUDA
-  if (device.type == nf::DeviceType::kCuda && topology.world_size() > 1) {
+  if (device.type == nf::DeviceType::kCuda && groups.topology.world_size() > 1) {
     NF_ASSIGN_OR_RETURN(device_groups, nf::parallel::CreateDeviceGroups(groups, device));
   }
 #endif
