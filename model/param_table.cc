@@ -91,10 +91,16 @@ int64_t AlignedBucketElements(int64_t bucket_elements, int dp) {
 absl::StatusOr<ParamTable> ParamTable::Create(std::vector<ParamSpec> specs, DType dtype,
                                               int tp_rank, int tp_size, int64_t buffer_multiple,
                                               Device device) {
+  if (buffer_multiple < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("parameter buffer multiple must be >= 1, got ", buffer_multiple));
+  }
   ParamTable table;
   table.tp_rank_ = tp_rank;
   table.tp_size_ = tp_size;
-  for (ParamSpec& spec : specs) {
+  std::vector<Shape> local_shapes;
+  std::vector<int64_t> local_numels;
+  for (const ParamSpec& spec : specs) {
     Shape local = spec.global_shape;
     const int split_dim = spec.sharding == Sharding::kSplitRows   ? 0
                           : spec.sharding == Sharding::kSplitCols ? 1
@@ -112,23 +118,17 @@ absl::StatusOr<ParamTable> ParamTable::Create(std::vector<ParamSpec> specs, DTyp
       }
       local[split_dim] /= tp_size;
     }
-    if (!table.index_.emplace(spec.name, table.entries_.size()).second) {
+    if (!table.index_.emplace(spec.name, local_shapes.size()).second) {
       return absl::InvalidArgumentError(absl::StrCat("parameter ", spec.name, " declared twice"));
     }
-    table.entries_.push_back({std::move(spec), local, 0, Tensor(), Tensor()});
+    local_numels.push_back(NumElements(local));
+    local_shapes.push_back(std::move(local));
   }
-  if (buffer_multiple < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("parameter buffer multiple must be >= 1, got ", buffer_multiple));
+  const FlatLayout layout = LayOutFlat(specs, local_numels, buffer_multiple);
+  for (size_t i = 0; i < specs.size(); ++i) {
+    table.entries_.push_back(
+        {std::move(specs[i]), std::move(local_shapes[i]), layout.offsets[i], Tensor(), Tensor()});
   }
-  std::vector<ParamSpec> laid_out;
-  std::vector<int64_t> numels;
-  for (const Entry& e : table.entries_) {
-    laid_out.push_back(e.spec);
-    numels.push_back(NumElements(e.local_shape));
-  }
-  const FlatLayout layout = LayOutFlat(laid_out, numels, buffer_multiple);
-  for (size_t i = 0; i < table.entries_.size(); ++i) table.entries_[i].offset = layout.offsets[i];
   const int64_t padded = layout.padded_elements;
   NF_ASSIGN_OR_RETURN(table.params_, ops::Zeros(dtype, {padded}, device));
   NF_ASSIGN_OR_RETURN(table.grads_, ops::Zeros(DType::kF32, {padded}, device));

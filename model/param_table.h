@@ -82,9 +82,8 @@ class ParamTable {
   // Lays out `specs` for rank `tp_rank` of a tensor-parallel group of `tp_size` (LayOutFlat)
   // and allocates the buffers (gradients zeroed), padded with zeros at the end to a multiple of
   // kParamAlignment x `buffer_multiple` elements (data parallelism splits them into dp equal
-  // parts). Fails,
-  // naming the parameter, when a split dimension does not divide by tp_size or two parameters
-  // share a name. The buffers live on `device`.
+  // parts). Fails, naming the parameter, when a split dimension does not divide by tp_size or
+  // two parameters share a name. The buffers live on `device`.
   static absl::StatusOr<ParamTable> Create(std::vector<ParamSpec> specs, DType dtype, int tp_rank,
                                            int tp_size, int64_t buffer_multiple = 1,
                                            Device device = Device::Cpu());

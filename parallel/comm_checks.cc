@@ -93,6 +93,12 @@ absl::Status CheckPeer(CommOp op, absl::string_view group, int rank, int group_s
   return absl::OkStatus();
 }
 
+absl::Status CheckBatchable(CommOp op, absl::string_view group) {
+  if (op == CommOp::kSend || op == CommOp::kRecv) return absl::OkStatus();
+  return CommError(absl::StatusCode::kInvalidArgument, op, group,
+                   "a batch holds sends and receives only");
+}
+
 absl::Status CheckRoot(absl::string_view group, int group_size, int root, const Tensor& tensor) {
   constexpr CommOp op = CommOp::kBroadcast;
   NF_RETURN_IF_ERROR(CheckDefined(op, group, "tensor", tensor));

@@ -30,6 +30,8 @@ absl::Status CheckReduceScatter(absl::string_view group, int group_size, const T
 // Send/Recv: peer is another rank of the group.
 absl::Status CheckPeer(CommOp op, absl::string_view group, int rank, int group_size, int peer,
                        const Tensor& tensor);
+// A transfer of a batch (Communicator::StartBatch) is a send or a receive.
+absl::Status CheckBatchable(CommOp op, absl::string_view group);
 // Broadcast: root is a rank of the group.
 absl::Status CheckRoot(absl::string_view group, int group_size, int root, const Tensor& tensor);
 

@@ -1,6 +1,5 @@
 #include "parallel/communicator.h"
 
-#include "absl/strings/str_cat.h"
 #include "parallel/comm_checks.h"
 
 namespace nf::parallel {
@@ -38,10 +37,7 @@ void CommStats::Add(const CommStats& other) {
 absl::StatusOr<std::vector<std::unique_ptr<CommHandle>>> Communicator::StartBatch(
     absl::Span<const Transfer> transfers) {
   for (const Transfer& t : transfers) {
-    if (t.op != CommOp::kSend && t.op != CommOp::kRecv) {
-      return internal::CommError(absl::StatusCode::kInvalidArgument, t.op, name(),
-                                 "a batch holds sends and receives only");
-    }
+    if (absl::Status s = internal::CheckBatchable(t.op, name()); !s.ok()) return s;
     if (absl::Status s = internal::CheckPeer(t.op, name(), rank(), size(), t.peer, t.tensor);
         !s.ok()) {
       return s;

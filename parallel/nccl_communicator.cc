@@ -501,10 +501,7 @@ absl::StatusOr<std::vector<std::unique_ptr<CommHandle>>> NcclCommunicator::Start
     absl::Span<const Transfer> transfers) {
   std::vector<Planned> ops;
   for (const Transfer& t : transfers) {
-    if (t.op != CommOp::kSend && t.op != CommOp::kRecv) {
-      return internal::CommError(absl::StatusCode::kInvalidArgument, t.op, state_->name,
-                                 "a batch holds sends and receives only");
-    }
+    NF_RETURN_IF_ERROR(internal::CheckBatchable(t.op, state_->name));
     ops.push_back({.op = t.op,
                    .plan = internal::PlanPointToPoint(Caller(), t.op, t.tensor, t.peer),
                    .tensors = {t.tensor}});

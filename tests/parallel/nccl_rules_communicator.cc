@@ -441,10 +441,7 @@ absl::StatusOr<std::vector<std::unique_ptr<parallel::CommHandle>>>
 NcclRulesCommunicator::StartBatch(absl::Span<const parallel::Transfer> transfers) {
   std::vector<Call> calls;
   for (const parallel::Transfer& t : transfers) {
-    if (t.op != CommOp::kSend && t.op != CommOp::kRecv) {
-      return parallel::internal::CommError(absl::StatusCode::kInvalidArgument, t.op, name_,
-                                           "a batch holds sends and receives only");
-    }
+    NF_RETURN_IF_ERROR(parallel::internal::CheckBatchable(t.op, name_));
     calls.push_back(MakeCall(t.op, t.tensor, t.peer));
   }
   return Issue(std::move(calls));
