@@ -24,10 +24,10 @@
 // by CUDA events, an NCCL group's time shared evenly among its operations. A group of one
 // never waits.
 //
-// Blocking calls run under the collective watchdog (watchdog.h): one that does not complete
-// within its deadline reports which operation, group and peers it waited for, then aborts the
-// whole job. A communicator is used by one thread at a time, and every rank of a group issues
-// the group's collectives in the same order.
+// Every operation runs under the collective watchdog (watchdog.h, async_watchdog.h): one that
+// does not complete within its deadline reports which operation, group and peers it waited
+// for, then aborts the whole job. A communicator is used by one thread at a time, and every rank of
+// a group issues the group's collectives in the same order.
 #pragma once
 
 #include <array>
@@ -76,8 +76,10 @@ struct Transfer {
   int peer = -1;
 };
 
-// A pending non-blocking operation; Wait() completes it (under the watchdog) and must be
-// called exactly once before the tensors involved are reused.
+// A pending non-blocking operation; Wait() must be called exactly once before the tensors
+// involved are reused. With MPI (CPU tensors) it completes the operation under the watchdog;
+// with NCCL it orders the compute stream's later kernels after the operation and returns
+// (nccl_communicator.h), which is all a consumer on the device needs.
 class CommHandle {
  public:
   virtual ~CommHandle() = default;
@@ -124,10 +126,22 @@ class Communicator {
   virtual absl::StatusOr<std::vector<std::unique_ptr<CommHandle>>> StartBatch(
       absl::Span<const Transfer> transfers);
 
-  const CommStats& stats() const { return *stats_; }
-  void ResetStats() { *stats_ = {}; }
+  // Bytes, calls and seconds so far, with the time of every operation completed by now.
+  const CommStats& stats() const {
+    SettleStats();
+    return *stats_;
+  }
+  // Starts counting afresh; operations completing later count in the new period.
+  void ResetStats() {
+    SettleStats();
+    *stats_ = {};
+  }
 
  protected:
+  // A communicator whose operations complete after Wait() returned (NCCL's) adds their time
+  // here; the others add it in Wait().
+  virtual void SettleStats() const {}
+
   void Count(CommOp op, int64_t bytes) {
     stats_->bytes[static_cast<int>(op)] += bytes;
     ++stats_->calls[static_cast<int>(op)];

@@ -3,6 +3,7 @@
 #include <array>
 #include <cstdint>
 #include <cstring>
+#include <deque>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -94,11 +95,35 @@ std::string DescribeTensors(const std::vector<Tensor>& tensors) {
 
 }  // namespace
 
+// The events of one operation, shared by its handle, the watchdog that polls it and the
+// communicator that adds its time to the stats once complete; destroyed by the last of them.
+struct NcclOpEvents {
+  NcclOpEvents(CommOp op, int device) : op(op), device(device) {}
+  ~NcclOpEvents() {
+    for (cudaEvent_t event : {ready, started, done}) {
+      if (event != nullptr) cudaEventDestroy(event);
+    }
+  }
+  NcclOpEvents(const NcclOpEvents&) = delete;
+  NcclOpEvents& operator=(const NcclOpEvents&) = delete;
+
+  const CommOp op;
+  const int device;
+  cudaEvent_t ready = nullptr;    // on the compute stream: the inputs are written
+  cudaEvent_t started = nullptr;  // on the communication stream: the group starts
+  cudaEvent_t done = nullptr;     // on the communication stream: the group ended
+  int group_size = 1;             // the group's time is shared evenly among its operations
+};
+
 struct NcclCommunicator::State {
   ~State() {
-    // Destroyed after the last handle: nothing is in flight. Errors are ignored, as at exit the
-    // CUDA runtime may already be unloading.
+    // Every handle is gone, but the operations they waited for may still run on the GPU: the
+    // host waits for them (a hang is still the watchdog's) before the communicator goes.
+    // Errors are ignored, as at exit the CUDA runtime may already be unloading.
     ScopedDevice on_device(device);
+    if (stream != nullptr) cudaStreamSynchronize(stream);
+    in_flight.reset();
+    untimed.clear();
     if (comm != nullptr) ncclCommDestroy(comm);
     if (barrier_value != nullptr) cudaFree(barrier_value);
     if (stream != nullptr) cudaStreamDestroy(stream);
@@ -113,73 +138,72 @@ struct NcclCommunicator::State {
   cudaStream_t compute = nullptr;
   cudaStream_t stream = nullptr;     // communication
   int32_t* barrier_value = nullptr;  // one device int, all-reduced by Barrier (max: stays 0)
-  // Null once aborted after an asynchronous NCCL error: a communicator in that state cannot
-  // be used again.
   ncclComm_t comm = nullptr;
+  // Polls every issued operation until it completes; made with the NCCL communicator.
+  std::unique_ptr<AsyncWatchdog> in_flight;
+  // Operations waited for whose time is not yet in the stats, in issue order (the order they
+  // complete in on the one communication stream). Owner thread only.
+  std::deque<std::shared_ptr<NcclOpEvents>> untimed;
 };
 
 // One operation: its NCCL arguments, the tensors it touches (kept alive, and named in errors,
-// as long as the handle), the event that orders it after the compute stream as of its call,
-// and the event that marks its completion on the communication stream.
+// as long as the handle) and its events.
 class NcclPendingOp final : public CommHandle {
  public:
-  NcclPendingOp(std::shared_ptr<NcclCommunicator::State> state, std::shared_ptr<CommStats> stats,
-                CommOp op, internal::NcclPlan plan, std::vector<Tensor> tensors)
+  NcclPendingOp(std::shared_ptr<NcclCommunicator::State> state, CommOp op, internal::NcclPlan plan,
+                std::vector<Tensor> tensors)
       : state_(std::move(state)),
-        stats_(std::move(stats)),
         op_(op),
         plan_(plan),
-        tensors_(std::move(tensors)) {
+        tensors_(std::move(tensors)),
+        events_(std::make_shared<NcclOpEvents>(op, state_->device)) {
     if (op == CommOp::kSend || op == CommOp::kRecv) {
       peer_world_rank_ = state_->world_ranks[plan_.peer];
     }
   }
 
   ~NcclPendingOp() override {
-    // NCCL may still read or write the tensors: waiting (under the watchdog) is the only safe
-    // end for a handle the caller dropped.
+    // A dropped handle still orders the compute stream after its operation, so that the
+    // tensors' memory is reused only after NCCL is done with it (caching_allocator.h).
     if (issued_ && !waited_) Wait().IgnoreError();
-    ScopedDevice on_device(state_->device);
-    for (cudaEvent_t event : {ready_, started_, done_}) {
-      if (event != nullptr) cudaEventDestroy(event);
-    }
   }
 
   CommOp op() const { return op_; }
   // The tensors, for errors ("f16[8] on cuda:0 -> f16[2] on cuda:0").
   std::string Describe() const { return DescribeTensors(tensors_); }
 
-  // Creates the events and records `ready_` on the compute stream: the operation will read and
-  // write its tensors only after the kernels issued before this call. `started_` and `done_`
+  // Creates the events and records `ready` on the compute stream: the operation will read and
+  // write its tensors only after the kernels issued before this call. `started` and `done`
   // time the operation on the communication stream (CommStats::seconds).
   absl::Status Prepare() {
     const State& s = *state_;
+    NcclOpEvents& e = *events_;
     for (auto [event, flags] :
-         {std::pair{&ready_, cudaEventDisableTiming}, std::pair{&started_, cudaEventDefault},
-          std::pair{&done_, cudaEventDefault}}) {
+         {std::pair{&e.ready, cudaEventDisableTiming}, std::pair{&e.started, cudaEventDefault},
+          std::pair{&e.done, cudaEventDefault}}) {
       const cudaError_t error = cudaEventCreateWithFlags(event, flags);
       if (error != cudaSuccess) {
         return CudaError(error, CommOpName(op_), s.name, "cudaEventCreateWithFlags");
       }
     }
-    const cudaError_t error = cudaEventRecord(ready_, s.compute);
+    const cudaError_t error = cudaEventRecord(e.ready, s.compute);
     if (error == cudaSuccess) return absl::OkStatus();
     return CudaError(error, CommOpName(op_), s.name, "cudaEventRecord on the compute stream");
   }
 
-  // Makes the communication stream wait for `ready_`; called before the NCCL group starts.
+  // Makes the communication stream wait for `ready`; called before the NCCL group starts.
   absl::Status OrderAfterCompute() {
-    const cudaError_t error = cudaStreamWaitEvent(state_->stream, ready_, 0);
+    const cudaError_t error = cudaStreamWaitEvent(state_->stream, events_->ready, 0);
     if (error == cudaSuccess) return absl::OkStatus();
     return CudaError(error, CommOpName(op_), state_->name,
                      "cudaStreamWaitEvent on the communication stream");
   }
 
-  // Marks where the operation's group starts on the communication stream (its inputs ready);
-  // the group's time is shared evenly among its `group_size` operations.
+  // Marks where the operation's group of `group_size` operations starts on the communication
+  // stream (its inputs ready).
   absl::Status RecordStart(size_t group_size) {
-    group_size_ = static_cast<int>(group_size);
-    const cudaError_t error = cudaEventRecord(started_, state_->stream);
+    events_->group_size = static_cast<int>(group_size);
+    const cudaError_t error = cudaEventRecord(events_->started, state_->stream);
     if (error == cudaSuccess) return absl::OkStatus();
     return CudaError(error, CommOpName(op_), state_->name,
                      "cudaEventRecord on the communication stream");
@@ -211,17 +235,30 @@ class NcclPendingOp final : public CommHandle {
     return ncclInternalError;
   }
 
-  // Marks the operation's end on the communication stream; from then on it must be waited for.
+  // Marks the operation's end on the communication stream and puts it under the watchdog;
+  // from then on it must be waited for.
   absl::Status RecordDone() {
-    const cudaError_t error = cudaEventRecord(done_, state_->stream);
+    State& s = *state_;
+    const cudaError_t error = cudaEventRecord(events_->done, s.stream);
     if (error != cudaSuccess) {
-      return CudaError(error, CommOpName(op_), state_->name,
+      return CudaError(error, CommOpName(op_), s.name,
                        "cudaEventRecord on the communication stream");
     }
     issued_ = true;
+    s.in_flight->Watch(
+        {.operation = std::string(CommOpName(op_)),
+         .group = s.name,
+         .group_ranks = s.world_ranks,
+         .peers = peer_world_rank_ >= 0 ? std::vector<int>{peer_world_rank_} : s.others,
+         .poll = [events = events_, comm = s.comm, name = s.name,
+                  call = absl::StrCat(NcclCallName(op_), " of ", Describe())] {
+           return PollInFlight(*events, comm, name, call);
+         }});
     return absl::OkStatus();
   }
 
+  // Orders the compute stream's later kernels after the operation; the host does not wait
+  // (the watchdog's thread watches the operation instead).
   absl::Status Wait() override {
     const absl::string_view operation = CommOpName(op_);
     State& s = *state_;
@@ -237,31 +274,21 @@ class NcclPendingOp final : public CommHandle {
     }
     ScopedDevice on_device(s.device);
     NF_RETURN_IF_ERROR(on_device.status(operation, s.name));
-    // The compute stream's later kernels see the result without the host in the way ...
-    cudaError_t error = cudaStreamWaitEvent(s.compute, done_, 0);
+    const cudaError_t error = cudaStreamWaitEvent(s.compute, events_->done, 0);
     if (error != cudaSuccess) {
       return CudaError(error, operation, s.name, "cudaStreamWaitEvent on the compute stream");
     }
-    // ... and the host waits too, which puts the operation under the watchdog.
-    const int peer[1] = {peer_world_rank_};
-    NF_RETURN_IF_ERROR(
-        WaitUnderWatchdog([&]() -> absl::StatusOr<bool> { return Poll(); },
-                          {.operation = operation,
-                           .group = s.name,
-                           .group_ranks = s.world_ranks,
-                           .peers = peer_world_rank_ >= 0 ? absl::Span<const int>(peer)
-                                                          : absl::Span<const int>(s.others)},
-                          s.watchdog,
-                          [&s] {
-                            if (s.comm != nullptr) ncclCommAbort(s.comm);
-                          }));
-    float milliseconds = 0.0f;
-    error = cudaEventElapsedTime(&milliseconds, started_, done_);
-    if (error != cudaSuccess) {
-      return CudaError(error, operation, s.name, "cudaEventElapsedTime of the operation");
-    }
-    stats_->seconds[static_cast<int>(op_)] += milliseconds / 1000.0 / group_size_;
+    s.untimed.push_back(events_);
     return absl::OkStatus();
+  }
+
+  // Blocks the host until the operation completed (Barrier's meaning); a hang ends the job
+  // from the watchdog's thread meanwhile.
+  absl::Status WaitOnHost() {
+    NF_RETURN_IF_ERROR(Wait());
+    const cudaError_t error = cudaEventSynchronize(events_->done);
+    if (error == cudaSuccess) return absl::OkStatus();
+    return CudaError(error, CommOpName(op_), state_->name, "cudaEventSynchronize");
   }
 
   // Issues `ops` on the communication stream as one NCCL group (one kernel, in which NCCL
@@ -271,45 +298,37 @@ class NcclPendingOp final : public CommHandle {
  private:
   using State = NcclCommunicator::State;
 
-  absl::StatusOr<bool> Poll() {
-    State& s = *state_;
-    const absl::string_view operation = CommOpName(op_);
-    const cudaError_t error = cudaEventQuery(done_);
+  // The watchdog's poll, on its thread: true once `events.done` passed, false while running,
+  // an error when CUDA or NCCL (asynchronously: a lost peer, a network error) reports one.
+  static absl::StatusOr<bool> PollInFlight(const NcclOpEvents& events, ncclComm_t comm,
+                                           const std::string& group, const std::string& call) {
+    const absl::string_view operation = CommOpName(events.op);
+    // Events and communicator belong to the device; the thread never needs another, so it is
+    // set once and never restored (restoring cuda:0 would make a context there).
+    int current = -1;
+    if (cudaGetDevice(&current) != cudaSuccess || current != events.device) {
+      cudaSetDevice(events.device);
+    }
+    const cudaError_t error = cudaEventQuery(events.done);
     if (error == cudaSuccess) return true;
     if (error != cudaErrorNotReady) {
-      return CudaError(
-          error, operation, s.name,
-          absl::StrCat("cudaEventQuery after ", NcclCallName(op_), " of ", Describe()));
-    }
-    if (s.comm == nullptr) {
-      return internal::CommError(absl::StatusCode::kAborted, op_, s.name,
-                                 "the NCCL communicator was aborted after an earlier error");
+      return CudaError(error, operation, group, absl::StrCat("cudaEventQuery after ", call));
     }
     ncclResult_t async = ncclSuccess;
-    const ncclResult_t result = ncclCommGetAsyncError(s.comm, &async);
+    const ncclResult_t result = ncclCommGetAsyncError(comm, &async);
     if (result != ncclSuccess) {
-      return NcclError(result, operation, s.name, "ncclCommGetAsyncError", s.comm);
+      return NcclError(result, operation, group, "ncclCommGetAsyncError", comm);
     }
     if (async == ncclSuccess || async == ncclInProgress) return false;
-    // NCCL's kernels may never finish after an asynchronous error; aborting the communicator
-    // stops them, and leaves it unusable (later calls say so).
-    absl::Status status = NcclError(async, operation, s.name,
-                                    absl::StrCat(NcclCallName(op_), " of ", Describe()), s.comm);
-    ncclCommAbort(s.comm);
-    s.comm = nullptr;
-    return status;
+    return NcclError(async, operation, group, call, comm);
   }
 
   std::shared_ptr<State> state_;
-  std::shared_ptr<CommStats> stats_;  // the communicator's: the time is added at completion
   CommOp op_;
   internal::NcclPlan plan_;
   std::vector<Tensor> tensors_;
+  std::shared_ptr<NcclOpEvents> events_;
   int peer_world_rank_ = -1;
-  cudaEvent_t ready_ = nullptr;
-  cudaEvent_t started_ = nullptr;
-  cudaEvent_t done_ = nullptr;
-  int group_size_ = 1;
   bool issued_ = false;
   bool waited_ = false;
 };
@@ -319,10 +338,6 @@ absl::Status NcclPendingOp::IssueGroup(NcclCommunicator::State& s,
   if (ops.empty()) return absl::OkStatus();
   const NcclPendingOp& last = *ops.back();
   const absl::string_view operation = CommOpName(last.op_);
-  if (s.comm == nullptr) {
-    return internal::CommError(absl::StatusCode::kFailedPrecondition, last.op_, s.name,
-                               "the NCCL communicator was aborted after an earlier error");
-  }
   ScopedDevice on_device(s.device);
   NF_RETURN_IF_ERROR(on_device.status(operation, s.name));
   for (NcclPendingOp* op : ops) NF_RETURN_IF_ERROR(op->OrderAfterCompute());
@@ -444,6 +459,11 @@ absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Create(
     return NcclError(result, kCreate, state->name,
                      absl::StrCat("ncclCommInitRank on cuda:", device), nullptr);
   }
+  state->in_flight = std::make_unique<AsyncWatchdog>(
+      AsyncWatchdog::Options{.watchdog = state->watchdog,
+                             // NCCL's kernels may wait forever for an absent peer; aborting the
+                             // communicator stops them before the job ends.
+                             .before_abort = [comm = state->comm] { ncclCommAbort(comm); }});
   return std::unique_ptr<NcclCommunicator>(new NcclCommunicator(std::move(state)));
 }
 
@@ -471,17 +491,13 @@ absl::StatusOr<std::vector<std::unique_ptr<NcclPendingOp>>> NcclCommunicator::St
   const CommOp first = ops.front().op;
   const TraceRange trace(
       absl::StrCat("nccl ", CommOpName(first), ops.size() > 1 ? " group" : "", " on ", s.name));
-  if (s.comm == nullptr) {
-    return internal::CommError(absl::StatusCode::kFailedPrecondition, first, s.name,
-                               "the NCCL communicator was aborted after an earlier error");
-  }
   ScopedDevice on_device(s.device);
   NF_RETURN_IF_ERROR(on_device.status(CommOpName(first), s.name));
   std::vector<std::unique_ptr<NcclPendingOp>> pending;
   std::vector<NcclPendingOp*> group;
   for (const Planned& planned : ops) {
-    pending.push_back(std::make_unique<NcclPendingOp>(state_, shared_stats(), planned.op,
-                                                      *planned.plan, planned.tensors));
+    pending.push_back(
+        std::make_unique<NcclPendingOp>(state_, planned.op, *planned.plan, planned.tensors));
     NF_RETURN_IF_ERROR(pending.back()->Prepare());
     group.push_back(pending.back().get());
   }
@@ -588,7 +604,21 @@ absl::StatusOr<std::unique_ptr<CommHandle>> NcclCommunicator::RecvAsync(const Te
 
 absl::Status NcclCommunicator::Barrier() {
   NF_ASSIGN_OR_RETURN(auto pending, Start(CommOp::kBarrier, internal::NcclPlan{}, {}));
-  return pending->Wait();
+  return pending->WaitOnHost();
+}
+
+void NcclCommunicator::SettleStats() const {
+  State& s = *state_;
+  while (!s.untimed.empty()) {
+    const NcclOpEvents& events = *s.untimed.front();
+    if (cudaEventQuery(events.done) != cudaSuccess) return;  // still running, or failed
+    float milliseconds = 0.0f;
+    if (cudaEventElapsedTime(&milliseconds, events.started, events.done) == cudaSuccess) {
+      shared_stats()->seconds[static_cast<int>(events.op)] +=
+          milliseconds / 1000.0 / events.group_size;
+    }
+    s.untimed.pop_front();
+  }
 }
 
 }  // namespace nf::parallel

@@ -5,16 +5,20 @@
 // Streams. NCCL works on the communicator's own stream (non-blocking with respect to the
 // legacy default stream). Every call first makes that stream wait for everything issued so far
 // on the compute stream given to Create (an event), so a collective reads what the kernels
-// before it wrote. A blocking call then makes the compute stream wait for the collective (an
-// event on the communication stream) and waits for it on the host under the watchdog (polling
-// the event and ncclCommGetAsyncError); an async call returns a handle whose Wait() does both.
-// Waiting on the host is what puts NCCL under the collective watchdog: on expiry the rank
-// prints the report, aborts its NCCL communicator (ncclCommAbort) and ends the job, as the MPI
-// communicator does. Its cost: the host cannot queue kernels past a waited collective, so every
-// tensor-parallel all-reduce drains the GPU's queue. A watchdog thread that polls the events
-// and aborts the communicator itself would let Wait() return after the stream wait alone; that
-// change wants a GPU to measure it (not yet done).
+// before it wrote. Waiting for an operation (a blocking call, or Wait() on an async call's
+// handle) makes the compute stream wait for it (an event on the communication stream) and
+// returns: the host goes on queueing kernels behind the collective and blocks only where it
+// reads a value back (ops::OnHost, which synchronises the compute stream). Barrier alone also
+// waits on the host, as its meaning is that every rank has reached it.
 //
+// The watchdog. No host call waits for a collective, so each communicator has an AsyncWatchdog
+// (async_watchdog.h) whose thread polls every issued operation's completion event and
+// ncclCommGetAsyncError. An operation that outlives the deadline, or an asynchronous NCCL error
+// (a peer's process died, a network error), gets the report line, ncclCommAbort (which stops
+// the kernels still waiting for absent peers) and the end of the job (docs/design.md section 5);
+// a host blocked meanwhile in a read of a value that never comes is ended with it. The time of
+// an operation reaches the stats once it has completed (stats() adds those completed so far).
+
 // Precision. f32, f64, i32 and i64 reduce natively. fp16 and bf16 are reduced by NCCL in their
 // own precision, rounded at every hop of its ring or tree: unlike the MPI communicator (fp32,
 // one rounding), a sum over more than two ranks can lose the small contributions a single
@@ -53,6 +57,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "parallel/async_watchdog.h"
 #include "parallel/communicator.h"
 #include "parallel/mpi_communicator.h"
 #include "parallel/nccl_plan.h"
@@ -136,6 +141,9 @@ class NcclCommunicator final : public Communicator {
   // StartGroup of one operation.
   absl::StatusOr<std::unique_ptr<NcclPendingOp>> Start(
       CommOp op, const absl::StatusOr<internal::NcclPlan>& plan, std::vector<Tensor> tensors);
+
+  // Adds the time of the operations completed since the last call to the stats.
+  void SettleStats() const override;
 
   std::shared_ptr<State> state_;
 };

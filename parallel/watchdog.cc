@@ -81,6 +81,11 @@ std::string WatchdogReport(absl::string_view rank_label, const WaitTarget& targe
       "; waiting for peers [", absl::StrJoin(target.peers, ", ", peer), "]; aborting the job");
 }
 
+void WriteReportLine(const std::string& report) {
+  const std::string line = absl::StrCat(report, "\n");
+  std::fwrite(line.data(), 1, line.size(), stderr);
+}
+
 absl::Status WaitUnderWatchdog(absl::FunctionRef<absl::StatusOr<bool>()> poll,
                                const WaitTarget& target, const WatchdogOptions& options) {
   return WaitUnderWatchdog(poll, target, options, [] {});
@@ -100,10 +105,8 @@ absl::Status WaitUnderWatchdog(absl::FunctionRef<absl::StatusOr<bool>()> poll,
     NF_ASSIGN_OR_RETURN(const bool done, poll());
     if (done) return absl::OkStatus();
     if (Clock::now() >= deadline) {
-      const std::string line = absl::StrCat(
-          WatchdogReport(RankLabel(), target, options.timeout, CurrentStep(), RankHosts()), "\n");
-      // One write, so the line stays whole among the other ranks' output.
-      std::fwrite(line.data(), 1, line.size(), stderr);
+      WriteReportLine(
+          WatchdogReport(RankLabel(), target, options.timeout, CurrentStep(), RankHosts()));
       before_abort();
       AbortJob(options.exit_code);
     }

@@ -66,6 +66,10 @@ std::string WatchdogReport(absl::string_view rank_label, const WaitTarget& targe
                            absl::Duration timeout, int64_t step,
                            absl::Span<const std::string> hosts = {});
 
+// Writes `report` and a newline to stderr in one write, so the line stays whole among the other
+// ranks' output.
+void WriteReportLine(const std::string& report);
+
 // Calls `poll` until it returns true (the operation completed) or an error (returned as is),
 // sleeping between calls with a backoff from microseconds up to a millisecond, so a waiting
 // rank yields its core to the peers it waits for (ranks oversubscribe cores in tests). When
