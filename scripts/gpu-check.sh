@@ -2,7 +2,8 @@
 # The GPU check, for a machine with a GPU and the CUDA toolkit only: runs the gpu-labelled
 # tests (every CUDA op against its CPU twin, the fused kernels against their compositions bit
 # for bit, dropout masks, a model step and 20 training steps against the CPU, fp16/bf16
-# tracking fp32, cuDNN's fused attention against the CPU and the own kernel, a step's host
+# tracking fp32, cuDNN's fused attention against the CPU and the own kernel (with dropout,
+# against the float64 reference with the mask cuDNN drew), a step's host
 # synchronisations within their budget, every parameter 256-byte aligned on the device, the
 # attention path of the 2.7B layer at tp 8, a GEMM with a misaligned bias) and then nf-bench
 # on one GPU with its per-op table, from gpu-bundle/ (made on a development machine by

@@ -14,6 +14,8 @@
 #include <unordered_map>
 
 #include "absl/strings/str_cat.h"
+#include "core/cuda/attention_dispatch.h"
+#include "core/cuda/write_scalars.h"
 #include "core/status.h"
 
 // With NV_CUDNN_FRONTEND_USE_DYNAMIC_LOADING the frontend reaches every cuDNN function through
@@ -30,7 +32,7 @@ namespace fe = cudnn_frontend;
 using TensorAttr = std::shared_ptr<fe::graph::Tensor_attributes>;
 
 // Tensor ids in the graphs and their variant packs.
-enum Uid : int64_t { kQ = 1, kK, kV, kO, kStats, kDO, kDQ, kDK, kDV };
+enum Uid : int64_t { kQ = 1, kK, kV, kO, kStats, kDO, kDQ, kDK, kDV, kSeed, kOffset };
 
 // Why cuDNN cannot run, said once on stderr where it is found (each cause is met once: the
 // library and handle states and unsupported graphs are kept): a fallback is slower and should
@@ -72,8 +74,12 @@ struct GraphKey {
   bool backward;
   DType dtype;
   int64_t batch, heads, seq, dim;
-  uint32_t scale_bits;  // the scale is part of the graph (a pass-by-value scalar)
+  uint32_t scale_bits;    // the scale is part of the graph (a pass-by-value scalar)
+  uint32_t dropout_bits;  // so is the dropout probability; 0 (+0.0f): no dropout
   auto operator<=>(const GraphKey&) const = default;
+
+  float scale() const { return std::bit_cast<float>(scale_bits); }
+  float dropout() const { return std::bit_cast<float>(dropout_bits); }
 };
 
 // A built graph and its workspace size, or why it could not be built (kept too, so that an
@@ -149,18 +155,35 @@ fe::graph::Tensor_attributes& SetStats(fe::graph::Tensor_attributes& t, const Gr
       .set_stride({key.heads * key.seq, key.seq, 1, 1});
 }
 
-// Adds the forward (out, lse from q, k, v) or backward (dq, dk, dv) operation to `graph`.
-void AddAttention(fe::graph::Graph& graph, const GraphKey& key, float scale) {
+// The Philox seed or offset of the dropout: one int64 in device memory.
+TensorAttr RngInput(fe::graph::Graph& graph, const char* name, Uid uid) {
+  fe::graph::Tensor_attributes t;
+  t.set_name(name)
+      .set_uid(uid)
+      .set_dim({1, 1, 1, 1})
+      .set_stride({1, 1, 1, 1})
+      .set_data_type(fe::DataType_t::INT64);
+  return graph.tensor(t);
+}
+
+// Adds the forward (out, lse from q, k, v) or backward (dq, dk, dv) operation to `graph`. With
+// dropout, cuDNN drops the probabilities (scaled by 1 / (1 - p)) with a mask it draws from
+// Philox under the seed and offset the call passes; the backward redraws the same mask.
+void AddAttention(fe::graph::Graph& graph, const GraphKey& key) {
   const TensorAttr q = BhsdInput(graph, "q", kQ, key);
   const TensorAttr k = BhsdInput(graph, "k", kK, key);
   const TensorAttr v = BhsdInput(graph, "v", kV, key);
+  const bool dropout = key.dropout() > 0.0f;
+  const TensorAttr seed = dropout ? RngInput(graph, "seed", kSeed) : nullptr;
+  const TensorAttr offset = dropout ? RngInput(graph, "offset", kOffset) : nullptr;
   if (!key.backward) {
     auto options = fe::graph::SDPA_attributes()
                        .set_name("attention")
                        .set_generate_stats(true)  // training: the backward needs lse
                        .set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT)
                        .set_diagonal_band_right_bound(0)  // causal: key j <= query i
-                       .set_attn_scale(scale);
+                       .set_attn_scale(key.scale());
+    if (dropout) options.set_dropout(key.dropout(), seed, offset);
     auto [out, stats] = graph.sdpa(q, k, v, options);
     SetBhsd(out->set_output(true).set_uid(kO), key);
     SetStats(stats->set_output(true), key);
@@ -175,8 +198,9 @@ void AddAttention(fe::graph::Graph& graph, const GraphKey& key, float scale) {
                      .set_name("attention_backward")
                      .set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT)
                      .set_diagonal_band_right_bound(0)
-                     .set_attn_scale(scale)
+                     .set_attn_scale(key.scale())
                      .set_deterministic_algorithm(true);  // no atomics: runs repeat exactly
+  if (dropout) options.set_dropout(key.dropout(), seed, offset);
   auto [dq, dk, dv] = graph.sdpa_backward(q, k, v, out, dout, stats, options);
   SetBhsd(dq->set_output(true).set_uid(kDQ), key);
   SetBhsd(dk->set_output(true).set_uid(kDK), key);
@@ -184,14 +208,14 @@ void AddAttention(fe::graph::Graph& graph, const GraphKey& key, float scale) {
 }
 
 // Builds the graph of `key`: a graph cuDNN rejects on this GPU gives kUnimplemented.
-BuiltGraph Build(const GraphKey& key, float scale, cudnnHandle_t handle,
-                 const cudaDeviceProp& properties) {
+BuiltGraph Build(const GraphKey& key, cudnnHandle_t handle, const cudaDeviceProp& properties) {
   BuiltGraph built;
   auto graph = std::make_shared<fe::graph::Graph>();
   const auto rejected = [&](const char* stage, fe::error_t error) {
-    built.status = Unavailable(absl::StrCat(key.backward ? "backward" : "forward", " graph for [",
-                                            key.batch, ", ", key.heads, ", ", key.seq, ", ",
-                                            key.dim, "] ", stage, ": ", error.get_message()));
+    built.status = Unavailable(absl::StrCat(
+        key.backward ? "backward" : "forward", " graph for [", key.batch, ", ", key.heads, ", ",
+        key.seq, ", ", key.dim, "]", key.dropout() > 0.0f ? " with dropout " : " ", stage, ": ",
+        error.get_message()));
     return built;
   };
   try {
@@ -199,7 +223,7 @@ BuiltGraph Build(const GraphKey& key, float scale, cudnnHandle_t handle,
         .set_intermediate_data_type(fe::DataType_t::FLOAT)
         .set_compute_data_type(fe::DataType_t::FLOAT)
         .set_sm_version(properties.major * 10 + properties.minor);
-    AddAttention(*graph, key, scale);
+    AddAttention(*graph, key);
     if (auto e = graph->validate(); e.is_bad()) return rejected("invalid", e);
     if (auto e = graph->build_operation_graph(handle); e.is_bad()) return rejected("not built", e);
     if (auto e = graph->create_execution_plans({fe::HeurMode_t::A}); e.is_bad()) {
@@ -218,15 +242,16 @@ BuiltGraph Build(const GraphKey& key, float scale, cudnnHandle_t handle,
   return built;
 }
 
-// Runs the graph of `key` on the tensors of `pack` (uid -> device address).
-absl::Status Run(CudaContext& context, const GraphKey& key, float scale,
+// Runs the graph of `key` on the tensors of `pack` (uid -> device address); with dropout, writes
+// the call's seed and offset (0) to the device first, on the same stream.
+absl::Status Run(CudaContext& context, const GraphKey& key, const ops::DropoutSpec& dropout,
                  std::unordered_map<int64_t, void*>& pack) {
   CudnnState& state = State();
   std::lock_guard<std::mutex> lock(state.mutex);
   NF_ASSIGN_OR_RETURN(cudnnHandle_t handle, HandleLocked(state, context));
   auto it = state.graphs.find(key);
   if (it == state.graphs.end()) {
-    it = state.graphs.emplace(key, Build(key, scale, handle, context.properties())).first;
+    it = state.graphs.emplace(key, Build(key, handle, context.properties())).first;
   }
   const BuiltGraph& built = it->second;
   NF_RETURN_IF_ERROR(built.status);
@@ -235,6 +260,21 @@ absl::Status Run(CudaContext& context, const GraphKey& key, float scale,
   // same stream after them.
   NF_ASSIGN_OR_RETURN(Tensor workspace,
                       Tensor::Empty(DType::kU8, {built.workspace_bytes}, context.allocator()));
+  // Freed at return like the workspace: the kernel that writes it and cuDNN's that read it are
+  // on the same stream as every later user of the block.
+  Tensor rng;
+  if (key.dropout() > 0.0f) {
+    NF_ASSIGN_OR_RETURN(rng, Tensor::Empty(DType::kI64, {2}, context.allocator()));
+    auto* seed_and_offset = static_cast<int64_t*>(rng.raw_data());
+    const cudaError_t error =
+        WriteInt64Pair(context.stream(), seed_and_offset, CudnnDropoutSeed(dropout), 0);
+    if (error != cudaSuccess) {
+      return absl::InternalError(
+          absl::StrCat("cuDNN attention: writing the dropout seed: ", cudaGetErrorString(error)));
+    }
+    pack[kSeed] = seed_and_offset;
+    pack[kOffset] = seed_and_offset + 1;
+  }
   fe::error_t e;
   try {
     e = built.graph->execute(handle, pack, workspace.raw_data());
@@ -247,7 +287,8 @@ absl::Status Run(CudaContext& context, const GraphKey& key, float scale,
   return absl::OkStatus();
 }
 
-GraphKey KeyOf(const CudaContext& context, bool backward, const Tensor& q, float scale) {
+GraphKey KeyOf(const CudaContext& context, bool backward, const Tensor& q, float scale,
+               const ops::DropoutSpec& dropout) {
   return {.device = context.device(),
           .backward = backward,
           .dtype = q.dtype(),
@@ -255,7 +296,8 @@ GraphKey KeyOf(const CudaContext& context, bool backward, const Tensor& q, float
           .heads = q.dim(1),
           .seq = q.dim(2),
           .dim = q.dim(3),
-          .scale_bits = std::bit_cast<uint32_t>(scale)};
+          .scale_bits = std::bit_cast<uint32_t>(scale),
+          .dropout_bits = std::bit_cast<uint32_t>(dropout.p > 0.0f ? dropout.p : 0.0f)};
 }
 
 }  // namespace
@@ -272,7 +314,7 @@ absl::Status CudnnAttentionForward(CudaContext& context, const ops::AttentionArg
                                              {kV, args.v.raw_data()},
                                              {kO, args.out.raw_data()},
                                              {kStats, args.lse.raw_data()}};
-  return Run(context, KeyOf(context, false, args.q, args.scale), args.scale, pack);
+  return Run(context, KeyOf(context, false, args.q, args.scale, args.dropout), args.dropout, pack);
 }
 
 absl::Status CudnnAttentionBackward(CudaContext& context, const ops::AttentionBackwardArgs& args) {
@@ -280,7 +322,7 @@ absl::Status CudnnAttentionBackward(CudaContext& context, const ops::AttentionBa
       {kQ, args.q.raw_data()},   {kK, args.k.raw_data()},     {kV, args.v.raw_data()},
       {kO, args.out.raw_data()}, {kDO, args.dout.raw_data()}, {kStats, args.lse.raw_data()},
       {kDQ, args.dq.raw_data()}, {kDK, args.dk.raw_data()},   {kDV, args.dv.raw_data()}};
-  return Run(context, KeyOf(context, true, args.q, args.scale), args.scale, pack);
+  return Run(context, KeyOf(context, true, args.q, args.scale, args.dropout), args.dropout, pack);
 }
 
 }  // namespace nf::cuda

@@ -10,6 +10,13 @@
 // as in every flash attention, the probabilities enter the P V and dS K products rounded to the
 // storage type. The backward uses cuDNN's deterministic algorithm, so a run repeats exactly as
 // with the own kernel.
+//
+// Attention dropout (p > 0) is cuDNN's: the probabilities are dropped with a mask cuDNN draws
+// from Philox, keyed by a seed made from the call's DropoutSpec (its run seed, site, first
+// sample, first head and first token) and indexed by cuDNN's own positions within the call. The
+// mask is a pure function of the spec and the shape, so a run repeats exactly and the backward
+// redraws the forward's mask; it is not the CPU's (core/philox.h), and it changes with the
+// tensor-parallel layout (docs/design.md section 3.3).
 #pragma once
 
 #include "absl/status/status.h"
@@ -23,7 +30,7 @@ namespace nf::cuda {
 absl::Status CudnnAvailable(CudaContext& context);
 
 // The calls run on the context's compute stream without host synchronisation (after a
-// graph's first build). They expect an eligible call (CudnnAttentionEligible) and return
+// graph's first build). They expect an eligible call (no CudnnAttentionRefusal) and return
 // kUnimplemented when cuDNN cannot run it on this device, so that the caller falls back to
 // the own kernel; any other error is a failure of the call.
 absl::Status CudnnAttentionForward(CudaContext& context, const ops::AttentionArgs& args);

@@ -39,6 +39,11 @@ absl::Status CheckOpTimingEnvironment();
 
 struct OpTime {
   std::string op;
+  // For an op with more than one implementation, the one that ran and why (NoteOpPath), e.g.
+  // "cudnn" and "fp16/bf16, head_dim a multiple of 8 up to 128"; empty otherwise. Calls that
+  // took different paths, or one path for different reasons, are separate rows.
+  std::string path;
+  std::string reason;
   int64_t calls = 0;
   double seconds = 0.0;
 };
@@ -47,7 +52,13 @@ struct OpTime {
 // device's timeline.
 std::vector<OpTime> TakeOpTimes();
 
-// A table of `times`: op, calls, total ms, mean us and share of the total.
+// Called by a backend inside an op that chooses between implementations: files the op's time
+// under `path`, with `reason` (both string literals). Cheap (two thread-local stores), so it
+// is called whether or not timing is on.
+void NoteOpPath(const char* path, const char* reason);
+
+// A table of `times`: op (with its path), calls, total ms, mean us and share of the total;
+// then, for the ops with a path, why each path was taken.
 std::string FormatOpTimes(const std::vector<OpTime>& times);
 
 // Times the enclosing op when timing is on: a span from construction to destruction, filed under
@@ -62,6 +73,10 @@ class ScopedOpTiming {
  private:
   const char* op_;
   std::unique_ptr<TimedSpan> span_;
+  // The NoteOpPath of the enclosing op's scope, restored at its end (ops do not nest on the
+  // training path, but a backend may call one op from another).
+  const char* outer_path_;
+  const char* outer_reason_;
 };
 
 }  // namespace nf::ops

@@ -1,5 +1,6 @@
 // The CUDA backend's host side, which needs no device: these run (and pass) on every machine
 // that builds the backend, GPU or not.
+#include <set>
 #include <string>
 
 #include "core/cuda/attention_dispatch.h"
@@ -48,21 +49,69 @@ TEST(CudaWithoutDeviceTest, AttentionPolicyFromTheEnvironment) {
   }
 }
 
-TEST(CudaWithoutDeviceTest, CudnnAttentionEligibility) {
-  using cuda::CudnnAttentionEligible;
+TEST(CudaWithoutDeviceTest, CudnnAttentionRefusals) {
+  using cuda::CudnnAttentionRefusal;
   for (DType dtype : {DType::kF16, DType::kBF16}) {
-    for (int64_t dim : {8, 64, 80, 128}) EXPECT_TRUE(CudnnAttentionEligible(dtype, dim, 0.0f, 0));
+    for (int64_t dim : {8, 64, 80, 128}) EXPECT_EQ(CudnnAttentionRefusal(dtype, dim, 0), nullptr);
   }
-  EXPECT_TRUE(CudnnAttentionEligible(DType::kF16, 64, 0.0f, 0x7f0000001230));
-  EXPECT_FALSE(CudnnAttentionEligible(DType::kF32, 64, 0.0f, 0));  // cuDNN's is 16-bit only
+  EXPECT_EQ(CudnnAttentionRefusal(DType::kF16, 64, 0x7f0000001230), nullptr);
+  // cuDNN's is 16-bit only.
+  EXPECT_THAT(CudnnAttentionRefusal(DType::kF32, 64, 0), ::testing::HasSubstr("fp32 storage"));
   for (int64_t dim : {0, 60, 100, 136, 256}) {
-    EXPECT_FALSE(CudnnAttentionEligible(DType::kBF16, dim, 0.0f, 0)) << dim;
+    EXPECT_THAT(CudnnAttentionRefusal(DType::kBF16, dim, 0),
+                ::testing::HasSubstr("head_dim not a multiple of 8 up to 128"))
+        << dim;
   }
-  // Attention dropout stays on the own kernel: cuDNN cannot draw the project's Philox masks.
-  EXPECT_FALSE(CudnnAttentionEligible(DType::kF16, 64, 0.1f, 0));
-  EXPECT_FALSE(CudnnAttentionEligible(DType::kF16, 64, 1e-7f, 0));
   // A tensor whose address is not 16-byte aligned (a view at an odd offset).
-  EXPECT_FALSE(CudnnAttentionEligible(DType::kF16, 64, 0.0f, 0x7f0000001238));
+  EXPECT_THAT(CudnnAttentionRefusal(DType::kF16, 64, 0x7f0000001238),
+              ::testing::HasSubstr("not 16-byte aligned"));
+}
+
+// The seed of cuDNN's dropout is a pure function of the spec (the backward redraws the
+// forward's mask) and differs whenever any coordinate of the call does (no two calls of a run
+// share a mask): the run's seed, the site, the first sample (both halves), the shard's first
+// head and the first token; the probability and the other fields do not enter.
+TEST(CudaWithoutDeviceTest, CudnnDropoutSeedsDifferByCall) {
+  const ops::DropoutSpec base{.p = 0.1f,
+                              .seed = 7,
+                              .site = 3,
+                              .first_sample = 1000,
+                              .seq_len = 2048,
+                              .token_offset = 0,
+                              .head_offset = 4};
+  const int64_t seed = cuda::CudnnDropoutSeed(base);
+  ops::DropoutSpec same = base;
+  same.p = 0.2f;
+  same.seq_len = 1024;
+  same.col_offset = 5;
+  EXPECT_EQ(cuda::CudnnDropoutSeed(same), seed);
+  std::set<int64_t> seeds = {seed};
+  auto vary = [&](auto change) {
+    ops::DropoutSpec d = base;
+    change(d);
+    seeds.insert(cuda::CudnnDropoutSeed(d));
+  };
+  vary([](ops::DropoutSpec& d) { d.seed = 8; });
+  vary([](ops::DropoutSpec& d) { d.site = 4; });
+  vary([](ops::DropoutSpec& d) { d.first_sample = 1001; });
+  vary([](ops::DropoutSpec& d) { d.first_sample = 1000 + (uint64_t{1} << 32); });
+  vary([](ops::DropoutSpec& d) { d.head_offset = 8; });
+  vary([](ops::DropoutSpec& d) { d.token_offset = 512; });
+  EXPECT_EQ(seeds.size(), 7u);
+  // Every (site, first sample, first head) of a small run: all distinct.
+  std::set<int64_t> run;
+  for (uint32_t site = 0; site < 32; ++site) {
+    for (uint64_t sample = 0; sample < 64; sample += 8) {
+      for (int64_t head = 0; head < 32; head += 4) {
+        ops::DropoutSpec d = base;
+        d.site = site;
+        d.first_sample = sample;
+        d.head_offset = head;
+        run.insert(cuda::CudnnDropoutSeed(d));
+      }
+    }
+  }
+  EXPECT_EQ(run.size(), 32u * 8 * 8);
 }
 
 }  // namespace

@@ -18,13 +18,19 @@
 //   key) times u; the rounding errors are independent, so the observed error is far below,
 //   and 8 u keeps a margin over the bound's useful part without hiding a wrong mask or scale
 //   (those err by O(1)).
+// With attention dropout cuDNN draws its own masks, so those tests read the mask back from cuDNN
+// and compare with a float64 reference that applies it, at the same tolerances (the reference
+// rounds nothing, which leaves the CPU's share of the budget as margin).
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <optional>
 #include <string>
 
 #include "core/cuda/attention_dispatch.h"
+#include "core/ops/op_timing.h"
 #include "core/status.h"
+#include "gmock/gmock.h"
 #include "gpu_test_util.h"
 #include "tests/assert_ok.h"
 
@@ -34,6 +40,7 @@ namespace {
 using testing::ExpectAllClose;
 using testing::kGpu;
 using testing::MaxAbs;
+using testing::OnGpu;
 using testing::RandomTwin;
 using testing::ToCpu;
 using testing::ToDoubles;
@@ -170,23 +177,177 @@ TEST_P(CudnnAttentionTest, MatchesTheOwnKernelAndRepeats) {
   EXPECT_EQ(p.GpuResults(), cudnn) << "cuDNN attention does not repeat exactly";
 }
 
-TEST_P(CudnnAttentionTest, DropoutTakesTheOwnKernel) {
-  ScopedAttentionPolicy policy(nullptr);
-  const ops::DropoutSpec dropout{.p = 0.1f,
-                                 .seed = 3,
-                                 .site = 9,
-                                 .first_sample = 7,
-                                 .seq_len = 1,
-                                 .col_offset = 0,
-                                 .head_offset = 2};
-  Problem p(dtype(), 45, 64, 60);
-  NF_ASSERT_OK(p.Run(false, dropout));
+// ---- Dropout on cuDNN ---------------------------------------------------------------------------
+//
+// cuDNN draws its own masks, so they are read back from cuDNN itself: with q = k = 0 every
+// allowed key has probability 1 / (i + 1) in row i, and with v's key j the unit vector e_j
+// (head_dim >= seq), out[b, h, i, j] = keep[b, h, i, j] / ((1 - p) (i + 1)). The mask depends
+// on the spec and the shape only, never on the values, so a call on real inputs with the same
+// spec and shape uses it too: its out, lse, dq, dk and dv are then checked against the float64
+// reference with that mask, at the tolerances of the header.
+
+constexpr int64_t kDropoutSeq = 45, kDropoutDim = 64;
+const ops::DropoutSpec kAttentionDropout{
+    .p = 0.1f, .seed = 3, .site = 9, .first_sample = 7, .seq_len = kDropoutSeq, .head_offset = 2};
+
+// keep[((b * heads + h) * seq + i) * seq + j] for j <= i, as cuDNN draws it for `dropout`.
+std::vector<int> CudnnMask(DType dtype, const ops::DropoutSpec& dropout) {
+  const Shape shape = {2, 3, kDropoutSeq, kDropoutDim};
+  const int64_t rows = 2 * 3 * kDropoutSeq;
+  std::vector<float> identity(rows * kDropoutDim, 0.0f);
+  for (int64_t r = 0; r < rows; ++r) identity[r * kDropoutDim + r % kDropoutSeq] = 1.0f;
+  const Tensor zeros = OnGpu(testing::MakeZeros(dtype, shape));
+  const Tensor v = OnGpu(testing::MakeTensor(dtype, shape, identity));
+  const Tensor out = OnGpu(testing::MakeZeros(dtype, shape));
+  const Tensor lse = OnGpu(testing::MakeZeros(DType::kF32, {2, 3, kDropoutSeq}));
   const int64_t calls = cuda::CudnnAttentionCalls();
-  NF_ASSERT_OK(p.Run(true, dropout));
-  EXPECT_EQ(cuda::CudnnAttentionCalls(), calls) << "attention dropout ran on cuDNN";
+  NF_EXPECT_OK(ops::AttentionForward(
+      {zeros, zeros, v, out, lse, 1.0f / std::sqrt(float{kDropoutDim}), dropout}));
+  NF_EXPECT_OK(ops::Synchronize(kGpu));
+  EXPECT_EQ(cuda::CudnnAttentionCalls(), calls + 1) << "the mask was not cuDNN's";
+  const std::vector<double> o = ToDoubles(ToCpu(out));
+  std::vector<int> keep;
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t i = r % kDropoutSeq;
+    for (int64_t j = 0; j <= i; ++j) {
+      const double kept = o[r * kDropoutDim + j] * (1.0 - dropout.p) * static_cast<double>(i + 1);
+      // A clean 0 or 1 (16-bit rounding moves it by 1% at most): anything else is no mask.
+      EXPECT_TRUE(std::abs(kept) < 0.05 || std::abs(kept - 1.0) < 0.05)
+          << "row " << r << " key " << j << ": " << kept;
+      keep.push_back(kept > 0.5 ? 1 : 0);
+    }
+  }
+  return keep;
+}
+
+// The float64 reference of causal attention with dropout mask `keep` (CudnnMask's order):
+// forward and backward, as out, lse, dq, dk, dv.
+std::vector<std::vector<double>> ReferenceWithMask(const Problem& p, const std::vector<int>& keep,
+                                                   float dropout) {
+  const int64_t bh = p.shape[0] * p.shape[1], n = p.shape[2], d = p.shape[3];
+  const std::vector<double> q = ToDoubles(p.q.cpu), k = ToDoubles(p.k.cpu), v = ToDoubles(p.v.cpu),
+                            dout = ToDoubles(p.dout.cpu);
+  std::vector<double> out(bh * n * d, 0.0), lse(bh * n), dq(bh * n * d, 0.0), dk(bh * n * d, 0.0),
+      dv(bh * n * d, 0.0);
+  const double kept_scale = 1.0 / (1.0 - dropout);
+  size_t mask_index = 0;
+  for (int64_t s = 0; s < bh; ++s) {
+    const auto at = [&](const std::vector<double>& t, int64_t row, int64_t col) {
+      return t[(s * n + row) * d + col];
+    };
+    for (int64_t i = 0; i < n; ++i) {
+      std::vector<double> prob(i + 1), dropped(i + 1);
+      double max = -INFINITY;
+      for (int64_t j = 0; j <= i; ++j) {
+        double dot = 0.0;
+        for (int64_t c = 0; c < d; ++c) dot += at(q, i, c) * at(k, j, c);
+        prob[j] = p.scale * dot;
+        max = std::max(max, prob[j]);
+      }
+      double sum = 0.0;
+      for (double& x : prob) sum += (x = std::exp(x - max));
+      lse[s * n + i] = max + std::log(sum);
+      for (int64_t j = 0; j <= i; ++j) {
+        prob[j] /= sum;
+        dropped[j] = prob[j] * keep[mask_index + j] * kept_scale;
+        for (int64_t c = 0; c < d; ++c) out[(s * n + i) * d + c] += dropped[j] * at(v, j, c);
+      }
+      // dP_j = (dO_i . v_j) keep / (1 - p); D = sum_j P_j dP_j; dS_j = P_j (dP_j - D).
+      std::vector<double> dprob(i + 1);
+      double row_sum = 0.0;
+      for (int64_t j = 0; j <= i; ++j) {
+        double dot = 0.0;
+        for (int64_t c = 0; c < d; ++c) dot += at(dout, i, c) * at(v, j, c);
+        dprob[j] = dot * keep[mask_index + j] * kept_scale;
+        row_sum += prob[j] * dprob[j];
+      }
+      for (int64_t j = 0; j <= i; ++j) {
+        const double ds = prob[j] * (dprob[j] - row_sum);
+        for (int64_t c = 0; c < d; ++c) {
+          dq[(s * n + i) * d + c] += p.scale * ds * at(k, j, c);
+          dk[(s * n + j) * d + c] += p.scale * ds * at(q, i, c);
+          dv[(s * n + j) * d + c] += dropped[j] * at(dout, i, c);
+        }
+      }
+      mask_index += i + 1;
+    }
+  }
+  return {out, lse, dq, dk, dv};
+}
+
+TEST_P(CudnnAttentionTest, DropoutMasksAreCudnnsRepeatAndDifferByCall) {
+  ScopedAttentionPolicy policy(nullptr);
+  const std::vector<int> keep = CudnnMask(dtype(), kAttentionDropout);
+  // The kept fraction is 1 - p: 6210 Bernoulli draws, a standard deviation of 0.0038, and
+  // 0.02 is over 5 of them.
+  const double kept = static_cast<double>(std::count(keep.begin(), keep.end(), 1)) / keep.size();
+  EXPECT_NEAR(kept, 1.0 - kAttentionDropout.p, 0.02);
+  // Heads and samples of one call draw different masks.
+  const size_t per_head = keep.size() / 6;
+  for (size_t h = 1; h < 6; ++h) {
+    EXPECT_FALSE(std::equal(keep.begin(), keep.begin() + per_head, keep.begin() + h * per_head))
+        << "heads 0 and " << h << " of the call share a mask";
+  }
+  // The same spec draws the same mask (a run repeats; the backward redraws the forward's) ...
+  EXPECT_EQ(CudnnMask(dtype(), kAttentionDropout), keep);
+  // ... and another site, sample or shard another: two masks of p = 0.1 differ in 18% of
+  // places on average; 5% is far below.
+  for (auto change :
+       {+[](ops::DropoutSpec& d) { d.site = 10; }, +[](ops::DropoutSpec& d) { d.first_sample = 9; },
+        +[](ops::DropoutSpec& d) { d.head_offset = 5; }}) {
+    ops::DropoutSpec other = kAttentionDropout;
+    change(other);
+    const std::vector<int> mask = CudnnMask(dtype(), other);
+    size_t differ = 0;
+    for (size_t i = 0; i < keep.size(); ++i) differ += mask[i] != keep[i];
+    EXPECT_GT(differ, keep.size() / 20);
+  }
+}
+
+TEST_P(CudnnAttentionTest, DropoutForwardAndBackwardMatchTheReferenceWithCudnnsMask) {
+  ScopedAttentionPolicy policy(nullptr);
+  const std::vector<int> keep = CudnnMask(dtype(), kAttentionDropout);
+  Problem p(dtype(), kDropoutSeq, kDropoutDim, 60);
+  const int64_t calls = cuda::CudnnAttentionCalls();
+  NF_ASSERT_OK(p.Run(true, kAttentionDropout));
+  EXPECT_EQ(cuda::CudnnAttentionCalls(), calls + 2) << "attention dropout did not run on cuDNN";
+  ExpectResultsClose(p.GpuResults(), ReferenceWithMask(p, keep, kAttentionDropout.p), dtype(),
+                     "cuDNN dropout vs the float64 reference with cuDNN's mask");
+  // The deterministic backward and a mask that is a function of the spec: bit for bit again.
+  const auto first = p.GpuResults();
+  NF_ASSERT_OK(p.Run(true, kAttentionDropout));
+  EXPECT_EQ(p.GpuResults(), first);
+}
+
+TEST_P(CudnnAttentionTest, DropoutUnderNfAttentionOwnDrawsTheCpusMasks) {
+  Problem p(dtype(), kDropoutSeq, kDropoutDim, 60);
+  NF_ASSERT_OK(p.Run(false, kAttentionDropout));
+  ScopedAttentionPolicy policy("own");
+  const int64_t calls = cuda::CudnnAttentionCalls();
+  NF_ASSERT_OK(p.Run(true, kAttentionDropout));
+  EXPECT_EQ(cuda::CudnnAttentionCalls(), calls);
   // The own kernel draws the CPU's masks: the results agree as in cuda_ops_test.cc (a wrong
   // mask would differ by O(1)).
   ExpectResultsClose(p.GpuResults(), p.CpuResults(), dtype(), "dropout, own kernel vs CPU");
+}
+
+// The path each call took, and why, in the per-op timing.
+TEST_P(CudnnAttentionTest, PerOpTimingNamesThePathAndItsReason) {
+  ScopedAttentionPolicy policy(nullptr);
+  Problem p(dtype(), kDropoutSeq, kDropoutDim, 70);
+  ops::SetOpTimingEnabled(true);
+  ops::TakeOpTimes();
+  NF_ASSERT_OK(p.Run(true, kAttentionDropout));
+  {
+    ScopedAttentionPolicy own("own");
+    NF_ASSERT_OK(p.Run(true));
+  }
+  const std::string table = ops::FormatOpTimes(ops::TakeOpTimes());
+  ops::SetOpTimingEnabled(false);
+  EXPECT_THAT(table, ::testing::HasSubstr("AttentionForward (cudnn): fp16/bf16"));
+  EXPECT_THAT(table, ::testing::HasSubstr("AttentionBackward (cudnn): fp16/bf16"));
+  EXPECT_THAT(table, ::testing::HasSubstr("dropout masks drawn by cuDNN"));
+  EXPECT_THAT(table, ::testing::HasSubstr("AttentionForward (own): NF_ATTENTION=own"));
 }
 
 TEST(CudnnAttentionDispatchTest, Fp32TakesTheOwnKernel) {
@@ -196,6 +357,12 @@ TEST(CudnnAttentionDispatchTest, Fp32TakesTheOwnKernel) {
   const int64_t calls = cuda::CudnnAttentionCalls();
   NF_ASSERT_OK(p.Run(true));
   EXPECT_EQ(cuda::CudnnAttentionCalls(), calls);
+  ops::SetOpTimingEnabled(true);
+  ops::TakeOpTimes();
+  NF_ASSERT_OK(p.Run(true));
+  const std::string table = ops::FormatOpTimes(ops::TakeOpTimes());
+  ops::SetOpTimingEnabled(false);
+  EXPECT_THAT(table, ::testing::HasSubstr("AttentionForward (own): fp32 storage"));
 }
 
 TEST(CudnnAttentionDispatchTest, UnknownPolicyIsAnError) {

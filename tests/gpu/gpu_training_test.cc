@@ -91,6 +91,10 @@ TrainConfig GpuConfig(TrainOptions::Precision precision, TrainOptions::Device de
   TrainConfig config;
   *config.mutable_model() = TinyNormFormer();
   config.mutable_model()->set_dropout(0.0f);
+  // fp16 and bf16 attention runs on cuDNN, whose dropout masks are not the fp32 own kernel's
+  // (core/cuda/attention_dispatch.h): the precisions are compared without attention dropout,
+  // as the layout equivalence is (docs/design.md section 3.3).
+  config.mutable_model()->set_attention_dropout(0.0f);
   TrainOptions& train = *config.mutable_train();
   train.set_seq_len(16);
   train.set_micro_batch_size(4);
@@ -180,8 +184,8 @@ TEST(GpuTrainingTest, HostSynchronisationsAndAlignmentOnTheGpu) {
 }
 
 // The attention path of the 2.7B config's layer at tp 8 (bf16, 4 heads of 80 per rank, seq
-// 2048, attention dropout 0.1): the project's own kernel while cuDNN cannot draw the Philox
-// masks; cuDNN's fused attention without dropout. Recorded, so that a change of dispatch shows.
+// 2048): cuDNN's fused attention with the config's attention dropout 0.1 (its own masks) and
+// without. Recorded, so that a change of dispatch shows.
 TEST(GpuTrainingTest, TheAttentionPathOfThe27BLayerAtTp8) {
   NF_REQUIRE_GPU();
   const Shape shape = {1, 4, 2048, 80};
@@ -206,7 +210,7 @@ TEST(GpuTrainingTest, TheAttentionPathOfThe27BLayerAtTp8) {
     const bool cudnn = cuda::CudnnAttentionCalls() > before;
     std::printf("2.7B layer at tp 8, attention dropout %.1f: %s\n", dropout,
                 cudnn ? "cuDNN fused attention" : "own kernel");
-    EXPECT_EQ(cudnn, dropout == 0.0f && cudnn_status.ok());
+    EXPECT_EQ(cudnn, cudnn_status.ok());
   }
 }
 
