@@ -1,6 +1,7 @@
 // The per-GPU state of the CUDA backend: one compute stream on which every kernel, GEMM and
 // copy of the device runs in issue order, the cuBLASLt handle and its workspace, the caching
-// allocator, and a small device-side error record.
+// allocator, the pinned buffers host-to-device copies go through, and a small device-side
+// error record.
 //
 // Kernels never stop the host to report bad data (a token id outside the vocabulary, a target
 // outside it): they write the first such fault into the error record and carry on, and
@@ -18,6 +19,7 @@
 
 #include "absl/status/statusor.h"
 #include "core/cuda/caching_allocator.h"
+#include "core/cuda/pinned_staging.h"
 
 namespace nf::cuda {
 
@@ -63,6 +65,7 @@ class CudaContext {
   void* gemm_workspace() const { return gemm_workspace_; }
   size_t gemm_workspace_bytes() const { return kGemmWorkspaceBytes; }
   CachingAllocator& allocator() { return allocator_; }
+  PinnedStaging& staging() { return staging_; }
   DeviceFault* fault_record() const { return fault_; }
   const cudaDeviceProp& properties() const { return properties_; }
 
@@ -73,11 +76,12 @@ class CudaContext {
   // cuBLASLt's recommended workspace for Hopper (32 MiB) also covers Ampere's.
   static constexpr size_t kGemmWorkspaceBytes = size_t{32} << 20;
 
-  explicit CudaContext(int device) : device_(device), allocator_(device) {}
+  explicit CudaContext(int device) : device_(device), allocator_(device), staging_(device) {}
   absl::Status Init();
 
   const int device_;
   CachingAllocator allocator_;
+  PinnedStaging staging_;
   cudaStream_t stream_ = nullptr;
   cublasLtHandle_t cublaslt_ = nullptr;
   void* gemm_workspace_ = nullptr;

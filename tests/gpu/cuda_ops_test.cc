@@ -10,8 +10,12 @@
 // - plus 2 u(dtype) for 16-bit results: a sum that differs in its last fp32 bits can round to
 //   the neighbouring fp16/bf16 value (one ulp = 2 u, relative).
 // Dropout masks, permutations and copies must be identical bit for bit.
+#include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <limits>
+#include <mutex>
+#include <thread>
 
 #include "core/cuda/caching_allocator.h"
 #include "core/status.h"
@@ -428,6 +432,111 @@ TEST(CudaFaultTest, BadTokenIdIsReportedAtSynchronize) {
   const absl::Status gpu = ops::Synchronize(kGpu);
   EXPECT_EQ(gpu, cpu);  // the same message: "token id 7 at position 1 is outside [0, 5)"
   NF_EXPECT_OK(ops::Synchronize(kGpu)) << "a reported fault is cleared";
+}
+
+// A gate on the compute stream: work queued after Close() runs only once Open() is called (a
+// host function that the stream must finish first). No test depends on its timing: the
+// watchdog opens it after a minute only so that a copy that waits for the GPU fails the test
+// instead of hanging it.
+class StreamGate {
+ public:
+  explicit StreamGate(cudaStream_t stream) {
+    EXPECT_EQ(cudaLaunchHostFunc(stream, &StreamGate::Hold, this), cudaSuccess);
+    watchdog_ = std::thread([this] {
+      std::unique_lock<std::mutex> lock(mutex_);
+      if (!cv_.wait_for(lock, std::chrono::minutes(1), [this] { return open_; })) {
+        forced_ = open_ = true;
+        cv_.notify_all();
+      }
+    });
+  }
+  ~StreamGate() {
+    Open();
+    watchdog_.join();
+  }
+  void Open() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    open_ = true;
+    cv_.notify_all();
+  }
+  bool forced() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return forced_;
+  }
+
+ private:
+  static void Hold(void* self) {
+    auto* gate = static_cast<StreamGate*>(self);
+    std::unique_lock<std::mutex> lock(gate->mutex_);
+    gate->cv_.wait(lock, [gate] { return gate->open_; });
+  }
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  bool open_ = false, forced_ = false;
+  std::thread watchdog_;
+};
+
+// Token ids and targets go to the GPU through pinned buffers (core/cuda/pinned_staging.h): the
+// copy returns while the stream is still held behind earlier work, the host may overwrite its
+// source at once, and every copy lands with the values it had when issued, also when more
+// copies are issued than there are buffers.
+TEST(CudaCopyTest, HostToDeviceCopiesDoNotWaitForTheGpu) {
+  NF_REQUIRE_GPU();
+  auto context = cuda::CudaContext::ForDevice(0);
+  NF_ASSERT_OK(context);
+  auto allocator = ops::AllocatorFor(kGpu);
+  NF_ASSERT_OK(allocator);
+  // [16, 2048] int32: one micro-batch's ids at the 2.7B config's micro-batch 16.
+  constexpr int64_t kTokens = 16 * 2048;
+  auto host = Tensor::HostEmpty(DType::kI32, {kTokens});
+  NF_ASSERT_OK(host);
+  auto fill = [&](int copy) {
+    for (int64_t i = 0; i < kTokens; ++i) host->data<int32_t>()[i] = copy * 100003 + i;
+  };
+  // Device memory is allocated before the stream is held: cudaMalloc may wait for the device.
+  auto allocate = [&](int copies) {
+    std::vector<Tensor> landed;
+    for (int copy = 0; copy < copies; ++copy) {
+      auto gpu = Tensor::Empty(DType::kI32, {kTokens}, **allocator);
+      EXPECT_TRUE(gpu.ok()) << gpu.status();
+      landed.push_back(*gpu);
+    }
+    return landed;
+  };
+  auto copy_all = [&](const std::vector<Tensor>& landed) {
+    for (int copy = 0; copy < static_cast<int>(landed.size()); ++copy) {
+      fill(copy);
+      NF_ASSERT_OK(ops::Copy(*host, landed[copy]));
+    }
+  };
+  auto expect_landed = [&](const std::vector<Tensor>& landed) {
+    for (int copy = 0; copy < static_cast<int>(landed.size()); ++copy) {
+      auto back = ops::OnHost(landed[copy]);
+      NF_ASSERT_OK(back);
+      for (int64_t i = 0; i < kTokens; i += 997) {
+        ASSERT_EQ(back->data<int32_t>()[i], copy * 100003 + i) << "copy " << copy << " at " << i;
+      }
+    }
+  };
+
+  // Phase 1: the stream is held; fewer copies than buffers, so none may wait.
+  constexpr int kHeldCopies = cuda::PinnedStaging::kMaxBuffers / 2;
+  const std::vector<Tensor> held = allocate(kHeldCopies);
+  {
+    StreamGate gate((*context)->stream());
+    copy_all(held);
+    EXPECT_EQ(cudaStreamQuery((*context)->stream()), cudaErrorNotReady)
+        << "the stream ran past the gate";
+    EXPECT_FALSE(gate.forced()) << "a host-to-device copy waited for the GPU to reach it";
+  }
+  expect_landed(held);
+  EXPECT_GE((*context)->staging().buffers(), kHeldCopies);
+
+  // Phase 2: free-running, three times as many copies as buffers.
+  const std::vector<Tensor> many = allocate(3 * cuda::PinnedStaging::kMaxBuffers);
+  copy_all(many);
+  expect_landed(many);
+  EXPECT_LE((*context)->staging().buffers(), cuda::PinnedStaging::kMaxBuffers);
 }
 
 TEST(CudaAllocatorTest, FreedBlocksAreReusedWithoutCudaMalloc) {
