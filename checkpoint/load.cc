@@ -255,12 +255,19 @@ absl::StatusOr<RunProgress> LoadCheckpoint(const fs::path& dir, const Manifest& 
     }
   }
   if (stats != nullptr) stats->bytes_read = reader.bytes_read();
-  RunProgress progress{.step = manifest.step(),
-                       .consumed_samples = manifest.consumed_samples(),
-                       .data_stream_samples = manifest.data_stream_samples(),
-                       .optimizer_updates = manifest.optimizer_updates(),
-                       .skipped_total = manifest.skipped_total(),
-                       .loss_scaler = std::nullopt};
+  RunProgress progress{
+      .step = manifest.step(),
+      .consumed_samples = manifest.consumed_samples(),
+      .data_stream_samples = manifest.data_stream_samples(),
+      .optimizer_updates = manifest.optimizer_updates(),
+      .skipped_total = manifest.skipped_total(),
+      .loss_scaler = std::nullopt,
+      .skipped_samples = {manifest.skipped_samples().begin(), manifest.skipped_samples().end()},
+      .rollbacks = manifest.rollbacks(),
+      .spike_losses = {manifest.spike_history().loss().begin(),
+                       manifest.spike_history().loss().end()},
+      .spike_grad_norms = {manifest.spike_history().grad_norm().begin(),
+                           manifest.spike_history().grad_norm().end()}};
   if (manifest.has_loss_scaler()) {
     const LossScalerState& s = manifest.loss_scaler();
     progress.loss_scaler = optim::LossScalerState{.scale = s.scale(),

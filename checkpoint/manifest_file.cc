@@ -135,8 +135,14 @@ absl::StatusOr<Manifest> DecodeManifest(absl::string_view bytes, absl::string_vi
 absl::Status ValidateManifest(const Manifest& manifest, absl::string_view where) {
   if (manifest.step() < 0 || manifest.consumed_samples() < 0 ||
       manifest.data_stream_samples() < 0 || manifest.optimizer_updates() < 0 ||
-      manifest.skipped_total() < 0) {
+      manifest.skipped_total() < 0 || manifest.rollbacks() < 0) {
     return Corrupt(where, "a progress counter is negative");
+  }
+  for (const SampleWindow& w : manifest.skipped_samples()) {
+    if (w.begin() < 0 || w.begin() >= w.end()) {
+      return Corrupt(where, absl::StrCat("lists a skipped sample window [", w.begin(), ", ",
+                                         w.end(), ") that is empty or negative"));
+    }
   }
   std::map<std::string, int64_t> file_sizes;
   for (const ShardFile& f : manifest.files()) {

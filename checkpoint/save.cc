@@ -405,6 +405,13 @@ absl::Status CommitCheckpoint(const fs::path& checkpoints_dir, const CommitInfo&
       manifest.set_data_stream_samples(progress.data_stream_samples);
       manifest.set_optimizer_updates(progress.optimizer_updates);
       manifest.set_skipped_total(progress.skipped_total);
+      for (const SampleWindow& w : progress.skipped_samples) *manifest.add_skipped_samples() = w;
+      manifest.set_rollbacks(progress.rollbacks);
+      if (!progress.spike_losses.empty() || !progress.spike_grad_norms.empty()) {
+        SpikeHistory* history = manifest.mutable_spike_history();
+        for (double v : progress.spike_losses) history->add_loss(v);
+        for (double v : progress.spike_grad_norms) history->add_grad_norm(v);
+      }
       if (progress.loss_scaler) {
         LossScalerState* s = manifest.mutable_loss_scaler();
         s->set_scale(progress.loss_scaler->scale);

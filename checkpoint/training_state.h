@@ -47,6 +47,9 @@ struct RunProgress {
   int64_t optimizer_updates = 0;
   int64_t skipped_total = 0;
   std::optional<optim::LossScalerState> loss_scaler;  // fp16 only
+  std::vector<SampleWindow> skipped_samples;          // merged, sorted (Manifest)
+  int64_t rollbacks = 0;
+  std::vector<double> spike_losses, spike_grad_norms;  // the spike detector's windows
 };
 
 struct RankState {

@@ -17,6 +17,7 @@
 #include "core/status.h"
 #include "data/splits.h"
 #include "launcher/config.h"
+#include "launcher/skipped_samples.h"
 #include "model/model_config_check.h"
 #include "parallel/pipeline_schedule.h"
 #include "parallel/topology.h"
@@ -243,11 +244,31 @@ absl::Status ValidateSequenceParallel(const ParallelConfig& parallel, const Trai
 
 }  // namespace
 
+// Spike detection and skipped windows: a typo must not turn detection off or skip nothing.
+absl::Status ValidateSpikes(const TrainOptions& train) {
+  const SpikeConfig& spike = train.spike();
+  NF_RETURN_IF_ERROR(RequireInRange("train.spike.window", spike.window(), 1 << 20,
+                                    "the median is taken over the window every step"));
+  NF_RETURN_IF_ERROR(RequireNonNegative("train.spike.loss_threshold", spike.loss_threshold()));
+  NF_RETURN_IF_ERROR(
+      RequireNonNegative("train.spike.grad_norm_threshold", spike.grad_norm_threshold()));
+  NF_RETURN_IF_ERROR(
+      RequireNonNegative("train.spike.min_relative_spread", spike.min_relative_spread()));
+  NF_RETURN_IF_ERROR(RequireNonNegative("train.spike.warmup_steps", spike.warmup_steps()));
+  NF_RETURN_IF_ERROR(RequirePositive("train.spike.max_consecutive", spike.max_consecutive()));
+  NF_RETURN_IF_ERROR(RequireNonNegative("train.spike.max_rollbacks", spike.max_rollbacks()));
+  for (const SampleWindow& window : train.skip_samples()) {
+    NF_RETURN_IF_ERROR(ValidateWindow(window, "train.skip_samples"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ValidateTrainConfig(const TrainConfig& config) {
   NF_RETURN_IF_ERROR(model::ValidateModelConfig(config.model()));
   NF_RETURN_IF_ERROR(ValidateBatch(config.train(), config.model()));
   NF_RETURN_IF_ERROR(ValidateOptimizer(config.train().optimizer()));
   NF_RETURN_IF_ERROR(ValidateSchedule(config.train()));
+  NF_RETURN_IF_ERROR(ValidateSpikes(config.train()));
   // Checked whatever the precision, so that switching a run to fp16 with --set cannot expose
   // settings nobody looked at.
   NF_RETURN_IF_ERROR(ValidateLossScale(config.train().loss_scale()));

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "checkpoint/durable_files.h"
@@ -80,13 +81,12 @@ absl::StatusOr<std::optional<checkpoint::ResumePoint>> ChooseCheckpoint(
   return checkpoint::ResumePoint{.dir = source, .manifest = std::move(manifest), .warning = ""};
 }
 
-// Continues from ChooseCheckpoint's checkpoint, if any. Collective over the world: every rank
-// loads its part, and "resumed" is printed only once all have, from the same step; a rank that
-// failed makes every rank fail, naming it.
-absl::Status Resume(const TrainConfig& config, const std::filesystem::path& checkpoints,
-                    Trainer& trainer, std::ostream* console) {
-  NF_ASSIGN_OR_RETURN(const std::optional<checkpoint::ResumePoint> point,
-                      ChooseCheckpoint(config, checkpoints));
+// Loads `point` (none: nothing) into the trainer. Collective over the world: every rank loads
+// its part, and it returns only once all have, from the same step; a rank that failed makes
+// every rank fail, naming it.
+absl::Status LoadOnEveryRank(const std::optional<checkpoint::ResumePoint>& point,
+                             const TrainConfig& config, const std::filesystem::path& checkpoints,
+                             Trainer& trainer) {
   const int64_t step = point ? point->manifest.step() : 0;
   absl::Status loaded = [&]() -> absl::Status {
     if (!point) return absl::OkStatus();
@@ -114,15 +114,29 @@ absl::Status Resume(const TrainConfig& config, const std::filesystem::path& chec
         "the ranks found different checkpoints to resume from (steps ", -values[2], " to ",
         values[1], "): is ", checkpoints.string(), " the same directory on every node?"));
   }
+  return absl::OkStatus();
+}
+
+// Continues from ChooseCheckpoint's checkpoint, if any (collective: LoadOnEveryRank), and says
+// so on `console` once every rank has.
+absl::Status Resume(const TrainConfig& config, const std::filesystem::path& checkpoints,
+                    Trainer& trainer, std::ostream* console) {
+  NF_ASSIGN_OR_RETURN(const std::optional<checkpoint::ResumePoint> point,
+                      ChooseCheckpoint(config, checkpoints));
+  NF_RETURN_IF_ERROR(LoadOnEveryRank(point, config, checkpoints, trainer));
   if (!point || console == nullptr) return absl::OkStatus();
   if (!point->warning.empty()) *console << "normformer: warning: " << point->warning << "\n";
   for (const std::string& change : DataSettingsChanged(point->manifest, config)) {
     *console << "normformer: warning: resuming with " << change
              << ": the data stream does not continue the checkpoint's\n";
   }
-  *console << "resumed from " << point->dir.string() << " at step " << step << " ("
-           << point->manifest.consumed_samples() << " samples consumed)\n";
+  *console << "resumed from " << point->dir.string() << " at step " << point->manifest.step()
+           << " (" << point->manifest.consumed_samples() << " samples consumed)\n";
   return absl::OkStatus();
+}
+
+JsonObject WindowRecord(const SampleWindow& window) {
+  return JsonObject().AddInt("begin", window.begin()).AddInt("end", window.end());
 }
 
 JsonObject StepRecord(const StepStats& s) {
@@ -140,6 +154,7 @@ JsonObject StepRecord(const StepStats& s) {
   // A skipped step says why: "nonfinite_grads" (fp16: the loss scale is too high) or
   // "update_overflow" (the update would have taken a weight past the model dtype: the lr).
   if (s.skipped) record.AddString("skip_reason", optim::SkipReasonName(s.skip_reason));
+  if (s.skipped_window) record.AddObject("skipped_window", WindowRecord(*s.skipped_window));
   // Steps that measured per-block norms (log steps): embedding, head, and the layers in order.
   if (s.block_grad_norms.size() >= 2) {
     std::vector<double> layers;
@@ -208,6 +223,10 @@ class TrainingRun {
       NF_RETURN_IF_ERROR(checkpointer_.Poll(world));
       RecordMetrics(stats);
       NF_RETURN_IF_ERROR(Report(stats));
+      if (stats.spike) {
+        NF_ASSIGN_OR_RETURN(const bool rolled_back, ActOnSpike(stats));
+        if (rolled_back) continue;
+      }
       NF_RETURN_IF_ERROR(CheckHealth(stats));
       if (eval_interval > 0 && (stats.step % eval_interval == 0 || stats.step == total)) {
         NF_RETURN_IF_ERROR(Validate(stats.step));
@@ -437,14 +456,108 @@ class TrainingRun {
     return absl::OkStatus();
   }
 
+  // A spike (train.spike): a log.jsonl event, a console line and a metric on every action; under
+  // ROLLBACK, the rollback. True when the trainer went back to an older step.
+  absl::StatusOr<bool> ActOnSpike(const StepStats& stats) {
+    const Spike& spike = *stats.spike;
+    const SpikeConfig& config = config_.train().spike();
+    if (metrics_) metrics_->RecordSpike(spike.metric);
+    const std::string action = absl::AsciiStrToLower(SpikeConfig::Action_Name(config.action()));
+    if (writes_) {
+      NF_RETURN_IF_ERROR(log_->Write(JsonObject()
+                                         .AddString("event", "spike")
+                                         .AddInt("step", stats.step)
+                                         .AddString("metric", spike.metric)
+                                         .AddDouble("value", spike.value)
+                                         .AddDouble("median", spike.median)
+                                         .AddDouble("limit", spike.limit)
+                                         .AddString("action", action)));
+      console_ << absl::StrFormat(
+          "spike at step %d: %s %.6g above its limit %.6g (median %.6g of the last %d applied "
+          "steps); action: %s\n",
+          stats.step, spike.metric, spike.value, spike.limit, spike.median, config.window(),
+          action);
+    }
+    if (config.action() != SpikeConfig::ROLLBACK) return false;
+    return RollBack(stats);
+  }
+
+  // Every rank reloads the run's newest checkpoint, from before the spike (a spike step applies
+  // nothing, so none is saved after it), and the run skips the samples from that checkpoint to
+  // the end of the spike's batch: the steps in between replay as skipped. Without a checkpoint
+  // of its own yet, the spike's update stays skipped and the run goes on.
+  absl::StatusOr<bool> RollBack(const StepStats& stats) {
+    parallel::Communicator& world = *trainer_->world();
+    NF_RETURN_IF_ERROR(checkpointer_.Finish(world));
+    absl::StatusOr<checkpoint::ResumePoint> point = checkpoint::FindResumePoint(checkpoints_);
+    if (!point.ok() && !absl::IsNotFound(point.status())) return point.status();
+    const int max_rollbacks = config_.train().spike().max_rollbacks();
+    if (trainer_->rollbacks() >= max_rollbacks) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "a spike at step %d after %d rollbacks (train.spike.max_rollbacks %d): stopping; the "
+          "last good checkpoint is %s; skip more data after it (train.skip_samples) or lower the "
+          "learning rate, then rerun",
+          stats.step, trainer_->rollbacks(), max_rollbacks,
+          point.ok() ? point->dir.string() : "(none)"));
+    }
+    if (!point.ok()) {
+      if (writes_) {
+        console_ << absl::StrFormat(
+            "no checkpoint to roll back to before step %d: its update stays skipped\n", stats.step);
+      }
+      return false;
+    }
+    if (point->manifest.step() >= stats.step) {
+      return absl::InternalError(absl::StrCat("the newest checkpoint ", point->dir.string(),
+                                              " is not from before the spike at step ",
+                                              stats.step));
+    }
+    SampleWindow window;
+    window.set_begin(point->manifest.consumed_samples());
+    window.set_end(trainer_->consumed_samples());
+    std::vector<SampleWindow> windows = trainer_->skipped_samples();
+    windows.push_back(window);
+    const int64_t rollbacks = trainer_->rollbacks() + 1;
+    NF_RETURN_IF_ERROR(LoadOnEveryRank(*point, config_, checkpoints_, *trainer_));
+    trainer_->SetSkippedSamples(std::move(windows), rollbacks);
+    interval_save_due_ = false;
+    if (metrics_) metrics_->RecordRollback();
+    if (!writes_) return true;
+    NF_RETURN_IF_ERROR(log_->Write(JsonObject()
+                                       .AddString("event", "rollback")
+                                       .AddInt("step", stats.step)
+                                       .AddString("checkpoint", point->dir.string())
+                                       .AddInt("to_step", point->manifest.step())
+                                       .AddObject("skipped_window", WindowRecord(window))
+                                       .AddInt("rollbacks", rollbacks)));
+    console_ << absl::StrFormat(
+        "rolled back to %s (step %d) after the spike at step %d: samples [%d, %d) are skipped "
+        "(rollback %d of at most %d)\n",
+        point->dir.string(), point->manifest.step(), stats.step, window.begin(), window.end(),
+        rollbacks, max_rollbacks);
+    return true;
+  }
+
   // Non-finite gradients (or an overflowing update) skip the step everywhere (the parameters
   // stay as they were); the run stops at the first with bf16 or fp32, where no loss scale can
   // make them finite again, and after max_consecutive_skipped with fp16, without saving: no
   // checkpoint is written during the skipped steps, so the newest that verifies holds the state
   // the trouble began in.
   absl::Status CheckHealth(const StepStats& stats) {
-    consecutive_skipped_ = stats.skipped ? consecutive_skipped_ + 1 : 0;
     const TrainOptions& train = config_.train();
+    if (stats.skip_reason == optim::SkipReason::kSkippedData) return absl::OkStatus();
+    consecutive_spikes_ =
+        stats.skip_reason == optim::SkipReason::kSpike ? consecutive_spikes_ + 1 : 0;
+    if (consecutive_spikes_ >= train.spike().max_consecutive()) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "%d spikes in a row up to step %d (train.spike.max_consecutive): the loss or gradient "
+          "norm has moved, not spiked; stopping without saving; rerun with train.spike.action "
+          "RECORD to train on, or ROLLBACK to skip the data",
+          consecutive_spikes_, stats.step));
+    }
+    const bool troubled = stats.skip_reason == optim::SkipReason::kNonFiniteGradients ||
+                          stats.skip_reason == optim::SkipReason::kUpdateOverflow;
+    consecutive_skipped_ = troubled ? consecutive_skipped_ + 1 : 0;
     const bool fp16 = train.precision() == TrainOptions::FP16;
     const int64_t limit = fp16 ? std::max(1, train.max_consecutive_skipped()) : 1;
     if (consecutive_skipped_ < limit) return absl::OkStatus();
@@ -481,8 +594,9 @@ class TrainingRun {
   checkpoint::AsyncCheckpointer checkpointer_;
   StopRequests stops_;
   int64_t first_step_ = 0;
-  int64_t consecutive_skipped_ = 0;
-  bool interval_save_due_ = false;  // deferred by skipped steps
+  int64_t consecutive_skipped_ = 0;  // for non-finite gradients or an overflowing update
+  int64_t consecutive_spikes_ = 0;   // skipped for a spike (SKIP)
+  bool interval_save_due_ = false;   // deferred by skipped steps
   double elapsed_ = 0.0;
   double job_ceiling_flops_ = 0.0;  // the GEMM ceiling summed over ranks (MeasureCeiling)
   double flops_per_token_ = 0.0;

@@ -9,12 +9,14 @@
 #include <utility>
 #include <vector>
 
+#include "absl/algorithm/container.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "core/ops/backend.h"
 #include "core/ops/ops.h"
 #include "core/status.h"
 #include "launcher/config.h"
+#include "launcher/fault_injection.h"
 #include "model/vocab.h"
 #include "parallel/coalesced_all_reduce.h"
 #include "parallel/pipeline_schedule.h"
@@ -264,6 +266,10 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainConfig& conf
   }
   NF_ASSIGN_OR_RETURN(t->batches_, MakeBatchSource(config));
   t->stream_samples_ = DefaultStreamSize(config, DataSplit::kTrain);
+  t->skipped_samples_ =
+      MergeWindows({}, {train.skip_samples().begin(), train.skip_samples().end()});
+  t->spikes_ = SpikeDetector(train.spike());
+  NF_ASSIGN_OR_RETURN(t->injected_grad_spikes_, InjectedGradSpikeSteps());
   for (const model::ParamSpec& spec : model::NormFormerParamSpecs(
            config.model(), model::PaddedVocabSize(config.model().vocab_size(), topology.tp()))) {
     t->num_global_params_ += NumElements(spec.global_shape);
@@ -336,7 +342,11 @@ checkpoint::RunProgress Trainer::Progress() const {
                                    .data_stream_samples = stream_samples_,
                                    .optimizer_updates = optimizers_.front()->adamw().updates(),
                                    .skipped_total = skipped_total_,
-                                   .loss_scaler = std::nullopt};
+                                   .loss_scaler = std::nullopt,
+                                   .skipped_samples = skipped_samples_,
+                                   .rollbacks = rollbacks_,
+                                   .spike_losses = spikes_.losses(),
+                                   .spike_grad_norms = spikes_.grad_norms()};
   if (scaler_) progress.loss_scaler = scaler_->state();
   return progress;
 }
@@ -383,7 +393,17 @@ absl::Status Trainer::Restore(const checkpoint::RunProgress& progress) {
   step_ = progress.step;
   consumed_samples_ = progress.consumed_samples;
   skipped_total_ = progress.skipped_total;
+  // The config may name windows the checkpoint's run did not skip yet (a restart past bad data).
+  const auto& named = config_.train().skip_samples();
+  skipped_samples_ = MergeWindows(progress.skipped_samples, {named.begin(), named.end()});
+  rollbacks_ = progress.rollbacks;
+  spikes_.Restore(progress.spike_losses, progress.spike_grad_norms);
   return absl::OkStatus();
+}
+
+void Trainer::SetSkippedSamples(std::vector<SampleWindow> windows, int64_t rollbacks) {
+  skipped_samples_ = MergeWindows(std::move(windows), {});
+  rollbacks_ = rollbacks;
 }
 
 absl::StatusOr<model::NormFormerModel::LossSum> Trainer::GlobalLoss() {
@@ -494,15 +514,39 @@ absl::StatusOr<StepStats> Trainer::TrainStep(bool block_grad_norms) {
   const auto start = std::chrono::steady_clock::now();
   const TrainOptions& train = config_.train();
   const float loss_scale = scaler_ ? scaler_->scale() : 1.0f;
+  const int64_t global_batch = train.global_batch_size();
+  if (const SampleWindow* window = OverlappingWindow(skipped_samples_, consumed_samples_,
+                                                     consumed_samples_ + global_batch)) {
+    // Nothing is read, computed or updated: the step only moves the run past the data.
+    ++step_;
+    consumed_samples_ += global_batch;
+    ++skipped_total_;
+    constexpr double kNone = std::numeric_limits<double>::quiet_NaN();
+    return StepStats{
+        .step = step_,
+        .loss = kNone,
+        .lr = optim::LearningRate(schedule_, optimizers_.front()->adamw().updates() + 1),
+        .loss_scale = loss_scale,
+        .grad_norm = kNone,
+        .skipped = true,
+        .skip_reason = optim::SkipReason::kSkippedData,
+        .skipped_total = skipped_total_,
+        .seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
+        .block_grad_norms = {},
+        .spike = std::nullopt,
+        .skipped_window = *window};
+  }
   // Each token's loss enters the gradient with weight loss_scale / tokens: the gradient of the
   // global batch's mean loss, times the loss scale.
-  const int64_t batch_tokens = int64_t{train.global_batch_size()} * train.seq_len();
+  const int64_t batch_tokens = global_batch * train.seq_len();
+  const bool inject_spike = absl::c_linear_search(injected_grad_spikes_, step_ + 1);
   const PipelineStep step = {
       .step = step_,
       .batch_start = consumed_samples_,
       .first_micro_batch = int64_t{groups_->topology.dp_rank()} * micro_batches_,
       .micro_batch_size = train.micro_batch_size(),
-      .loss_weight = loss_scale / static_cast<float>(batch_tokens)};
+      .loss_weight =
+          (inject_spike ? kGradSpikeFactor : 1.0f) * loss_scale / static_cast<float>(batch_tokens)};
 
   for (const auto& chunk : chunks_) NF_RETURN_IF_ERROR(chunk->params().ZeroGrads());
   // Each data-parallel bucket's reduction starts once the last micro-batch's backward has
@@ -528,19 +572,40 @@ absl::StatusOr<StepStats> Trainer::TrainStep(bool block_grad_norms) {
   optim::SkipReason skip_reason =
       skipped ? optim::SkipReason::kNonFiniteGradients : optim::SkipReason::kNone;
   const float lr = optim::LearningRate(schedule_, optimizers_.front()->adamw().updates() + 1);
-  // An update that would take a weight past the model dtype (fp16: inf) cannot be undone, so
-  // every rank checks its part first (its shard with ZeRO-1) and the step is skipped everywhere
-  // when any rank's would overflow: a max over the world, like the non-finite flag.
+
+  // Once per step: waits for the device and reports a bad token id or target a kernel met,
+  // before any update. Then the step's loss, before its update: the spike detector needs it.
+  NF_RETURN_IF_ERROR(ops::Synchronize(device_));
+  NF_ASSIGN_OR_RETURN(const model::NormFormerModel::LossSum global, GlobalLoss());
+  const int64_t tokens = global.tokens;
+  const double loss = tokens > 0 ? global.sum / static_cast<double>(tokens) : 0.0;
+
+  std::optional<Spike> spike;
   if (!skipped) {
-    NF_ASSIGN_OR_RETURN(const Tensor overflow, ops::Zeros(DType::kF32, {1}, Device::Cpu()));
+    spike = spikes_.Check(step_ + 1, loss, norm);
+    // [update would overflow, spike], maximised over the world, so that every rank skips or
+    // updates alike (the loss and norm each rank holds may differ in their last bit). An update
+    // that would take a weight past the model dtype (fp16: inf) cannot be undone, so every rank
+    // checks its part first (its shard with ZeRO-1).
+    NF_ASSIGN_OR_RETURN(const Tensor flags, ops::Zeros(DType::kF32, {2}, Device::Cpu()));
     for (const auto& optimizer : optimizers_) {
       NF_ASSIGN_OR_RETURN(const bool would, optimizer->UpdateWouldOverflow(lr, norm));
-      if (would) overflow.data<float>()[0] = 1.0f;
+      if (would) flags.data<float>()[0] = 1.0f;
     }
-    NF_RETURN_IF_ERROR(groups_->world->AllReduce(overflow, parallel::ReduceOp::kMax));
-    if (overflow.data<float>()[0] != 0.0f) {
+    if (spike) flags.data<float>()[1] = 1.0f;
+    NF_RETURN_IF_ERROR(groups_->world->AllReduce(flags, parallel::ReduceOp::kMax));
+    if (flags.data<float>()[1] != 0.0f && !spike) {
+      // Another rank's last bit tipped a value over its limit: this rank has no figures.
+      constexpr double kUnknown = std::numeric_limits<double>::quiet_NaN();
+      spike =
+          Spike{.metric = "other_rank", .value = kUnknown, .median = kUnknown, .limit = kUnknown};
+    }
+    if (flags.data<float>()[0] != 0.0f) {
       skipped = true;
       skip_reason = optim::SkipReason::kUpdateOverflow;
+    } else if (spike && train.spike().action() != SpikeConfig::RECORD) {
+      skipped = true;
+      skip_reason = optim::SkipReason::kSpike;
     }
   }
   std::vector<std::pair<std::string, double>> block_norms;
@@ -550,20 +615,16 @@ absl::StatusOr<StepStats> Trainer::TrainStep(bool block_grad_norms) {
   }
   if (!skipped) {
     for (const auto& optimizer : optimizers_) NF_RETURN_IF_ERROR(optimizer->Update(lr, norm));
+    spikes_.Record(loss, norm);
   }
-  if (scaler_) scaler_->Update(skipped);
+  // A spike says nothing about the loss scale: the scaler sees only the steps it governs.
+  if (scaler_ && skip_reason != optim::SkipReason::kSpike) scaler_->Update(skipped);
   if (skipped) ++skipped_total_;
   ++step_;
-  consumed_samples_ += train.global_batch_size();
-
-  // Once per step: waits for the device and reports a bad token id or target a kernel met.
-  NF_RETURN_IF_ERROR(ops::Synchronize(device_));
-  NF_ASSIGN_OR_RETURN(const model::NormFormerModel::LossSum global, GlobalLoss());
-  const double sum = global.sum;
-  const int64_t tokens = global.tokens;
+  consumed_samples_ += global_batch;
   return StepStats{
       .step = step_,
-      .loss = tokens > 0 ? sum / static_cast<double>(tokens) : 0.0,
+      .loss = loss,
       .lr = lr,
       .loss_scale = loss_scale,
       .grad_norm = norm,
@@ -576,7 +637,9 @@ absl::StatusOr<StepStats> Trainer::TrainStep(bool block_grad_norms) {
       .pipeline_wait_seconds = run.pipeline_wait_seconds,
       .peak_pipeline_sends = run.peak_live_sends,
       .peak_pipeline_send_bytes = run.peak_send_bytes,
-      .block_grad_norms = std::move(block_norms)};
+      .block_grad_norms = std::move(block_norms),
+      .spike = std::move(spike),
+      .skipped_window = std::nullopt};
 }
 
 }  // namespace nf::launcher

@@ -30,6 +30,8 @@
 #include "core/optim/mixed_precision_optimizer.h"
 #include "launcher/batch_source.h"
 #include "launcher/pipeline_executor.h"
+#include "launcher/skipped_samples.h"
+#include "launcher/spike_detector.h"
 #include "launcher/train_config.pb.h"
 #include "model/normformer_model.h"
 #include "parallel/data_parallel_optimizer.h"
@@ -58,6 +60,11 @@ struct StepStats {
   // Gradient norm of each block ("embedding", "0" .. "L-1", "head"), unscaled and before
   // clipping, when the step was asked for them and was not skipped.
   std::vector<std::pair<std::string, double>> block_grad_norms;
+  // A loss or gradient-norm spike (train.spike), whatever the action; the step is skipped
+  // (kSpike) under SKIP and ROLLBACK.
+  std::optional<Spike> spike;
+  // The skipped window the step's batch overlapped (skip_reason kSkippedData).
+  std::optional<SampleWindow> skipped_window;
 };
 
 class Trainer {
@@ -103,6 +110,12 @@ class Trainer {
   absl::Status Restore(const checkpoint::RunProgress& progress);
   // Samples of the training stream the steps so far have read.
   int64_t consumed_samples() const { return consumed_samples_; }
+  // The windows of the training stream this run skips (merged, sorted) and its spike rollbacks
+  // so far: run state, saved with every checkpoint. A rollback loads an older checkpoint and
+  // then sets both to what they were plus its own window and one.
+  const std::vector<SampleWindow>& skipped_samples() const { return skipped_samples_; }
+  int64_t rollbacks() const { return rollbacks_; }
+  void SetSkippedSamples(std::vector<SampleWindow> windows, int64_t rollbacks);
 
   // Parameters of the whole model (every layer and the embedding once).
   int64_t num_global_params() const { return num_global_params_; }
@@ -156,6 +169,11 @@ class Trainer {
   int64_t stream_samples_ = 0;     // the training stream's size (batch_source.h)
   Device device_ = Device::Cpu();  // train.device resolved: where the model lives
   int64_t skipped_total_ = 0;
+  // train.skip_samples, the resumed checkpoint's windows and rollbacks' (merged, sorted).
+  std::vector<SampleWindow> skipped_samples_;
+  int64_t rollbacks_ = 0;
+  SpikeDetector spikes_{SpikeConfig()};
+  std::vector<int64_t> injected_grad_spikes_;  // NF_INJECT_GRAD_SPIKE (fault_injection.h)
 };
 
 // The model dtype of a precision setting.

@@ -40,8 +40,15 @@ RankMetrics::RankMetrics(const RankIdentity& id)
   steps_ = counter("normformer_steps_total", "Optimizer steps finished (skipped ones included).");
   tokens_ = counter("normformer_tokens_total", "Tokens with a loss trained on, whole job.");
   skipped_ = counter("normformer_skipped_steps_total",
-                     "Steps skipped for non-finite gradients or an update that would overflow the "
-                     "model dtype.");
+                     "Steps that applied no update: non-finite gradients, an update that would "
+                     "overflow the model dtype, a spike (train.spike) or skipped data.");
+  rollbacks_ = counter("normformer_rollbacks_total",
+                       "Reloads of the newest checkpoint from before a spike (train.spike "
+                       "action ROLLBACK), each skipping the data that led to it.");
+  spikes_ = &BuildCounter()
+                 .Name("normformer_spikes_total")
+                 .Help("Loss or gradient-norm spikes detected (train.spike), by metric.")
+                 .Register(r);
   data_wait_ =
       counter("normformer_data_wait_seconds_total", "Time this rank waited for the data loader.");
   train_loss_ = gauge("normformer_train_loss", "Mean token loss of the last step (nats).");
@@ -191,5 +198,13 @@ void RankMetrics::RecordMemory(int64_t host_bytes, int64_t device_bytes) {
 void RankMetrics::RecordDataWait(double seconds) { data_wait_->Increment(seconds); }
 
 void RankMetrics::RecordPipelineIdle(double ratio) { pipeline_idle_->Set(ratio); }
+
+void RankMetrics::RecordSpike(const std::string& metric) {
+  prometheus::Labels labels = labels_;
+  labels["metric"] = metric;
+  spikes_->Add(labels).Increment();
+}
+
+void RankMetrics::RecordRollback() { rollbacks_->Increment(); }
 
 }  // namespace nf::monitoring

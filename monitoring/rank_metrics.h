@@ -78,6 +78,9 @@ class RankMetrics {
   void RecordMemory(int64_t host_bytes, int64_t device_bytes);
   void RecordDataWait(double seconds);    // added to the running total
   void RecordPipelineIdle(double ratio);  // this step's share of time spent waiting on peers
+  // A loss or gradient-norm spike (`metric`: "loss", "grad_norm") and a rollback it caused.
+  void RecordSpike(const std::string& metric);
+  void RecordRollback();
 
  private:
   explicit RankMetrics(const RankIdentity& identity);
@@ -90,6 +93,8 @@ class RankMetrics {
   prometheus::Counter* tokens_;
   prometheus::Counter* skipped_;
   prometheus::Counter* data_wait_;
+  prometheus::Counter* rollbacks_;
+  prometheus::Family<prometheus::Counter>* spikes_;
   prometheus::Gauge* train_loss_;
   prometheus::Gauge* validation_loss_;
   prometheus::Gauge* learning_rate_;

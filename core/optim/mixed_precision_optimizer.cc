@@ -101,6 +101,10 @@ absl::string_view SkipReasonName(SkipReason reason) {
       return "nonfinite_grads";
     case SkipReason::kUpdateOverflow:
       return "update_overflow";
+    case SkipReason::kSpike:
+      return "spike";
+    case SkipReason::kSkippedData:
+      return "skipped_data";
   }
   return "unknown";
 }

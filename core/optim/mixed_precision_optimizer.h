@@ -65,8 +65,11 @@ enum class SkipReason {
   kNone,                // not skipped
   kNonFiniteGradients,  // a gradient, or the fp32 sum of their squares, is inf or NaN
   kUpdateOverflow,      // the update would take a weight (or a moment) past the model dtype
+  // Decided by the training loop, not the optimizer:
+  kSpike,        // a loss or gradient-norm spike (train.spike.action SKIP or ROLLBACK)
+  kSkippedData,  // the step's batch overlaps a skipped window of the stream (train.skip_samples)
 };
-// "none", "nonfinite_grads", "update_overflow": the spelling of logs.
+// "none", "nonfinite_grads", "update_overflow", "spike", "skipped_data": the spelling of logs.
 absl::string_view SkipReasonName(SkipReason reason);
 
 struct StepResult {

@@ -11,7 +11,8 @@ def last_per_step(path):
     last = {}
     for line in open(path):
         record = json.loads(line)
-        last[record["step"]] = record["loss"]
+        if "event" not in record:  # spikes and rollbacks are events, not steps
+            last[record["step"]] = record["loss"]
     return last
 
 
