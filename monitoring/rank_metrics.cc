@@ -49,6 +49,12 @@ RankMetrics::RankMetrics(const RankIdentity& id)
                  .Name("normformer_spikes_total")
                  .Help("Loss or gradient-norm spikes detected (train.spike), by metric.")
                  .Register(r);
+  // From 0: Prometheus's increase() cannot see a series' first sample as an increase.
+  for (const char* metric : {"loss", "grad_norm"}) {
+    prometheus::Labels labels = labels_;
+    labels["metric"] = metric;
+    spikes_->Add(labels);
+  }
   data_wait_ =
       counter("normformer_data_wait_seconds_total", "Time this rank waited for the data loader.");
   train_loss_ = gauge("normformer_train_loss", "Mean token loss of the last step (nats).");
