@@ -173,6 +173,8 @@ absl::Status ValidateParallel(const ParallelConfig& parallel, const nf::model::M
   NF_RETURN_IF_ERROR(RequireNonNegative("parallel.data_parallel", parallel.data_parallel()));
   NF_RETURN_IF_ERROR(
       RequirePositive("parallel.grad_bucket_elements", parallel.grad_bucket_elements()));
+  NF_RETURN_IF_ERROR(
+      RequireNonNegative("parallel.flight_recorder_entries", parallel.flight_recorder_entries()));
   NF_RETURN_IF_ERROR(RequirePositive("parallel.collective_timeout_seconds",
                                      parallel.collective_timeout_seconds()));
   NF_RETURN_IF_ERROR(parallel::CheckModelDivisibility(model.num_heads(), model.ffn_dim(),

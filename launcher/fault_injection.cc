@@ -24,4 +24,17 @@ absl::StatusOr<std::vector<int64_t>> InjectedGradSpikeSteps() {
   return steps;
 }
 
+absl::StatusOr<InjectedDesync> InjectedDesyncOf() {
+  const char* value = std::getenv("NF_INJECT_DESYNC");
+  if (value == nullptr || *value == '\0') return InjectedDesync{};
+  const std::vector<absl::string_view> parts = absl::StrSplit(value, ':');
+  InjectedDesync desync;
+  if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &desync.world_rank) ||
+      !absl::SimpleAtoi(parts[1], &desync.step) || desync.world_rank < 0 || desync.step <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "NF_INJECT_DESYNC='", value, "' must be RANK:STEP (world rank >= 0, step >= 1)"));
+  }
+  return desync;
+}
+
 }  // namespace nf::launcher

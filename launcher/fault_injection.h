@@ -5,6 +5,10 @@
 //                               what they would be (their loss weight is), as a bad batch
 //                               would make them: the loss is the true one, the gradient norm
 //                               spikes.
+//   NF_INJECT_DESYNC=1:6        world rank 1 issues one barrier on the world group that no
+//                               other rank issues, at the start of step 6: the collectives of
+//                               the ranks no longer line up and the job hangs, as a schedule
+//                               bug would make it (the flight recorder's test).
 #pragma once
 
 #include <cstdint>
@@ -19,5 +23,13 @@ inline constexpr float kGradSpikeFactor = 1000.0f;
 // The steps NF_INJECT_GRAD_SPIKE names (empty when unset); InvalidArgument naming the variable
 // when it is not a comma-separated list of positive step numbers.
 absl::StatusOr<std::vector<int64_t>> InjectedGradSpikeSteps();
+
+struct InjectedDesync {
+  int world_rank = -1;  // -1: none
+  int64_t step = 0;
+};
+// NF_INJECT_DESYNC's rank and step (rank -1 when unset); InvalidArgument naming the variable
+// when it is not RANK:STEP.
+absl::StatusOr<InjectedDesync> InjectedDesyncOf();
 
 }  // namespace nf::launcher

@@ -5,13 +5,19 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "core/status.h"
+#include "parallel/flight_dumps.h"
 
 namespace nf::launcher {
 namespace {
 
 volatile std::sig_atomic_t received_signal = 0;
 
-extern "C" void RecordSignal(int signal) { received_signal = signal; }
+// SIGTERM also has the flight record written (a launcher ends the job so after a rank died,
+// and a rank blocked in a collective never reaches the next stop check).
+extern "C" void RecordSignal(int signal) {
+  received_signal = signal;
+  if (signal == SIGTERM) parallel::RequestFlightDumpFromSignal(signal);
+}
 
 // Reasons, as bits of the all-reduced word: the highest set bit names the reason reported.
 enum Reason : int32_t { kNone = 0, kInterval = 1, kDuration = 2, kSigusr1 = 4, kSigterm = 8 };

@@ -29,6 +29,8 @@
 #include "launcher/trainer.h"
 #include "monitoring/rank_metrics.h"
 #include "monitoring/socket_address.h"
+#include "parallel/flight_dumps.h"
+#include "parallel/flight_recorder.h"
 #include "parallel/placement.h"
 #include "parallel/watchdog.h"
 
@@ -197,6 +199,7 @@ class TrainingRun {
 
   absl::StatusOr<RunEnd> Run() {
     NF_RETURN_IF_ERROR(PrepareRunDirectory());
+    NF_RETURN_IF_ERROR(StartFlightRecorder());
     NF_RETURN_IF_ERROR(MeasureCeiling());
     PrintHeader();
     NF_RETURN_IF_ERROR(StartMetrics());
@@ -288,6 +291,21 @@ class TrainingRun {
       NF_ASSIGN_OR_RETURN(validation_log_, JsonlLog::Open((dir_ / "validation.jsonl").string()));
     }
     return absl::OkStatus();
+  }
+
+  // Every rank records its communication and writes it to RUN/flight/ when asked or stuck
+  // (parallel/flight_dumps.h).
+  absl::Status StartFlightRecorder() {
+    parallel::FlightRecorder& recorder = parallel::FlightRecorder::Get();
+    const int64_t entries = config_.parallel().flight_recorder_entries();
+    if (recorder.capacity() != entries) recorder.SetCapacity(entries);
+    const parallel::Topology& t = trainer_->groups().topology;
+    const std::vector<std::string>& hosts = trainer_->groups().hosts;
+    return parallel::StartFlightDumps(
+        {.dir = dir_ / "flight",
+         .world_rank = t.world_rank(),
+         .world_size = t.world_size(),
+         .host = t.world_rank() < static_cast<int>(hosts.size()) ? hosts[t.world_rank()] : ""});
   }
 
   // RUN/config.pbtxt: the configuration this run trains with, every default spelt out.

@@ -270,6 +270,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainConfig& conf
       MergeWindows({}, {train.skip_samples().begin(), train.skip_samples().end()});
   t->spikes_ = SpikeDetector(train.spike());
   NF_ASSIGN_OR_RETURN(t->injected_grad_spikes_, InjectedGradSpikeSteps());
+  NF_ASSIGN_OR_RETURN(t->injected_desync_, InjectedDesyncOf());
   for (const model::ParamSpec& spec : model::NormFormerParamSpecs(
            config.model(), model::PaddedVocabSize(config.model().vocab_size(), topology.tp()))) {
     t->num_global_params_ += NumElements(spec.global_shape);
@@ -535,6 +536,10 @@ absl::StatusOr<StepStats> Trainer::TrainStep(bool block_grad_norms) {
         .block_grad_norms = {},
         .spike = std::nullopt,
         .skipped_window = *window};
+  }
+  if (injected_desync_.step == step_ + 1 &&
+      injected_desync_.world_rank == groups_->topology.world_rank()) {
+    NF_RETURN_IF_ERROR(groups_->world->Barrier());  // no other rank calls it: a hang
   }
   // Each token's loss enters the gradient with weight loss_scale / tokens: the gradient of the
   // global batch's mean loss, times the loss scale.

@@ -29,6 +29,7 @@
 #include "core/optim/lr_schedule.h"
 #include "core/optim/mixed_precision_optimizer.h"
 #include "launcher/batch_source.h"
+#include "launcher/fault_injection.h"
 #include "launcher/pipeline_executor.h"
 #include "launcher/skipped_samples.h"
 #include "launcher/spike_detector.h"
@@ -174,6 +175,7 @@ class Trainer {
   int64_t rollbacks_ = 0;
   SpikeDetector spikes_{SpikeConfig()};
   std::vector<int64_t> injected_grad_spikes_;  // NF_INJECT_GRAD_SPIKE (fault_injection.h)
+  InjectedDesync injected_desync_;             // NF_INJECT_DESYNC
 };
 
 // The model dtype of a precision setting.

@@ -53,6 +53,7 @@ void AsyncWatchdog::Run() {
     const std::string report = PollOldest();
     if (!report.empty()) {
       options_.report(report);
+      RunWatchdogExpiryHook(report);
       options_.before_abort();
       options_.end_job(options_.watchdog.exit_code);
       return;  // only a test's end_job returns: the watchdog has done its part

@@ -1,6 +1,7 @@
 #include "parallel/communicator.h"
 
 #include "parallel/comm_checks.h"
+#include "parallel/flight_recorder.h"
 
 namespace nf::parallel {
 
@@ -56,6 +57,17 @@ int64_t CommStats::total_bytes() const {
   int64_t total = 0;
   for (int64_t b : bytes) total += b;
   return total;
+}
+
+uint64_t Communicator::RecordFlight(absl::string_view backend, CommOp op, int64_t bytes,
+                                    DType dtype, int peer_world_rank) {
+  int64_t seq = 0;
+  if (op == CommOp::kSend || op == CommOp::kRecv) {
+    seq = ++flight_transfers_[2 * int64_t{peer_world_rank} + (op == CommOp::kSend ? 1 : 0)];
+  } else {
+    seq = ++flight_collectives_;
+  }
+  return FlightRecorder::Get().Issued(name(), backend, seq, op, peer_world_rank, bytes, dtype);
 }
 
 }  // namespace nf::parallel

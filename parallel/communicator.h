@@ -32,6 +32,7 @@
 
 #include <array>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -146,12 +147,23 @@ class Communicator {
     stats_->bytes[static_cast<int>(op)] += bytes;
     ++stats_->calls[static_cast<int>(op)];
   }
+  // Records an operation in the flight recorder (flight_recorder.h) as issued and returns its
+  // id, for FlightRecorder::Waiting and Completed. It is numbered so that operations that must
+  // meet have the same number on their ranks: collectives 1, 2, ... among this communicator's
+  // collectives; sends and receives per peer (a rank's k-th receive from a peer meets that
+  // peer's k-th send to it). `peer_world_rank`: a send's or receive's peer, a broadcast's root,
+  // else -1.
+  uint64_t RecordFlight(absl::string_view backend, CommOp op, int64_t bytes, DType dtype,
+                        int peer_world_rank);
   // For the handles of pending operations, which add their wait at completion: shared, so a
   // handle completed after its communicator is gone writes to live memory.
   const std::shared_ptr<CommStats>& shared_stats() const { return stats_; }
 
  private:
   std::shared_ptr<CommStats> stats_ = std::make_shared<CommStats>();
+  int64_t flight_collectives_ = 0;  // collectives recorded so far
+  // Sends (key 2 x peer + 1) and receives (2 x peer) recorded so far, by peer world rank.
+  std::map<int64_t, int64_t> flight_transfers_;
 };
 
 }  // namespace nf::parallel

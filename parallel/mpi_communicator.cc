@@ -11,6 +11,7 @@
 #include "core/status.h"
 #include "core/trace_range.h"
 #include "parallel/comm_checks.h"
+#include "parallel/flight_recorder.h"
 #include "parallel/mpi_runtime.h"
 
 namespace nf::parallel {
@@ -122,6 +123,7 @@ class MpiPendingOp final : public CommHandle {
     const absl::string_view operation = CommOpName(op_);
     const TraceRange trace(absl::StrCat("mpi ", operation, " wait on ", group_->name));
     const absl::Time start = absl::Now();
+    FlightRecorder::Get().Waiting(flight);
     NF_RETURN_IF_ERROR(WaitUnderWatchdog(
         [&]() -> absl::StatusOr<bool> {
           int flag = 0;
@@ -138,6 +140,7 @@ class MpiPendingOp final : public CommHandle {
                                        : absl::Span<const int>(group_->others)},
         watchdog_));
     stats_->seconds[static_cast<int>(op_)] += absl::ToDoubleSeconds(absl::Now() - start);
+    FlightRecorder::Get().Completed(flight);
     if (expected_count >= 0) {
       int count = 0;
       MPI_Get_count(&status, datatype, &count);
@@ -159,6 +162,7 @@ class MpiPendingOp final : public CommHandle {
   }
 
   MPI_Request request = MPI_REQUEST_NULL;
+  uint64_t flight = 0;  // the flight recorder's id of the operation
   // Tensors MPI reads or writes until completion, held so their storage outlives the request.
   std::vector<Tensor> keep_alive;
   // On completion `result` is copied (same dtype) or rounded (fp32 scratch) into `destination`.
@@ -215,6 +219,8 @@ absl::StatusOr<std::unique_ptr<MpiCommunicator>> MpiCommunicator::Adopt(MPI_Comm
   group->world_ranks = WorldRanksOf(comm);
   group->others = group->world_ranks;
   group->others.erase(group->others.begin() + rank);
+  FlightRecorder::Get().RegisterGroup(
+      {.group = group->name, .backend = "mpi", .world_ranks = group->world_ranks});
   return std::unique_ptr<MpiCommunicator>(
       new MpiCommunicator(comm, std::move(group), rank, options));
 }
@@ -315,6 +321,7 @@ absl::StatusOr<std::unique_ptr<MpiPendingOp>> MpiCommunicator::StartAllReduce(co
     return MpiError(CommOpName(kOp), group_->name, rc, tensor.DebugString());
   }
   Count(kOp, static_cast<int64_t>(tensor.nbytes()));
+  pending->flight = RecordFlight("mpi", kOp, tensor.nbytes(), tensor.dtype(), -1);
   return pending;
 }
 
@@ -355,6 +362,7 @@ absl::StatusOr<std::unique_ptr<MpiPendingOp>> MpiCommunicator::StartReduceScatte
                     absl::StrCat(input.DebugString(), " -> ", output.DebugString()));
   }
   Count(kOp, static_cast<int64_t>(input.nbytes()));
+  pending->flight = RecordFlight("mpi", kOp, input.nbytes(), input.dtype(), -1);
   return pending;
 }
 
@@ -385,6 +393,7 @@ absl::StatusOr<std::unique_ptr<MpiPendingOp>> MpiCommunicator::StartAllGather(
                     absl::StrCat(input.DebugString(), " -> ", output.DebugString()));
   }
   Count(kOp, static_cast<int64_t>(output.nbytes()));
+  pending->flight = RecordFlight("mpi", kOp, output.nbytes(), output.dtype(), -1);
   return pending;
 }
 
@@ -401,6 +410,8 @@ absl::StatusOr<std::unique_ptr<MpiPendingOp>> MpiCommunicator::StartBroadcast(co
     return MpiError(CommOpName(kOp), group_->name, rc, tensor.DebugString());
   }
   Count(kOp, static_cast<int64_t>(tensor.nbytes()));
+  pending->flight =
+      RecordFlight("mpi", kOp, tensor.nbytes(), tensor.dtype(), group_->world_ranks[root]);
   return pending;
 }
 
@@ -428,6 +439,8 @@ absl::StatusOr<std::unique_ptr<MpiPendingOp>> MpiCommunicator::StartPointToPoint
                     absl::StrCat(tensor.DebugString(), " with peer ", peer));
   }
   Count(op, static_cast<int64_t>(tensor.nbytes()));
+  pending->flight =
+      RecordFlight("mpi", op, tensor.nbytes(), tensor.dtype(), pending->peer_world_rank);
   return pending;
 }
 
@@ -436,6 +449,7 @@ absl::StatusOr<std::unique_ptr<MpiPendingOp>> MpiCommunicator::StartBarrier() {
   const int rc = MPI_Ibarrier(comm_, &pending->request);
   if (rc != MPI_SUCCESS) return MpiError("barrier", group_->name, rc, "MPI_Ibarrier");
   Count(CommOp::kBarrier, 0);
+  pending->flight = RecordFlight("mpi", CommOp::kBarrier, 0, DType::kU8, -1);
   return pending;
 }
 

@@ -12,6 +12,7 @@
 #include "core/status.h"
 #include "core/trace_range.h"
 #include "parallel/comm_checks.h"
+#include "parallel/flight_recorder.h"
 
 namespace nf::parallel {
 namespace {
@@ -113,6 +114,7 @@ struct NcclOpEvents {
   cudaEvent_t started = nullptr;  // on the communication stream: the group starts
   cudaEvent_t done = nullptr;     // on the communication stream: the group ended
   int group_size = 1;             // the group's time is shared evenly among its operations
+  uint64_t flight = 0;            // the flight recorder's id, completed once `done` passed
 };
 
 struct NcclCommunicator::State {
@@ -257,6 +259,8 @@ class NcclPendingOp final : public CommHandle {
     return absl::OkStatus();
   }
 
+  void set_flight(uint64_t id) { events_->flight = id; }
+
   // Orders the compute stream's later kernels after the operation; the host does not wait
   // (the watchdog's thread watches the operation instead).
   absl::Status Wait() override {
@@ -310,7 +314,10 @@ class NcclPendingOp final : public CommHandle {
       cudaSetDevice(events.device);
     }
     const cudaError_t error = cudaEventQuery(events.done);
-    if (error == cudaSuccess) return true;
+    if (error == cudaSuccess) {
+      FlightRecorder::Get().Completed(events.flight);
+      return true;
+    }
     if (error != cudaErrorNotReady) {
       return CudaError(error, operation, group, absl::StrCat("cudaEventQuery after ", call));
     }
@@ -459,6 +466,8 @@ absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Create(
     return NcclError(result, kCreate, state->name,
                      absl::StrCat("ncclCommInitRank on cuda:", device), nullptr);
   }
+  FlightRecorder::Get().RegisterGroup(
+      {.group = state->name, .backend = "nccl", .world_ranks = state->world_ranks});
   state->in_flight = std::make_unique<AsyncWatchdog>(
       AsyncWatchdog::Options{.watchdog = state->watchdog,
                              // NCCL's kernels may wait forever for an absent peer; aborting the
@@ -500,6 +509,17 @@ absl::StatusOr<std::vector<std::unique_ptr<NcclPendingOp>>> NcclCommunicator::St
         std::make_unique<NcclPendingOp>(state_, planned.op, *planned.plan, planned.tensors));
     NF_RETURN_IF_ERROR(pending.back()->Prepare());
     group.push_back(pending.back().get());
+  }
+  // Recorded before the group is issued: the watchdog's thread may see an operation complete
+  // (and complete its record) as soon as it is.
+  for (size_t i = 0; i < ops.size(); ++i) {
+    const internal::NcclPlan& plan = *ops[i].plan;
+    const bool has_peer =
+        ops[i].op == CommOp::kSend || ops[i].op == CommOp::kRecv || ops[i].op == CommOp::kBroadcast;
+    pending[i]->set_flight(
+        RecordFlight("nccl", ops[i].op, plan.bytes,
+                     ops[i].tensors.empty() ? DType::kI32 : ops[i].tensors.front().dtype(),
+                     has_peer ? s.world_ranks[plan.peer] : -1));
   }
   NF_RETURN_IF_ERROR(NcclPendingOp::IssueGroup(s, group));
   for (const Planned& planned : ops) Count(planned.op, planned.plan->bytes);
@@ -612,6 +632,7 @@ void NcclCommunicator::SettleStats() const {
   while (!s.untimed.empty()) {
     const NcclOpEvents& events = *s.untimed.front();
     if (cudaEventQuery(events.done) != cudaSuccess) return;  // still running, or failed
+    FlightRecorder::Get().Completed(events.flight);
     float milliseconds = 0.0f;
     if (cudaEventElapsedTime(&milliseconds, events.started, events.done) == cudaSuccess) {
       shared_stats()->seconds[static_cast<int>(events.op)] +=

@@ -81,6 +81,16 @@ std::string WatchdogReport(absl::string_view rank_label, const WaitTarget& targe
       "; waiting for peers [", absl::StrJoin(target.peers, ", ", peer), "]; aborting the job");
 }
 
+namespace {
+std::atomic<void (*)(const std::string&)> expiry_hook{nullptr};
+}  // namespace
+
+void SetWatchdogExpiryHook(void (*hook)(const std::string& report)) { expiry_hook.store(hook); }
+
+void RunWatchdogExpiryHook(const std::string& report) {
+  if (auto* hook = expiry_hook.load()) hook(report);
+}
+
 void WriteReportLine(const std::string& report) {
   const std::string line = absl::StrCat(report, "\n");
   std::fwrite(line.data(), 1, line.size(), stderr);
@@ -105,8 +115,10 @@ absl::Status WaitUnderWatchdog(absl::FunctionRef<absl::StatusOr<bool>()> poll,
     NF_ASSIGN_OR_RETURN(const bool done, poll());
     if (done) return absl::OkStatus();
     if (Clock::now() >= deadline) {
-      WriteReportLine(
-          WatchdogReport(RankLabel(), target, options.timeout, CurrentStep(), RankHosts()));
+      const std::string report =
+          WatchdogReport(RankLabel(), target, options.timeout, CurrentStep(), RankHosts());
+      WriteReportLine(report);
+      RunWatchdogExpiryHook(report);
       before_abort();
       AbortJob(options.exit_code);
     }

@@ -70,6 +70,11 @@ std::string WatchdogReport(absl::string_view rank_label, const WaitTarget& targe
 // ranks' output.
 void WriteReportLine(const std::string& report);
 
+// Called with the report line when a watchdog gives up on an operation, before the job ends:
+// the flight recorder's dumps (flight_dumps.h). None until set; set once at start-up.
+void SetWatchdogExpiryHook(void (*hook)(const std::string& report));
+void RunWatchdogExpiryHook(const std::string& report);
+
 // Calls `poll` until it returns true (the operation completed) or an error (returned as is),
 // sleeping between calls with a backoff from microseconds up to a millisecond, so a waiting
 // rank yields its core to the peers it waits for (ranks oversubscribe cores in tests). When

@@ -1,0 +1,472 @@
+#include "parallel/flight_analysis.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <optional>
+#include <set>
+#include <sstream>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/time.h"
+#include "core/dtype.h"
+#include "core/json_value.h"
+#include "core/status.h"
+#include "parallel/flight_dumps.h"
+
+namespace nf::parallel {
+namespace {
+
+// A record older than the newest by more than this did not answer the last dump request.
+const absl::Duration kStale = 2 * kPeerDumpGrace;
+
+// ---- Reading ------------------------------------------------------------------------------------
+
+absl::Status Bad(absl::string_view where, absl::string_view what) {
+  return absl::InvalidArgumentError(absl::StrCat(where, ": ", what));
+}
+
+const JsonValue* Member(const JsonValue& object, const char* key) {
+  auto it = object.members.find(key);
+  return it == object.members.end() ? nullptr : &it->second;
+}
+
+absl::StatusOr<int64_t> Int(const JsonValue& object, const char* key, absl::string_view where) {
+  const JsonValue* v = Member(object, key);
+  int64_t value = 0;
+  if (v == nullptr || v->kind != JsonValue::Kind::kNumber || !absl::SimpleAtoi(v->text, &value)) {
+    return Bad(where, absl::StrCat("'", key, "' is not an integer"));
+  }
+  return value;
+}
+
+absl::StatusOr<std::string> Text(const JsonValue& object, const char* key,
+                                 absl::string_view where) {
+  const JsonValue* v = Member(object, key);
+  if (v == nullptr || v->kind != JsonValue::Kind::kString) {
+    return Bad(where, absl::StrCat("'", key, "' is not a string"));
+  }
+  return v->text;
+}
+
+template <size_t N>
+void CopyName(absl::string_view from, char (&to)[N]) {
+  const size_t n = std::min(from.size(), N - 1);
+  std::memcpy(to, from.data(), n);
+  to[n] = '\0';
+}
+
+absl::StatusOr<CommOp> ParseOp(absl::string_view name, absl::string_view where) {
+  for (int i = 0; i < static_cast<int>(CommOp::kCount); ++i) {
+    if (CommOpName(static_cast<CommOp>(i)) == name) return static_cast<CommOp>(i);
+  }
+  return Bad(where, absl::StrCat("unknown operation '", name, "'"));
+}
+
+absl::StatusOr<FlightState> ParseState(absl::string_view name, absl::string_view where) {
+  for (FlightState s : {FlightState::kIssued, FlightState::kWaiting, FlightState::kCompleted}) {
+    if (FlightStateName(s) == name) return s;
+  }
+  return Bad(where, absl::StrCat("unknown state '", name, "'"));
+}
+
+absl::StatusOr<FlightEntry> ParseEntry(const JsonValue& line, absl::string_view where) {
+  FlightEntry e;
+  NF_ASSIGN_OR_RETURN(const int64_t id, Int(line, "id", where));
+  e.id = static_cast<uint64_t>(id);
+  NF_ASSIGN_OR_RETURN(const std::string group, Text(line, "group", where));
+  NF_ASSIGN_OR_RETURN(const std::string backend, Text(line, "backend", where));
+  CopyName(group, e.group);
+  CopyName(backend, e.backend);
+  NF_ASSIGN_OR_RETURN(e.seq, Int(line, "seq", where));
+  NF_ASSIGN_OR_RETURN(const std::string op, Text(line, "op", where));
+  NF_ASSIGN_OR_RETURN(e.op, ParseOp(op, where));
+  NF_ASSIGN_OR_RETURN(const int64_t peer, Int(line, "peer", where));
+  e.peer = static_cast<int>(peer);
+  NF_ASSIGN_OR_RETURN(e.bytes, Int(line, "bytes", where));
+  NF_ASSIGN_OR_RETURN(const std::string dtype, Text(line, "dtype", where));
+  absl::StatusOr<DType> parsed = ParseDType(dtype);
+  if (!parsed.ok()) return Bad(where, parsed.status().message());
+  e.dtype = *parsed;
+  NF_ASSIGN_OR_RETURN(e.step, Int(line, "step", where));
+  NF_ASSIGN_OR_RETURN(const std::string state, Text(line, "state", where));
+  NF_ASSIGN_OR_RETURN(e.state, ParseState(state, where));
+  NF_ASSIGN_OR_RETURN(e.issued_ns, Int(line, "issued_ns", where));
+  NF_ASSIGN_OR_RETURN(e.waiting_ns, Int(line, "waiting_ns", where));
+  NF_ASSIGN_OR_RETURN(e.completed_ns, Int(line, "completed_ns", where));
+  return e;
+}
+
+// ---- Describing ---------------------------------------------------------------------------------
+
+std::string GroupKey(const FlightEntry& e) { return absl::StrCat(e.group, "/", e.backend); }
+
+bool IsTransfer(CommOp op) { return op == CommOp::kSend || op == CommOp::kRecv; }
+
+std::string Clock(int64_t ns) {
+  return absl::FormatTime("%H:%M:%E3S", absl::FromUnixNanos(ns), absl::UTCTimeZone());
+}
+
+// "all_reduce #57 (4096 B f32) on group dp/mpi" or "recv #3 from rank 1 (...) on group pp/mpi".
+std::string Describe(const FlightEntry& e) {
+  std::string peer;
+  if (e.op == CommOp::kSend) peer = absl::StrCat(" to rank ", e.peer);
+  if (e.op == CommOp::kRecv) peer = absl::StrCat(" from rank ", e.peer);
+  if (e.op == CommOp::kBroadcast) peer = absl::StrCat(" from root rank ", e.peer);
+  return absl::StrCat(CommOpName(e.op), " #", e.seq, peer, " (", e.bytes, " B ", DTypeName(e.dtype),
+                      ") on group ", GroupKey(e));
+}
+
+// The signature collectives of one number must share on every rank.
+std::string Signature(const FlightEntry& e) {
+  return absl::StrCat(CommOpName(e.op), " ", e.bytes, " B ", DTypeName(e.dtype));
+}
+
+struct RankView {
+  const FlightRecord* record = nullptr;  // null: no record
+  bool stale = false;
+  // A watchdog asked every rank for its record and this one did not answer within the grace
+  // (its record came later, at the job's end: it was stopped, or could not run).
+  bool unanswered = false;
+  std::optional<FlightEntry> stuck;  // the oldest operation not completed
+};
+
+// The entries of `record` on group `key`: collectives by seq, transfers by (op, peer) -> seq.
+struct GroupHistory {
+  std::map<int64_t, FlightEntry> collectives;
+  int64_t last_collective = 0;
+  std::map<std::pair<int, int>, int64_t> last_transfer;  // (op, peer) -> highest seq
+};
+
+GroupHistory HistoryOf(const FlightRecord& record, const std::string& key) {
+  GroupHistory h;
+  for (const FlightEntry& e : record.entries) {
+    if (GroupKey(e) != key) continue;
+    if (IsTransfer(e.op)) {
+      int64_t& last = h.last_transfer[{static_cast<int>(e.op), e.peer}];
+      last = std::max(last, e.seq);
+    } else {
+      h.collectives[e.seq] = e;
+      h.last_collective = std::max(h.last_collective, e.seq);
+    }
+  }
+  return h;
+}
+
+// What rank `r` is doing, for "... ; it <doing>".
+std::string Doing(const RankView& v) {
+  if (v.record == nullptr) return "left no record";
+  if (v.stuck) return absl::StrCat("waits in ", Describe(*v.stuck));
+  return "is in no communication (computing, or blocked outside the communicators)";
+}
+
+}  // namespace
+
+// ---- Public -------------------------------------------------------------------------------------
+
+absl::StatusOr<FlightRecord> ParseFlightRecord(absl::string_view text, absl::string_view where) {
+  FlightRecord record;
+  int number = 0;
+  for (absl::string_view line : absl::StrSplit(text, '\n', absl::SkipEmpty())) {
+    ++number;
+    const std::string at = absl::StrCat(where, ":", number);
+    absl::StatusOr<JsonValue> value = ParseJson(line);
+    if (!value.ok()) return Bad(at, value.status().message());
+    if (value->kind != JsonValue::Kind::kObject) return Bad(at, "not a JSON object");
+    if (number > 1) {
+      NF_ASSIGN_OR_RETURN(FlightEntry entry, ParseEntry(*value, at));
+      record.entries.push_back(entry);
+      continue;
+    }
+    NF_ASSIGN_OR_RETURN(const int64_t rank, Int(*value, "rank", at));
+    NF_ASSIGN_OR_RETURN(const int64_t size, Int(*value, "world_size", at));
+    if (rank < 0 || size <= rank) return Bad(at, "'rank' is not within 'world_size'");
+    record.rank = static_cast<int>(rank);
+    record.world_size = static_cast<int>(size);
+    NF_ASSIGN_OR_RETURN(record.label, Text(*value, "label", at));
+    NF_ASSIGN_OR_RETURN(record.host, Text(*value, "host", at));
+    NF_ASSIGN_OR_RETURN(record.reason, Text(*value, "reason", at));
+    NF_ASSIGN_OR_RETURN(record.time_ns, Int(*value, "time_ns", at));
+    NF_ASSIGN_OR_RETURN(record.step, Int(*value, "step", at));
+    const JsonValue* groups = Member(*value, "groups");
+    if (groups == nullptr || groups->kind != JsonValue::Kind::kArray) {
+      return Bad(at, "'groups' is not an array");
+    }
+    for (const JsonValue& g : groups->items) {
+      FlightGroup group;
+      NF_ASSIGN_OR_RETURN(group.group, Text(g, "group", at));
+      NF_ASSIGN_OR_RETURN(group.backend, Text(g, "backend", at));
+      const JsonValue* ranks = Member(g, "ranks");
+      if (ranks == nullptr || ranks->kind != JsonValue::Kind::kArray) {
+        return Bad(at, "a group's 'ranks' is not an array");
+      }
+      for (const JsonValue& r : ranks->items)
+        group.world_ranks.push_back(static_cast<int>(r.number));
+      record.groups.push_back(std::move(group));
+    }
+  }
+  if (number == 0) return Bad(where, "empty");
+  return record;
+}
+
+absl::StatusOr<std::vector<FlightRecord>> ReadFlightRecords(const std::filesystem::path& dir) {
+  std::vector<FlightRecord> records;
+  std::error_code error;
+  for (const auto& file : std::filesystem::directory_iterator(dir, error)) {
+    const std::string name = file.path().filename().string();
+    if (!absl::StartsWith(name, "rank_") || !absl::EndsWith(name, ".jsonl")) continue;
+    std::ifstream in(file.path());
+    std::stringstream text;
+    text << in.rdbuf();
+    NF_ASSIGN_OR_RETURN(FlightRecord record, ParseFlightRecord(text.str(), file.path().string()));
+    records.push_back(std::move(record));
+  }
+  if (error) {
+    return absl::NotFoundError(
+        absl::StrCat("cannot read ", dir.string(), ": ", error.message(),
+                     " (is it RUN/flight of a run whose ranks dumped their records?)"));
+  }
+  if (records.empty()) {
+    return absl::NotFoundError(absl::StrCat("no rank_*.jsonl in ", dir.string(),
+                                            ": no rank has dumped its flight record"));
+  }
+  std::sort(records.begin(), records.end(),
+            [](const FlightRecord& a, const FlightRecord& b) { return a.rank < b.rank; });
+  return records;
+}
+
+FlightFindings AnalyzeFlight(const std::vector<FlightRecord>& records) {
+  FlightFindings f;
+  int world = 0;
+  int64_t newest = 0;
+  // Groups of one name differ by rank (rank 0's dp is not rank 1's): each rank's own, and
+  // every distinct (name, members).
+  std::map<int, std::map<std::string, std::vector<int>>> member_of;  // rank -> key -> ranks
+  std::set<std::pair<std::string, std::vector<int>>> groups;
+  for (const FlightRecord& r : records) {
+    world = std::max(world, r.world_size);
+    newest = std::max(newest, r.time_ns);
+    for (const FlightGroup& g : r.groups) {
+      const std::string key = absl::StrCat(g.group, "/", g.backend);
+      member_of[r.rank][key] = g.world_ranks;
+      groups.insert({key, g.world_ranks});
+    }
+  }
+  // The first watchdog's dump, after which every live rank answers within kPeerDumpGrace.
+  int64_t asked = 0;
+  for (const FlightRecord& r : records) {
+    if (absl::StartsWith(r.reason, "watchdog: ") && (asked == 0 || r.time_ns < asked)) {
+      asked = r.time_ns;
+    }
+  }
+  std::vector<RankView> ranks(world);
+  for (const FlightRecord& r : records) {
+    RankView& v = ranks[r.rank];
+    v.record = &r;
+    v.stale = newest - r.time_ns > absl::ToInt64Nanoseconds(kStale);
+    v.unanswered = asked != 0 && !absl::StartsWith(r.reason, "watchdog: ") &&
+                   !absl::StartsWith(r.reason, "requested: ");
+    for (const FlightEntry& e : r.entries) {
+      if (e.state != FlightState::kCompleted) {
+        v.stuck = e;
+        break;
+      }
+    }
+  }
+  f.lines.push_back(absl::StrFormat("%d rank(s), %d record(s); the newest written %s UTC", world,
+                                    records.size(), Clock(newest)));
+
+  // Each rank: what it waits in, or that it is silent.
+  std::set<int> silent;
+  for (int rank = 0; rank < world; ++rank) {
+    const RankView& v = ranks[rank];
+    if (v.record == nullptr) {
+      silent.insert(rank);
+      f.lines.push_back(absl::StrFormat(
+          "rank %d: no record: it never answered (killed, stopped, or its node is lost)", rank));
+      continue;
+    }
+    const FlightRecord& r = *v.record;
+    const std::string who =
+        absl::StrFormat("%s on %s (step %d)",
+                        r.label.empty() ? absl::StrCat("rank ", rank) : r.label, r.host, r.step);
+    if (v.stale) {
+      silent.insert(rank);
+      f.lines.push_back(absl::StrFormat(
+          "%s: its record is from %s, older than the others': it did not answer the last "
+          "request (stopped, or its node is lost)",
+          who, Clock(r.time_ns)));
+    } else if (v.unanswered) {
+      silent.insert(rank);
+      f.lines.push_back(absl::StrFormat(
+          "%s did not answer the watchdog's request for records (it wrote its record only at %s, "
+          "on %s): it was stopped, or could not run",
+          who, Clock(r.time_ns), r.reason));
+    }
+    if (v.stuck) {
+      const FlightEntry& e = *v.stuck;
+      const int64_t since = e.waiting_ns > 0 ? e.waiting_ns : e.issued_ns;
+      f.lines.push_back(absl::StrFormat("%s waits in %s since %s (%.1f s before its record)", who,
+                                        Describe(e), Clock(since),
+                                        static_cast<double>(r.time_ns - since) / 1e9));
+    } else if (!v.stale) {
+      f.lines.push_back(absl::StrFormat("%s: no operation in flight (%s)", who, r.reason));
+    }
+  }
+
+  // The first collective the ranks of a group issued differently.
+  for (const auto& [key, group_ranks] : groups) {
+    std::map<int64_t, std::map<std::string, std::vector<int>>> by_seq;  // seq -> signature -> ranks
+    for (int rank : group_ranks) {
+      if (rank >= world || ranks[rank].record == nullptr) continue;
+      for (const auto& [seq, e] : HistoryOf(*ranks[rank].record, key).collectives) {
+        by_seq[seq][Signature(e)].push_back(rank);
+      }
+    }
+    for (const auto& [seq, signatures] : by_seq) {
+      if (signatures.size() < 2) continue;
+      f.desynchronised = true;
+      std::vector<std::string> parts;
+      // The minority is the culprit; in a tie (two ranks, two collectives) every rank is.
+      size_t most = 0, fewest = SIZE_MAX;
+      for (const auto& [signature, rs] : signatures) {
+        most = std::max(most, rs.size());
+        fewest = std::min(fewest, rs.size());
+      }
+      for (const auto& [signature, rs] : signatures) {
+        parts.push_back(absl::StrCat("ranks [", absl::StrJoin(rs, ", "), "] ", signature));
+        if (rs.size() < most || fewest == most) {
+          f.culprits.insert(f.culprits.end(), rs.begin(), rs.end());
+        }
+      }
+      f.lines.push_back(
+          absl::StrFormat("first divergence on group %s (ranks [%s]) at collective "
+                          "#%d: %s",
+                          key, absl::StrJoin(group_ranks, ", "), seq, absl::StrJoin(parts, "; ")));
+      break;
+    }
+  }
+
+  // Whom each waiting rank waits for.
+  std::set<int> awaited;
+  std::map<int, std::set<int>> waits_for;
+  for (int rank = 0; rank < world; ++rank) {
+    const RankView& v = ranks[rank];
+    if (!v.stuck || v.stale) continue;
+    const FlightEntry& e = *v.stuck;
+    const std::string key = GroupKey(e);
+    std::vector<int> others;
+    if (IsTransfer(e.op)) {
+      others = {e.peer};
+    } else {
+      for (int m : member_of[rank][key]) {
+        if (m != rank) others.push_back(m);
+      }
+    }
+    for (int other : others) {
+      if (other < 0 || other >= world) continue;
+      const RankView& o = ranks[other];
+      std::string why;
+      if (o.record == nullptr || o.stale) {
+        why = "left no recent record";
+      } else if (o.unanswered) {
+        why = absl::StrCat("did not answer the watchdog; its later record says it ", Doing(o));
+      } else if (IsTransfer(e.op)) {
+        const CommOp matching = e.op == CommOp::kRecv ? CommOp::kSend : CommOp::kRecv;
+        const auto history = HistoryOf(*o.record, key).last_transfer;
+        const auto it = history.find({static_cast<int>(matching), rank});
+        const int64_t last = it == history.end() ? 0 : it->second;
+        if (last >= e.seq) continue;  // its part is posted: the transfer itself is slow
+        why = absl::StrFormat("has not %s #%d %s rank %d (its last is #%d); it %s",
+                              matching == CommOp::kSend ? "sent" : "posted receive", e.seq,
+                              matching == CommOp::kSend ? "to" : "from", rank, last, Doing(o));
+      } else {
+        const GroupHistory history = HistoryOf(*o.record, key);
+        if (history.last_collective >= e.seq) continue;  // it arrived (or diverged: above)
+        why = absl::StrFormat("has not reached it (its last collective there is #%d); it %s",
+                              history.last_collective, Doing(o));
+      }
+      waits_for[rank].insert(other);
+      awaited.insert(other);
+      f.lines.push_back(absl::StrFormat("rank %d's %s waits for rank %d, which %s", rank,
+                                        Describe(e), other, why));
+    }
+  }
+
+  // The culprits: awaited ranks that wait for nobody themselves (silent, or outside any
+  // operation).
+  if (!f.desynchronised) {
+    for (int rank : awaited) {
+      if (waits_for[rank].empty()) f.culprits.push_back(rank);
+    }
+  }
+  // Every awaited rank waits in turn (a cycle): the schedules differ. Where the members of a
+  // group of three or more issued different numbers of collectives, the strict minority is out
+  // of step with the rest (two-rank groups cannot say which of the two is).
+  if (!f.desynchronised && f.culprits.empty() && !awaited.empty()) {
+    for (const auto& [key, group_ranks] : groups) {
+      std::map<int64_t, std::vector<int>> by_count;  // collectives issued -> ranks
+      for (int m : group_ranks) {
+        if (m < world && ranks[m].record != nullptr) {
+          by_count[HistoryOf(*ranks[m].record, key).last_collective].push_back(m);
+        }
+      }
+      if (group_ranks.size() < 3 || by_count.size() < 2) continue;
+      size_t most = 0;
+      for (const auto& [count, rs] : by_count) most = std::max(most, rs.size());
+      for (const auto& [count, rs] : by_count) {
+        if (rs.size() >= most) continue;
+        f.desynchronised = true;
+        f.culprits.insert(f.culprits.end(), rs.begin(), rs.end());
+        std::vector<int64_t> others;
+        for (const auto& [other, unused] : by_count) {
+          if (other != count) others.push_back(other);
+        }
+        for (int rank : rs) {
+          const RankView& v = ranks[rank];
+          f.lines.push_back(absl::StrFormat(
+              "rank %d issued %d collectives on group %s (ranks [%s]), the others %s: it is out "
+              "of step%s",
+              rank, count, key, absl::StrJoin(group_ranks, ", "), absl::StrJoin(others, " or "),
+              v.stuck ? absl::StrCat(" (it waits in ", Describe(*v.stuck), ")") : ""));
+        }
+      }
+    }
+    if (f.culprits.empty()) f.culprits.assign(awaited.begin(), awaited.end());
+  }
+  std::sort(f.culprits.begin(), f.culprits.end());
+  f.culprits.erase(std::unique(f.culprits.begin(), f.culprits.end()), f.culprits.end());
+  std::string verdict;
+  if (f.desynchronised) {
+    verdict = absl::StrFormat(
+        "verdict: rank(s) [%s] issued collectives the rest of their group did not: the ranks' "
+        "schedules are desynchronised",
+        absl::StrJoin(f.culprits, ", "));
+  } else if (!f.culprits.empty()) {
+    std::vector<std::string> named;
+    for (int rank : f.culprits) {
+      const RankView& v = ranks[rank];
+      named.push_back(absl::StrCat(rank, v.record == nullptr || v.stale ? " (no recent record)"
+                                         : v.unanswered                 ? " (did not answer)"
+                                                                        : ""));
+    }
+    verdict =
+        absl::StrFormat("verdict: the job waits for rank(s) [%s]", absl::StrJoin(named, ", "));
+  } else if (!silent.empty()) {
+    verdict = absl::StrFormat("verdict: rank(s) [%s] left no record; no one waits for them",
+                              absl::StrJoin(silent, ", "));
+  } else {
+    verdict = "verdict: no rank waits for another";
+  }
+  f.lines.push_back(verdict);
+  return f;
+}
+
+}  // namespace nf::parallel
