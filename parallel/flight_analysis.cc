@@ -271,8 +271,13 @@ FlightFindings AnalyzeFlight(const std::vector<FlightRecord>& records) {
     RankView& v = ranks[r.rank];
     v.record = &r;
     v.stale = newest - r.time_ns > absl::ToInt64Nanoseconds(kStale);
-    v.unanswered = asked != 0 && !absl::StartsWith(r.reason, "watchdog: ") &&
-                   !absl::StartsWith(r.reason, "requested: ");
+    // The watchdog that asked waits kPeerDumpGrace before the job ends: a record written
+    // later (a stopped rank continued only to be ended; it may even have timed out itself) or
+    // for another reason (the job's SIGTERM) did not answer.
+    const bool late = r.time_ns > asked + absl::ToInt64Nanoseconds(kPeerDumpGrace);
+    const bool asked_for =
+        absl::StartsWith(r.reason, "watchdog: ") || absl::StartsWith(r.reason, "requested: ");
+    v.unanswered = asked != 0 && (late || !asked_for);
     for (const FlightEntry& e : r.entries) {
       if (e.state != FlightState::kCompleted) {
         v.stuck = e;
