@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# Runs every ```bash block of docs/guide.md, in order, in a scratch folder that sees this build
-# as build/ and the repository's deploy/ and scripts/, so the user guide's commands are known to
-# work as written. A failing block fails the test, showing the block and its output.
+# Runs every ```bash block of a document (docs/guide.md by default, or docs/operations.md), in
+# order, in a scratch folder that sees this build as build/ and the repository's deploy/ and
+# scripts/, so the commands are known to work as written. A failing block fails the test,
+# showing the block and its output.
 #
-#   guide_commands.sh REPO_ROOT BUILD_DIR
+#   guide_commands.sh REPO_ROOT BUILD_DIR [DOC MIN_BLOCKS]
 set -euo pipefail
-repo=$1 build=$2
+repo=$1 build=$2 doc=${3:-docs/guide.md} min_blocks=${4:-8}
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
 ln -s "$build" "$dir/build"
@@ -42,17 +43,18 @@ export PATH=$dir/bin:$PATH
 awk -v out="$dir/block" '
   /^```bash$/ { n++; inside = 1; file = sprintf("%s-%02d.sh", out, n); next }
   /^```/ && inside { inside = 0; close(file); next }
-  inside { print > file }' "$repo/docs/guide.md"
+  inside { print > file }' "$repo/$doc"
 blocks=("$dir"/block-*.sh)
-((${#blocks[@]} >= 8)) || { echo "guide_commands: found only ${#blocks[@]} bash blocks" >&2; exit 1; }
+((${#blocks[@]} >= min_blocks)) ||
+  { echo "guide_commands: found only ${#blocks[@]} bash blocks in $doc" >&2; exit 1; }
 for block in "${blocks[@]}"; do
   echo "== $(basename "$block")"
   sed 's/^/  $ /' "$block"
   if ! (cd "$dir" && bash -euo pipefail "$block") >"$block.out" 2>&1; then
     cat "$block.out"
-    echo "guide_commands: $(basename "$block") of docs/guide.md failed" >&2
+    echo "guide_commands: $(basename "$block") of $doc failed" >&2
     exit 1
   fi
   tail -n 3 "$block.out"
 done
-echo "guide_commands: all ${#blocks[@]} blocks of docs/guide.md ran"
+echo "guide_commands: all ${#blocks[@]} blocks of $doc ran"
