@@ -259,6 +259,11 @@ absl::Status ValidateSpikes(const TrainOptions& train) {
   NF_RETURN_IF_ERROR(RequireNonNegative("train.spike.warmup_steps", spike.warmup_steps()));
   NF_RETURN_IF_ERROR(RequirePositive("train.spike.max_consecutive", spike.max_consecutive()));
   NF_RETURN_IF_ERROR(RequireNonNegative("train.spike.max_rollbacks", spike.max_rollbacks()));
+  if (!(train.straggler_ratio() >= 1.0f)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("train.straggler_ratio must be at least 1 (got ", train.straggler_ratio(),
+                     "): it is the slowest rank's compute time over the fastest's"));
+  }
   for (const SampleWindow& window : train.skip_samples()) {
     NF_RETURN_IF_ERROR(ValidateWindow(window, "train.skip_samples"));
   }

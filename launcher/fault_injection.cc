@@ -37,4 +37,18 @@ absl::StatusOr<InjectedDesync> InjectedDesyncOf() {
   return desync;
 }
 
+absl::StatusOr<InjectedSlowRank> InjectedSlowRankOf() {
+  const char* value = std::getenv("NF_INJECT_SLOW_RANK");
+  if (value == nullptr || *value == '\0') return InjectedSlowRank{};
+  const std::vector<absl::string_view> parts = absl::StrSplit(value, ':');
+  InjectedSlowRank slow;
+  if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &slow.world_rank) ||
+      !absl::SimpleAtoi(parts[1], &slow.milliseconds) || slow.world_rank < 0 ||
+      slow.milliseconds <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "NF_INJECT_SLOW_RANK='", value, "' must be RANK:MILLISECONDS (rank >= 0, delay >= 1)"));
+  }
+  return slow;
+}
+
 }  // namespace nf::launcher

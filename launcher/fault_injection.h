@@ -9,6 +9,8 @@
 //                               other rank issues, at the start of step 6: the collectives of
 //                               the ranks no longer line up and the job hangs, as a schedule
 //                               bug would make it (the flight recorder's test).
+//   NF_INJECT_SLOW_RANK=1:80    world rank 1 spends 80 ms more on every step's own work, as a
+//                               slow node would (the straggler report's test).
 #pragma once
 
 #include <cstdint>
@@ -31,5 +33,13 @@ struct InjectedDesync {
 // NF_INJECT_DESYNC's rank and step (rank -1 when unset); InvalidArgument naming the variable
 // when it is not RANK:STEP.
 absl::StatusOr<InjectedDesync> InjectedDesyncOf();
+
+struct InjectedSlowRank {
+  int world_rank = -1;  // -1: none
+  int64_t milliseconds = 0;
+};
+// NF_INJECT_SLOW_RANK's rank and delay (rank -1 when unset); InvalidArgument naming the variable
+// when it is not RANK:MILLISECONDS.
+absl::StatusOr<InjectedSlowRank> InjectedSlowRankOf();
 
 }  // namespace nf::launcher

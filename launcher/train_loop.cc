@@ -26,6 +26,7 @@
 #include "launcher/jsonl_log.h"
 #include "launcher/step_metrics.h"
 #include "launcher/stop_requests.h"
+#include "launcher/straggler_report.h"
 #include "launcher/trainer.h"
 #include "monitoring/rank_metrics.h"
 #include "monitoring/socket_address.h"
@@ -220,12 +221,16 @@ class TrainingRun {
     while (trainer_->step() < total) {
       const int64_t next = trainer_->step() + 1;
       parallel::SetCurrentStep(next);
+      const double comm_wait_before = CommWaitSeconds();
       NF_ASSIGN_OR_RETURN(const StepStats stats,
                           trainer_->TrainStep(next % log_interval == 0 || next == total));
+      const double step_comm_wait = CommWaitSeconds() - comm_wait_before;
       RecordAsyncSaveWait();
       NF_RETURN_IF_ERROR(checkpointer_.Poll(world));
       RecordMetrics(stats);
       NF_RETURN_IF_ERROR(Report(stats));
+      NF_RETURN_IF_ERROR(
+          ReportStragglers(stats, step_comm_wait, next % log_interval == 0 || next == total));
       if (stats.spike) {
         NF_ASSIGN_OR_RETURN(const bool rolled_back, ActOnSpike(stats));
         if (rolled_back) continue;
@@ -474,6 +479,75 @@ class TrainingRun {
     return absl::OkStatus();
   }
 
+  // Seconds this rank has waited for communication so far, every group together.
+  double CommWaitSeconds() const {
+    double seconds = 0.0;
+    for (const auto& [group, totals] : trainer_->CommTotals()) {
+      for (double s : totals.seconds) seconds += s;
+    }
+    return seconds;
+  }
+
+  // Adds the step (and the communication wait within it) to this rank's interval and, at the
+  // end of a log interval, gathers every
+  // rank's (collective over the world; nothing in a job of one process): each rank's metrics
+  // get its split, and rank 0 names the slowest and the fastest rank (straggler_report.h).
+  absl::Status ReportStragglers(const StepStats& stats, double comm_wait, bool interval_ends) {
+    parallel::Communicator& world = *trainer_->world();
+    if (world.size() < 2) return absl::OkStatus();
+    interval_.step += stats.seconds;
+    interval_.comm_wait += comm_wait;
+    interval_.data_wait += stats.data_seconds;
+    interval_steps_ += 1;
+    if (!interval_ends) return absl::OkStatus();
+    NF_ASSIGN_OR_RETURN(const Tensor mine, Tensor::HostZeros(DType::kF64, {3}));
+    NF_ASSIGN_OR_RETURN(const Tensor all, Tensor::HostZeros(DType::kF64, {3 * world.size()}));
+    mine.data<double>()[0] = interval_.step;
+    mine.data<double>()[1] = interval_.comm_wait;
+    mine.data<double>()[2] = interval_.data_wait;
+    NF_RETURN_IF_ERROR(world.AllGather(mine, all));
+    const double steps = static_cast<double>(std::max<int64_t>(1, interval_steps_));
+    if (metrics_) {
+      metrics_->RecordStepSplit(interval_.compute() / steps, interval_.comm_wait / steps,
+                                interval_.data_wait / steps);
+    }
+    interval_ = {};
+    interval_steps_ = 0;
+    if (!writes_) return absl::OkStatus();
+    const parallel::Topology& topology = trainer_->groups().topology;
+    std::vector<RankTimes> ranks(world.size());
+    std::vector<int> stage(world.size());
+    for (int r = 0; r < world.size(); ++r) {
+      const double* t = all.data<double>() + 3 * r;
+      ranks[r] = {.step = t[0], .comm_wait = t[1], .data_wait = t[2]};
+      stage[r] = r / (topology.tp() * topology.dp());  // tp fastest, then dp, then pp
+    }
+    const StragglerReport report = FindStragglers(ranks, stage, config_.train().straggler_ratio());
+    const auto rank_record = [&](int r) {
+      return JsonObject()
+          .AddInt("rank", r)
+          .AddDouble("compute", ranks[r].compute() / steps)
+          .AddDouble("comm_wait", ranks[r].comm_wait / steps)
+          .AddDouble("data_wait", ranks[r].data_wait / steps);
+    };
+    NF_RETURN_IF_ERROR(log_->Write(JsonObject()
+                                       .AddString("event", "stragglers")
+                                       .AddInt("step", stats.step)
+                                       .AddObject("slowest", rank_record(report.slowest))
+                                       .AddObject("fastest", rank_record(report.fastest))
+                                       .AddDouble("ratio", report.ratio)
+                                       .AddBool("flagged", report.flagged)));
+    const auto describe = [&](int r) {
+      return absl::StrFormat("rank %d (compute %.3g s, communication %.3g s, data %.3g s per step)",
+                             r, ranks[r].compute() / steps, ranks[r].comm_wait / steps,
+                             ranks[r].data_wait / steps);
+    };
+    console_ << absl::StrFormat("%s: slowest %s, fastest %s, ratio %.2f\n",
+                                report.flagged ? "straggler" : "ranks", describe(report.slowest),
+                                describe(report.fastest), report.ratio);
+    return absl::OkStatus();
+  }
+
   // A spike (train.spike): a log.jsonl event, a console line and a metric on every action; under
   // ROLLBACK, the rollback. True when the trainer went back to an older step.
   absl::StatusOr<bool> ActOnSpike(const StepStats& stats) {
@@ -614,7 +688,9 @@ class TrainingRun {
   int64_t first_step_ = 0;
   int64_t consecutive_skipped_ = 0;  // for non-finite gradients or an overflowing update
   int64_t consecutive_spikes_ = 0;   // skipped for a spike (SKIP)
-  bool interval_save_due_ = false;   // deferred by skipped steps
+  RankTimes interval_;               // this rank's seconds over the log interval so far
+  int64_t interval_steps_ = 0;
+  bool interval_save_due_ = false;  // deferred by skipped steps
   double elapsed_ = 0.0;
   double job_ceiling_flops_ = 0.0;  // the GEMM ceiling summed over ranks (MeasureCeiling)
   double flops_per_token_ = 0.0;

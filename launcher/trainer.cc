@@ -6,6 +6,7 @@
 #include <cstring>
 #include <limits>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -271,6 +272,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainConfig& conf
   t->spikes_ = SpikeDetector(train.spike());
   NF_ASSIGN_OR_RETURN(t->injected_grad_spikes_, InjectedGradSpikeSteps());
   NF_ASSIGN_OR_RETURN(t->injected_desync_, InjectedDesyncOf());
+  NF_ASSIGN_OR_RETURN(t->injected_slow_rank_, InjectedSlowRankOf());
   for (const model::ParamSpec& spec : model::NormFormerParamSpecs(
            config.model(), model::PaddedVocabSize(config.model().vocab_size(), topology.tp()))) {
     t->num_global_params_ += NumElements(spec.global_shape);
@@ -536,6 +538,9 @@ absl::StatusOr<StepStats> Trainer::TrainStep(bool block_grad_norms) {
         .block_grad_norms = {},
         .spike = std::nullopt,
         .skipped_window = *window};
+  }
+  if (injected_slow_rank_.world_rank == groups_->topology.world_rank()) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(injected_slow_rank_.milliseconds));
   }
   if (injected_desync_.step == step_ + 1 &&
       injected_desync_.world_rank == groups_->topology.world_rank()) {

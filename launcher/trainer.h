@@ -176,6 +176,7 @@ class Trainer {
   SpikeDetector spikes_{SpikeConfig()};
   std::vector<int64_t> injected_grad_spikes_;  // NF_INJECT_GRAD_SPIKE (fault_injection.h)
   InjectedDesync injected_desync_;             // NF_INJECT_DESYNC
+  InjectedSlowRank injected_slow_rank_;        // NF_INJECT_SLOW_RANK
 };
 
 // The model dtype of a precision setting.

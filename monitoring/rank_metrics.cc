@@ -42,6 +42,15 @@ RankMetrics::RankMetrics(const RankIdentity& id)
   skipped_ = counter("normformer_skipped_steps_total",
                      "Steps that applied no update: non-finite gradients, an update that would "
                      "overflow the model dtype, a spike (train.spike) or skipped data.");
+  step_compute_ = gauge("normformer_step_compute_seconds",
+                        "Mean seconds per step of this rank's own work (not waiting for "
+                        "communication or data) over the last log interval.");
+  step_comm_wait_ = gauge("normformer_step_comm_wait_seconds",
+                          "Mean seconds per step this rank waited for communication over the "
+                          "last log interval.");
+  step_data_wait_ = gauge("normformer_step_data_wait_seconds",
+                          "Mean seconds per step this rank waited for the data loader over the "
+                          "last log interval.");
   rollbacks_ = counter("normformer_rollbacks_total",
                        "Reloads of the newest checkpoint from before a spike (train.spike "
                        "action ROLLBACK), each skipping the data that led to it.");
@@ -212,5 +221,11 @@ void RankMetrics::RecordSpike(const std::string& metric) {
 }
 
 void RankMetrics::RecordRollback() { rollbacks_->Increment(); }
+
+void RankMetrics::RecordStepSplit(double compute, double comm_wait, double data_wait) {
+  step_compute_->Set(compute);
+  step_comm_wait_->Set(comm_wait);
+  step_data_wait_->Set(data_wait);
+}
 
 }  // namespace nf::monitoring

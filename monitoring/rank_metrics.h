@@ -78,6 +78,9 @@ class RankMetrics {
   void RecordMemory(int64_t host_bytes, int64_t device_bytes);
   void RecordDataWait(double seconds);    // added to the running total
   void RecordPipelineIdle(double ratio);  // this step's share of time spent waiting on peers
+  // This rank's mean seconds per step over the last log interval: its own work, waiting for
+  // communication, waiting for data (launcher/straggler_report.h).
+  void RecordStepSplit(double compute, double comm_wait, double data_wait);
   // A loss or gradient-norm spike (`metric`: "loss", "grad_norm") and a rollback it caused.
   void RecordSpike(const std::string& metric);
   void RecordRollback();
@@ -103,6 +106,9 @@ class RankMetrics {
   prometheus::Gauge* tokens_per_second_;
   prometheus::Gauge* mfu_;
   prometheus::Gauge* pipeline_idle_;
+  prometheus::Gauge* step_compute_;
+  prometheus::Gauge* step_comm_wait_;
+  prometheus::Gauge* step_data_wait_;
   prometheus::Gauge* checkpoint_save_;
   prometheus::Gauge* checkpoint_load_;
   prometheus::Gauge* last_checkpoint_step_;

@@ -3,11 +3,16 @@
 // would leave the others waiting in a collective.
 #pragma once
 
+#include <unistd.h>
+
 #include <cstdint>
 #include <cstdlib>
+#include <filesystem>
 #include <memory>
+#include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "launcher/trainer.h"
 #include "tests/assert_ok.h"
@@ -40,6 +45,22 @@ inline std::vector<uint8_t> Bytes(const Tensor& t) {
   const auto* p = static_cast<const uint8_t*>(t.raw_data());
   return {p, p + t.nbytes()};
 }
+
+// A fresh directory under the test temp directory (named after the process and `name`),
+// removed at the end.
+class TempDir {
+ public:
+  explicit TempDir(const std::string& name)
+      : path_(std::filesystem::path(::testing::TempDir()) /
+              absl::StrCat("nf_test_", getpid(), "_", name)) {
+    std::filesystem::remove_all(path_);
+  }
+  ~TempDir() { std::filesystem::remove_all(path_); }
+  const std::filesystem::path& path() const { return path_; }
+
+ private:
+  std::filesystem::path path_;
+};
 
 // An integer from the environment (how CTest passes a job its layout), or `fallback`.
 inline int EnvInt(const char* name, int fallback) {

@@ -3,8 +3,6 @@
 // skipped or rolled back as train.spike.action says; a rollback's replay equals, bit for bit, a
 // run that skipped the same window from the start (train.skip_samples); a run that keeps
 // spiking or rolling back stops with a message; the windows and the detector survive a resume.
-#include <unistd.h>
-
 #include <cstdlib>
 #include <filesystem>
 #include <memory>
@@ -29,6 +27,7 @@ using ::nf::testing::Bytes;
 using ::nf::testing::Lines;
 using ::nf::testing::MakeTrainer;
 using ::nf::testing::ReadFile;
+using ::nf::testing::TempDir;
 using ::testing::HasSubstr;
 
 // 2 layers, d_model 32, vocab 64, 8 samples of 16 tokens per step. The detector watches the
@@ -75,20 +74,6 @@ class InjectedSpikes {
   ~InjectedSpikes() { unsetenv("NF_INJECT_GRAD_SPIKE"); }
 };
 
-class RunDir {
- public:
-  explicit RunDir(const std::string& name)
-      : path_(std::filesystem::path(::testing::TempDir()) /
-              absl::StrCat("nf_spike_test_", getpid(), "_", name)) {
-    std::filesystem::remove_all(path_);
-  }
-  ~RunDir() { std::filesystem::remove_all(path_); }
-  const std::filesystem::path& path() const { return path_; }
-
- private:
-  std::filesystem::path path_;
-};
-
 // The records of RUN/log.jsonl whose text contains `part`.
 std::vector<std::string> Records(const std::filesystem::path& run, const std::string& part) {
   std::vector<std::string> found;
@@ -111,7 +96,7 @@ SampleWindow Window(int64_t begin, int64_t end) {
 }
 
 TEST(SpikeTest, RecordKeepsTheUpdateAndLogsTheSpike) {
-  const RunDir run("record");
+  const TempDir run("record");
   std::ostringstream console;
   {
     const InjectedSpikes spikes("6");
@@ -176,7 +161,7 @@ TEST(SpikeTest, SkipSamplesSkipsEveryStepWhoseBatchOverlapsAWindow) {
 }
 
 TEST(SpikeTest, ARollbackReplaysExactlyAsARunThatSkippedTheWindowFromTheStart) {
-  const RunDir rolled("rolled"), skipping("skipping");
+  const TempDir rolled("rolled"), skipping("skipping");
   std::ostringstream console;
   {
     // Checkpoints at steps 4 and 8; the spike at step 7 rolls back to step 4 and skips the
@@ -222,7 +207,7 @@ TEST(SpikeTest, ARollbackReplaysExactlyAsARunThatSkippedTheWindowFromTheStart) {
 }
 
 TEST(SpikeTest, ARunThatKeepsRollingBackStops) {
-  const RunDir run("rollbacks");
+  const TempDir run("rollbacks");
   TrainConfig config = SpikeConfigured(SpikeConfig::ROLLBACK, 12);
   config.mutable_train()->mutable_spike()->set_max_rollbacks(1);
   std::ostringstream console;
@@ -236,7 +221,7 @@ TEST(SpikeTest, ARunThatKeepsRollingBackStops) {
 }
 
 TEST(SpikeTest, SpikesInARowStopASkippingRun) {
-  const RunDir run("in_a_row");
+  const TempDir run("in_a_row");
   TrainConfig config = SpikeConfigured(SpikeConfig::SKIP, 12);
   config.mutable_train()->mutable_spike()->set_max_consecutive(2);
   std::ostringstream console;
@@ -249,7 +234,7 @@ TEST(SpikeTest, SpikesInARowStopASkippingRun) {
 TEST(SpikeTest, AResumedRunDecidesAsTheUninterruptedOne) {
   // The detector's window and the skipped windows are in the checkpoint: 8 steps, then 4 more
   // resumed, log the same records as 12 at once (a spike at step 10 included).
-  const RunDir once("once"), twice("twice");
+  const TempDir once("once"), twice("twice");
   std::ostringstream console;
   const InjectedSpikes spikes("10");
   TrainConfig config = SpikeConfigured(SpikeConfig::SKIP, 12);

@@ -4,8 +4,6 @@
 // fp32, and RunTraining writes a configuration that reads back and one log record per step.
 #include "launcher/trainer.h"
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -25,6 +23,7 @@
 #include "launcher/config.h"
 #include "launcher/train_loop.h"
 #include "test_util.h"
+#include "tests/training_test_util.h"
 
 namespace nf::launcher {
 namespace {
@@ -132,20 +131,7 @@ std::vector<std::pair<std::string, std::string>> Members(const std::string& line
   return members;
 }
 
-// A fresh directory under the test temp directory, removed at the end.
-class TempDir {
- public:
-  explicit TempDir(const std::string& name)
-      : path_(std::filesystem::path(::testing::TempDir()) /
-              absl::StrCat("nf_trainer_test_", getpid(), "_", name)) {
-    std::filesystem::remove_all(path_);
-  }
-  ~TempDir() { std::filesystem::remove_all(path_); }
-  const std::filesystem::path& path() const { return path_; }
-
- private:
-  std::filesystem::path path_;
-};
+using ::nf::testing::TempDir;
 
 // ---- Learning -------------------------------------------------------------------------------
 
