@@ -55,7 +55,8 @@ mpirun --oversubscribe --allow-run-as-root -np 4 build/eval/nf-generate \
   --max-new-tokens 40 --top-p 0.9 --seed 1
 cat <<EOF
 demo: done. Look at
-  $run_dir/log.jsonl          one record per step (loss, lr, grad norm, tokens/s, ...)
+  $run_dir/log.jsonl          one record per step (loss, lr, grad norm, tokens/s, ...) and
+                               events ("stragglers" every log interval, spikes)
   $run_dir/validation.jsonl   validation loss and perplexity (step 0: the untrained model;
                                a uniform guess over the 512 tokens scores ln 512 = 6.24)
   $run_dir/checkpoints/       build/checkpoint/nf-ckpt inspect $run_dir/checkpoints

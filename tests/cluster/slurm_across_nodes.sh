@@ -105,7 +105,8 @@ job=$(cd "$repo" && CONFIG=deploy/configs/tiny.pbtxt RUN_DIR="$dir/run" NF_LAUNC
   "deploy/slurm/normformer-$launcher.sbatch" "${run_args[@]}")
 echo "submitted job $job"
 job_field() { on0 scontrol show job "$job" 2>/dev/null | grep -oE "(^| )$1=[^ ]*" | head -1 | cut -d= -f2; }
-steps_logged() { [[ -f $dir/run/log.jsonl ]] && (($(wc -l <"$dir/run/log.jsonl") >= $1)); }
+# Step records only: a multi-rank job's log also has "stragglers" events.
+steps_logged() { [[ -f $dir/run/log.jsonl ]] && (($(grep -c '"loss"' "$dir/run/log.jsonl") >= $1)); }
 # Every wait below depends on the machine's load: it ends when its state comes, or at once when
 # the job has ended without it; the seconds only catch a wedged cluster.
 job_alive() { slurm_job_alive "$(job_field JobState)"; }

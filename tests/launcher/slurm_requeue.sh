@@ -104,7 +104,8 @@ job=$(cd "$repo" && CONFIG=deploy/configs/tiny.pbtxt RUN_DIR="$dir/run" NF_LAUNC
   sbatch --parsable --nodes=1 --ntasks-per-node=2 --cpus-per-task=1 --time=30 \
   --output="$dir/job.out" --chdir="$repo" "deploy/slurm/normformer-$launcher.sbatch" "${run_args[@]}")
 echo "submitted job $job"
-steps_logged() { [[ -f $dir/run/log.jsonl ]] && (($(wc -l <"$dir/run/log.jsonl") >= $1)); }
+# Step records only: a multi-rank job's log also has "stragglers" events.
+steps_logged() { [[ -f $dir/run/log.jsonl ]] && (($(grep -c '"loss"' "$dir/run/log.jsonl") >= $1)); }
 job_field() { scontrol show job "$job" 2>/dev/null | grep -o "$1=[^ ]*" | cut -d= -f2; }
 # Every wait below depends on the machine's load: it ends when its state comes, or at once when
 # the job has ended without it; the seconds only catch a wedged Slurm.
@@ -151,7 +152,8 @@ import json, sys
 last = {}
 for line in open(sys.argv[1]):
     record = json.loads(line)
-    last[record["step"]] = record["loss"]
+    if "event" not in record:  # spikes, rollbacks, stragglers: not steps
+        last[record["step"]] = record["loss"]
 for step in sorted(last):
     print(step, repr(last[step]))' "$1"; }
 if ! diff <(losses "$dir/reference/log.jsonl") <(losses "$dir/run/log.jsonl") >"$dir/diff"; then

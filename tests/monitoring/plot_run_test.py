@@ -94,6 +94,12 @@ def main():
         os.mkdir(full)
         records = [step_record(s, layers=6, skipped=s in (40, 41, 150)) for s in range(1, 301)]
         records[219:219] = [step_record(s, layers=6) for s in range(201, 221)]
+        # Events (a spike, a straggler report) are not steps: skipped, however they look.
+        records[100:100] = [
+            {"event": "spike", "step": 100, "metric": "loss", "value": 9.0, "median": 3.0,
+             "limit": 4.0, "action": "record"},
+            {"event": "stragglers", "step": 100, "slowest": {"rank": 1}, "fastest": {"rank": 0},
+             "ratio": 1.1, "flagged": False}]
         write_jsonl(os.path.join(full, "log.jsonl"), records)
         write_jsonl(os.path.join(full, "validation.jsonl"),
                     [{"step": s, "loss": 7.0 * math.exp(-s / 120) + 1.9, "ppl": 1.0}

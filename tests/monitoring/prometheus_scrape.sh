@@ -83,7 +83,7 @@ wait_for 120 "Prometheus to scrape all four ranks" all_ranks_up
 # metric has a value; a few more scrapes make sure Prometheus has them.
 # (checkpoints come every 4 steps and only the newest two are kept: look at the log instead)
 checkpointed() {
-  [[ -f $dir/run/log.jsonl ]] && (($(wc -l <"$dir/run/log.jsonl") >= 8)) &&
+  [[ -f $dir/run/log.jsonl ]] && (($(grep -c '"loss"' "$dir/run/log.jsonl") >= 8)) &&
     compgen -G "$dir/run/checkpoints/iter_*" >/dev/null
 }
 wait_for 180 "the run to reach step 8" checkpointed

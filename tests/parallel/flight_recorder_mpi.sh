@@ -62,7 +62,7 @@ case "$scenario" in
     "${mpirun[@]}" -np 2 "$nf_launch" "${pp2[@]}" >"$dir/job.out" 2>&1 &
     job=$!
     for _ in $(seq 600); do
-      [[ -f $run/log.jsonl ]] && (($(wc -l <"$run/log.jsonl") >= 3)) && break
+      [[ -f $run/log.jsonl ]] && (($(grep -c '"loss"' "$run/log.jsonl") >= 3)) && break
       kill -0 "$job" 2>/dev/null || fail "the job ended early: $(cat "$dir/job.out")"
       sleep 0.1
     done
@@ -87,9 +87,9 @@ case "$scenario" in
     grep -qs '"reason":"SIGUSR2 (a request)"' "$run/flight/rank_00001.jsonl" ||
       fail "rank 1 did not answer SIGUSR2"
     kill -0 "$job" 2>/dev/null || fail "the job did not go on after the requests"
-    lines=$(wc -l <"$run/log.jsonl")
-    for _ in $(seq 600); do (($(wc -l <"$run/log.jsonl") > lines)) && break; sleep 0.1; done
-    (($(wc -l <"$run/log.jsonl") > lines)) || fail "no step after the requests"
+    lines=$(grep -c '"loss"' "$run/log.jsonl")
+    for _ in $(seq 600); do (($(grep -c '"loss"' "$run/log.jsonl") > lines)) && break; sleep 0.1; done
+    (($(grep -c '"loss"' "$run/log.jsonl") > lines)) || fail "no step after the requests"
     kill -TERM "$job"
     wait "$job"
     "$nf_flight" "$run" | head -n 3

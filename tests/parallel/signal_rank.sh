@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs an MPI job, and once its log file has `lines` lines (the job is well into training),
+# Runs an MPI job, and once its log file has `lines` step records (the job is well into training),
 # sends `signal` to the process of world rank `rank`, as a hung (STOP) or crashed (KILL) node
 # would behave; then waits for the job and exits with its status. The rank's process is found by
 # the OMPI_COMM_WORLD_RANK in its environment. A stopped process is killed when the job is
@@ -18,7 +18,7 @@ rm -rf "$(dirname "$log")"
 job=$!
 victim=
 for _ in $(seq 1 600); do
-  if [[ -f "$log" ]] && (($(wc -l <"$log") >= lines)); then
+  if [[ -f "$log" ]] && (($(grep -c '"loss"' "$log") >= lines)); then
     for pid in $(pgrep -P "$job") $(pgrep -g "$(ps -o pgid= "$job" | tr -d ' ')"); do
       if tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | grep -x "OMPI_COMM_WORLD_RANK=$rank" >/dev/null; then
         victim=$pid
