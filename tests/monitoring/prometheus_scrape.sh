@@ -5,8 +5,9 @@
 # (scrape interval and targets folder adapted to the test; the targets file written by
 # deploy/prometheus/normformer-targets.sh, as on a cluster node). The test then asks
 # Prometheus's HTTP API for each metric the ranks export and expects all four ranks in the
-# answer, checks each rank's page with `promtool check metrics`, and stops the run with SIGUSR1
-# (a checkpoint and exit code 3).
+# answer, evaluates every query of the Grafana dashboard (each must return data), checks each
+# rank's page with `promtool check metrics`, and stops the run with SIGUSR1 (a checkpoint and
+# exit code 3).
 #
 #   prometheus_scrape.sh NF_LAUNCH REPO_ROOT
 set -euo pipefail
@@ -118,6 +119,31 @@ info=$(query_value 'count(normformer_run_info{job="'$job'",layers="4",tp="2",pp=
 [[ $info == 4 ]] || fail "normformer_run_info with the run's configuration from $info of 4 ranks"
 loading=$(positive_on 'normformer_data_wait_seconds_total{job="'$job'"}')
 [[ $loading == 4 ]] || fail "normformer_data_wait_seconds_total > 0 on $loading of 4 ranks"
+
+# Every query of the Grafana dashboard, its variables substituted ($job; $__rate_interval as
+# Grafana would make it of a 1 s scrape: 4 x 1 s, at least 15 s), returns data through
+# Prometheus's HTTP API, except the GPU panels' DCGM_* queries: this job has no DCGM exporter.
+python3 - "$repo/deploy/grafana/normformer-run.json" "$prometheus_port" "$job" <<'PY' ||
+import json, sys, urllib.parse, urllib.request
+dashboard, port, job = sys.argv[1], sys.argv[2], sys.argv[3]
+empty, asked = [], 0
+for panel in json.load(open(dashboard))["panels"]:
+    for target in panel.get("targets", []):
+        expr = target["expr"]
+        if "DCGM_" in expr:
+            continue
+        query = expr.replace("$job", job).replace("$__rate_interval", "15s")
+        url = f"http://127.0.0.1:{port}/api/v1/query?" + urllib.parse.urlencode({"query": query})
+        answer = json.load(urllib.request.urlopen(url))
+        asked += 1
+        if answer["status"] != "success" or not answer["data"]["result"]:
+            empty.append(f"panel {panel['id']} '{panel['title']}': {query}")
+for line in empty:
+    print(f"no data: {line}", file=sys.stderr)
+print(f"dashboard: {asked} queries, {asked - len(empty)} with data")
+sys.exit(1 if empty else 0)
+PY
+  fail "dashboard queries without data (above)"
 
 for ((rank = 0; rank < 4; rank++)); do
   curl -s "http://127.0.0.1:$((base + rank))/metrics" >"$dir/rank$rank.metrics"
