@@ -10,6 +10,7 @@
 #include "absl/time/time.h"
 #include "core/host_memory.h"
 #include "core/ops/backend.h"
+#include "parallel/flight_dumps.h"
 
 namespace nf::launcher {
 namespace {
@@ -71,6 +72,7 @@ void RecordStepMetrics(const StepStats& stats, const Trainer& trainer, double mf
   metrics.RecordDataWait(stats.data_seconds);
   metrics.RecordPipelineIdle(stats.seconds > 0 ? stats.pipeline_wait_seconds / stats.seconds : 0.0);
   metrics.RecordMemory(ResidentBytes(), ops::BytesInUse(trainer.device()));
+  metrics.RecordFlightRecords(parallel::FlightRecordsWritten());
 }
 
 }  // namespace nf::launcher

@@ -54,6 +54,9 @@ RankMetrics::RankMetrics(const RankIdentity& id)
   rollbacks_ = counter("normformer_rollbacks_total",
                        "Reloads of the newest checkpoint from before a spike (train.spike "
                        "action ROLLBACK), each skipping the data that led to it.");
+  flight_records_ = counter("normformer_flight_records_total",
+                            "Flight records this rank wrote to RUN/flight/ (on request, a signal "
+                            "or the watchdog): nf-flight RUN reads them.");
   spikes_ = &BuildCounter()
                  .Name("normformer_spikes_total")
                  .Help("Loss or gradient-norm spikes detected (train.spike), by metric.")
@@ -221,6 +224,11 @@ void RankMetrics::RecordSpike(const std::string& metric) {
 }
 
 void RankMetrics::RecordRollback() { rollbacks_->Increment(); }
+
+void RankMetrics::RecordFlightRecords(int64_t written) {
+  const double seen = flight_records_->Value();
+  if (written > seen) flight_records_->Increment(static_cast<double>(written) - seen);
+}
 
 void RankMetrics::RecordStepSplit(double compute, double comm_wait, double data_wait) {
   step_compute_->Set(compute);

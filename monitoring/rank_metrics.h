@@ -81,6 +81,8 @@ class RankMetrics {
   // This rank's mean seconds per step over the last log interval: its own work, waiting for
   // communication, waiting for data (launcher/straggler_report.h).
   void RecordStepSplit(double compute, double comm_wait, double data_wait);
+  // The flight records this rank has written so far (parallel/flight_dumps.h).
+  void RecordFlightRecords(int64_t written);
   // A loss or gradient-norm spike (`metric`: "loss", "grad_norm") and a rollback it caused.
   void RecordSpike(const std::string& metric);
   void RecordRollback();
@@ -97,6 +99,7 @@ class RankMetrics {
   prometheus::Counter* skipped_;
   prometheus::Counter* data_wait_;
   prometheus::Counter* rollbacks_;
+  prometheus::Counter* flight_records_;
   prometheus::Family<prometheus::Counter>* spikes_;
   prometheus::Gauge* train_loss_;
   prometheus::Gauge* validation_loss_;

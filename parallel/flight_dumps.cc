@@ -17,6 +17,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "core/dtype.h"
+#include "core/status.h"
 #include "parallel/flight_recorder.h"
 #include "parallel/watchdog.h"
 
@@ -96,11 +97,15 @@ FlightDumpConfig ConfigOf(Dumper& d) {
   return d.config;
 }
 
+std::atomic<int64_t> dumps_written{0};
+
 absl::Status Dump(Dumper& d, absl::string_view reason) {
   const FlightDumpConfig config = ConfigOf(d);
   std::lock_guard<std::mutex> lock(d.write_mutex);
-  return WriteWhole(FlightRecordPath(config.dir, config.world_rank),
-                    FormatFlightRecord(config, reason));
+  NF_RETURN_IF_ERROR(WriteWhole(FlightRecordPath(config.dir, config.world_rank),
+                                FormatFlightRecord(config, reason)));
+  dumps_written.fetch_add(1);
+  return absl::OkStatus();
 }
 
 std::string SignalReason(int signal) {
@@ -259,6 +264,8 @@ absl::Status StartFlightDumps(const FlightDumpConfig& config) {
   SetWatchdogExpiryHook(DumpEverywhere);
   return absl::OkStatus();
 }
+
+int64_t FlightRecordsWritten() { return dumps_written.load(); }
 
 absl::Status DumpFlightRecord(absl::string_view reason) {
   Dumper* d = dumper.load();

@@ -45,6 +45,9 @@ absl::Status StartFlightDumps(const FlightDumpConfig& config);
 // Writes this rank's record now (after StartFlightDumps; FailedPrecondition before).
 absl::Status DumpFlightRecord(absl::string_view reason);
 
+// The records this process has written so far (a metric: normformer_flight_records_total).
+int64_t FlightRecordsWritten();
+
 // Async-signal-safe: has the dumping thread write the record for `signal` (SIGTERM's handler
 // calls it). Does nothing before StartFlightDumps.
 void RequestFlightDumpFromSignal(int signal);
