@@ -14,6 +14,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_replace.h"
 #include "checkpoint/durable_files.h"
 #include "checkpoint/load.h"
 #include "checkpoint/save.h"
@@ -27,6 +28,7 @@
 #include "launcher/step_metrics.h"
 #include "launcher/stop_requests.h"
 #include "launcher/straggler_report.h"
+#include "launcher/tensorboard_writer.h"
 #include "launcher/trainer.h"
 #include "monitoring/rank_metrics.h"
 #include "monitoring/socket_address.h"
@@ -292,6 +294,7 @@ class TrainingRun {
           absl::StrCat("cannot create run directory ", dir_.string(), ": ", error.message()));
     }
     NF_ASSIGN_OR_RETURN(log_, JsonlLog::Open((dir_ / "log.jsonl").string()));
+    NF_ASSIGN_OR_RETURN(tensorboard_, TensorBoardWriter::Open(dir_ / "tensorboard"));
     if (config_.train().eval_interval() > 0) {
       NF_ASSIGN_OR_RETURN(validation_log_, JsonlLog::Open((dir_ / "validation.jsonl").string()));
     }
@@ -316,7 +319,12 @@ class TrainingRun {
   // RUN/config.pbtxt: the configuration this run trains with, every default spelt out.
   absl::Status WriteResolvedConfig() {
     if (!writes_) return absl::OkStatus();
-    return checkpoint::ReplaceFileAtomically(dir_ / "config.pbtxt", ResolvedConfigText(config_));
+    const std::string text = ResolvedConfigText(config_);
+    // Indented four spaces: a code block in the text plugin's markdown.
+    NF_RETURN_IF_ERROR(
+        tensorboard_->Text(trainer_->step(), "config",
+                           absl::StrCat("    ", absl::StrReplaceAll(text, {{"\n", "\n    "}}))));
+    return checkpoint::ReplaceFileAtomically(dir_ / "config.pbtxt", text);
   }
 
   // Validation perplexity after `step` (0: the untrained model), into RUN/validation.jsonl and
@@ -326,6 +334,8 @@ class TrainingRun {
     if (metrics_) metrics_->RecordValidation(loss);
     if (after_validation_) NF_RETURN_IF_ERROR(after_validation_(step, *trainer_));
     if (!writes_) return absl::OkStatus();
+    NF_RETURN_IF_ERROR(tensorboard_->Scalars(
+        step, {{"validation/loss", loss}, {"validation/ppl", std::exp(loss)}}));
     NF_RETURN_IF_ERROR(validation_log_->Write(JsonObject()
                                                   .AddInt("step", step)
                                                   .AddDouble("loss", loss)
@@ -457,6 +467,16 @@ class TrainingRun {
   absl::Status Report(const StepStats& stats) {
     if (!writes_) return absl::OkStatus();
     NF_RETURN_IF_ERROR(log_->Write(StepRecord(stats)));
+    NF_RETURN_IF_ERROR(tensorboard_->Scalars(
+        stats.step,
+        {{"train/loss", stats.loss},
+         {"train/ppl", std::exp(stats.loss)},
+         {"train/lr", stats.lr},
+         {"train/loss_scale", stats.loss_scale},
+         {"train/grad_norm", stats.grad_norm},
+         {"train/tokens_per_second", stats.seconds > 0 ? stats.tokens / stats.seconds : 0.0},
+         {"train/skipped", stats.skipped ? 1.0 : 0.0},
+         {"train/skipped_total", static_cast<double>(stats.skipped_total)}}));
     elapsed_ += stats.seconds;
     window_tokens_ += stats.tokens;
     window_seconds_ += stats.seconds;
@@ -530,6 +550,9 @@ class TrainingRun {
           .AddDouble("comm_wait", ranks[r].comm_wait / steps)
           .AddDouble("data_wait", ranks[r].data_wait / steps);
     };
+    NF_RETURN_IF_ERROR(tensorboard_->Scalars(
+        stats.step, {{"stragglers/ratio", report.ratio},
+                     {"stragglers/slowest_rank", static_cast<double>(report.slowest)}}));
     NF_RETURN_IF_ERROR(log_->Write(JsonObject()
                                        .AddString("event", "stragglers")
                                        .AddInt("step", stats.step)
@@ -556,6 +579,8 @@ class TrainingRun {
     if (metrics_) metrics_->RecordSpike(spike.metric);
     const std::string action = absl::AsciiStrToLower(SpikeConfig::Action_Name(config.action()));
     if (writes_) {
+      NF_RETURN_IF_ERROR(tensorboard_->Scalars(
+          stats.step, {{absl::StrCat("spikes/", spike.metric), spike.value}}));
       NF_RETURN_IF_ERROR(log_->Write(JsonObject()
                                          .AddString("event", "spike")
                                          .AddInt("step", stats.step)
@@ -615,6 +640,8 @@ class TrainingRun {
     interval_save_due_ = false;
     if (metrics_) metrics_->RecordRollback();
     if (!writes_) return true;
+    NF_RETURN_IF_ERROR(tensorboard_->Scalars(
+        stats.step, {{"rollbacks/to_step", static_cast<double>(point->manifest.step())}}));
     NF_RETURN_IF_ERROR(log_->Write(JsonObject()
                                        .AddString("event", "rollback")
                                        .AddInt("step", stats.step)
@@ -683,6 +710,7 @@ class TrainingRun {
   std::unique_ptr<Trainer> trainer_;
   bool writes_;
   std::optional<JsonlLog> log_, validation_log_;
+  std::unique_ptr<TensorBoardWriter> tensorboard_;  // rank 0: RUN/tensorboard/
   checkpoint::AsyncCheckpointer checkpointer_;
   StopRequests stops_;
   int64_t first_step_ = 0;

@@ -77,6 +77,13 @@ assert sentencepiece.__version__ == '0.2.3'" 2>/dev/null; then
   echo "setup: installing sentencepiece into $venv"
   "$venv/bin/pip" install -q --disable-pip-version-check --no-deps "sentencepiece==0.2.3"
 fi
+# TensorBoard, whose own event reader reads back the event files nf-launch writes
+# (tests/launcher/tensorboard_test.py); with its dependencies (protobuf, grpcio, ...).
+if ! "$venv/bin/python" -c "import tensorboard
+assert tensorboard.__version__ == '2.18.0'" 2>/dev/null; then
+  echo "setup: installing tensorboard into $venv"
+  "$venv/bin/pip" install -q --disable-pip-version-check "tensorboard==2.18.0"
+fi
 # The cuDNN frontend's C++ headers (core/cuda/cudnn_attention.cc; CMake finds them in .venv).
 # --no-deps: only the headers are used, not the Python package's CUTLASS and TVM dependencies.
 if ! "$venv/bin/python" -c "import importlib.metadata as m
