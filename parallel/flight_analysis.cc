@@ -278,11 +278,16 @@ FlightFindings AnalyzeFlight(const std::vector<FlightRecord>& records) {
     const bool asked_for =
         absl::StartsWith(r.reason, "watchdog: ") || absl::StartsWith(r.reason, "requested: ");
     v.unanswered = asked != 0 && (late || !asked_for);
+    // What the rank is stuck in: the operation its host waits for (MPI; the newest, as a host
+    // waits for one at a time), else the oldest one not completed (NCCL's, waited for by the
+    // GPU). An earlier asynchronous operation still open may only be waiting on the peer's
+    // progress, which that wait blocks.
     for (const FlightEntry& e : r.entries) {
-      if (e.state != FlightState::kCompleted) {
-        v.stuck = e;
-        break;
-      }
+      if (e.state == FlightState::kWaiting) v.stuck = e;
+    }
+    for (const FlightEntry& e : r.entries) {
+      if (v.stuck) break;
+      if (e.state != FlightState::kCompleted) v.stuck = e;
     }
   }
   f.lines.push_back(absl::StrFormat("%d rank(s), %d record(s); the newest written %s UTC", world,
