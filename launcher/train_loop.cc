@@ -543,9 +543,14 @@ class TrainingRun {
       stage[r] = r / (topology.tp() * topology.dp());  // tp fastest, then dp, then pp
     }
     const StragglerReport report = FindStragglers(ranks, stage, config_.train().straggler_ratio());
+    const std::vector<std::string>& hosts = trainer_->groups().hosts;
+    const auto host_of = [&](int r) {
+      return r < static_cast<int>(hosts.size()) ? hosts[r] : std::string();
+    };
     const auto rank_record = [&](int r) {
       return JsonObject()
           .AddInt("rank", r)
+          .AddString("host", host_of(r))
           .AddDouble("compute", ranks[r].compute() / steps)
           .AddDouble("comm_wait", ranks[r].comm_wait / steps)
           .AddDouble("data_wait", ranks[r].data_wait / steps);
@@ -561,9 +566,10 @@ class TrainingRun {
                                        .AddDouble("ratio", report.ratio)
                                        .AddBool("flagged", report.flagged)));
     const auto describe = [&](int r) {
-      return absl::StrFormat("rank %d (compute %.3g s, communication %.3g s, data %.3g s per step)",
-                             r, ranks[r].compute() / steps, ranks[r].comm_wait / steps,
-                             ranks[r].data_wait / steps);
+      return absl::StrFormat(
+          "rank %d on %s (compute %.3g s, communication %.3g s, data %.3g s per step)", r,
+          host_of(r), ranks[r].compute() / steps, ranks[r].comm_wait / steps,
+          ranks[r].data_wait / steps);
     };
     console_ << absl::StrFormat("%s: slowest %s, fastest %s, ratio %.2f\n",
                                 report.flagged ? "straggler" : "ranks", describe(report.slowest),

@@ -31,7 +31,7 @@ head -n 2 <<<"$slowed" | grep -c '"slowest":{"rank":1,' | grep -qx 2 ||
   fail "the first two intervals did not name rank 1 as the slowest"
 head -n 2 <<<"$slowed" | grep -c '"flagged":true' | grep -qx 2 ||
   fail "the first two intervals did not flag the slowed rank"
-grep -q "^straggler: slowest rank 1 " "$dir/slowed.out" || fail "no console line for rank 1"
+grep -q "^straggler: slowest rank 1 on " "$dir/slowed.out" || fail "no console line for rank 1"
 
 quiet=$(run quiet NF_INJECT_SLOW_RANK=) || exit 1
 echo "$quiet"
