@@ -223,10 +223,12 @@ class TrainingRun {
     while (trainer_->step() < total) {
       const int64_t next = trainer_->step() + 1;
       parallel::SetCurrentStep(next);
-      const double comm_wait_before = CommWaitSeconds();
+      // Only a job of several ranks reports stragglers: one process skips the totals.
+      const bool several = world.size() > 1;
+      const double comm_wait_before = several ? CommWaitSeconds() : 0.0;
       NF_ASSIGN_OR_RETURN(const StepStats stats,
                           trainer_->TrainStep(next % log_interval == 0 || next == total));
-      const double step_comm_wait = CommWaitSeconds() - comm_wait_before;
+      const double step_comm_wait = several ? CommWaitSeconds() - comm_wait_before : 0.0;
       RecordAsyncSaveWait();
       NF_RETURN_IF_ERROR(checkpointer_.Poll(world));
       RecordMetrics(stats);
