@@ -136,7 +136,11 @@ struct RankView {
   // (its record came later, at the job's end: it was stopped, or could not run).
   bool unanswered = false;
   std::optional<FlightEntry> stuck;  // the oldest operation not completed
+  // The longest span in which the process did not run that ended after the hang began.
+  std::optional<ProcessStall> frozen;
 };
+
+double Seconds(const ProcessStall& s) { return static_cast<double>(s.end_ns - s.start_ns) / 1e9; }
 
 // The entries of `record` on group `key`: collectives by seq, transfers by (op, peer) -> seq.
 struct GroupHistory {
@@ -195,6 +199,15 @@ absl::StatusOr<FlightRecord> ParseFlightRecord(absl::string_view text, absl::str
     NF_ASSIGN_OR_RETURN(record.reason, Text(*value, "reason", at));
     NF_ASSIGN_OR_RETURN(record.time_ns, Int(*value, "time_ns", at));
     NF_ASSIGN_OR_RETURN(record.step, Int(*value, "step", at));
+    if (const JsonValue* stalls = Member(*value, "stalls"); stalls != nullptr) {
+      if (stalls->kind != JsonValue::Kind::kArray) return Bad(at, "'stalls' is not an array");
+      for (const JsonValue& stall : stalls->items) {
+        ProcessStall parsed;
+        NF_ASSIGN_OR_RETURN(parsed.start_ns, Int(stall, "start_ns", at));
+        NF_ASSIGN_OR_RETURN(parsed.end_ns, Int(stall, "end_ns", at));
+        record.stalls.push_back(parsed);
+      }
+    }
     const JsonValue* groups = Member(*value, "groups");
     if (groups == nullptr || groups->kind != JsonValue::Kind::kArray) {
       return Bad(at, "'groups' is not an array");
@@ -290,6 +303,22 @@ FlightFindings AnalyzeFlight(const std::vector<FlightRecord>& records) {
       if (e.state != FlightState::kCompleted) v.stuck = e;
     }
   }
+  // The hang began when the first rank started waiting in the operation it is still in; a stall
+  // ending after that kept its rank from the operations the others wait in.
+  int64_t hang_began = 0;
+  for (const RankView& v : ranks) {
+    if (!v.stuck || v.stale) continue;
+    const int64_t since = v.stuck->waiting_ns > 0 ? v.stuck->waiting_ns : v.stuck->issued_ns;
+    if (hang_began == 0 || since < hang_began) hang_began = since;
+  }
+  for (RankView& v : ranks) {
+    if (v.record == nullptr || hang_began == 0) continue;
+    for (const ProcessStall& stall : v.record->stalls) {
+      if (stall.end_ns > hang_began && (!v.frozen || Seconds(stall) > Seconds(*v.frozen))) {
+        v.frozen = stall;
+      }
+    }
+  }
   f.lines.push_back(absl::StrFormat("%d rank(s), %d record(s); the newest written %s UTC", world,
                                     records.size(), Clock(newest)));
 
@@ -319,6 +348,12 @@ FlightFindings AnalyzeFlight(const std::vector<FlightRecord>& records) {
           "%s did not answer the watchdog's request for records (it wrote its record only at %s, "
           "on %s): it was stopped, or could not run",
           who, Clock(r.time_ns), r.reason));
+    }
+    if (v.frozen) {
+      f.lines.push_back(absl::StrFormat(
+          "%s did not run for %.1f s, from %s to %s UTC: it was stopped (a signal, a debugger, a "
+          "paused VM) or starved (no CPU, blocked in I/O)",
+          who, Seconds(*v.frozen), Clock(v.frozen->start_ns), Clock(v.frozen->end_ns)));
     }
     if (v.stuck) {
       const FlightEntry& e = *v.stuck;
@@ -451,6 +486,18 @@ FlightFindings AnalyzeFlight(const std::vector<FlightRecord>& records) {
     }
     if (f.culprits.empty()) f.culprits.assign(awaited.begin(), awaited.end());
   }
+  // Ranks all inside one collective wait for each other (no one is awaited, or all are); the one
+  // whose process stopped running holds it (it entered, then froze).
+  if (!f.desynchronised) {
+    std::vector<int> frozen;
+    for (int rank = 0; rank < world; ++rank) {
+      const bool candidate = f.culprits.empty()
+                                 ? ranks[rank].stuck.has_value()
+                                 : std::count(f.culprits.begin(), f.culprits.end(), rank) > 0;
+      if (candidate && ranks[rank].frozen) frozen.push_back(rank);
+    }
+    if (!frozen.empty()) f.culprits = frozen;
+  }
   std::sort(f.culprits.begin(), f.culprits.end());
   f.culprits.erase(std::unique(f.culprits.begin(), f.culprits.end()), f.culprits.end());
   std::string verdict;
@@ -463,9 +510,15 @@ FlightFindings AnalyzeFlight(const std::vector<FlightRecord>& records) {
     std::vector<std::string> named;
     for (int rank : f.culprits) {
       const RankView& v = ranks[rank];
-      named.push_back(absl::StrCat(rank, v.record == nullptr || v.stale ? " (no recent record)"
-                                         : v.unanswered                 ? " (did not answer)"
-                                                                        : ""));
+      std::string why;
+      if (v.record == nullptr || v.stale) {
+        why = " (no recent record)";
+      } else if (v.unanswered) {
+        why = " (did not answer)";
+      } else if (v.frozen) {
+        why = absl::StrFormat(" (did not run for %.1f s)", Seconds(*v.frozen));
+      }
+      named.push_back(absl::StrCat(rank, why));
     }
     verdict =
         absl::StrFormat("verdict: the job waits for rank(s) [%s]", absl::StrJoin(named, ", "));

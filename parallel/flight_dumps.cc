@@ -19,6 +19,7 @@
 #include "core/dtype.h"
 #include "core/status.h"
 #include "parallel/flight_recorder.h"
+#include "parallel/process_stalls.h"
 #include "parallel/watchdog.h"
 
 namespace nf::parallel {
@@ -81,6 +82,9 @@ struct Dumper {
   std::atomic<bool> watchdog_dumped{false};
   std::mutex request_mutex;
   std::string seen_request;  // the REQUEST line last dumped for, or written by this rank
+  // Noted at each wake of the dumping thread and before each dump (which a watchdog may write
+  // from another thread before the dumping thread, continued with it, wakes).
+  StallClock stalls;
 };
 
 // Marks `line` handled; false when it was already.
@@ -101,9 +105,10 @@ std::atomic<int64_t> dumps_written{0};
 
 absl::Status Dump(Dumper& d, absl::string_view reason) {
   const FlightDumpConfig config = ConfigOf(d);
+  d.stalls.NoteNow();
   std::lock_guard<std::mutex> lock(d.write_mutex);
   NF_RETURN_IF_ERROR(WriteWhole(FlightRecordPath(config.dir, config.world_rank),
-                                FormatFlightRecord(config, reason)));
+                                FormatFlightRecord(config, reason, d.stalls.Stalls())));
   dumps_written.fetch_add(1);
   return absl::OkStatus();
 }
@@ -142,12 +147,14 @@ extern "C" void OnFatalSignal(int signal) {
 extern "C" void OnDumpRequestSignal(int signal) { RequestFlightDumpFromSignal(signal); }
 
 // The dumping thread: a byte on the wake pipe is a signal's dump; otherwise, every
-// kRequestPoll, a REQUEST newer than the last one seen is a dump.
+// kRequestPoll, a REQUEST newer than the last one seen is a dump. Each wake is noted on the
+// stall clock (process_stalls.h).
 void DumpLoop(Dumper* d) {
   FirstSeen(*d, ReadRequest(ConfigOf(*d).dir));  // one left by an earlier run is not for us
   for (;;) {
     pollfd wait = {.fd = d->wake[0], .events = POLLIN, .revents = 0};
     const int ready = poll(&wait, 1, static_cast<int>(absl::ToInt64Milliseconds(kRequestPoll)));
+    d->stalls.NoteNow();
     if (ready == 1) {
       unsigned char signal = 0;
       if (read(d->wake[0], &signal, 1) != 1) continue;
@@ -201,8 +208,13 @@ std::filesystem::path FlightRecordPath(const std::filesystem::path& dir, int wor
   return dir / absl::StrFormat("rank_%05d.jsonl", world_rank);
 }
 
-std::string FormatFlightRecord(const FlightDumpConfig& config, absl::string_view reason) {
+std::string FormatFlightRecord(const FlightDumpConfig& config, absl::string_view reason,
+                               absl::Span<const ProcessStall> stalls) {
   const FlightRecorder& recorder = FlightRecorder::Get();
+  std::vector<std::string> stall_texts;
+  for (const ProcessStall& s : stalls) {
+    stall_texts.push_back(absl::StrFormat(R"({"start_ns":%d,"end_ns":%d})", s.start_ns, s.end_ns));
+  }
   std::vector<std::string> groups;
   for (const FlightGroup& g : recorder.Groups()) {
     groups.push_back(absl::StrFormat(R"({"group":"%s","backend":"%s","ranks":[%s]})",
@@ -211,11 +223,11 @@ std::string FormatFlightRecord(const FlightDumpConfig& config, absl::string_view
   }
   std::string text = absl::StrFormat(
       R"({"rank":%d,"world_size":%d,"label":"%s","host":"%s","reason":"%s","time_ns":%d,)"
-      R"("step":%d,"capacity":%d,"dropped":%d,"groups":[%s]})"
+      R"("step":%d,"capacity":%d,"dropped":%d,"stalls":[%s],"groups":[%s]})"
       "\n",
       config.world_rank, config.world_size, Escaped(RankLabel()), Escaped(config.host),
       Escaped(reason), WallClockNanos(), CurrentStep(), recorder.capacity(), recorder.dropped(),
-      absl::StrJoin(groups, ","));
+      absl::StrJoin(stall_texts, ","), absl::StrJoin(groups, ","));
   for (const FlightEntry& e : recorder.Entries()) {
     absl::StrAppendFormat(
         &text,

@@ -14,9 +14,10 @@
 // A thread of its own writes every dump, so a rank blocked in a collective still answers.
 //
 // The file: a header line {"rank", "world_size", "label", "host", "reason", "time_ns",
-// "step", "capacity", "dropped", "groups": [{"group", "backend", "ranks"}]}, then one line per
-// operation, oldest first: {"id", "group", "backend", "seq", "op", "peer", "bytes", "dtype",
-// "step", "state", "issued_ns", "waiting_ns", "completed_ns"}.
+// "step", "capacity", "dropped", "stalls": [{"start_ns", "end_ns"}] (the spans in which the
+// process did not run: process_stalls.h), "groups": [{"group", "backend", "ranks"}]}, then one
+// line per operation, oldest first: {"id", "group", "backend", "seq", "op", "peer", "bytes",
+// "dtype", "step", "state", "issued_ns", "waiting_ns", "completed_ns"}.
 #pragma once
 
 #include <filesystem>
@@ -25,6 +26,8 @@
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "parallel/process_stalls.h"
 
 namespace nf::parallel {
 
@@ -59,6 +62,7 @@ absl::Status RequestFlightDumps(const std::filesystem::path& dir, absl::string_v
 std::filesystem::path FlightRecordPath(const std::filesystem::path& dir, int world_rank);
 
 // The record as written (header and entries), for tests and the benchmark.
-std::string FormatFlightRecord(const FlightDumpConfig& config, absl::string_view reason);
+std::string FormatFlightRecord(const FlightDumpConfig& config, absl::string_view reason,
+                               absl::Span<const ProcessStall> stalls = {});
 
 }  // namespace nf::parallel

@@ -3,7 +3,8 @@
 # (tests/cluster/cluster.sh; tp 2 inside each node, pp 2 across them, the run directory shared)
 # hangs three ways, and `nf-flight RUN` names the rank at fault each time:
 #   stop     rank 2 (on node 1) is stopped (SIGSTOP): the ranks waiting for it dump their
-#            records after the 3 s watchdog; rank 2 cannot answer (and may leave no record)
+#            records after the 3 s watchdog; rank 2 cannot answer (and may leave no record, or
+#            one that says it did not run)
 #   kill     rank 2 is killed (SIGKILL): mpirun ends the others, which dump on its SIGTERM
 #   desync   rank 3 (on node 1) issues a world barrier no other rank issues (NF_INJECT_DESYNC)
 # and says how long after the fault the verdict could be read.
@@ -68,9 +69,15 @@ scenario() {
     fail "$name: rank 0's host is not named"
 }
 
-# A stopped rank leaves no record, or one written only when mpirun continued it to end the job
-# (after the watchdog's grace): "[2 (did not answer)]" or "[2 (no recent record)]".
+# A stopped rank leaves no record, or one written only when it was continued (mpirun ending the
+# job): after the watchdog's grace, or on time but saying the process did not run: "[2 (did not
+# answer)]", "[2 (no recent record)]", or "[2 (did not run for 4.0 s)]" (stopped inside the tp
+# all-reduce rank 3 waits in too).
 scenario stop STOP "verdict: the job waits for rank(s) [2 ("
+if [[ -f $dir/stop/flight/rank_00002.jsonl ]]; then
+  grep -qE "^rank 2 .* did not run for [0-9.]+ s" "$dir/stop.flight" ||
+    fail "stop: rank 2's record does not say that it was stopped"
+fi
 scenario kill KILL "verdict: the job waits for rank(s) [2 (no recent record)]"
 scenario desync desync "verdict: rank(s) [3] issued collectives the rest of their group did not"
 echo "flight_across_nodes: the stopped, killed and out-of-step rank each named across nodes"

@@ -42,11 +42,16 @@ case "$scenario" in
     status=$?
     ((status != 0)) || fail "the job ended with 0 after SIG$signal"
     if [[ $scenario == stop ]]; then
-      # A stopped rank leaves no record, or one written only when mpirun continued it to end
-      # the job (after the watchdog's grace): either way it is the one named.
+      # A stopped rank leaves no record, or one written only when it was continued (by mpirun,
+      # to end the job): late, or on time but saying it did not run: either way it is named.
       expect_flight "verdict: the job waits for rank(s) [1 ("
-      grep -qE "verdict: the job waits for rank\(s\) \[1 \((did not answer|no recent record)\)\]$" \
-        <("$nf_flight" "$run") || fail "the stopped rank is not named as silent"
+      grep -qE "verdict: the job waits for rank\(s\) \[1 \((did not answer|no recent record|did not run for [0-9.]+ s)\)\]$" \
+        <("$nf_flight" "$run") || fail "the stopped rank is not named as silent or frozen"
+      # Any record it wrote came after the stop (at least the watchdog's 3 s), which it must see.
+      if [[ -f $run/flight/rank_00001.jsonl ]]; then
+        "$nf_flight" "$run" | grep -qE "^rank 1 .* did not run for [0-9.]+ s" ||
+          fail "rank 1's record does not say that it was stopped"
+      fi
     else
       expect_flight "rank 1: no record: it never answered" \
         "verdict: the job waits for rank(s) [1 (no recent record)]"

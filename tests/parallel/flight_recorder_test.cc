@@ -1,7 +1,8 @@
 // Tests of parallel/flight_recorder.h (the ring, its states), parallel/flight_dumps.h (the
 // record's text reads back) and parallel/flight_analysis.h (what nf-flight concludes) on records
-// made by hand for each kind of hang: a killed rank, a stopped one, two kinds of
-// desynchronised schedule, a transfer never sent, and a job that is not stuck. The end-to-end
+// made by hand for each kind of hang: a killed rank, a stopped one (silent, or frozen inside
+// the collective the others wait in: process_stalls.h), two kinds of desynchronised schedule,
+// a transfer never sent, and a job that is not stuck. The end-to-end
 // tests under mpirun are flight_recorder_mpi.sh.
 #include <string>
 #include <vector>
@@ -10,6 +11,7 @@
 #include "parallel/flight_analysis.h"
 #include "parallel/flight_dumps.h"
 #include "parallel/flight_recorder.h"
+#include "parallel/process_stalls.h"
 #include "test_util.h"
 
 namespace nf::parallel {
@@ -17,6 +19,7 @@ namespace {
 
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 TEST(FlightRecorderTest, KeepsTheLastOperationsWithTheirStates) {
   FlightRecorder& recorder = FlightRecorder::Get();
@@ -52,14 +55,19 @@ TEST(FlightRecorderTest, TheWrittenRecordReadsBack) {
   const uint64_t sent = recorder.Issued("pp", "nccl", 4, CommOp::kSend, 6, 1024, DType::kBF16);
   recorder.Completed(sent);
   recorder.Issued("world", "mpi", 9, CommOp::kAllReduce, -1, 8, DType::kF64);
-  const std::string text = FormatFlightRecord(
-      {.dir = "unused", .world_rank = 2, .world_size = 8, .host = "node\"1"}, "a \"test\"\n");
+  const std::vector<ProcessStall> stalls = {{.start_ns = 5, .end_ns = 4'000'000'005}};
+  const std::string text =
+      FormatFlightRecord({.dir = "unused", .world_rank = 2, .world_size = 8, .host = "node\"1"},
+                         "a \"test\"\n", stalls);
   const absl::StatusOr<FlightRecord> record = ParseFlightRecord(text, "rank_00002.jsonl");
   NF_ASSERT_OK(record);
   EXPECT_EQ(record->rank, 2);
   EXPECT_EQ(record->world_size, 8);
   EXPECT_EQ(record->host, "node\"1");
   EXPECT_EQ(record->reason, "a \"test\"\n");
+  ASSERT_EQ(record->stalls.size(), 1u);
+  EXPECT_EQ(record->stalls[0].start_ns, 5);
+  EXPECT_EQ(record->stalls[0].end_ns, 4'000'000'005);
   ASSERT_FALSE(record->groups.empty());
   EXPECT_EQ(record->groups.back().group, "pp");
   EXPECT_THAT(record->groups.back().world_ranks, ElementsAre(2, 6));
@@ -77,6 +85,26 @@ TEST(FlightRecorderTest, TheWrittenRecordReadsBack) {
   EXPECT_THAT(ParseFlightRecord("{\"rank\": 3}", "f").status().message(),
               HasSubstr("f:1: 'world_size' is not an integer"));
   EXPECT_THAT(ParseFlightRecord(text + "{oops\n", "f").status().message(), HasSubstr("f:4:"));
+}
+
+TEST(StallClockTest, AGapOfASecondBetweenWakesIsAStallTheRestIsJitter) {
+  constexpr int64_t kMs = 1'000'000;
+  StallClock clock;
+  clock.Note(0, 500 * kMs);
+  clock.Note(100 * kMs, 600 * kMs);
+  clock.Note(999 * kMs, 1499 * kMs);  // 899 ms late: a loaded machine, not a stall
+  EXPECT_TRUE(clock.Stalls().empty());
+  clock.Note(5'099 * kMs, 5'599 * kMs);  // 4.1 s without a wake: stopped
+  ASSERT_EQ(clock.Stalls().size(), 1u);
+  EXPECT_EQ(clock.Stalls()[0].start_ns, 1'499 * kMs);
+  EXPECT_EQ(clock.Stalls()[0].end_ns, 5'599 * kMs);
+  clock.Note(5'000 * kMs, 5'500 * kMs);  // another thread's older reading, arriving late
+  EXPECT_EQ(clock.Stalls().size(), 1u);
+  for (int i = 1; i <= StallClock::kKept + 2; ++i) {
+    clock.Note((5'099 + 2'000 * i) * kMs, (5'599 + 2'000 * i) * kMs);
+  }
+  ASSERT_EQ(clock.Stalls().size(), static_cast<size_t>(StallClock::kKept));
+  EXPECT_EQ(clock.Stalls().back().end_ns, (5'599 + 2'000 * (StallClock::kKept + 2)) * kMs);
 }
 
 // ---- What nf-flight concludes -------------------------------------------------------------------
@@ -227,6 +255,60 @@ TEST(FlightAnalysisTest, AReceiveWaitsForTheSendItsPeerHasNotIssued) {
   EXPECT_THAT(Text(f), HasSubstr("rank 1's recv #3 from rank 0 (4096 B f32) on group pp/mpi "
                                  "waits for rank 0, which has not sent #3 to rank 1 (its last is "
                                  "#2); it is in no communication"));
+}
+
+// Ranks 2 and 3 (tp) both entered all-reduce #7; rank 2 was then stopped for 4 s. Ranks 0 and 1
+// wait for the sends of pipeline stage 1, which neither of 2 and 3 has issued.
+std::vector<FlightRecord> StageOneFrozenInsideItsAllReduce(bool rank_2_stalled) {
+  const std::vector<FlightGroup> tp_first = {
+      {.group = "tp", .backend = "mpi", .world_ranks = {0, 1}}};
+  const std::vector<FlightGroup> tp_second = {
+      {.group = "tp", .backend = "mpi", .world_ranks = {2, 3}}};
+  const auto pp = [](int a, int b) {
+    return FlightGroup{.group = "pp", .backend = "mpi", .world_ranks = {a, b}};
+  };
+  std::vector<FlightRecord> records;
+  for (int rank : {0, 1}) {
+    std::vector<FlightGroup> groups = tp_first;
+    groups.push_back(pp(rank, rank + 2));
+    records.push_back(Record(rank, 4, "watchdog: ...",
+                             {Op("pp", CommOp::kRecv, 3, FlightState::kWaiting, rank + 2)}, groups,
+                             4));
+  }
+  for (int rank : {2, 3}) {
+    std::vector<FlightGroup> groups = tp_second;
+    groups.push_back(pp(rank - 2, rank));
+    records.push_back(Record(rank, 4, "watchdog: ...",
+                             {Op("pp", CommOp::kSend, 2, FlightState::kCompleted, rank - 2),
+                              Op("tp", CommOp::kAllReduce, 7, FlightState::kWaiting)},
+                             groups, 5));
+  }
+  // A stall before the hang (a slow start) does not count; the one across it does.
+  records[3].stalls.push_back({.start_ns = kT0 - 20 * kSecond, .end_ns = kT0 - 18 * kSecond});
+  if (rank_2_stalled) records[2].stalls.push_back({.start_ns = kT0, .end_ns = kT0 + 4 * kSecond});
+  return records;
+}
+
+TEST(FlightAnalysisTest, OfRanksInsideOneCollectiveTheOneThatStoppedRunningHoldsIt) {
+  FlightFindings f = AnalyzeFlight(StageOneFrozenInsideItsAllReduce(/*rank_2_stalled=*/false));
+  EXPECT_THAT(f.culprits, ElementsAre(2, 3));  // without the stall, no telling which
+
+  f = AnalyzeFlight(StageOneFrozenInsideItsAllReduce(/*rank_2_stalled=*/true));
+  EXPECT_THAT(f.culprits, ElementsAre(2));
+  EXPECT_THAT(Text(f), HasSubstr("rank 2 on node0 (step -1) did not run for 4.0 s"));
+  EXPECT_THAT(Text(f), Not(HasSubstr("rank 3 on node0 (step -1) did not run")));
+  EXPECT_EQ(f.lines.back(), "verdict: the job waits for rank(s) [2 (did not run for 4.0 s)]");
+}
+
+TEST(FlightAnalysisTest, AFrozenRankIsNamedWhenEveryRankIsInTheSameCollective) {
+  // tp 2 alone: both ranks in all-reduce #5, so no rank is awaited by the rule of arrival.
+  const std::vector<FlightEntry> both = {Op("world", CommOp::kAllReduce, 5, FlightState::kWaiting)};
+  std::vector<FlightRecord> records = {Record(0, 2, "watchdog: rank 0: ...", both, {}, 4),
+                                       Record(1, 2, "watchdog: rank 1: ...", both, {}, 5)};
+  records[1].stalls.push_back({.start_ns = kT0, .end_ns = kT0 + 4 * kSecond});
+  const FlightFindings f = AnalyzeFlight(records);
+  EXPECT_THAT(f.culprits, ElementsAre(1));
+  EXPECT_EQ(f.lines.back(), "verdict: the job waits for rank(s) [1 (did not run for 4.0 s)]");
 }
 
 TEST(FlightAnalysisTest, ACompletedRecordIsNotAHang) {
