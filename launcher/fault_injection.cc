@@ -51,4 +51,19 @@ absl::StatusOr<InjectedSlowRank> InjectedSlowRankOf() {
   return slow;
 }
 
+absl::StatusOr<InjectedNan> InjectedNanOf() {
+  const char* value = std::getenv("NF_INJECT_NAN");
+  if (value == nullptr || *value == '\0') return InjectedNan{};
+  const std::vector<absl::string_view> parts = absl::StrSplit(value, ':');
+  InjectedNan nan;
+  if (parts.size() != 3 || !absl::SimpleAtoi(parts[0], &nan.step) ||
+      !absl::SimpleAtoi(parts[1], &nan.layer) || !absl::SimpleAtoi(parts[2], &nan.tp_rank) ||
+      nan.step <= 0 || nan.layer < 0 || nan.tp_rank < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("NF_INJECT_NAN='", value,
+                     "' must be STEP:LAYER:TP_RANK (step >= 1, layer >= 0, tp rank >= 0)"));
+  }
+  return nan;
+}
+
 }  // namespace nf::launcher

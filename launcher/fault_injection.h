@@ -11,6 +11,11 @@
 //                               bug would make it (the flight recorder's test).
 //   NF_INJECT_SLOW_RANK=1:80    world rank 1 spends 80 ms more on every step's own work, as a
 //                               slow node would (the straggler report's test).
+//   NF_INJECT_NAN=5:2:1         during step 5, the first element of layer 2's fc1 weight is NaN
+//                               on tensor-parallel rank 1 (of the stage holding the layer, in
+//                               every data-parallel replica), as a corrupted weight would make
+//                               it; the weight is restored after the step (train.nan_origin's
+//                               test).
 #pragma once
 
 #include <cstdint>
@@ -41,5 +46,14 @@ struct InjectedSlowRank {
 // NF_INJECT_SLOW_RANK's rank and delay (rank -1 when unset); InvalidArgument naming the variable
 // when it is not RANK:MILLISECONDS.
 absl::StatusOr<InjectedSlowRank> InjectedSlowRankOf();
+
+struct InjectedNan {
+  int64_t step = 0;  // 0: none
+  int layer = 0;
+  int tp_rank = 0;
+};
+// NF_INJECT_NAN's step, layer and tensor-parallel rank (step 0 when unset); InvalidArgument
+// naming the variable when it is not STEP:LAYER:TP_RANK.
+absl::StatusOr<InjectedNan> InjectedNanOf();
 
 }  // namespace nf::launcher

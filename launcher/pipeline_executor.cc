@@ -252,7 +252,7 @@ absl::Status PipelineExecutor::RunCompute(const Action& a, bool train, const Pip
 
 absl::StatusOr<PipelineExecutor::Result> PipelineExecutor::RunPlan(
     const std::vector<parallel::PlanStep>& plan, int window, bool train, const PipelineStep& step,
-    BatchSource& batches, const GradsDoneFn& grads_done) {
+    BatchSource& batches, const GradsDoneFn& grads_done, ComputeObserver* observer) {
   Result result;
   // The pipeline group's wait seconds (communicator.h) grow only by this plan's sends and
   // receives while it runs.
@@ -286,9 +286,12 @@ absl::StatusOr<PipelineExecutor::Result> PipelineExecutor::RunPlan(
       }
     }
     NF_ASSIGN_OR_RETURN(const std::optional<PendingRecv> input, TakeInput(a));
+    const int stage = stages_[a.model_chunk]->stage();
+    if (observer != nullptr) observer->Started(a, stage);
     NF_RETURN_IF_ERROR(Annotate(RunCompute(a, train, step, batches, grads_done, backwards_left,
                                            input ? &input->buffer : nullptr, result),
                                 a));
+    if (observer != nullptr) observer->Finished(a, stage);
     // The computation has read its input (stages copy what they keep).
     if (input) recv_pool_[a.model_chunk].push_back(input->buffer);
   }
@@ -308,14 +311,15 @@ absl::StatusOr<PipelineExecutor::Result> PipelineExecutor::RunPlan(
 
 absl::StatusOr<PipelineExecutor::Result> PipelineExecutor::Run(const PipelineStep& step,
                                                                BatchSource& batches,
-                                                               const GradsDoneFn& grads_done) {
-  return RunPlan(plan_, window_, /*train=*/true, step, batches, grads_done);
+                                                               const GradsDoneFn& grads_done,
+                                                               ComputeObserver* observer) {
+  return RunPlan(plan_, window_, /*train=*/true, step, batches, grads_done, observer);
 }
 
 absl::StatusOr<PipelineExecutor::Result> PipelineExecutor::RunForwardOnly(const PipelineStep& step,
                                                                           BatchSource& batches) {
   return RunPlan(forward_only_plan_, parallel::kForwardOnlySendWindow, /*train=*/false, step,
-                 batches, nullptr);
+                 batches, nullptr, nullptr);
 }
 
 }  // namespace nf::launcher

@@ -84,6 +84,16 @@ class PipelineExecutor {
   // gradients are final from an offset up (NormFormerModel::GradsDoneFrom).
   using GradsDoneFn = std::function<absl::Status(int chunk, int64_t offset)>;
 
+  // Told of each computation as it starts and ends: the NaN-origin re-run (nan_origin.h) opens
+  // a pass of its search for each.
+  class ComputeObserver {
+   public:
+    virtual ~ComputeObserver() = default;
+    // `compute` is a forward or backward of model stage `stage`.
+    virtual void Started(const parallel::Action& compute, int stage) = 0;
+    virtual void Finished(const parallel::Action& compute, int stage) = 0;
+  };
+
   struct Result {
     double data_seconds = 0.0;           // spent in BatchSource::Load
     double pipeline_wait_seconds = 0.0;  // waited for the pipeline's sends and receives
@@ -97,9 +107,10 @@ class PipelineExecutor {
     int recv_buffers = 0;
   };
   // Runs the training schedule once (forward with dropout, backward). The last model stage's
-  // losses accumulate in its chunk (NormFormerModel::TakeLossSum).
+  // losses accumulate in its chunk (NormFormerModel::TakeLossSum). `observer`, when given, is
+  // told of every computation.
   absl::StatusOr<Result> Run(const PipelineStep& step, BatchSource& batches,
-                             const GradsDoneFn& grads_done);
+                             const GradsDoneFn& grads_done, ComputeObserver* observer = nullptr);
   // Runs the forward-only schedule once: every micro-batch's forward without dropout
   // (train = false), its activations discarded once its output has been sent; losses
   // accumulate as in Run. step.loss_weight is unused.
@@ -133,7 +144,7 @@ class PipelineExecutor {
   // the plan unless train.
   absl::StatusOr<Result> RunPlan(const std::vector<parallel::PlanStep>& plan, int window,
                                  bool train, const PipelineStep& step, BatchSource& batches,
-                                 const GradsDoneFn& grads_done);
+                                 const GradsDoneFn& grads_done, ComputeObserver* observer);
   // Starts one group of the plan: its send (after the window's waits) and its receives.
   absl::Status StartGroup(const parallel::PlanStep& group, int window, bool train, Result& result);
   // Waits for the receive of `compute`'s input, if it has one, and hands it over; its buffer

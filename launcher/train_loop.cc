@@ -25,6 +25,7 @@
 #include "launcher/config.h"
 #include "launcher/gemm_ceiling.h"
 #include "launcher/jsonl_log.h"
+#include "launcher/nan_origin.h"
 #include "launcher/step_metrics.h"
 #include "launcher/stop_requests.h"
 #include "launcher/straggler_report.h"
@@ -239,6 +240,7 @@ class TrainingRun {
         NF_ASSIGN_OR_RETURN(const bool rolled_back, ActOnSpike(stats));
         if (rolled_back) continue;
       }
+      NF_RETURN_IF_ERROR(ReportNanOrigin(stats));
       NF_RETURN_IF_ERROR(CheckHealth(stats));
       if (eval_interval > 0 && (stats.step % eval_interval == 0 || stats.step == total)) {
         NF_RETURN_IF_ERROR(Validate(stats.step));
@@ -579,6 +581,40 @@ class TrainingRun {
     return absl::OkStatus();
   }
 
+  // What train.nan_origin's re-run of a step with non-finite gradients found: a log.jsonl event
+  // and a console line (rank 0), and the stop message's last words.
+  absl::Status ReportNanOrigin(const StepStats& stats) {
+    if (!stats.nan_origin_searched) return absl::OkStatus();
+    const std::optional<NanOrigin>& origin = stats.nan_origin.first;
+    nan_origin_ =
+        origin ? absl::StrCat("the first non-finite value: ", DescribeNanOrigin(*origin))
+               : "its re-run produced only finite values: the fault did not repeat (transient "
+                 "hardware or communication), or the sum over data-parallel ranks overflowed";
+    if (!writes_) return absl::OkStatus();
+    JsonObject event = JsonObject()
+                           .AddString("event", "nan_origin")
+                           .AddInt("step", stats.step)
+                           .AddBool("found", origin.has_value());
+    if (origin) {
+      const ops::NonFiniteOutput& out = origin->output;
+      event.AddInt("rank", origin->world_rank)
+          .AddString("rank_label", origin->rank_label)
+          .AddInt("micro_batch", origin->micro_batch)
+          .AddString("pass", origin->backward ? "backward" : "forward")
+          .AddInt("stage", origin->stage)
+          .AddString("where", out.where)
+          .AddString("op", out.op)
+          .AddString("output", out.output)
+          .AddString("tensor", out.tensor)
+          .AddInt("element", out.element)
+          .AddString("value", ops::NonFiniteName(out.value))
+          .AddInt("ranks_found", stats.nan_origin.ranks_found);
+    }
+    NF_RETURN_IF_ERROR(log_->Write(event));
+    console_ << absl::StrFormat("non-finite gradients at step %d: %s\n", stats.step, nan_origin_);
+    return absl::OkStatus();
+  }
+
   // A spike (train.spike): a log.jsonl event, a console line and a metric on every action; under
   // ROLLBACK, the rollback. True when the trainer went back to an older step.
   absl::StatusOr<bool> ActOnSpike(const StepStats& stats) {
@@ -699,16 +735,16 @@ class TrainingRun {
     if (!good.ok() && !absl::IsNotFound(good.status())) {
       named = absl::StrCat("(none: ", good.status().message(), ")");
     }
-    return absl::FailedPreconditionError(
-        absl::StrFormat("%s at step %d (%s%s): stopping; the last good checkpoint is %s",
-                        stats.skip_reason == optim::SkipReason::kUpdateOverflow
-                            ? "an update overflowing the model dtype"
-                            : "non-finite gradients",
-                        stats.step, TrainOptions::Precision_Name(train.precision()),
-                        fp16 ? absl::StrFormat(", %d consecutive skipped steps, loss scale %g",
-                                               consecutive_skipped_, stats.loss_scale)
-                             : "",
-                        named));
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "%s at step %d (%s%s): stopping%s; the last good checkpoint is %s",
+        stats.skip_reason == optim::SkipReason::kUpdateOverflow
+            ? "an update overflowing the model dtype"
+            : "non-finite gradients",
+        stats.step, TrainOptions::Precision_Name(train.precision()),
+        fp16 ? absl::StrFormat(", %d consecutive skipped steps, loss scale %g",
+                               consecutive_skipped_, stats.loss_scale)
+             : "",
+        stats.nan_origin_searched ? absl::StrCat(" (", nan_origin_, ")") : "", named));
   }
 
   AfterValidation after_validation_;
@@ -724,6 +760,7 @@ class TrainingRun {
   int64_t first_step_ = 0;
   int64_t consecutive_skipped_ = 0;  // for non-finite gradients or an overflowing update
   int64_t consecutive_spikes_ = 0;   // skipped for a spike (SKIP)
+  std::string nan_origin_;           // the last nan_origin finding, as the console says it
   RankTimes interval_;               // this rank's seconds over the log interval so far
   int64_t interval_steps_ = 0;
   bool interval_save_due_ = false;  // deferred by skipped steps

@@ -18,9 +18,11 @@
 #include "core/status.h"
 #include "launcher/config.h"
 #include "launcher/fault_injection.h"
+#include "model/normformer_params.h"
 #include "model/vocab.h"
 #include "parallel/coalesced_all_reduce.h"
 #include "parallel/pipeline_schedule.h"
+#include "parallel/watchdog.h"
 
 namespace nf::launcher {
 
@@ -273,6 +275,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainConfig& conf
   NF_ASSIGN_OR_RETURN(t->injected_grad_spikes_, InjectedGradSpikeSteps());
   NF_ASSIGN_OR_RETURN(t->injected_desync_, InjectedDesyncOf());
   NF_ASSIGN_OR_RETURN(t->injected_slow_rank_, InjectedSlowRankOf());
+  NF_ASSIGN_OR_RETURN(t->injected_nan_, InjectedNanOf());
   for (const model::ParamSpec& spec : model::NormFormerParamSpecs(
            config.model(), model::PaddedVocabSize(config.model().vocab_size(), topology.tp()))) {
     t->num_global_params_ += NumElements(spec.global_shape);
@@ -492,6 +495,38 @@ absl::StatusOr<double> Trainer::GlobalSquaredNorm(float loss_scale, bool& skippe
   return squared.data<double>()[0];
 }
 
+absl::StatusOr<NanOriginAgreement> Trainer::FindNanOrigin(const PipelineStep& step) {
+  // The gradients accumulate from zero as in the step (a stale NaN would be found at the first
+  // accumulation); no data-parallel reduction: each rank searches its own micro-batches.
+  for (const auto& chunk : chunks_) NF_RETURN_IF_ERROR(chunk->params().ZeroGrads());
+  const parallel::Topology& topology = groups_->topology;
+  const int stages = topology.pp() * static_cast<int>(chunks_.size());
+  std::optional<NanOrigin> mine;
+  {
+    NanOriginSearch search(topology.world_rank(), parallel::RankLabel(), step.first_micro_batch,
+                           stages);
+    NF_RETURN_IF_ERROR(executor_->Run(step, *batches_, /*grads_done=*/nullptr, &search).status());
+    NF_RETURN_IF_ERROR(search.status());
+    mine = search.first();
+  }
+  for (const auto& chunk : chunks_) NF_RETURN_IF_ERROR(chunk->TakeLossSum().status());
+  return AgreeOnNanOrigin(mine, stages, *groups_->world);
+}
+
+absl::Status Trainer::InjectNan(bool poison) {
+  const std::string name = absl::StrCat(model::LayerPrefix(injected_nan_.layer), ".fc1.weight");
+  if (groups_->topology.tp_rank() != injected_nan_.tp_rank) return absl::OkStatus();
+  for (const auto& chunk : chunks_) {
+    if (!chunk->params().Contains(name)) continue;
+    NF_ASSIGN_OR_RETURN(const Tensor element, chunk->params().Get(name).value.View(0, {1}));
+    if (!poison) return ops::Copy(injected_nan_saved_, element);
+    NF_ASSIGN_OR_RETURN(injected_nan_saved_, Tensor::HostZeros(element.dtype(), {1}));
+    NF_RETURN_IF_ERROR(ops::Copy(element, injected_nan_saved_));
+    return ops::Fill(element, std::numeric_limits<float>::quiet_NaN());
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::vector<std::pair<std::string, double>>> Trainer::BlockGradNorms() {
   const int layers = config_.model().num_layers();
   // [num_layers + 2]: embedding, layers 0 .. L-1, head (block + 1).
@@ -537,7 +572,9 @@ absl::StatusOr<StepStats> Trainer::TrainStep(bool block_grad_norms) {
         .seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
         .block_grad_norms = {},
         .spike = std::nullopt,
-        .skipped_window = *window};
+        .skipped_window = *window,
+        .nan_origin_searched = false,
+        .nan_origin = {}};
   }
   if (injected_slow_rank_.world_rank == groups_->topology.world_rank()) {
     std::this_thread::sleep_for(std::chrono::milliseconds(injected_slow_rank_.milliseconds));
@@ -558,6 +595,8 @@ absl::StatusOr<StepStats> Trainer::TrainStep(bool block_grad_norms) {
       .loss_weight =
           (inject_spike ? kGradSpikeFactor : 1.0f) * loss_scale / static_cast<float>(batch_tokens)};
 
+  const bool inject_nan = injected_nan_.step == step_ + 1;
+  if (inject_nan) NF_RETURN_IF_ERROR(InjectNan(/*poison=*/true));
   for (const auto& chunk : chunks_) NF_RETURN_IF_ERROR(chunk->params().ZeroGrads());
   // Each data-parallel bucket's reduction starts once the last micro-batch's backward has
   // finished its gradients, or (without overlap) all of them at FinishGradReduction: the same
@@ -589,6 +628,13 @@ absl::StatusOr<StepStats> Trainer::TrainStep(bool block_grad_norms) {
   NF_ASSIGN_OR_RETURN(const model::NormFormerModel::LossSum global, GlobalLoss());
   const int64_t tokens = global.tokens;
   const double loss = tokens > 0 ? global.sum / static_cast<double>(tokens) : 0.0;
+  NanOriginAgreement nan_origin;
+  const bool search_nan_origin =
+      skip_reason == optim::SkipReason::kNonFiniteGradients && train.nan_origin();
+  if (search_nan_origin) {
+    NF_ASSIGN_OR_RETURN(nan_origin, FindNanOrigin(step));
+  }
+  if (inject_nan) NF_RETURN_IF_ERROR(InjectNan(/*poison=*/false));
 
   std::optional<Spike> spike;
   if (!skipped) {
@@ -649,7 +695,9 @@ absl::StatusOr<StepStats> Trainer::TrainStep(bool block_grad_norms) {
       .peak_pipeline_send_bytes = run.peak_send_bytes,
       .block_grad_norms = std::move(block_norms),
       .spike = std::move(spike),
-      .skipped_window = std::nullopt};
+      .skipped_window = std::nullopt,
+      .nan_origin_searched = search_nan_origin,
+      .nan_origin = std::move(nan_origin)};
 }
 
 }  // namespace nf::launcher

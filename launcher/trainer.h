@@ -30,6 +30,7 @@
 #include "core/optim/mixed_precision_optimizer.h"
 #include "launcher/batch_source.h"
 #include "launcher/fault_injection.h"
+#include "launcher/nan_origin.h"
 #include "launcher/pipeline_executor.h"
 #include "launcher/skipped_samples.h"
 #include "launcher/spike_detector.h"
@@ -66,6 +67,10 @@ struct StepStats {
   std::optional<Spike> spike;
   // The skipped window the step's batch overlapped (skip_reason kSkippedData).
   std::optional<SampleWindow> skipped_window;
+  // train.nan_origin on a step with non-finite gradients: the step was run again and searched
+  // (nan_origin.h); what it found first, if anything (the same on every rank).
+  bool nan_origin_searched = false;
+  NanOriginAgreement nan_origin;
 };
 
 class Trainer {
@@ -149,6 +154,13 @@ class Trainer {
   absl::StatusOr<model::NormFormerModel::LossSum> GlobalLoss();
   // The global non-finite flag and squared gradient norm (NaN when skipped).
   absl::StatusOr<double> GlobalSquaredNorm(float loss_scale, bool& skipped);
+  // Runs `step`'s micro-batches again with every op's outputs searched for NaN and infinity
+  // (nan_origin.h) and agrees over the world on the first finding. Collective over the world;
+  // the gradients and losses it leaves are discarded.
+  absl::StatusOr<NanOriginAgreement> FindNanOrigin(const PipelineStep& step);
+  // NF_INJECT_NAN: makes the first element of the injected layer's fc1 weight NaN (`poison`) on
+  // the ranks it names, or puts back the value it held.
+  absl::Status InjectNan(bool poison);
 
   TrainConfig config_;
   std::unique_ptr<parallel::ProcessGroups> own_groups_;  // single process only; outlives the rest
@@ -177,6 +189,8 @@ class Trainer {
   std::vector<int64_t> injected_grad_spikes_;  // NF_INJECT_GRAD_SPIKE (fault_injection.h)
   InjectedDesync injected_desync_;             // NF_INJECT_DESYNC
   InjectedSlowRank injected_slow_rank_;        // NF_INJECT_SLOW_RANK
+  InjectedNan injected_nan_;                   // NF_INJECT_NAN
+  Tensor injected_nan_saved_;                  // the poisoned element's value, on the host
 };
 
 // The model dtype of a precision setting.

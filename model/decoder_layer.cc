@@ -4,6 +4,7 @@
 #include <initializer_list>
 
 #include "absl/strings/str_cat.h"
+#include "core/ops/nonfinite_trace.h"
 #include "core/status.h"
 #include "core/trace_range.h"
 
@@ -252,20 +253,27 @@ absl::Status DecoderLayer::Forward(const Tensor& x, const Tensor& y, const Step&
     return absl::FailedPreconditionError(
         "a KV-cache forward runs without sequence parallelism (its steps hold too few tokens)");
   }
+  // Where the NaN-origin re-run names its findings (core/ops/nonfinite_trace.h).
+  const ops::OpLabel layer("layer", index_);
+  ops::OpLabel part("attn_norm");
   // ---- attention block
   NF_RETURN_IF_ERROR(LayerNorm(x, p.attn_norm_weight, p.attn_norm_bias, acts.attn_in_norm,
                                acts.attn_in_mean, acts.attn_in_rstd, eps));
   // q, k and v in one GEMM, [T, 3 H Dh], then to the head layout: acts.qkv [3, B, H, S, Dh].
+  part.Rename("qkv");
   NF_RETURN_IF_ERROR(ColumnParallelLinearForward(region_, acts.attn_in_norm, p.qkv_weight,
                                                  p.qkv_bias, scratch.qkv_tokens, scratch.region));
   NF_RETURN_IF_ERROR(ops::SplitHeads(scratch.qkv_tokens, acts.qkv));
   const AttentionCore core = CoreOf(acts, scratch);
+  part.Rename("attention");
   NF_RETURN_IF_ERROR(AttentionCoreForward(acts, core, step, cache));
   const bool scale_after = options_.scale_heads && !options_.heads_before_out_proj;
+  part.Rename("out_proj");
   NF_RETURN_IF_ERROR(RowParallelLinearForward(region_, core.merged, p.out_weight, p.out_bias,
                                               acts.attn_proj, scratch.region));
   if (scale_after) {
     // [T, H, Dh]: the projection's output viewed as heads.
+    part.Rename("head_scale");
     NF_RETURN_IF_ERROR(
         ops::ScaleChannels(acts.attn_proj, p.head_scale.value, s.head_dim, acts.post_attn));
   }
@@ -288,11 +296,14 @@ absl::Status DecoderLayer::Forward(const Tensor& x, const Tensor& y, const Step&
     residual_norm.branch_mean = acts.post_attn_mean;
     residual_norm.branch_rstd = acts.post_attn_rstd;
   }
+  part.Rename("post_attn_norm, residual, ffn_norm");
   NF_RETURN_IF_ERROR(ops::ResidualNormForward(residual_norm));
 
   // ---- feed-forward block
+  part.Rename("fc1");
   NF_RETURN_IF_ERROR(ColumnParallelLinearForward(region_, acts.ffn_in_norm, p.fc1_weight,
                                                  p.fc1_bias, acts.fc1_out, scratch.region));
+  part.Rename("activation, mid_ffn_norm");
   if (options_.scale_fc && !FfnNormIsSharded(s)) {
     NF_RETURN_IF_ERROR(
         ops::ActivationNormForward({.act = options_.activation,
@@ -321,8 +332,10 @@ absl::Status DecoderLayer::Forward(const Tensor& x, const Tensor& y, const Step&
                                                s.ffn_total, scratch.row_stats, region_.tp()));
   }
   const Tensor& ffn_out = scratch.model_width[1];
+  part.Rename("fc2");
   NF_RETURN_IF_ERROR(RowParallelLinearForward(region_, acts.fc2_in, p.fc2_weight, p.fc2_bias,
                                               ffn_out, scratch.region));
+  part.Rename("residual");
   NF_RETURN_IF_ERROR(ops::Dropout(ffn_out, ffn_out, Dropout(DropoutKind::kFfn, step)));
   if (options_.scale_resids) {
     NF_RETURN_IF_ERROR(ops::ScaleChannels(acts.residual, p.resid_scale.value, 1, y));
@@ -342,6 +355,8 @@ absl::Status DecoderLayer::Backward(const Tensor& x, const Tensor& dy, const Ten
   const Tensor& d_model = scratch.model_width[1];
   const Tensor& d_model_aux = scratch.model_width[2];
 
+  const ops::OpLabel layer("layer", index_);
+  ops::OpLabel part("residual");
   // ---- feed-forward block: y = lambda * residual + dropout(fc2(...))
   if (options_.scale_resids) {
     NF_RETURN_IF_ERROR(ops::ScaleChannelsBackward(acts.residual, p.resid_scale.value, 1, dy,
@@ -351,9 +366,11 @@ absl::Status DecoderLayer::Backward(const Tensor& x, const Tensor& dy, const Ten
   }
   NF_RETURN_IF_ERROR(ops::Dropout(dy, d_model, Dropout(DropoutKind::kFfn, step)));
   const Tensor& d_fc2_in = scratch.ffn_width[0];
+  part.Rename("fc2");
   NF_RETURN_IF_ERROR(RowParallelLinearBackward(region_, acts.fc2_in, p.fc2_weight, p.fc2_bias,
                                                d_model, d_fc2_in, scratch.region));
   const Tensor& d_act = options_.scale_fc ? scratch.ffn_width[1] : d_fc2_in;
+  part.Rename("activation, mid_ffn_norm");
   if (options_.scale_fc && !FfnNormIsSharded(s)) {
     NF_RETURN_IF_ERROR(
         ops::ActivationNormBackward({.act = options_.activation,
@@ -382,6 +399,7 @@ absl::Status DecoderLayer::Backward(const Tensor& x, const Tensor& dy, const Ten
     NF_RETURN_IF_ERROR(ops::Dropout(d_act, d_act, Dropout(DropoutKind::kActivation, step)));
     NF_RETURN_IF_ERROR(ops::ActivationBackward(options_.activation, acts.fc1_out, d_act, d_act));
   }
+  part.Rename("fc1");
   NF_RETURN_IF_ERROR(ColumnParallelLinearBackward(region_, acts.ffn_in_norm, p.fc1_weight,
                                                   p.fc1_bias, d_act, d_model, scratch.region));
 
@@ -407,24 +425,29 @@ absl::Status DecoderLayer::Backward(const Tensor& x, const Tensor& dy, const Ten
     residual_norm.d_branch_weight = p.post_attn_norm_weight.grad;
     residual_norm.d_branch_bias = p.post_attn_norm_bias.grad;
   }
+  part.Rename("post_attn_norm, residual, ffn_norm");
   NF_RETURN_IF_ERROR(ops::ResidualNormBackward(residual_norm));
   // The attention output and the merged heads, kept by the forward or (selective recompute)
   // computed again from q, k and v: deterministic kernels and dropout keyed by coordinates give
   // the forward's values bit for bit.
   const AttentionCore core = CoreOf(acts, scratch);
   if (options_.recompute_attention) {
+    part.Rename("attention (recomputed)");
     NF_RETURN_IF_ERROR(AttentionCoreForward(acts, core, step, /*cache=*/nullptr));
   }
   const bool scale_before = options_.scale_heads && options_.heads_before_out_proj;
   const bool scale_after = options_.scale_heads && !options_.heads_before_out_proj;
   if (scale_after) {  // in place: d_post_attn becomes the grad of out_proj's output
+    part.Rename("head_scale");
     NF_RETURN_IF_ERROR(ops::ScaleChannelsBackward(acts.attn_proj, p.head_scale.value, s.head_dim,
                                                   d_post_attn, d_post_attn, p.head_scale.grad));
   }
   const Tensor& d_merged = scratch.merged_grad;
+  part.Rename("out_proj");
   NF_RETURN_IF_ERROR(RowParallelLinearBackward(region_, core.merged, p.out_weight, p.out_bias,
                                                d_post_attn, d_merged, scratch.region));
   const Tensor& d_attn = scratch.d_attn;
+  part.Rename("attention");
   if (scale_before) {
     NF_RETURN_IF_ERROR(ops::MergeScaledHeadsBackward(d_merged, core.attn, p.head_scale.value,
                                                      d_attn, p.head_scale.grad));
@@ -444,10 +467,12 @@ absl::Status DecoderLayer::Backward(const Tensor& x, const Tensor& dy, const Ten
        .scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(s.head_dim))),
        .dropout = Dropout(DropoutKind::kAttentionProbs, step)}));
   // [3, B, H, S, Dh] back to [T, 3 H Dh], then the one projection's backward.
+  part.Rename("qkv");
   NF_RETURN_IF_ERROR(ops::MergeHeads(scratch.d_qkv, scratch.qkv_tokens));
   NF_RETURN_IF_ERROR(ColumnParallelLinearBackward(region_, acts.attn_in_norm, p.qkv_weight,
                                                   p.qkv_bias, scratch.qkv_tokens, d_model,
                                                   scratch.region));
+  part.Rename("attn_norm");
   NF_RETURN_IF_ERROR(LayerNormGrad(d_model, x, p.attn_norm_weight, p.attn_norm_bias,
                                    acts.attn_in_mean, acts.attn_in_rstd, dx));
   return ops::Axpy(1.0f, d_residual, dx);

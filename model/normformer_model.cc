@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "core/ops/nonfinite_trace.h"
 #include "core/ops/ops.h"
 #include "core/status.h"
 #include "model/vocab.h"
@@ -258,6 +259,7 @@ absl::StatusOr<NormFormerModel::InFlight*> NormFormerModel::Acquire(int micro_ba
 }
 
 absl::Status NormFormerModel::EmbedForward(InFlight& mb, int64_t first_token) {
+  const ops::OpLabel label("embedding");
   const Tensor& x = mb.hidden[0];  // [Ts, d]
   const int64_t d = shape_.d_model;
   // Each rank looks up the ids of its vocabulary slice (zeros elsewhere) for all T tokens; the
@@ -456,6 +458,7 @@ absl::Status NormFormerModel::LayersBackward(InFlight& mb, const GradsDoneFrom& 
 }
 
 absl::Status NormFormerModel::LogitsForward(InFlight& mb) {
+  ops::OpLabel label("final_norm");
   NF_RETURN_IF_ERROR(ops::LayerNormForward({.x = mb.hidden.back(),
                                             .weight = params_.final_norm_weight.value,
                                             .bias = params_.final_norm_bias.value,
@@ -463,6 +466,7 @@ absl::Status NormFormerModel::LogitsForward(InFlight& mb) {
                                             .mean = mb.final_mean,
                                             .rstd = mb.final_rstd,
                                             .eps = config_.layer_norm_eps()}));
+  label.Rename("logits");
   NF_ASSIGN_OR_RETURN(const Tensor normed, region_.Enter(mb.final_norm, scratch_.region.gathered));
   return ops::Gemm({.a = normed, .b = HeadWeight().value, .c = mb.logits, .trans_b = true});
 }
@@ -471,6 +475,7 @@ absl::Status NormFormerModel::HeadForward(InFlight& mb) {
   NF_RETURN_IF_ERROR(LogitsForward(mb));
   // Vocab-parallel cross-entropy: the global row max, then the sums of exponentials against it
   // and the target logit (held by one slice, 0 elsewhere), all-reduced together.
+  const ops::OpLabel label("loss");
   const ops::CrossEntropyArgs loss_args = LossArgs(mb);
   NF_RETURN_IF_ERROR(ops::CrossEntropyRowMax(loss_args, mb.row_max));
   NF_RETURN_IF_ERROR(tp_->AllReduce(mb.row_max, parallel::ReduceOp::kMax));
@@ -484,10 +489,12 @@ absl::Status NormFormerModel::HeadForward(InFlight& mb) {
 
 // Leaves the gradient of the last layer's output in grad_a_.
 absl::Status NormFormerModel::HeadBackward(InFlight& mb, float loss_weight) {
+  ops::OpLabel label("loss");
   NF_RETURN_IF_ERROR(ops::Fill(dloss_, loss_weight));
   // dlogits overwrite the logits: [T, V] is the largest activation, kept once.
   NF_RETURN_IF_ERROR(
       ops::CrossEntropyBackward(LossArgs(mb), mb.row_max, mb.sum_exp, dloss_, mb.logits));
+  label.Rename("logits");
   const Param& head = HeadWeight();
   // Gathered again under sequence parallelism: later forwards reused the forward's buffer.
   NF_ASSIGN_OR_RETURN(const Tensor normed, region_.Enter(mb.final_norm, scratch_.region.gathered));
@@ -497,6 +504,7 @@ absl::Status NormFormerModel::HeadBackward(InFlight& mb, float loss_weight) {
   const Tensor& partials = region_.PartialsFor(grad_b_, scratch_.region.partials);
   NF_RETURN_IF_ERROR(ops::Gemm({.a = mb.logits, .b = head.value, .c = partials}));
   NF_RETURN_IF_ERROR(region_.Leave(partials, grad_b_));
+  label.Rename("final_norm");
   return ops::LayerNormBackward({.dy = grad_b_,
                                  .x = mb.hidden.back(),
                                  .weight = params_.final_norm_weight.value,
@@ -508,6 +516,7 @@ absl::Status NormFormerModel::HeadBackward(InFlight& mb, float loss_weight) {
 }
 
 absl::Status NormFormerModel::EmbedBackward(InFlight& mb) {
+  const ops::OpLabel label("embedding");
   const Tensor& dx = grad_a_;  // [Ts, d]: gradient of the embedding block's output
   const int64_t d = shape_.d_model;
   NF_RETURN_IF_ERROR(ops::Dropout(dx, dx, EmbeddingDropout(mb.step)));

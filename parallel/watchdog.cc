@@ -60,7 +60,8 @@ std::string RankLabel() {
     std::lock_guard<std::mutex> lock(l.mu);
     if (!l.text.empty()) return l.text;
   }
-  return absl::StrCat("rank ", MpiWorldRank());
+  // A process without MPI (MpiWorldRank -1) is a job's only rank.
+  return absl::StrCat("rank ", std::max(0, MpiWorldRank()));
 }
 
 std::string WatchdogReport(absl::string_view rank_label, const WaitTarget& target,

@@ -42,7 +42,7 @@ void SetCurrentStep(int64_t step);
 int64_t CurrentStep();
 
 // Who this process is in reports, e.g. "rank 5 (tp=1, dp=0, pp=1)"; set once the topology is
-// known (CreateProcessGroups does). Until then "rank <world rank>".
+// known (CreateProcessGroups does). Until then "rank <world rank>" ("rank 0" without MPI).
 void SetRankLabel(std::string label);
 std::string RankLabel();
 

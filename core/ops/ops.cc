@@ -7,6 +7,7 @@
 #include "core/ops/backend.h"
 #include "core/ops/checks.h"
 #include "core/ops/composed_ops.h"
+#include "core/ops/nonfinite_trace.h"
 #include "core/status.h"
 #include "core/trace_range.h"
 
@@ -96,7 +97,7 @@ absl::Status Gemm(const GemmArgs& args) {
     }
   }
   NF_BACKEND(args.c);
-  return backend->Gemm(args);
+  return Checked(backend->Gemm(args), __func__, {{"C", args.c}});
 }
 
 absl::Status AddBias(const Tensor& x, const Tensor& bias) {
@@ -106,7 +107,7 @@ absl::Status AddBias(const Tensor& x, const Tensor& bias) {
   NF_RETURN_IF_ERROR(CheckFloating(op, {"bias", bias}));
   NF_RETURN_IF_ERROR(CheckShape(op, {"bias", bias}, {Cols(x)}));
   NF_BACKEND(x);
-  return backend->AddBias(x, bias);
+  return Checked(backend->AddBias(x, bias), __func__, {{"x", x}});
 }
 
 absl::Status BiasBackward(const Tensor& dy, const Tensor& dbias) {
@@ -116,7 +117,7 @@ absl::Status BiasBackward(const Tensor& dy, const Tensor& dbias) {
   NF_RETURN_IF_ERROR(CheckDType(op, {"dbias", dbias}, DType::kF32));
   NF_RETURN_IF_ERROR(CheckShape(op, {"dbias", dbias}, {Cols(dy)}));
   NF_BACKEND(dy);
-  return backend->BiasBackward(dy, dbias);
+  return Checked(backend->BiasBackward(dy, dbias), __func__, {{"dbias", dbias}});
 }
 
 absl::Status ActivationForward(Activation act, const Tensor& x, const Tensor& y) {
@@ -126,7 +127,7 @@ absl::Status ActivationForward(Activation act, const Tensor& x, const Tensor& y)
   NF_RETURN_IF_ERROR(CheckFloatingSameDType(op, {"x", x}, {"y", y}));
   NF_RETURN_IF_ERROR(CheckShape(op, {"y", y}, x.shape()));
   NF_BACKEND(x);
-  return backend->ActivationForward(act, x, y);
+  return Checked(backend->ActivationForward(act, x, y), __func__, {{"y", y}});
 }
 
 absl::Status ActivationBackward(Activation act, const Tensor& x, const Tensor& dy,
@@ -139,7 +140,7 @@ absl::Status ActivationBackward(Activation act, const Tensor& x, const Tensor& d
   NF_RETURN_IF_ERROR(CheckShape(op, {"dy", dy}, x.shape()));
   NF_RETURN_IF_ERROR(CheckShape(op, {"dx", dx}, x.shape()));
   NF_BACKEND(x);
-  return backend->ActivationBackward(act, x, dy, dx);
+  return Checked(backend->ActivationBackward(act, x, dy, dx), __func__, {{"dx", dx}});
 }
 
 absl::Status Dropout(const Tensor& x, const Tensor& y, const DropoutSpec& spec) {
@@ -150,7 +151,7 @@ absl::Status Dropout(const Tensor& x, const Tensor& y, const DropoutSpec& spec) 
   NF_RETURN_IF_ERROR(CheckShape(op, {"y", y}, x.shape()));
   NF_RETURN_IF_ERROR(CheckDropout(op, spec));
   NF_BACKEND(x);
-  return backend->Dropout(x, y, spec);
+  return Checked(backend->Dropout(x, y, spec), __func__, {{"y", y}});
 }
 
 namespace {
@@ -178,7 +179,7 @@ absl::Status ScaleChannels(const Tensor& x, const Tensor& scale, int64_t inner, 
   NF_RETURN_IF_ERROR(CheckShape(op, {"y", y}, x.shape()));
   NF_RETURN_IF_ERROR(CheckChannels(op, x, scale, inner));
   NF_BACKEND(x);
-  return backend->ScaleChannels(x, scale, inner, y);
+  return Checked(backend->ScaleChannels(x, scale, inner, y), __func__, {{"y", y}});
 }
 
 absl::Status ScaleChannelsBackward(const Tensor& x, const Tensor& scale, int64_t inner,
@@ -195,7 +196,8 @@ absl::Status ScaleChannelsBackward(const Tensor& x, const Tensor& scale, int64_t
   NF_RETURN_IF_ERROR(CheckDType(op, {"dscale", dscale}, DType::kF32));
   NF_RETURN_IF_ERROR(CheckShape(op, {"dscale", dscale}, scale.shape()));
   NF_BACKEND(x);
-  return backend->ScaleChannelsBackward(x, scale, inner, dy, dx, dscale);
+  return Checked(backend->ScaleChannelsBackward(x, scale, inner, dy, dx, dscale), __func__,
+                 {{"dx", dx}, {"dscale", dscale}});
 }
 
 namespace {
@@ -226,14 +228,14 @@ absl::Status SplitHeads(const Tensor& tokens, const Tensor& heads) {
   NF_RETURN_IF_ERROR(CheckHeadLayout("SplitHeads", {"tokens", tokens}, {"heads", heads},
                                      /*groups_allowed=*/true));
   NF_BACKEND(tokens);
-  return backend->SplitHeads(tokens, heads);
+  return Checked(backend->SplitHeads(tokens, heads), __func__, {{"heads", heads}});
 }
 
 absl::Status MergeHeads(const Tensor& heads, const Tensor& tokens) {
   NF_RETURN_IF_ERROR(CheckHeadLayout("MergeHeads", {"tokens", tokens}, {"heads", heads},
                                      /*groups_allowed=*/true));
   NF_BACKEND(heads);
-  return backend->MergeHeads(heads, tokens);
+  return Checked(backend->MergeHeads(heads, tokens), __func__, {{"tokens", tokens}});
 }
 
 namespace {
@@ -252,7 +254,7 @@ absl::Status MergeScaledHeads(const Tensor& heads, const Tensor& scale, const Te
   NF_RETURN_IF_ERROR(CheckSameDevice(op, {{"heads", heads}, {"scale", scale}}));
   NF_RETURN_IF_ERROR(CheckHeadScale(op, heads, scale));
   NF_BACKEND(heads);
-  return backend->MergeScaledHeads(heads, scale, tokens);
+  return Checked(backend->MergeScaledHeads(heads, scale, tokens), __func__, {{"tokens", tokens}});
 }
 
 absl::Status MergeScaledHeadsBackward(const Tensor& d_tokens, const Tensor& heads,
@@ -270,7 +272,8 @@ absl::Status MergeScaledHeadsBackward(const Tensor& d_tokens, const Tensor& head
   NF_RETURN_IF_ERROR(
       CheckDistinct(op, {{"d_heads", d_heads}, {"heads", heads}, {"d_tokens", d_tokens}}));
   NF_BACKEND(heads);
-  return backend->MergeScaledHeadsBackward(d_tokens, heads, scale, d_heads, dscale);
+  return Checked(backend->MergeScaledHeadsBackward(d_tokens, heads, scale, d_heads, dscale),
+                 __func__, {{"d_heads", d_heads}, {"dscale", dscale}});
 }
 
 // ---- LayerNorm ---------------------------------------------------------------------------------
@@ -355,7 +358,8 @@ absl::Status CheckLayerNormBackwardArgs(absl::string_view op, const LayerNormBac
 absl::Status LayerNormForward(const LayerNormArgs& args) {
   NF_RETURN_IF_ERROR(CheckLayerNormArgs("LayerNormForward", args));
   NF_BACKEND(args.x);
-  return backend->LayerNormForward(args);
+  return Checked(backend->LayerNormForward(args), __func__,
+                 {{"y", args.y}, {"mean", args.mean}, {"rstd", args.rstd}});
 }
 
 absl::Status LayerNormPartialStats(const Tensor& x, const Tensor& stats) {
@@ -364,7 +368,7 @@ absl::Status LayerNormPartialStats(const Tensor& x, const Tensor& stats) {
   NF_RETURN_IF_ERROR(CheckRankAtLeast(op, {"x", x}, 1));
   NF_RETURN_IF_ERROR(CheckRowPairs(op, {"stats", stats}, x, DType::kF64));
   NF_BACKEND(x);
-  return backend->LayerNormPartialStats(x, stats);
+  return Checked(backend->LayerNormPartialStats(x, stats), __func__, {{"stats", stats}});
 }
 
 absl::Status LayerNormForwardFromStats(const LayerNormArgs& args, const Tensor& stats,
@@ -374,13 +378,15 @@ absl::Status LayerNormForwardFromStats(const LayerNormArgs& args, const Tensor& 
   NF_RETURN_IF_ERROR(CheckRowPairs(op, {"stats", stats}, args.x, DType::kF64));
   NF_RETURN_IF_ERROR(CheckTotalCols(op, total_cols, args.x));
   NF_BACKEND(args.x);
-  return backend->LayerNormForwardFromStats(args, stats, total_cols);
+  return Checked(backend->LayerNormForwardFromStats(args, stats, total_cols), __func__,
+                 {{"y", args.y}, {"mean", args.mean}, {"rstd", args.rstd}});
 }
 
 absl::Status LayerNormBackward(const LayerNormBackwardArgs& args) {
   NF_RETURN_IF_ERROR(CheckLayerNormBackwardArgs("LayerNormBackward", args));
   NF_BACKEND(args.x);
-  return backend->LayerNormBackward(args);
+  return Checked(backend->LayerNormBackward(args), __func__,
+                 {{"dx", args.dx}, {"dweight", args.dweight}, {"dbias", args.dbias}});
 }
 
 absl::Status LayerNormBackwardPartialSums(const LayerNormBackwardArgs& args, const Tensor& sums) {
@@ -388,7 +394,7 @@ absl::Status LayerNormBackwardPartialSums(const LayerNormBackwardArgs& args, con
   NF_RETURN_IF_ERROR(CheckLayerNormBackwardArgs(op, args));
   NF_RETURN_IF_ERROR(CheckRowPairs(op, {"sums", sums}, args.x, DType::kF32));
   NF_BACKEND(args.x);
-  return backend->LayerNormBackwardPartialSums(args, sums);
+  return Checked(backend->LayerNormBackwardPartialSums(args, sums), __func__, {{"sums", sums}});
 }
 
 absl::Status LayerNormBackwardFromSums(const LayerNormBackwardArgs& args, const Tensor& sums,
@@ -398,7 +404,8 @@ absl::Status LayerNormBackwardFromSums(const LayerNormBackwardArgs& args, const 
   NF_RETURN_IF_ERROR(CheckRowPairs(op, {"sums", sums}, args.x, DType::kF32));
   NF_RETURN_IF_ERROR(CheckTotalCols(op, total_cols, args.x));
   NF_BACKEND(args.x);
-  return backend->LayerNormBackwardFromSums(args, sums, total_cols);
+  return Checked(backend->LayerNormBackwardFromSums(args, sums, total_cols), __func__,
+                 {{"dx", args.dx}, {"dweight", args.dweight}, {"dbias", args.dbias}});
 }
 
 // ---- NormFormer's FFN LayerNorm, fused with the activation before it --------------------------
@@ -420,7 +427,8 @@ absl::Status ActivationNormForward(const ActivationNormArgs& args) {
   NF_RETURN_IF_ERROR(CheckScratch(op, args.scratch, args.x));
   NF_RETURN_IF_ERROR(CheckDropout(op, args.dropout));
   NF_BACKEND(args.x);
-  return backend->ActivationNormForward(args);
+  return Checked(backend->ActivationNormForward(args), __func__,
+                 {{"y", args.y}, {"mean", args.mean}, {"rstd", args.rstd}});
 }
 
 absl::Status ActivationNormBackward(const ActivationNormBackwardArgs& args) {
@@ -432,7 +440,8 @@ absl::Status ActivationNormBackward(const ActivationNormBackwardArgs& args) {
     return absl::InvalidArgumentError(absl::StrCat(op, ": dx must not be dy's memory"));
   }
   NF_BACKEND(args.x);
-  return backend->ActivationNormBackward(args);
+  return Checked(backend->ActivationNormBackward(args), __func__,
+                 {{"dx", args.dx}, {"dweight", args.dweight}, {"dbias", args.dbias}});
 }
 
 // ---- The residual add fused with the LayerNorms on either side of it ---------------------------
@@ -471,7 +480,13 @@ absl::Status ResidualNormForward(const ResidualNormArgs& args) {
                                         {"y", args.y},
                                         {"scratch", args.scratch}}));
   NF_BACKEND(args.residual);
-  return backend->ResidualNormForward(args);
+  return Checked(backend->ResidualNormForward(args), __func__,
+                 {{"branch_mean", args.branch_mean},
+                  {"branch_rstd", args.branch_rstd},
+                  {"residual", args.residual},
+                  {"y", args.y},
+                  {"mean", args.mean},
+                  {"rstd", args.rstd}});
 }
 
 absl::Status ResidualNormBackward(const ResidualNormBackwardArgs& args) {
@@ -496,7 +511,13 @@ absl::Status ResidualNormBackward(const ResidualNormBackwardArgs& args) {
                                         {"branch", args.branch},
                                         {"scratch", args.scratch}}));
   NF_BACKEND(args.residual);
-  return backend->ResidualNormBackward(args);
+  return Checked(backend->ResidualNormBackward(args), __func__,
+                 {{"d_residual", args.d_residual},
+                  {"d_branch", args.d_branch},
+                  {"dweight", args.dweight},
+                  {"dbias", args.dbias},
+                  {"d_branch_weight", args.d_branch_weight},
+                  {"d_branch_bias", args.d_branch_bias}});
 }
 
 // ---- Softmax and attention ---------------------------------------------------------------------
@@ -508,7 +529,7 @@ absl::Status SoftmaxForward(const Tensor& x, const Tensor& y) {
   NF_RETURN_IF_ERROR(CheckFloatingSameDType(op, {"x", x}, {"y", y}));
   NF_RETURN_IF_ERROR(CheckShape(op, {"y", y}, x.shape()));
   NF_BACKEND(x);
-  return backend->SoftmaxForward(x, y);
+  return Checked(backend->SoftmaxForward(x, y), __func__, {{"y", y}});
 }
 
 absl::Status SoftmaxBackward(const Tensor& y, const Tensor& dy, const Tensor& dx) {
@@ -520,7 +541,7 @@ absl::Status SoftmaxBackward(const Tensor& y, const Tensor& dy, const Tensor& dx
   NF_RETURN_IF_ERROR(CheckShape(op, {"dy", dy}, y.shape()));
   NF_RETURN_IF_ERROR(CheckShape(op, {"dx", dx}, y.shape()));
   NF_BACKEND(y);
-  return backend->SoftmaxBackward(y, dy, dx);
+  return Checked(backend->SoftmaxBackward(y, dy, dx), __func__, {{"dx", dx}});
 }
 
 namespace {
@@ -554,7 +575,7 @@ absl::Status AttentionForward(const AttentionArgs& args) {
       "AttentionForward", {{"q", args.q}, {"k", args.k}, {"v", args.v}, {"out", args.out}},
       {"lse", args.lse}, args.dropout));
   NF_BACKEND(args.q);
-  return backend->AttentionForward(args);
+  return Checked(backend->AttentionForward(args), __func__, {{"out", args.out}, {"lse", args.lse}});
 }
 
 absl::Status AttentionBackward(const AttentionBackwardArgs& args) {
@@ -569,7 +590,8 @@ absl::Status AttentionBackward(const AttentionBackwardArgs& args) {
                                             {"dv", args.dv}},
                                            {"lse", args.lse}, args.dropout));
   NF_BACKEND(args.q);
-  return backend->AttentionBackward(args);
+  return Checked(backend->AttentionBackward(args), __func__,
+                 {{"dq", args.dq}, {"dk", args.dk}, {"dv", args.dv}});
 }
 
 absl::Status KvCacheAttention(const KvCacheAttentionArgs& args) {
@@ -604,7 +626,7 @@ absl::Status KvCacheAttention(const KvCacheAttentionArgs& args) {
                                                    " rows"));
   }
   NF_BACKEND(args.q);
-  return backend->KvCacheAttention(args);
+  return Checked(backend->KvCacheAttention(args), __func__, {{"out", args.out}});
 }
 
 // ---- Embedding and loss ------------------------------------------------------------------------
@@ -632,7 +654,7 @@ absl::Status EmbeddingForward(const EmbeddingArgs& args) {
   NF_BACKEND(args.table);
   EmbeddingArgs resolved = args;
   resolved.global_vocab = global;
-  return backend->EmbeddingForward(resolved);
+  return Checked(backend->EmbeddingForward(resolved), __func__, {{"out", args.out}});
 }
 
 absl::Status EmbeddingBackward(const Tensor& ids, const Tensor& dout, const Tensor& dtable,
@@ -649,7 +671,8 @@ absl::Status EmbeddingBackward(const Tensor& ids, const Tensor& dout, const Tens
     return absl::InvalidArgumentError(absl::StrCat(op, ": negative vocab_offset ", vocab_offset));
   }
   NF_BACKEND(dtable);
-  return backend->EmbeddingBackward(ids, dout, dtable, vocab_offset);
+  return Checked(backend->EmbeddingBackward(ids, dout, dtable, vocab_offset), __func__,
+                 {{"dtable", dtable}});
 }
 
 namespace {
@@ -687,7 +710,8 @@ CrossEntropyArgs Resolved(const CrossEntropyArgs& args) {
 absl::Status CrossEntropyRowMax(const CrossEntropyArgs& args, const Tensor& row_max) {
   NF_RETURN_IF_ERROR(CheckCrossEntropyArgs("CrossEntropyRowMax", args, {{"row_max", row_max}}));
   NF_BACKEND(args.logits);
-  return backend->CrossEntropyRowMax(Resolved(args), row_max);
+  return Checked(backend->CrossEntropyRowMax(Resolved(args), row_max), __func__,
+                 {{"row_max", row_max}});
 }
 
 absl::Status CrossEntropySumExp(const CrossEntropyArgs& args, const Tensor& row_max,
@@ -696,7 +720,8 @@ absl::Status CrossEntropySumExp(const CrossEntropyArgs& args, const Tensor& row_
       "CrossEntropySumExp", args,
       {{"row_max", row_max}, {"sum_exp", sum_exp}, {"target_logit", target_logit}}));
   NF_BACKEND(args.logits);
-  return backend->CrossEntropySumExp(Resolved(args), row_max, sum_exp, target_logit);
+  return Checked(backend->CrossEntropySumExp(Resolved(args), row_max, sum_exp, target_logit),
+                 __func__, {{"sum_exp", sum_exp}, {"target_logit", target_logit}});
 }
 
 absl::Status CrossEntropyLoss(const Tensor& targets, const Tensor& row_max, const Tensor& sum_exp,
@@ -711,7 +736,8 @@ absl::Status CrossEntropyLoss(const Tensor& targets, const Tensor& row_max, cons
     NF_RETURN_IF_ERROR(CheckShape(op, t, targets.shape()));
   }
   NF_BACKEND(targets);
-  return backend->CrossEntropyLoss(targets, row_max, sum_exp, target_logit, loss);
+  return Checked(backend->CrossEntropyLoss(targets, row_max, sum_exp, target_logit, loss), __func__,
+                 {{"loss", loss}});
 }
 
 absl::Status AccumulateLoss(const Tensor& loss, const Tensor& targets, const Tensor& totals) {
@@ -725,7 +751,7 @@ absl::Status AccumulateLoss(const Tensor& loss, const Tensor& targets, const Ten
   NF_RETURN_IF_ERROR(CheckDType(op, {"totals", totals}, DType::kF64));
   NF_RETURN_IF_ERROR(CheckShape(op, {"totals", totals}, {2}));
   NF_BACKEND(loss);
-  return backend->AccumulateLoss(loss, targets, totals);
+  return Checked(backend->AccumulateLoss(loss, targets, totals), __func__, {{"totals", totals}});
 }
 
 absl::Status CrossEntropyForward(const CrossEntropyArgs& args, const Tensor& row_max,
@@ -746,7 +772,8 @@ absl::Status CrossEntropyBackward(const CrossEntropyArgs& args, const Tensor& ro
   NF_RETURN_IF_ERROR(CheckFloatingSameDType(op, {"logits", args.logits}, {"dlogits", dlogits}));
   NF_RETURN_IF_ERROR(CheckShape(op, {"dlogits", dlogits}, args.logits.shape()));
   NF_BACKEND(args.logits);
-  return backend->CrossEntropyBackward(Resolved(args), row_max, sum_exp, dloss, dlogits);
+  return Checked(backend->CrossEntropyBackward(Resolved(args), row_max, sum_exp, dloss, dlogits),
+                 __func__, {{"dlogits", dlogits}});
 }
 
 // ---- Optimizer and mixed precision -------------------------------------------------------------
@@ -831,7 +858,7 @@ absl::Status Cast(const Tensor& src, const Tensor& dst) {
   }
   NF_RETURN_IF_ERROR(CheckSameNumel(op, {"src", src}, {"dst", dst}));
   NF_BACKEND(src);
-  return backend->Cast(src, dst);
+  return Checked(backend->Cast(src, dst), __func__, {{"dst", dst}});
 }
 
 absl::Status Copy(const Tensor& src, const Tensor& dst) {
@@ -849,7 +876,7 @@ absl::Status Copy(const Tensor& src, const Tensor& dst) {
   }
   // The GPU side's backend moves the data (the CPU backend when both are on the host).
   NF_BACKEND(src_device.type == DeviceType::kCuda ? src : dst);
-  return backend->Copy(src, dst);
+  return Checked(backend->Copy(src, dst), __func__, {{"dst", dst}});
 }
 
 absl::StatusOr<Tensor> Zeros(DType dtype, Shape shape, Device device) {
@@ -871,13 +898,13 @@ absl::StatusOr<Tensor> OnHost(const Tensor& t) {
 absl::Status Fill(const Tensor& x, float value) {
   NF_RETURN_IF_ERROR(CheckDefined("Fill", {"x", x}));
   NF_BACKEND(x);
-  return backend->Fill(x, value);
+  return Checked(backend->Fill(x, value), __func__, {{"x", x}});
 }
 
 absl::Status Scale(const Tensor& x, float alpha) {
   NF_RETURN_IF_ERROR(CheckFloating("Scale", {"x", x}));
   NF_BACKEND(x);
-  return backend->Scale(x, alpha);
+  return Checked(backend->Scale(x, alpha), __func__, {{"x", x}});
 }
 
 absl::Status Axpy(float alpha, const Tensor& x, const Tensor& y) {
@@ -887,7 +914,7 @@ absl::Status Axpy(float alpha, const Tensor& x, const Tensor& y) {
   NF_RETURN_IF_ERROR(CheckFloating(op, {"y", y}));
   NF_RETURN_IF_ERROR(CheckSameNumel(op, {"x", x}, {"y", y}));
   NF_BACKEND(x);
-  return backend->Axpy(alpha, x, y);
+  return Checked(backend->Axpy(alpha, x, y), __func__, {{"y", y}});
 }
 
 #undef NF_BACKEND

@@ -54,7 +54,7 @@ TEST(WatchdogTest, StepAndLabelAreSettable) {
   SetRankLabel("rank 9 (tp=1, dp=0, pp=2)");
   EXPECT_EQ(RankLabel(), "rank 9 (tp=1, dp=0, pp=2)");
   SetRankLabel("");
-  EXPECT_EQ(RankLabel(), "rank -1");  // no label and no MPI
+  EXPECT_EQ(RankLabel(), "rank 0");  // no label and no MPI: the only rank
   SetCurrentStep(-1);
 }
 
