@@ -5,7 +5,8 @@
 # tracking fp32, cuDNN's fused attention against the CPU and the own kernel (with dropout,
 # against the float64 reference with the mask cuDNN drew), a step's host
 # synchronisations within their budget, every parameter 256-byte aligned on the device, the
-# attention path of the 2.7B layer at tp 8, a GEMM with a misaligned bias) and then nf-bench
+# attention path of the 2.7B layer at tp 8, a GEMM with a misaligned bias, where an injected NaN
+# began (train.nan_origin) and no false finding on a healthy step) and then nf-bench
 # on one GPU with its per-op table, from gpu-bundle/ (made on a development machine by
 # scripts/gpu-bundle.sh and carried over). About 8 minutes
 # at most; logs and the benchmark table go to $OUT (the device tool's output folder) or

@@ -5,13 +5,16 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <vector>
 
 #include "core/cuda/attention_dispatch.h"
+#include "core/ops/nonfinite_trace.h"
 #include "gpu_test_util.h"
 #include "launcher/config.h"
 #include "launcher/memory_check.h"
+#include "launcher/nan_origin.h"
 #include "launcher/trainer.h"
 #include "model/normformer_model.h"
 #include "training_test_util.h"
@@ -180,6 +183,45 @@ TEST(GpuTrainingTest, HostSynchronisationsAndAlignmentOnTheGpu) {
         EXPECT_EQ(reinterpret_cast<uintptr_t>(e.grad.raw_data()) % 256, 0u) << e.spec.name;
       }
     }
+  }
+}
+
+// train.nan_origin on the GPU (issue 35): a healthy fp16 and bf16 step, searched op by op as
+// the re-run searches (every output copied to the host), writes no NaN or infinity, cuDNN's
+// attention included (its statistics must not hold infinities the search would take for a
+// fault); a NaN injected into layer 1's fc1 weight (NF_INJECT_NAN) is named at that GEMM.
+TEST(GpuTrainingTest, WhereANanBeganOnTheGpu) {
+  NF_REQUIRE_GPU();
+  for (const TrainOptions::Precision precision : {TrainOptions::FP16, TrainOptions::BF16}) {
+    TrainConfig config = GpuConfig(precision, TrainOptions::CUDA);
+    config.mutable_model()->set_attention_dropout(0.1f);
+    config.mutable_train()->set_nan_origin(true);
+    std::unique_ptr<launcher::Trainer> trainer = testing::MakeTrainer(config);
+    {
+      ops::NonFiniteTrace trace;
+      trace.BeginPass();
+      testing::TrainSteps(*trainer, 1);
+      EXPECT_FALSE(trace.first().has_value())
+          << TrainOptions::Precision_Name(precision) << ": " << trace.first()->where << ": "
+          << trace.first()->op << " wrote " << ops::NonFiniteName(trace.first()->value) << " into "
+          << trace.first()->output << " " << trace.first()->tensor;
+      NF_EXPECT_OK(trace.status());
+    }
+    setenv("NF_INJECT_NAN", "2:1:0", 1);
+    trainer = testing::MakeTrainer(config);
+    unsetenv("NF_INJECT_NAN");
+    testing::TrainSteps(*trainer, 1);
+    const absl::StatusOr<launcher::StepStats> stats = trainer->TrainStep();
+    NF_ASSERT_OK(stats);
+    ASSERT_TRUE(stats->nan_origin.first.has_value()) << TrainOptions::Precision_Name(precision);
+    const launcher::NanOrigin& origin = *stats->nan_origin.first;
+    std::printf("%s: %s\n", TrainOptions::Precision_Name(precision).c_str(),
+                launcher::DescribeNanOrigin(origin).c_str());
+    EXPECT_FALSE(origin.backward);
+    EXPECT_EQ(origin.micro_batch, 0);
+    EXPECT_EQ(origin.output.where, "layer 1 / fc1");
+    EXPECT_EQ(origin.output.op, "Gemm");
+    EXPECT_FALSE(trainer->TrainStep()->skipped) << "the weight is restored after the step";
   }
 }
 
