@@ -31,7 +31,8 @@ absl::StatusOr<std::unique_ptr<model::NormFormerModel>> CreateStageModel(
                                                  .pipeline = {.stage = topology.pp_rank(),
                                                               .num_stages = stages,
                                                               .layer_begin = layer_begin,
-                                                              .layer_end = layer_end}});
+                                                              .layer_end = layer_end},
+                                                 .gradients = false});
 }
 
 absl::StatusOr<std::unique_ptr<EvalModel>> EvalModel::Create(const model::ModelConfig& config,

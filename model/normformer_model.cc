@@ -140,7 +140,8 @@ absl::StatusOr<std::unique_ptr<NormFormerModel>> NormFormerModel::Create(
   NF_ASSIGN_OR_RETURN(
       ParamTable table,
       ParamTable::Create(NormFormerParamSpecs(config, padded_vocab, placement), options.dtype,
-                         tp.rank(), tp.size(), options.param_buffer_multiple, options.device));
+                         tp.rank(), tp.size(), options.param_buffer_multiple, options.device,
+                         options.gradients));
   NF_RETURN_IF_ERROR(table.Initialize(options.seed));
   ModelOptions resolved = options;
   resolved.pipeline = placement;
@@ -172,21 +173,23 @@ int64_t NormFormerModel::BufferBytes(const ModelConfig& config, const ModelOptio
   const LayerOptions layer_options = LayerOptionsOf(config, options.recompute);
   const int64_t s = static_cast<int64_t>(SizeOf(options.dtype));
   int64_t bytes = LayerScratch::Bytes(shape, layer_options);
-  if (options.recompute == Recompute::kFull) {
+  if (options.recompute == Recompute::kFull || !options.gradients) {
     bytes += LayerActivations::Bytes(shape, layer_options);
   }
   if (options.pipeline.first() && config.positions() == ModelConfig::SINUSOIDAL) {
     bytes += config.max_seq_len() * config.d_model() * s;
   }
-  if (options.pipeline.last()) bytes += shape.tokens() * 4 + 2 * 8;  // dloss_, loss_totals_
-  return bytes + 2 * shape.shard_tokens() * shape.d_model * s;       // grad_a_, grad_b_
+  if (options.pipeline.last()) bytes += 2 * 8;  // loss_totals_
+  if (!options.gradients) return bytes;
+  if (options.pipeline.last()) bytes += shape.tokens() * 4;     // dloss_
+  return bytes + 2 * shape.shard_tokens() * shape.d_model * s;  // grad_a_, grad_b_
 }
 
 // Keep in step with BufferBytes.
 absl::Status NormFormerModel::AllocateBuffers() {
   const int64_t t = shape_.tokens(), d = shape_.d_model;
   const DType dt = options_.dtype;
-  if (full_recompute()) {
+  if (shares_activations()) {
     NF_ASSIGN_OR_RETURN(shared_acts_, LayerActivations::Allocate(shape_, layer_options_));
   }
   NF_ASSIGN_OR_RETURN(scratch_, LayerScratch::Allocate(shape_, layer_options_));
@@ -200,8 +203,11 @@ absl::Status NormFormerModel::AllocateBuffers() {
     NF_RETURN_IF_ERROR(ops::Copy(table, positions_));
   }
   if (placement().last()) {
-    NF_ASSIGN_OR_RETURN(dloss_, Zeros(DType::kF32, {t}));
     NF_ASSIGN_OR_RETURN(loss_totals_, Zeros(DType::kF64, {2}));
+  }
+  if (!options_.gradients) return absl::OkStatus();
+  if (placement().last()) {
+    NF_ASSIGN_OR_RETURN(dloss_, Zeros(DType::kF32, {t}));
   }
   NF_ASSIGN_OR_RETURN(grad_a_, Zeros(dt, hidden_shape()));
   NF_ASSIGN_OR_RETURN(grad_b_, Zeros(dt, hidden_shape()));
@@ -217,7 +223,7 @@ absl::StatusOr<std::unique_ptr<NormFormerModel::InFlight>> NormFormerModel::Allo
   for (Tensor& h : mb->hidden) {
     NF_ASSIGN_OR_RETURN(h, Zeros(dt, hidden_shape()));
   }
-  if (!full_recompute()) {
+  if (!shares_activations()) {
     for (size_t l = 0; l < layers_.size(); ++l) {
       NF_ASSIGN_OR_RETURN(LayerActivations acts,
                           LayerActivations::Allocate(shape_, layer_options_));
@@ -392,6 +398,11 @@ absl::StatusOr<NormFormerModel::LossSum> NormFormerModel::TakeLossSum() {
 absl::Status NormFormerModel::BackwardStage(int micro_batch, const Tensor* output_grad,
                                             float loss_weight,
                                             const GradsDoneFrom& grads_done_from) {
+  if (!options_.gradients) {
+    return absl::FailedPreconditionError(
+        "NormFormerModel::BackwardStage: this model was made without gradients "
+        "(ModelOptions::gradients false: it runs forwards only)");
+  }
   const auto it = in_flight_.find(micro_batch);
   if (it == in_flight_.end()) {
     return absl::FailedPreconditionError(

@@ -72,6 +72,10 @@ struct ModelOptions {
   bool overlap_tensor_parallel_comm = true;
   // The pipeline stage this object is; the default is the whole model.
   PipelineStagePlacement pipeline = {};
+  // False: a model that only runs forwards (evaluation, generation): no gradient buffer (the
+  // size of the parameters in fp32), no backward buffers, and one set of layer activations
+  // shared by every layer (as full recompute keeps); Backward is refused.
+  bool gradients = true;
 };
 
 // The layer shape of one micro-batch on tensor-parallel rank tp_rank of tp_size, and the
@@ -245,10 +249,13 @@ class NormFormerModel {
   ops::CrossEntropyArgs LossArgs(const InFlight& mb) const;
   // `layer` counts from the stage's first layer.
   LayerActivations& ActivationsOf(InFlight& mb, int layer) {
-    return full_recompute() ? shared_acts_ : mb.layers[layer];
+    return shares_activations() ? shared_acts_ : mb.layers[layer];
   }
 
   bool full_recompute() const { return options_.recompute == Recompute::kFull; }
+  // One set of layer activations for every layer: the backward recomputes them, or there is no
+  // backward.
+  bool shares_activations() const { return full_recompute() || !options_.gradients; }
 
   ModelConfig config_;
   ModelOptions options_;

@@ -86,7 +86,8 @@ Param BindAdjacent(const ParamTable& table, const std::vector<std::string>& name
     next += NumElements(e.local_shape);
   }
   absl::StatusOr<Tensor> value = table.params().View(first, shape);
-  absl::StatusOr<Tensor> grad = table.grads().View(first, shape);
+  absl::StatusOr<Tensor> grad =
+      table.has_gradients() ? table.grads().View(first, shape) : absl::StatusOr<Tensor>(Tensor());
   if (!value.ok() || !grad.ok() || next - first != NumElements(shape)) {
     std::fprintf(stderr, "normformer: internal error: cannot view %s... as one parameter\n",
                  names.front().c_str());

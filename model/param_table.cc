@@ -90,7 +90,7 @@ int64_t AlignedBucketElements(int64_t bucket_elements, int dp) {
 
 absl::StatusOr<ParamTable> ParamTable::Create(std::vector<ParamSpec> specs, DType dtype,
                                               int tp_rank, int tp_size, int64_t buffer_multiple,
-                                              Device device) {
+                                              Device device, bool gradients) {
   if (buffer_multiple < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("parameter buffer multiple must be >= 1, got ", buffer_multiple));
@@ -131,10 +131,14 @@ absl::StatusOr<ParamTable> ParamTable::Create(std::vector<ParamSpec> specs, DTyp
   }
   const int64_t padded = layout.padded_elements;
   NF_ASSIGN_OR_RETURN(table.params_, ops::Zeros(dtype, {padded}, device));
-  NF_ASSIGN_OR_RETURN(table.grads_, ops::Zeros(DType::kF32, {padded}, device));
+  if (gradients) {
+    NF_ASSIGN_OR_RETURN(table.grads_, ops::Zeros(DType::kF32, {padded}, device));
+  }
   for (Entry& e : table.entries_) {
     NF_ASSIGN_OR_RETURN(e.value, table.params_.View(e.offset, e.local_shape));
-    NF_ASSIGN_OR_RETURN(e.grad, table.grads_.View(e.offset, e.local_shape));
+    if (gradients) {
+      NF_ASSIGN_OR_RETURN(e.grad, table.grads_.View(e.offset, e.local_shape));
+    }
   }
   return table;
 }
@@ -203,7 +207,17 @@ std::vector<optim::ParamRange> ParamTable::DecayRanges() const {
   return ranges;
 }
 
-absl::Status ParamTable::ZeroGrads() const { return ops::Fill(grads_, 0.0f); }
+namespace {
+absl::Status NoGradients(absl::string_view what) {
+  return absl::FailedPreconditionError(
+      absl::StrCat(what, ": the parameters have no gradients (a model made to run forwards only)"));
+}
+}  // namespace
+
+absl::Status ParamTable::ZeroGrads() const {
+  if (!has_gradients()) return NoGradients("ZeroGrads");
+  return ops::Fill(grads_, 0.0f);
+}
 
 std::vector<const ParamTable::Entry*> ParamTable::OwnedNormEntries(
     const std::vector<std::string>& copies_of_other_stages) const {
@@ -223,13 +237,14 @@ std::vector<optim::FlatRange> ParamTable::OwnedNormRanges(
     const std::vector<std::string>& copies_of_other_stages) const {
   std::vector<optim::FlatRange> ranges;
   for (const Entry* e : OwnedNormEntries(copies_of_other_stages)) {
-    ranges.push_back({.offset = e->offset, .length = e->grad.numel()});
+    ranges.push_back({.offset = e->offset, .length = NumElements(e->local_shape)});
   }
   return ranges;
 }
 
 absl::StatusOr<double> ParamTable::OwnedSquaredGradNorm(
     const std::vector<std::string>& copies_of_other_stages) const {
+  if (!has_gradients()) return NoGradients("OwnedSquaredGradNorm");
   NF_ASSIGN_OR_RETURN(const Tensor sum, ops::Zeros(DType::kF32, {1}, grads_.device()));
   for (const optim::FlatRange& r : OwnedNormRanges(copies_of_other_stages)) {
     NF_ASSIGN_OR_RETURN(const Tensor part, grads_.Slice(r.offset, r.length));

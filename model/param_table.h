@@ -76,7 +76,7 @@ class ParamTable {
     Shape local_shape;
     int64_t offset;  // into the flat buffers, in elements
     Tensor value;    // view of params(): [local_shape], model dtype
-    Tensor grad;     // view of grads(): [local_shape], fp32
+    Tensor grad;     // view of grads(): [local_shape], fp32; undefined without gradients
   };
 
   // Lays out `specs` for rank `tp_rank` of a tensor-parallel group of `tp_size` (LayOutFlat)
@@ -84,9 +84,11 @@ class ParamTable {
   // kParamAlignment x `buffer_multiple` elements (data parallelism splits them into dp equal
   // parts). Fails, naming the parameter, when a split dimension does not divide by tp_size or
   // two parameters share a name. The buffers live on `device`.
+  // Without `gradients` (a model that only runs forwards) there is no gradient buffer: grads()
+  // and every entry's grad are undefined, and what needs them is refused.
   static absl::StatusOr<ParamTable> Create(std::vector<ParamSpec> specs, DType dtype, int tp_rank,
                                            int tp_size, int64_t buffer_multiple = 1,
-                                           Device device = Device::Cpu());
+                                           Device device = Device::Cpu(), bool gradients = true);
 
   // fairseq's initialisation, a pure function of (seed, parameter name, global element index):
   // any tensor-parallel or pipeline layout draws the same global values for a parameter.
@@ -101,7 +103,8 @@ class ParamTable {
 
   // [num_elements] including the padding, model dtype.
   const Tensor& params() const { return params_; }
-  const Tensor& grads() const { return grads_; }  // [num_elements], fp32
+  const Tensor& grads() const { return grads_; }  // [num_elements], fp32; or undefined
+  bool has_gradients() const { return grads_.defined(); }
   int64_t num_elements() const { return params_.numel(); }
   // Parameters of the whole (unsharded) model.
   int64_t num_global_elements() const;
