@@ -113,29 +113,32 @@ template <typename NewTensor>
 absl::StatusOr<LayerScratch> MakeScratch(const LayerShape& s, const LayerOptions& options,
                                          NewTensor&& New) {
   LayerScratch scratch;
-  NF_ASSIGN_OR_RETURN(scratch.merged_grad, New(s.dtype, {s.tokens(), s.local_width()}));
   NF_ASSIGN_OR_RETURN(scratch.qkv_tokens, New(s.dtype, {s.tokens(), 3 * s.local_width()}));
-  NF_ASSIGN_OR_RETURN(scratch.d_attn, New(s.dtype, {s.batch, s.heads, s.seq, s.head_dim}));
   if (options.recompute_attention) {
     NF_ASSIGN_OR_RETURN(scratch.attn, New(s.dtype, {s.batch, s.heads, s.seq, s.head_dim}));
     NF_ASSIGN_OR_RETURN(scratch.lse, New(DType::kF32, {s.batch, s.heads, s.seq}));
     NF_ASSIGN_OR_RETURN(scratch.merged, New(s.dtype, {s.tokens(), s.local_width()}));
   }
-  NF_ASSIGN_OR_RETURN(scratch.d_qkv, New(s.dtype, {3, s.batch, s.heads, s.seq, s.head_dim}));
-  if (scratch.d_qkv.defined()) {
-    NF_RETURN_IF_ERROR(ViewGroups(scratch.d_qkv, {&scratch.dq, &scratch.dk, &scratch.dv}));
-  }
-  for (Tensor& t : scratch.model_width) {
-    NF_ASSIGN_OR_RETURN(t, New(s.dtype, {s.shard_tokens(), s.d_model}));
+  // The forward uses model_width[0..1] and ffn_width[0]; the backward all of them.
+  const int model_widths = options.backward ? 4 : 2, ffn_widths = options.backward ? 3 : 1;
+  for (int i = 0; i < model_widths; ++i) {
+    NF_ASSIGN_OR_RETURN(scratch.model_width[i], New(s.dtype, {s.shard_tokens(), s.d_model}));
   }
   if (s.sequence_parallel()) {
     NF_ASSIGN_OR_RETURN(scratch.region.gathered, New(s.dtype, {s.tokens(), s.d_model}));
     NF_ASSIGN_OR_RETURN(scratch.region.partials, New(s.dtype, {s.tokens(), s.d_model}));
   }
-  for (Tensor& t : scratch.ffn_width) {
-    NF_ASSIGN_OR_RETURN(t, New(s.dtype, {s.tokens(), s.ffn}));
+  for (int i = 0; i < ffn_widths; ++i) {
+    NF_ASSIGN_OR_RETURN(scratch.ffn_width[i], New(s.dtype, {s.tokens(), s.ffn}));
   }
   NF_ASSIGN_OR_RETURN(scratch.row_stats, New(DType::kF64, {s.tokens(), 2}));
+  if (!options.backward) return scratch;
+  NF_ASSIGN_OR_RETURN(scratch.merged_grad, New(s.dtype, {s.tokens(), s.local_width()}));
+  NF_ASSIGN_OR_RETURN(scratch.d_attn, New(s.dtype, {s.batch, s.heads, s.seq, s.head_dim}));
+  NF_ASSIGN_OR_RETURN(scratch.d_qkv, New(s.dtype, {3, s.batch, s.heads, s.seq, s.head_dim}));
+  if (scratch.d_qkv.defined()) {
+    NF_RETURN_IF_ERROR(ViewGroups(scratch.d_qkv, {&scratch.dq, &scratch.dk, &scratch.dv}));
+  }
   NF_ASSIGN_OR_RETURN(scratch.row_sums, New(DType::kF32, {s.tokens(), 2}));
   return scratch;
 }

@@ -62,6 +62,9 @@ struct LayerOptions {
   // v into the scratch. (The S x S scores and probabilities are never kept in any mode: the
   // attention kernels recompute them blockwise.)
   bool recompute_attention = false;
+  // False: the layer only runs forwards (ModelOptions::gradients false); the scratch only its
+  // backward uses is not allocated.
+  bool backward = true;
 };
 
 // What Forward keeps for Backward. [T, ...] tensors are in the model dtype; statistics fp32.
@@ -88,6 +91,8 @@ struct LayerActivations {
 };
 
 // Temporaries shared by all layers; nothing in them survives a Forward or Backward call.
+// Without LayerOptions::backward, what only the backward uses (merged_grad, d_attn, d_qkv,
+// model_width[2..3], ffn_width[1..2], row_sums) is undefined.
 struct LayerScratch {
   Tensor merged_grad;     // [T, H * Dh]: out_proj's input gradient
   Tensor qkv_tokens;      // [T, 3 H Dh]: the q, k, v projection's output, then its gradient

@@ -152,6 +152,7 @@ absl::StatusOr<std::unique_ptr<NormFormerModel>> NormFormerModel::Create(
   model->params_ = BindModelParams(model->table_, config, placement);
   model->shape_ = LayerShapeOf(config, options, tp.rank(), tp.size());
   model->layer_options_ = LayerOptionsOf(config, options.recompute);
+  model->layer_options_.backward = options.gradients;
   // Layers keep their global index: it keys their dropout sites.
   for (int l = placement.layer_begin; l < placement.layer_end; ++l) {
     model->layers_.emplace_back(l, model->params_.layers[l - placement.layer_begin], model->shape_,
@@ -170,7 +171,8 @@ absl::StatusOr<std::unique_ptr<NormFormerModel>> NormFormerModel::Create(
 int64_t NormFormerModel::BufferBytes(const ModelConfig& config, const ModelOptions& options,
                                      int tp_size) {
   const LayerShape shape = LayerShapeOf(config, options, /*tp_rank=*/0, tp_size);
-  const LayerOptions layer_options = LayerOptionsOf(config, options.recompute);
+  LayerOptions layer_options = LayerOptionsOf(config, options.recompute);
+  layer_options.backward = options.gradients;
   const int64_t s = static_cast<int64_t>(SizeOf(options.dtype));
   int64_t bytes = LayerScratch::Bytes(shape, layer_options);
   if (options.recompute == Recompute::kFull || !options.gradients) {
