@@ -1,7 +1,9 @@
 // nf-bench-forward-memory: what a model made to run forwards only (ModelOptions::gradients
 // false: nf-eval's and nf-generate's) holds against a training model of the same shape: the
 // bytes the CPU allocator has handed out once each has run one forward (parameters, buffers,
-// one micro-batch in flight), and the time to create (initialise) and to run that forward.
+// one micro-batch in flight), and the time to create it (the training model initialises its
+// parameters; the forward-only one, made as nf-eval's to be loaded, does not) and to run that
+// forward.
 // Defaults: the 2.7B config's layer (d 2560, 32 heads, ffn 10240, vocab 51200, seq 2048) in
 // bf16, 2 layers. A layer adds its parameters and, to a training model, its fp32 gradients and
 // kept activations: the difference of a --layers 3 run and a --layers 2 run is one layer's.
@@ -44,10 +46,11 @@ absl::StatusOr<Held> Measure(const Options& o, bool gradients) {
   c.set_max_seq_len(o.seq);
   const int64_t before = CpuAllocatorUsage().live_bytes;
   const auto start = std::chrono::steady_clock::now();
-  NF_ASSIGN_OR_RETURN(
-      auto model,
-      model::NormFormerModel::Create(
-          c, {.dtype = o.dtype, .micro_batch = 1, .seq_len = o.seq, .gradients = gradients}));
+  NF_ASSIGN_OR_RETURN(auto model, model::NormFormerModel::Create(c, {.dtype = o.dtype,
+                                                                     .micro_batch = 1,
+                                                                     .seq_len = o.seq,
+                                                                     .gradients = gradients,
+                                                                     .initialize = gradients}));
   const auto created = std::chrono::steady_clock::now();
   NF_ASSIGN_OR_RETURN(const Tensor ids, Tensor::HostZeros(DType::kI32, {1, o.seq}));
   for (int64_t i = 0; i < o.seq; ++i) ids.data<int32_t>()[i] = static_cast<int32_t>(i * 7 % 51200);

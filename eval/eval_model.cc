@@ -32,7 +32,8 @@ absl::StatusOr<std::unique_ptr<model::NormFormerModel>> CreateStageModel(
                                                               .num_stages = stages,
                                                               .layer_begin = layer_begin,
                                                               .layer_end = layer_end},
-                                                 .gradients = false});
+                                                 .gradients = false,
+                                                 .initialize = false});
 }
 
 absl::StatusOr<std::unique_ptr<EvalModel>> EvalModel::Create(const model::ModelConfig& config,

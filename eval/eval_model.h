@@ -47,8 +47,9 @@ struct TokenScore {
 
 // This rank's pipeline stage of `config` (layers split over the pipeline group as evenly as they
 // go), sharded over its tensor-parallel group, for micro-batches of `rows` sequences of `seq_len`
-// tokens in `dtype`, parameters as initialised, without gradients (forwards only: no gradient or
-// backward buffers). nf-generate's models are made the same way.
+// tokens in `dtype`, without gradients (forwards only: no gradient or backward buffers) and
+// with its parameters zero until the caller loads or copies them (checkpoint::LoadParameters
+// fills every one or fails). nf-generate's models are made the same way.
 absl::StatusOr<std::unique_ptr<model::NormFormerModel>> CreateStageModel(
     const model::ModelConfig& config, DType dtype, int64_t rows, int64_t seq_len,
     const EvalRank& rank);

@@ -142,7 +142,7 @@ absl::StatusOr<std::unique_ptr<NormFormerModel>> NormFormerModel::Create(
       ParamTable::Create(NormFormerParamSpecs(config, padded_vocab, placement), options.dtype,
                          tp.rank(), tp.size(), options.param_buffer_multiple, options.device,
                          options.gradients));
-  NF_RETURN_IF_ERROR(table.Initialize(options.seed));
+  if (options.initialize) NF_RETURN_IF_ERROR(table.Initialize(options.seed));
   ModelOptions resolved = options;
   resolved.pipeline = placement;
   std::unique_ptr<NormFormerModel> model(

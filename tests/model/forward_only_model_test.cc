@@ -1,8 +1,8 @@
 // A model made to run forwards only (ModelOptions::gradients false: nf-eval's and nf-generate's,
 // eval::CreateStageModel): it holds no gradient buffer and no backward buffers and keeps one set
 // of layer activations for every layer, so that it needs little more than its parameters; its
-// forwards give a training model's losses bit for bit (dropout on or off); a backward, and what
-// needs gradients, are refused by name.
+// forwards give a training model's losses bit for bit (dropout on or off); one to be loaded is
+// not initialised; a backward, and what needs gradients, are refused by name.
 #include <gtest/gtest.h>
 
 #include <memory>
@@ -103,6 +103,16 @@ TEST(ForwardOnlyModelTest, ItsForwardsGiveTheTrainingModelsLossesBitForBit) {
       EXPECT_EQ(got->sum, want->sum) << "batch " << batch << (train ? " with dropout" : "");
       EXPECT_EQ(got->tokens, want->tokens);
     }
+  }
+}
+
+TEST(ForwardOnlyModelTest, AModelToBeLoadedIsNotInitialised) {
+  auto model = NormFormerModel::Create(
+      Config(), {.micro_batch = kBatch, .seq_len = kSeq, .gradients = false, .initialize = false});
+  NF_ASSERT_OK(model);
+  const Tensor& params = (*model)->params().params();
+  for (int64_t i = 0; i < params.numel(); ++i) {
+    ASSERT_EQ(params.data<float>()[i], 0.0f) << "element " << i;
   }
 }
 
