@@ -102,6 +102,7 @@ absl::StatusOr<StepTime> ModelStepTime(const TrainConfig& config, const ClusterS
     }
     const double last_backward = time.compute / micro_batches * 2 / 3;
     time.dp = std::max(0.0, reduce - last_backward) + after;
+    time.dp_hidden = std::min(reduce, last_backward);
   }
   if (pp > 1) {
     const double link = world <= cluster.gpus_per_node ? cluster.nvlink_bytes_per_second

@@ -14,7 +14,9 @@
 //               to those GEMMs' time (model/tensor_parallel.h)
 //   dp          the gradient reduction (ring all-reduce, or ZeRO-1's reduce-scatter and
 //               all-gather) by buckets, on NVLink inside a node and InfiniBand across; they
-//               overlap the last micro-batch's backward, the ZeRO-1 all-gathers nothing
+//               overlap the last micro-batch's backward, the ZeRO-1 all-gathers nothing. The
+//               step counts what is exposed; dp_hidden is the part behind that backward, so a
+//               dp of 0 says the reduction hid, not that it is free
 //   pp          the stage-boundary sends of activations and gradients, all exposed
 //
 // A model with stated assumptions (the efficiency, the link figures), not a measurement: it
@@ -48,6 +50,7 @@ struct ClusterSpec {
 // Seconds of one training step, by part (the comment above).
 struct StepTime {
   double compute = 0, bubble = 0, tp = 0, dp = 0, pp = 0;
+  double dp_hidden = 0;  // data-parallel communication behind the backward: not in total()
   double total() const { return compute + bubble + tp + dp + pp; }
 };
 

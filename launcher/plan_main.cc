@@ -64,12 +64,13 @@ std::string Row(int rank, const PlannedLayout& l) {
   const ParallelConfig& p = l.config.parallel();
   return absl::StrFormat(
       "| %d | %d | %d | %d | %s | %s | %s | %d | %.1f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | "
-      "%.0f%% |",
+      "%.3f | %.0f%% |",
       rank, p.tensor_parallel(), p.pipeline_parallel(), p.virtual_stages(),
       p.distributed_optimizer() ? "yes" : "no", p.sequence_parallel() ? "yes" : "no",
       TrainOptions::Recompute_Name(l.config.train().recompute()),
       l.config.train().micro_batch_size(), l.peak_device_bytes / 1e9, l.time.total(),
-      l.time.compute, l.time.bubble, l.time.tp, l.time.dp, l.time.pp, 100 * l.mfu);
+      l.time.compute, l.time.bubble, l.time.tp, l.time.dp, l.time.dp_hidden, l.time.pp,
+      100 * l.mfu);
 }
 
 int Main(int argc, char** argv) {
@@ -165,9 +166,9 @@ int Main(int argc, char** argv) {
       return 2;
     }
     std::printf(
-        "modelled step s: %.6f (compute %.6f, bubble %.6f, tp %.6f, dp %.6f, pp %.6f; peak "
-        "%.3g FLOP/s a GPU)\n",
-        time->total(), time->compute, time->bubble, time->tp, time->dp, time->pp,
+        "modelled step s: %.6f (compute %.6f, bubble %.6f, tp %.6f, dp %.6f, pp %.6f; dp hidden "
+        "behind the backward %.6f; peak %.3g FLOP/s a GPU)\n",
+        time->total(), time->compute, time->bubble, time->tp, time->dp, time->pp, time->dp_hidden,
         cluster.peak_flops);
     return 0;
   }
@@ -188,8 +189,8 @@ int Main(int argc, char** argv) {
       TrainOptions::Precision_Name(train.precision()).c_str(), layouts->size());
   std::printf(
       "| # | tp | pp | v | ZeRO-1 | SP | recompute | micro-batch | GB (fullest GPU) | step s | "
-      "compute | bubble | tp comm | dp comm | pp comm | MFU |\n"
-      "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+      "compute | bubble | tp comm | dp comm | dp hidden | pp comm | MFU |\n"
+      "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   const int shown = std::min<int>(top, static_cast<int>(layouts->size()));
   for (int k = 0; k < shown; ++k) std::printf("%s\n", Row(k + 1, (*layouts)[k]).c_str());
   std::printf("\n");

@@ -123,6 +123,14 @@ TEST(ModelStepTimeTest, PartsFollowTheStatedModel) {
   NF_ASSERT_OK(dp_only);
   EXPECT_EQ(dp_only->tp, 0.0);
   EXPECT_EQ(dp_only->bubble, 0.0);
+  // Its gradient all-reduce is shown whole: what the backward hides and what it leaves exposed.
+  EXPECT_GT(dp_only->dp_hidden, 0.0);
+  EXPECT_GE(dp_only->dp, 0.0);
+  // ZeRO-1's all-gather comes after the update: exposed whatever the backward hides.
+  auto zero = ModelStepTime(With({"parallel.distributed_optimizer=true"}), cluster);
+  NF_ASSERT_OK(zero);
+  EXPECT_GT(zero->dp, 0.0);
+  EXPECT_GT(zero->dp_hidden, 0.0);
   // A pipeline of 4 leaves dp = 2 and m = 64 / (2 x 4) = 8 micro-batches per data-parallel
   // rank: bubble = compute (p - 1) / (v m); interleaving over 2 virtual stages halves it.
   auto pipe = ModelStepTime(With({"parallel.pipeline_parallel=4"}), cluster);
