@@ -79,21 +79,28 @@ if [[ -n $targets ]]; then
   wait "$targets" 2>/dev/null
   rm -f "$stop"
 fi
+# Requeues the job and ends with 0; when Slurm refuses (a job submitted with --no-requeue, a
+# cluster with JobRequeue=0), says so and ends with the launcher's status: the job must not look
+# done when it stopped short of its steps.
+requeue() {  # WHY
+  if scontrol requeue "$SLURM_JOB_ID"; then exit 0; fi
+  echo "$(date -Is) $1, but 'scontrol requeue $SLURM_JOB_ID' failed (submit with --requeue, on a" \
+    "cluster with JobRequeue=1): resubmit the batch script to resume from the last checkpoint" >&2
+  exit "$status"
+}
 failures_file=$RUN_DIR/.failure-requeues
 if ((status == 0 || status == 3)); then
   rm -f "$failures_file"
 fi
 if ((status == 3)); then
-  scontrol requeue "$SLURM_JOB_ID"
-  exit 0
+  requeue "the ranks stopped with a checkpoint"
 fi
 if ((status == 134)); then
   failures=$(( $(cat "$failures_file" 2>/dev/null || echo 0) + 1 ))
   if ((failures <= ${NF_FAILURE_REQUEUES:-3})); then
     echo "$failures" >"$failures_file"
     echo "$(date -Is) the collective watchdog ended the run: requeueing (failure $failures of at most ${NF_FAILURE_REQUEUES:-3} in a row)"
-    scontrol requeue "$SLURM_JOB_ID"
-    exit 0
+    requeue "the collective watchdog ended the run"
   fi
   echo "$(date -Is) the collective watchdog ended the run again: $((failures - 1)) requeues in a row did not help; giving up"
 fi
