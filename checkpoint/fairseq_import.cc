@@ -13,7 +13,7 @@
 #include "checkpoint/durable_files.h"
 #include "checkpoint/fairseq_model.h"
 #include "checkpoint/manifest_file.h"
-#include "checkpoint/non_finite.h"
+#include "core/non_finite.h"
 #include "checkpoint/output_path.h"
 #include "checkpoint/safetensors_file.h"
 #include "checkpoint/save.h"

@@ -19,7 +19,7 @@
 #include "checkpoint/crc32c.h"
 #include "checkpoint/durable_files.h"
 #include "checkpoint/load.h"
-#include "checkpoint/non_finite.h"
+#include "core/non_finite.h"
 #include "checkpoint/shard_mapping.h"
 #include "core/ops/ops.h"
 #include "core/status.h"

@@ -1,10 +1,13 @@
 #include "launcher/fault_injection.h"
 
 #include <cstdlib>
+#include <optional>
+#include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "core/status.h"
 
 namespace nf::launcher {
 
@@ -24,46 +27,52 @@ absl::StatusOr<std::vector<int64_t>> InjectedGradSpikeSteps() {
   return steps;
 }
 
-absl::StatusOr<InjectedDesync> InjectedDesyncOf() {
-  const char* value = std::getenv("NF_INJECT_DESYNC");
-  if (value == nullptr || *value == '\0') return InjectedDesync{};
+namespace {
+
+// `variable`'s colon-separated integers, each at least its entry of `minimums`: none when unset,
+// InvalidArgument quoting the value and `form` when malformed.
+absl::StatusOr<std::optional<std::vector<int64_t>>> ColonSeparated(
+    const char* variable, const std::vector<int64_t>& minimums, absl::string_view form) {
+  const char* value = std::getenv(variable);
+  if (value == nullptr || *value == '\0') return std::nullopt;
   const std::vector<absl::string_view> parts = absl::StrSplit(value, ':');
-  InjectedDesync desync;
-  if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &desync.world_rank) ||
-      !absl::SimpleAtoi(parts[1], &desync.step) || desync.world_rank < 0 || desync.step <= 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "NF_INJECT_DESYNC='", value, "' must be RANK:STEP (world rank >= 0, step >= 1)"));
+  std::vector<int64_t> fields(parts.size());
+  bool valid = parts.size() == minimums.size();
+  for (size_t i = 0; valid && i < parts.size(); ++i) {
+    valid = absl::SimpleAtoi(parts[i], &fields[i]) && fields[i] >= minimums[i];
   }
-  return desync;
+  if (!valid) {
+    return absl::InvalidArgumentError(absl::StrCat(variable, "='", value, "' must be ", form));
+  }
+  return fields;
+}
+
+}  // namespace
+
+absl::StatusOr<InjectedDesync> InjectedDesyncOf() {
+  NF_ASSIGN_OR_RETURN(const auto fields, ColonSeparated("NF_INJECT_DESYNC", {0, 1},
+                                                        "RANK:STEP (world rank >= 0, step >= 1)"));
+  if (!fields) return InjectedDesync{};
+  return InjectedDesync{.world_rank = static_cast<int>((*fields)[0]), .step = (*fields)[1]};
 }
 
 absl::StatusOr<InjectedSlowRank> InjectedSlowRankOf() {
-  const char* value = std::getenv("NF_INJECT_SLOW_RANK");
-  if (value == nullptr || *value == '\0') return InjectedSlowRank{};
-  const std::vector<absl::string_view> parts = absl::StrSplit(value, ':');
-  InjectedSlowRank slow;
-  if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &slow.world_rank) ||
-      !absl::SimpleAtoi(parts[1], &slow.milliseconds) || slow.world_rank < 0 ||
-      slow.milliseconds <= 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "NF_INJECT_SLOW_RANK='", value, "' must be RANK:MILLISECONDS (rank >= 0, delay >= 1)"));
-  }
-  return slow;
+  NF_ASSIGN_OR_RETURN(
+      const auto fields,
+      ColonSeparated("NF_INJECT_SLOW_RANK", {0, 1}, "RANK:MILLISECONDS (rank >= 0, delay >= 1)"));
+  if (!fields) return InjectedSlowRank{};
+  return InjectedSlowRank{.world_rank = static_cast<int>((*fields)[0]),
+                          .milliseconds = (*fields)[1]};
 }
 
 absl::StatusOr<InjectedNan> InjectedNanOf() {
-  const char* value = std::getenv("NF_INJECT_NAN");
-  if (value == nullptr || *value == '\0') return InjectedNan{};
-  const std::vector<absl::string_view> parts = absl::StrSplit(value, ':');
-  InjectedNan nan;
-  if (parts.size() != 3 || !absl::SimpleAtoi(parts[0], &nan.step) ||
-      !absl::SimpleAtoi(parts[1], &nan.layer) || !absl::SimpleAtoi(parts[2], &nan.tp_rank) ||
-      nan.step <= 0 || nan.layer < 0 || nan.tp_rank < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("NF_INJECT_NAN='", value,
-                     "' must be STEP:LAYER:TP_RANK (step >= 1, layer >= 0, tp rank >= 0)"));
-  }
-  return nan;
+  NF_ASSIGN_OR_RETURN(const auto fields,
+                      ColonSeparated("NF_INJECT_NAN", {1, 0, 0},
+                                     "STEP:LAYER:TP_RANK (step >= 1, layer >= 0, tp rank >= 0)"));
+  if (!fields) return InjectedNan{};
+  return InjectedNan{.step = (*fields)[0],
+                     .layer = static_cast<int>((*fields)[1]),
+                     .tp_rank = static_cast<int>((*fields)[2])};
 }
 
 }  // namespace nf::launcher

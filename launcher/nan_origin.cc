@@ -117,4 +117,11 @@ std::string DescribeNanOrigin(const NanOrigin& o) {
       out.output, out.tensor, out.element);
 }
 
+std::string SummarizeNanOrigin(const NanOriginAgreement& agreed) {
+  if (agreed.first)
+    return absl::StrCat("the first non-finite value: ", DescribeNanOrigin(*agreed.first));
+  return "its re-run produced only finite values: the fault did not repeat (transient hardware or "
+         "communication), or the sum over data-parallel ranks overflowed";
+}
+
 }  // namespace nf::launcher

@@ -73,4 +73,8 @@ absl::StatusOr<NanOriginAgreement> AgreeOnNanOrigin(const std::optional<NanOrigi
 // into C (f32[64, 256] on cpu, element 0)".
 std::string DescribeNanOrigin(const NanOrigin& origin);
 
+// What a search found, as the console and the stop message say it: "the first non-finite value:
+// " and DescribeNanOrigin, or that the re-run produced only finite values.
+std::string SummarizeNanOrigin(const NanOriginAgreement& agreed);
+
 }  // namespace nf::launcher

@@ -582,15 +582,10 @@ class TrainingRun {
   }
 
   // What train.nan_origin's re-run of a step with non-finite gradients found: a log.jsonl event
-  // and a console line (rank 0), and the stop message's last words.
+  // and a console line (rank 0); CheckHealth's stop message says it too.
   absl::Status ReportNanOrigin(const StepStats& stats) {
-    if (!stats.nan_origin_searched) return absl::OkStatus();
-    const std::optional<NanOrigin>& origin = stats.nan_origin.first;
-    nan_origin_ =
-        origin ? absl::StrCat("the first non-finite value: ", DescribeNanOrigin(*origin))
-               : "its re-run produced only finite values: the fault did not repeat (transient "
-                 "hardware or communication), or the sum over data-parallel ranks overflowed";
-    if (!writes_) return absl::OkStatus();
+    if (!stats.nan_origin || !writes_) return absl::OkStatus();
+    const std::optional<NanOrigin>& origin = stats.nan_origin->first;
     JsonObject event = JsonObject()
                            .AddString("event", "nan_origin")
                            .AddInt("step", stats.step)
@@ -608,10 +603,11 @@ class TrainingRun {
           .AddString("tensor", out.tensor)
           .AddInt("element", out.element)
           .AddString("value", ops::NonFiniteName(out.value))
-          .AddInt("ranks_found", stats.nan_origin.ranks_found);
+          .AddInt("ranks_found", stats.nan_origin->ranks_found);
     }
     NF_RETURN_IF_ERROR(log_->Write(event));
-    console_ << absl::StrFormat("non-finite gradients at step %d: %s\n", stats.step, nan_origin_);
+    console_ << absl::StrFormat("non-finite gradients at step %d: %s\n", stats.step,
+                                SummarizeNanOrigin(*stats.nan_origin));
     return absl::OkStatus();
   }
 
@@ -744,7 +740,8 @@ class TrainingRun {
         fp16 ? absl::StrFormat(", %d consecutive skipped steps, loss scale %g",
                                consecutive_skipped_, stats.loss_scale)
              : "",
-        stats.nan_origin_searched ? absl::StrCat(" (", nan_origin_, ")") : "", named));
+        stats.nan_origin ? absl::StrCat(" (", SummarizeNanOrigin(*stats.nan_origin), ")") : "",
+        named));
   }
 
   AfterValidation after_validation_;
@@ -760,7 +757,6 @@ class TrainingRun {
   int64_t first_step_ = 0;
   int64_t consecutive_skipped_ = 0;  // for non-finite gradients or an overflowing update
   int64_t consecutive_spikes_ = 0;   // skipped for a spike (SKIP)
-  std::string nan_origin_;           // the last nan_origin finding, as the console says it
   RankTimes interval_;               // this rank's seconds over the log interval so far
   int64_t interval_steps_ = 0;
   bool interval_save_due_ = false;  // deferred by skipped steps

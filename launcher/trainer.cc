@@ -573,8 +573,7 @@ absl::StatusOr<StepStats> Trainer::TrainStep(bool block_grad_norms) {
         .block_grad_norms = {},
         .spike = std::nullopt,
         .skipped_window = *window,
-        .nan_origin_searched = false,
-        .nan_origin = {}};
+        .nan_origin = std::nullopt};
   }
   if (injected_slow_rank_.world_rank == groups_->topology.world_rank()) {
     std::this_thread::sleep_for(std::chrono::milliseconds(injected_slow_rank_.milliseconds));
@@ -628,10 +627,8 @@ absl::StatusOr<StepStats> Trainer::TrainStep(bool block_grad_norms) {
   NF_ASSIGN_OR_RETURN(const model::NormFormerModel::LossSum global, GlobalLoss());
   const int64_t tokens = global.tokens;
   const double loss = tokens > 0 ? global.sum / static_cast<double>(tokens) : 0.0;
-  NanOriginAgreement nan_origin;
-  const bool search_nan_origin =
-      skip_reason == optim::SkipReason::kNonFiniteGradients && train.nan_origin();
-  if (search_nan_origin) {
+  std::optional<NanOriginAgreement> nan_origin;
+  if (skip_reason == optim::SkipReason::kNonFiniteGradients && train.nan_origin()) {
     NF_ASSIGN_OR_RETURN(nan_origin, FindNanOrigin(step));
   }
   if (inject_nan) NF_RETURN_IF_ERROR(InjectNan(/*poison=*/false));
@@ -696,7 +693,6 @@ absl::StatusOr<StepStats> Trainer::TrainStep(bool block_grad_norms) {
       .block_grad_norms = std::move(block_norms),
       .spike = std::move(spike),
       .skipped_window = std::nullopt,
-      .nan_origin_searched = search_nan_origin,
       .nan_origin = std::move(nan_origin)};
 }
 

@@ -68,9 +68,8 @@ struct StepStats {
   // The skipped window the step's batch overlapped (skip_reason kSkippedData).
   std::optional<SampleWindow> skipped_window;
   // train.nan_origin on a step with non-finite gradients: the step was run again and searched
-  // (nan_origin.h); what it found first, if anything (the same on every rank).
-  bool nan_origin_searched = false;
-  NanOriginAgreement nan_origin;
+  // (nan_origin.h), and this is what it found (the same on every rank); else none.
+  std::optional<NanOriginAgreement> nan_origin;
 };
 
 class Trainer {

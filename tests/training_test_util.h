@@ -19,6 +19,29 @@
 
 namespace nf::testing {
 
+// The small model the single-process trainer tests train: 2 layers, d_model 32, 2 heads, ffn 64,
+// vocab 64; 2 micro-batches of 4 samples of 16 tokens a step; lr 1e-2; a log line every 1000
+// steps; the synthetic chain of branching 2. Each test sets what it varies on top.
+inline launcher::TrainConfig TwoLayerTrainConfig(int64_t train_iters) {
+  launcher::TrainConfig config;
+  model::ModelConfig& model = *config.mutable_model();
+  model.set_num_layers(2);
+  model.set_d_model(32);
+  model.set_num_heads(2);
+  model.set_ffn_dim(64);
+  model.set_vocab_size(64);
+  model.set_max_seq_len(16);
+  launcher::TrainOptions& train = *config.mutable_train();
+  train.set_seq_len(16);
+  train.set_micro_batch_size(4);
+  train.set_global_batch_size(8);
+  train.set_train_iters(train_iters);
+  train.set_log_interval(1000);
+  train.mutable_optimizer()->set_lr(1e-2f);
+  config.mutable_data()->mutable_synthetic()->set_branching(2);
+  return config;
+}
+
 // One process without `groups`, else a rank of the layout they describe.
 inline std::unique_ptr<launcher::Trainer> MakeTrainer(const launcher::TrainConfig& config,
                                                       parallel::ProcessGroups* groups = nullptr) {

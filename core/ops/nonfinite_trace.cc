@@ -3,9 +3,11 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <string>
 
 #include "absl/strings/str_cat.h"
 #include "core/half.h"
+#include "core/non_finite.h"
 #include "core/ops/ops.h"
 
 namespace nf::ops {
@@ -20,34 +22,17 @@ struct Labels {
 };
 thread_local Labels labels;
 
-// The index of the first non-finite element of host tensor `t`, and its value; -1 when none.
-template <typename T>
-std::pair<int64_t, double> FirstNonFinite(const Tensor& t) {
-  const T* data = t.data<T>();
-  for (int64_t i = 0, n = t.numel(); i < n; ++i) {
-    const double v = static_cast<double>(ToFloat(data[i]));
-    if (!std::isfinite(v)) return {i, v};
-  }
-  return {-1, 0.0};
-}
-
-std::pair<int64_t, double> FirstNonFiniteOnHost(const Tensor& t) {
+// Element `i` of host tensor `t` (a floating dtype) as a double: NaN and infinities kept.
+double ElementAt(const Tensor& t, int64_t i) {
   switch (t.dtype()) {
-    case DType::kF32:
-      return FirstNonFinite<float>(t);
     case DType::kF16:
-      return FirstNonFinite<Half>(t);
+      return ToFloat(t.data<Half>()[i]);
     case DType::kBF16:
-      return FirstNonFinite<BFloat16>(t);
-    case DType::kF64: {
-      const double* data = t.data<double>();
-      for (int64_t i = 0, n = t.numel(); i < n; ++i) {
-        if (!std::isfinite(data[i])) return {i, data[i]};
-      }
-      return {-1, 0.0};
-    }
+      return ToFloat(t.data<BFloat16>()[i]);
+    case DType::kF64:
+      return t.data<double>()[i];
     default:
-      return {-1, 0.0};  // integers hold no NaN
+      return t.data<float>()[i];
   }
 }
 
@@ -87,7 +72,7 @@ void NonFiniteTrace::CheckOutputs(const char* op, std::initializer_list<Named> o
       if (status_.ok()) status_ = host.status();
       continue;
     }
-    const auto [element, value] = FirstNonFiniteOnHost(*host);
+    const int64_t element = FindNonFinite(host->raw_data(), host->numel(), host->dtype()).first;
     if (element < 0) continue;
     first_ = NonFiniteOutput{.op_index = index,
                              .op = op,
@@ -95,7 +80,7 @@ void NonFiniteTrace::CheckOutputs(const char* op, std::initializer_list<Named> o
                              .output = std::string(out.name),
                              .tensor = out.tensor.DebugString(),
                              .element = element,
-                             .value = value};
+                             .value = ElementAt(*host, element)};
     break;
   }
   checking_ = false;

@@ -213,8 +213,9 @@ TEST(GpuTrainingTest, WhereANanBeganOnTheGpu) {
     testing::TrainSteps(*trainer, 1);
     const absl::StatusOr<launcher::StepStats> stats = trainer->TrainStep();
     NF_ASSERT_OK(stats);
-    ASSERT_TRUE(stats->nan_origin.first.has_value()) << TrainOptions::Precision_Name(precision);
-    const launcher::NanOrigin& origin = *stats->nan_origin.first;
+    ASSERT_TRUE(stats->nan_origin.has_value());
+    ASSERT_TRUE(stats->nan_origin->first.has_value()) << TrainOptions::Precision_Name(precision);
+    const launcher::NanOrigin& origin = *stats->nan_origin->first;
     std::printf("%s: %s\n", TrainOptions::Precision_Name(precision).c_str(),
                 launcher::DescribeNanOrigin(origin).c_str());
     EXPECT_FALSE(origin.backward);

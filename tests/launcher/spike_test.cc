@@ -35,21 +35,8 @@ using ::testing::HasSubstr;
 // 0.5 x the median, threshold 50): an injected spike multiplies the norm by 1000, while a small
 // model's norm moves by far less from step to step.
 TrainConfig SpikeConfigured(SpikeConfig::Action action, int64_t train_iters) {
-  TrainConfig config;
-  nf::model::ModelConfig& model = *config.mutable_model();
-  model.set_num_layers(2);
-  model.set_d_model(32);
-  model.set_num_heads(2);
-  model.set_ffn_dim(64);
-  model.set_vocab_size(64);
-  model.set_max_seq_len(16);
+  TrainConfig config = nf::testing::TwoLayerTrainConfig(train_iters);
   TrainOptions& train = *config.mutable_train();
-  train.set_seq_len(16);
-  train.set_micro_batch_size(4);
-  train.set_global_batch_size(8);
-  train.set_train_iters(train_iters);
-  train.set_log_interval(1000);
-  train.mutable_optimizer()->set_lr(1e-2f);
   train.mutable_lr_schedule()->set_warmup_iters(2);
   SpikeConfig& spike = *train.mutable_spike();
   spike.set_action(action);
@@ -60,7 +47,6 @@ TrainConfig SpikeConfigured(SpikeConfig::Action action, int64_t train_iters) {
   spike.set_min_relative_spread(0.5f);
   config.mutable_checkpoint()->set_save_interval(4);
   config.mutable_checkpoint()->set_keep_last(10);
-  config.mutable_data()->mutable_synthetic()->set_branching(2);
   NF_EXPECT_OK(ValidateTrainConfig(config));
   return config;
 }

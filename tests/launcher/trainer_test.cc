@@ -41,25 +41,11 @@ const double kBestLoss = std::log(2.0);
 // per step; lr 1e-2 with 10 warmup steps and linear decay to 0 at the last step; dropout off so
 // that the precision comparisons see rounding only.
 TrainConfig SmallConfig(TrainOptions::Precision precision, int64_t train_iters) {
-  TrainConfig config;
-  nf::model::ModelConfig& model = *config.mutable_model();
-  model.set_num_layers(2);
-  model.set_d_model(32);
-  model.set_num_heads(2);
-  model.set_ffn_dim(64);
-  model.set_vocab_size(64);
-  model.set_max_seq_len(16);
-  model.set_dropout(0.0f);
-  TrainOptions& train = *config.mutable_train();
-  train.set_seq_len(16);
-  train.set_micro_batch_size(4);
-  train.set_global_batch_size(8);
-  train.set_train_iters(train_iters);
-  train.set_precision(precision);
-  train.set_log_interval(1000);
-  train.mutable_optimizer()->set_lr(1e-2f);
-  train.mutable_lr_schedule()->set_warmup_iters(std::min<int64_t>(10, train_iters));
-  config.mutable_data()->mutable_synthetic()->set_branching(2);
+  TrainConfig config = nf::testing::TwoLayerTrainConfig(train_iters);
+  config.mutable_model()->set_dropout(0.0f);
+  config.mutable_train()->set_precision(precision);
+  config.mutable_train()->mutable_lr_schedule()->set_warmup_iters(
+      std::min<int64_t>(10, train_iters));
   NF_EXPECT_OK(ValidateTrainConfig(config));
   return config;
 }

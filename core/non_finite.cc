@@ -1,8 +1,8 @@
-#include "checkpoint/non_finite.h"
+#include "core/non_finite.h"
 
 #include <cstring>
 
-namespace nf::checkpoint {
+namespace nf {
 namespace {
 
 // Elements of type Bits whose exponent field (`exponent` mask) is all ones.
@@ -29,9 +29,11 @@ NonFinite FindNonFinite(const void* data, int64_t count, DType dtype) {
       return Scan<uint16_t>(data, count, 0x7c00u);
     case DType::kBF16:
       return Scan<uint16_t>(data, count, 0x7f80u);
+    case DType::kF64:
+      return Scan<uint64_t>(data, count, 0x7ff0000000000000u);
     default:
       return {};
   }
 }
 
-}  // namespace nf::checkpoint
+}  // namespace nf
