@@ -123,6 +123,15 @@ class StagingRemover {
 
 absl::Status ConvertCheckpoint(const fs::path& dir, const Manifest& manifest,
                                const TargetLayout& target, const fs::path& out) {
+  return WriteCheckpointForLayout(
+      dir, manifest,
+      [&](const TensorRecord& record) { return AssembleTensor(dir, manifest, record); }, target,
+      out);
+}
+
+absl::Status WriteCheckpointForLayout(const fs::path& dir, const Manifest& manifest,
+                                      const WholeTensorSource& read, const TargetLayout& target,
+                                      const fs::path& out) {
   const model::ModelConfig& model = manifest.model();
   const int tp = target.tensor_parallel, pp = target.pipeline_parallel;
   const int dp = target.data_parallel, v = target.virtual_stages;
@@ -167,7 +176,7 @@ absl::Status ConvertCheckpoint(const fs::path& dir, const Manifest& manifest,
       return absl::FailedPreconditionError(absl::StrCat(
           "checkpoint ", dir.string(), " holds ", source.name(), ", which the model has not"));
     }
-    NF_ASSIGN_OR_RETURN(const AssembledTensor whole, AssembleTensor(dir, manifest, source));
+    NF_ASSIGN_OR_RETURN(const AssembledTensor whole, read(source));
     TensorRecord* record = converted.add_tensors();
     *record = source;
     record->clear_pieces();

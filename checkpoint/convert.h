@@ -6,8 +6,10 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 
 #include "absl/status/status.h"
+#include "checkpoint/assemble.h"
 #include "checkpoint/checkpoint.pb.h"
 
 namespace nf::checkpoint {
@@ -23,8 +25,18 @@ struct TargetLayout {
 
 // Writes the converted checkpoint to `out` (staged as out.tmp, renamed when complete, removed on
 // failure); refuses an existing `out` and layouts the model cannot split into, saying what would
-// work.
+// work. One whole tensor is in memory at a time, with one rank's shard of it.
 absl::Status ConvertCheckpoint(const std::filesystem::path& dir, const Manifest& manifest,
                                const TargetLayout& target, const std::filesystem::path& out);
+
+// The whole tensor of a record of `manifest` ([numel] in the record's dtype, host).
+using WholeTensorSource = std::function<absl::StatusOr<AssembledTensor>(const TensorRecord&)>;
+
+// The same for checkpoints that are not (yet) on disk as one: every record of `manifest` (whose
+// pieces are ignored) comes from `read`, record by record in the manifest's order; `source`
+// names where they come from in errors.
+absl::Status WriteCheckpointForLayout(const std::filesystem::path& source, const Manifest& manifest,
+                                      const WholeTensorSource& read, const TargetLayout& target,
+                                      const std::filesystem::path& out);
 
 }  // namespace nf::checkpoint

@@ -4,7 +4,10 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+#include "checkpoint/assemble.h"
 #include "checkpoint/fairseq_model.h"
 #include "checkpoint/output_path.h"
 #include "checkpoint/safetensors_export.h"
@@ -19,18 +22,23 @@ namespace {
 namespace fs = std::filesystem;
 
 // out_proj.weight [d, d] (out, in): input column j belongs to head j / head_dim, and scaling
-// head h's output by c[h] before the projection equals scaling those columns by c[h]. Each
-// product is rounded once to fp32 (and once more to a 16-bit dtype); c_attn becomes 1.
-absl::Status FoldHeadScale(NamedTensor& out_proj, NamedTensor& c_attn, int64_t head_dim) {
+// head h's output by c[h] ([heads], the layer's c_attn) before the projection equals scaling
+// those columns by c[h]. Each product is rounded once to fp32 (and once more to a 16-bit dtype).
+absl::Status FoldHeadScale(NamedTensor& out_proj, const NamedTensor& c_attn, int64_t head_dim) {
   NF_ASSIGN_OR_RETURN(std::vector<float> weight, ToFloatVector(out_proj.data));
-  NF_ASSIGN_OR_RETURN(std::vector<float> scale, ToFloatVector(c_attn.data));
+  NF_ASSIGN_OR_RETURN(const std::vector<float> scale, ToFloatVector(c_attn.data));
   const int64_t in = out_proj.shape[1];
   for (size_t i = 0; i < weight.size(); ++i) {
     weight[i] *= scale[static_cast<int64_t>(i) % in / head_dim];
   }
   NF_ASSIGN_OR_RETURN(out_proj.data,
                       TensorFromFloats(out_proj.data.dtype(), {out_proj.data.numel()}, weight));
-  const std::vector<float> ones(scale.size(), 1.0f);
+  return absl::OkStatus();
+}
+
+// A head scale folded into out_proj is written as 1.
+absl::Status SetToOnes(NamedTensor& c_attn) {
+  const std::vector<float> ones(static_cast<size_t>(c_attn.data.numel()), 1.0f);
   NF_ASSIGN_OR_RETURN(c_attn.data,
                       TensorFromFloats(c_attn.data.dtype(), {c_attn.data.numel()}, ones));
   return absl::OkStatus();
@@ -48,9 +56,11 @@ absl::Status ExportFairseqSafetensors(const fs::path& dir, const Manifest& manif
     if (r.kind() == TensorRecord::PARAM) params[r.name()] = &r;
   }
   // The whole model's parameters in their fixed order (the padded vocabulary does not matter:
-  // only names and order are read).
-  std::vector<NamedTensor> tensors;
-  std::map<std::string, size_t> index;
+  // only names and order are read), after fairseq's own buffer decoder.version, which its state
+  // dict lists before the modules' parameters.
+  std::vector<const TensorRecord*> records;
+  std::vector<SafetensorsEntry> entries = {
+      {.name = kFairseqVersionTensor, .dtype = DType::kF32, .shape = {1}}};
   for (const model::ParamSpec& spec :
        model::NormFormerParamSpecs(model, model::PaddedVocabSize(model.vocab_size(), 1))) {
     const auto it = params.find(spec.name);
@@ -58,26 +68,39 @@ absl::Status ExportFairseqSafetensors(const fs::path& dir, const Manifest& manif
       return absl::FailedPreconditionError(absl::StrCat("checkpoint ", dir.string(), " has no ",
                                                         spec.name, ", which its model config has"));
     }
-    NF_ASSIGN_OR_RETURN(NamedTensor t, ExportedParam(dir, manifest, *it->second));
-    index[t.name] = tensors.size();
-    tensors.push_back(std::move(t));
+    NF_ASSIGN_OR_RETURN(const CheckedRecord checked, CheckRecord(dir, manifest, *it->second));
+    records.push_back(it->second);
+    entries.push_back({.name = spec.name,
+                       .dtype = dtype.value_or(checked.dtype),
+                       .shape = ExportedShape(manifest, *it->second)});
   }
-  if (model.normformer().scale_heads() &&
-      model.normformer().head_scale_placement() == model::NormFormerConfig::BEFORE_OUT_PROJ) {
-    const int64_t head_dim = model.d_model() / model.num_heads();
-    for (int layer = 0; layer < model.num_layers(); ++layer) {
-      const std::string p = model::LayerPrefix(layer);
-      NF_RETURN_IF_ERROR(FoldHeadScale(tensors[index.at(p + ".self_attn.out_proj.weight")],
-                                       tensors[index.at(p + ".c_attn")], head_dim));
-    }
-  }
-  for (NamedTensor& t : tensors) NF_RETURN_IF_ERROR(ConvertForExport(t, dtype));
-  // fairseq's state dict lists the decoder's own buffer before its modules' parameters.
+  NF_ASSIGN_OR_RETURN(SafetensorsWriter writer,
+                      SafetensorsWriter::Create(out, FairseqExportMetadata(model, manifest.step()),
+                                                std::move(entries)));
   NF_ASSIGN_OR_RETURN(
       const Tensor version,
       TensorFromFloats(DType::kF32, {1}, std::vector<float>{kFairseqDecoderVersion}));
-  tensors.insert(tensors.begin(), {.name = kFairseqVersionTensor, .shape = {1}, .data = version});
-  return WriteSafetensors(out, FairseqExportMetadata(model, manifest.step()), tensors);
+  NF_RETURN_IF_ERROR(writer.Append(version));
+  // One parameter in memory at a time; out_proj reads its layer's c_attn (d_model / head_dim
+  // values) to fold it.
+  const bool fold =
+      model.normformer().scale_heads() &&
+      model.normformer().head_scale_placement() == model::NormFormerConfig::BEFORE_OUT_PROJ;
+  const int64_t head_dim = model.d_model() / model.num_heads();
+  for (const TensorRecord* record : records) {
+    NF_ASSIGN_OR_RETURN(NamedTensor t, ExportedParam(dir, manifest, *record));
+    if (fold && absl::EndsWith(t.name, ".self_attn.out_proj.weight")) {
+      const std::string c_attn =
+          absl::StrCat(absl::StripSuffix(t.name, ".self_attn.out_proj.weight"), ".c_attn");
+      NF_ASSIGN_OR_RETURN(NamedTensor scales, ExportedParam(dir, manifest, *params.at(c_attn)));
+      NF_RETURN_IF_ERROR(FoldHeadScale(t, scales, head_dim));
+    } else if (fold && absl::EndsWith(t.name, ".c_attn")) {
+      NF_RETURN_IF_ERROR(SetToOnes(t));  // folded into out_proj
+    }
+    NF_RETURN_IF_ERROR(ConvertForExport(t, dtype));
+    NF_RETURN_IF_ERROR(writer.Append(t.data));
+  }
+  return writer.Commit();
 }
 
 }  // namespace nf::checkpoint

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <string>
 #include <utility>
@@ -9,15 +10,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "checkpoint/crc32c.h"
-#include "checkpoint/durable_files.h"
 #include "checkpoint/fairseq_model.h"
 #include "checkpoint/manifest_file.h"
-#include "core/non_finite.h"
 #include "checkpoint/output_path.h"
 #include "checkpoint/safetensors_file.h"
-#include "checkpoint/save.h"
-#include "checkpoint/shard_mapping.h"
+#include "core/non_finite.h"
 #include "core/ops/ops.h"
 #include "core/status.h"
 #include "model/model_config_check.h"
@@ -34,10 +31,9 @@ std::string ShapeText(const Shape& shape) {
 }
 
 // The file's model config: its metadata's, or the one given for a file without.
-absl::StatusOr<ModelConfig> ModelOf(const fs::path& file, const SafetensorsContents& contents,
+absl::StatusOr<ModelConfig> ModelOf(const fs::path& file, const SafetensorsMetadata& metadata,
                                     const ImportOptions& options) {
-  NF_ASSIGN_OR_RETURN(std::optional<ModelConfig> recorded,
-                      ModelConfigFromMetadata(contents.metadata));
+  NF_ASSIGN_OR_RETURN(std::optional<ModelConfig> recorded, ModelConfigFromMetadata(metadata));
   if (recorded && options.model) {
     return absl::InvalidArgumentError(
         absl::StrCat(file.string(), " records its model config (", kModelConfigMetadata,
@@ -68,17 +64,17 @@ bool SameBytes(const Tensor& a, const Tensor& b) {
 }
 
 // fairseq's decoder runs its final LayerNorm only when the state dict's decoder.version > 2.
-absl::Status CheckDecoderVersion(const fs::path& file,
-                                 const std::map<std::string, NamedTensor*>& by_name) {
-  const auto it = by_name.find(kFairseqVersionTensor);
+absl::Status CheckDecoderVersion(const SafetensorsReader& reader) {
+  const fs::path& file = reader.file();
   const std::string consequence =
       "fairseq would load it as a decoder from before 2019 and drop its final LayerNorm "
       "(decoder.layer_norm), which this model always applies";
-  if (it == by_name.end()) {
+  if (reader.Find(kFairseqVersionTensor) == nullptr) {
     return absl::FailedPreconditionError(
         absl::StrCat(file.string(), " has no ", kFairseqVersionTensor, ": ", consequence));
   }
-  NF_ASSIGN_OR_RETURN(const std::vector<float> version, ToFloatVector(it->second->data));
+  NF_ASSIGN_OR_RETURN(const Tensor data, reader.Read(kFairseqVersionTensor));
+  NF_ASSIGN_OR_RETURN(const std::vector<float> version, ToFloatVector(data));
   if (version.empty() || !(version[0] > 2.0f)) {
     return absl::FailedPreconditionError(
         absl::StrCat(file.string(), ": ", kFairseqVersionTensor, " is ",
@@ -88,36 +84,27 @@ absl::Status CheckDecoderVersion(const fs::path& file,
   return absl::OkStatus();
 }
 
-// The file's tensors against the model's parameters: every one present with its shape (the
-// vocabulary tables with vocab_size rows), nothing else but decoder.version and a tied model's
-// copy of the embedding as output_projection.
-absl::StatusOr<std::vector<const NamedTensor*>> MatchParams(
-    const fs::path& file, const ModelConfig& model,
-    const std::map<std::string, NamedTensor*>& by_name,
-    const std::vector<model::ParamSpec>& specs) {
-  std::vector<const NamedTensor*> matched;
+// The file's tensors against the model's parameters, by their header: every one present with its
+// shape (the vocabulary tables with vocab_size rows), nothing else but decoder.version and a
+// tied model's copy of the embedding as output_projection (whose bytes are compared).
+absl::Status MatchParams(const SafetensorsReader& reader, const ModelConfig& model,
+                         const std::vector<model::ParamSpec>& specs) {
+  const fs::path& file = reader.file();
   for (const model::ParamSpec& spec : specs) {
-    const auto it = by_name.find(spec.name);
-    if (it == by_name.end()) {
+    const SafetensorsEntry* entry = reader.Find(spec.name);
+    if (entry == nullptr) {
       return absl::FailedPreconditionError(absl::StrCat(file.string(), " has no ", spec.name,
                                                         ", which the model has (",
                                                         ModelConfigText(model), ")"));
     }
-    if (it->second->shape != spec.global_shape) {
+    if (entry->shape != spec.global_shape) {
       return absl::FailedPreconditionError(
-          absl::StrCat(file.string(), ": ", spec.name, " is ", ShapeText(it->second->shape),
+          absl::StrCat(file.string(), ": ", spec.name, " is ", ShapeText(entry->shape),
                        ", the model's is ", ShapeText(spec.global_shape)));
     }
-    const NonFinite bad = FindNonFinite(it->second->data.raw_data(), it->second->data.numel(),
-                                        it->second->data.dtype());
-    if (bad.count > 0) {
-      return absl::DataLossError(absl::StrCat(file.string(), ": ", spec.name, " holds ", bad.count,
-                                              " non-finite values (the first at element ",
-                                              bad.first, ")"));
-    }
-    matched.push_back(it->second);
   }
-  for (const auto& [name, tensor] : by_name) {
+  for (const SafetensorsEntry& entry : reader.entries()) {
+    const std::string& name = entry.name;
     if (name == kFairseqVersionTensor) continue;
     if (std::any_of(specs.begin(), specs.end(),
                     [&](const model::ParamSpec& s) { return s.name == name; })) {
@@ -125,7 +112,9 @@ absl::StatusOr<std::vector<const NamedTensor*>> MatchParams(
     }
     // fairseq's state dict lists a tied head under both names (one storage).
     if (name == "decoder.output_projection.weight" && model.tie_embeddings()) {
-      if (SameBytes(tensor->data, by_name.at("decoder.embed_tokens.weight")->data)) continue;
+      NF_ASSIGN_OR_RETURN(const Tensor head, reader.Read(name));
+      NF_ASSIGN_OR_RETURN(const Tensor embedding, reader.Read("decoder.embed_tokens.weight"));
+      if (SameBytes(head, embedding)) continue;
       return absl::FailedPreconditionError(absl::StrCat(
           file.string(),
           ": decoder.output_projection.weight differs from "
@@ -135,20 +124,21 @@ absl::StatusOr<std::vector<const NamedTensor*>> MatchParams(
                                                       ", which the model has not (",
                                                       ModelConfigText(model), ")"));
   }
-  return matched;
+  return absl::OkStatus();
 }
 
 // fairseq scales out_proj's output by c_attn; a BEFORE_OUT_PROJ model equals that only when the
 // scales were folded into out_proj (as the export does) and are 1.
-absl::Status CheckUnitHeadScales(const fs::path& file, const ModelConfig& model,
-                                 const std::map<std::string, NamedTensor*>& by_name) {
+absl::Status CheckUnitHeadScales(const SafetensorsReader& reader, const ModelConfig& model) {
+  const fs::path& file = reader.file();
   if (!model.normformer().scale_heads() ||
       model.normformer().head_scale_placement() != model::NormFormerConfig::BEFORE_OUT_PROJ) {
     return absl::OkStatus();
   }
   for (int layer = 0; layer < model.num_layers(); ++layer) {
     const std::string name = model::LayerPrefix(layer) + ".c_attn";
-    NF_ASSIGN_OR_RETURN(const std::vector<float> scales, ToFloatVector(by_name.at(name)->data));
+    NF_ASSIGN_OR_RETURN(const Tensor data, reader.Read(name));
+    NF_ASSIGN_OR_RETURN(const std::vector<float> scales, ToFloatVector(data));
     for (float s : scales) {
       if (s == 1.0f) continue;
       return absl::FailedPreconditionError(absl::StrCat(
@@ -161,29 +151,12 @@ absl::Status CheckUnitHeadScales(const fs::path& file, const ModelConfig& model,
   return absl::OkStatus();
 }
 
-// Removes a directory when the import ends, complete or not.
-class RemovedAtExit {
- public:
-  explicit RemovedAtExit(fs::path dir) : dir_(std::move(dir)) {}
-  RemovedAtExit(const RemovedAtExit&) = delete;
-  RemovedAtExit& operator=(const RemovedAtExit&) = delete;
-  ~RemovedAtExit() {
-    std::error_code ignored;
-    fs::remove_all(dir_, ignored);
-  }
-
- private:
-  const fs::path dir_;
-};
-
-// The checkpoint a one-rank run (tp = pp = dp = 1) would save of these parameters and a fresh
-// optimizer, written to `dir`: per parameter its value, fp32 master weights and zero moments,
-// each one piece of rank_00000.shard. The vocabulary tables keep the file's rows (converting
-// pads them for each layout).
-absl::StatusOr<Manifest> WriteOneRankCheckpoint(const fs::path& dir, const ModelConfig& model,
-                                                int64_t step,
-                                                const std::vector<model::ParamSpec>& specs,
-                                                const std::vector<const NamedTensor*>& params) {
+// The records of the checkpoint a one-rank run (tp = pp = dp = 1) would save of these
+// parameters and a fresh optimizer: per parameter its value in the file's dtype, and fp32 master
+// weights and moments. Pieces are left out: the records are only read through ImportedTensors.
+Manifest OneRankManifest(const ModelConfig& model, int64_t step,
+                         const std::vector<model::ParamSpec>& specs,
+                         const SafetensorsReader& reader) {
   Manifest manifest;
   manifest.set_format_version(kFormatVersion);
   manifest.set_step(step);
@@ -198,87 +171,83 @@ absl::StatusOr<Manifest> WriteOneRankCheckpoint(const fs::path& dir, const Model
   layout->set_data_parallel(1);
   layout->set_virtual_stages(1);
   layout->set_distributed_optimizer(false);
-  const std::string shard = "rank_00000.shard";
-  NF_ASSIGN_OR_RETURN(DurableWriter writer, DurableWriter::Create(dir / shard));
-  for (size_t i = 0; i < specs.size(); ++i) {
-    const NamedTensor& param = *params[i];
-    NF_ASSIGN_OR_RETURN(const Tensor master, Tensor::HostZeros(DType::kF32, {param.data.numel()}));
-    NF_RETURN_IF_ERROR(ops::Cast(param.data, master));
-    NF_ASSIGN_OR_RETURN(const Tensor zeros, Tensor::HostZeros(DType::kF32, {param.data.numel()}));
-    const std::pair<TensorRecord::Kind, const Tensor*> kinds[] = {
-        {TensorRecord::PARAM, &param.data},
-        {TensorRecord::MASTER, &master},
-        {TensorRecord::EXP_AVG, &zeros},
-        {TensorRecord::EXP_AVG_SQ, &zeros}};
-    for (const auto& [kind, data] : kinds) {
+  for (const model::ParamSpec& spec : specs) {
+    const DType param_dtype = reader.Find(spec.name)->dtype;
+    for (const TensorRecord::Kind kind : {TensorRecord::PARAM, TensorRecord::MASTER,
+                                          TensorRecord::EXP_AVG, TensorRecord::EXP_AVG_SQ}) {
       TensorRecord* record = manifest.add_tensors();
-      record->set_name(specs[i].name);
+      record->set_name(spec.name);
       record->set_kind(kind);
-      for (int64_t dim : param.shape) record->add_global_shape(dim);
-      record->set_dtype(std::string(DTypeName(data->dtype())));
-      Piece* piece = record->add_pieces();
-      piece->set_file(shard);
-      piece->set_offset(writer.size());
-      piece->set_length(static_cast<int64_t>(data->nbytes()));
-      piece->set_crc32c(Crc32c(data->raw_data(), data->nbytes()));
-      piece->set_sharding(ShardingToProto(specs[i].sharding));
-      piece->set_tp_rank(0);
-      piece->set_tp_size(1);
-      piece->set_begin(0);
-      piece->set_end(data->numel());
-      NF_RETURN_IF_ERROR(writer.Append(data->raw_data(), static_cast<int64_t>(data->nbytes())));
+      for (int64_t dim : spec.global_shape) record->add_global_shape(dim);
+      record->set_dtype(
+          std::string(DTypeName(kind == TensorRecord::PARAM ? param_dtype : DType::kF32)));
     }
   }
-  ShardFile* file = manifest.add_files();
-  file->set_name(shard);
-  file->set_size(writer.size());
-  file->set_world_rank(0);
-  NF_RETURN_IF_ERROR(writer.Close());
-  NF_ASSIGN_OR_RETURN(DurableWriter manifest_writer, DurableWriter::Create(dir / kManifestName));
-  const std::string bytes = EncodeManifest(manifest);
-  NF_RETURN_IF_ERROR(manifest_writer.Append(bytes.data(), static_cast<int64_t>(bytes.size())));
-  NF_RETURN_IF_ERROR(manifest_writer.Close());
   return manifest;
 }
+
+// The whole tensors of OneRankManifest's records, made from the file as they are asked for (the
+// four records of a parameter one after the other): the parameter read once and checked to be
+// finite, master weights its fp32 copy, moments zero.
+class ImportedTensors {
+ public:
+  explicit ImportedTensors(const SafetensorsReader& reader) : reader_(reader) {}
+
+  absl::StatusOr<AssembledTensor> operator()(const TensorRecord& record) {
+    if (record.name() != name_) {
+      NF_ASSIGN_OR_RETURN(Tensor read, reader_.Read(record.name()));
+      const NonFinite bad = FindNonFinite(read.raw_data(), read.numel(), read.dtype());
+      if (bad.count > 0) {
+        return absl::DataLossError(
+            absl::StrCat(reader_.file().string(), ": ", record.name(), " holds ", bad.count,
+                         " non-finite values (the first at element ", bad.first, ")"));
+      }
+      name_ = record.name();
+      param_ = std::move(read);
+    }
+    AssembledTensor whole{
+        .global = param_,
+        .shape = Shape(record.global_shape().begin(), record.global_shape().end())};
+    if (record.kind() == TensorRecord::MASTER) {
+      NF_ASSIGN_OR_RETURN(whole.global, Tensor::HostEmpty(DType::kF32, {param_.numel()}));
+      NF_RETURN_IF_ERROR(ops::Cast(param_, whole.global));
+    } else if (record.kind() != TensorRecord::PARAM) {
+      NF_ASSIGN_OR_RETURN(whole.global, Tensor::HostZeros(DType::kF32, {param_.numel()}));
+    }
+    return whole;
+  }
+
+ private:
+  const SafetensorsReader& reader_;
+  std::string name_;  // the parameter in param_
+  Tensor param_;
+};
 
 }  // namespace
 
 absl::Status ImportFairseqSafetensors(const fs::path& file, const ImportOptions& options,
                                       const fs::path& out) {
   NF_RETURN_IF_ERROR(CheckNewOutput(out, "--out", "import writes a new directory"));
-  std::error_code error;
-  NF_ASSIGN_OR_RETURN(SafetensorsContents contents, ReadSafetensors(file));
-  NF_ASSIGN_OR_RETURN(const ModelConfig model, ModelOf(file, contents, options));
-  std::map<std::string, NamedTensor*> by_name;
-  for (NamedTensor& t : contents.tensors) by_name[t.name] = &t;
-  NF_RETURN_IF_ERROR(CheckDecoderVersion(file, by_name));
+  NF_ASSIGN_OR_RETURN(const SafetensorsReader reader, SafetensorsReader::Open(file));
+  NF_ASSIGN_OR_RETURN(const ModelConfig model, ModelOf(file, reader.metadata(), options));
+  NF_RETURN_IF_ERROR(CheckDecoderVersion(reader));
   // The whole model's parameters with the real vocabulary's rows.
   const std::vector<model::ParamSpec> specs =
       model::NormFormerParamSpecs(model, model.vocab_size());
-  NF_ASSIGN_OR_RETURN(const std::vector<const NamedTensor*> params,
-                      MatchParams(file, model, by_name, specs));
-  NF_RETURN_IF_ERROR(CheckUnitHeadScales(file, model, by_name));
+  NF_RETURN_IF_ERROR(MatchParams(reader, model, specs));
+  NF_RETURN_IF_ERROR(CheckUnitHeadScales(reader, model));
   std::optional<int64_t> step = options.step;
   if (!step) {
-    absl::StatusOr<std::optional<int64_t>> recorded = StepFromMetadata(contents.metadata);
+    absl::StatusOr<std::optional<int64_t>> recorded = StepFromMetadata(reader.metadata());
     if (!recorded.ok()) {
       return absl::DataLossError(absl::StrCat(file.string(), ": ", recorded.status().message()));
     }
     step = recorded->value_or(0);
   }
-
-  // Beside `out` (a trailing separator would put it inside).
-  const fs::path staging = (out.has_filename() ? out : out.parent_path()).string() + ".import.tmp";
-  fs::remove_all(staging, error);
-  fs::create_directories(staging, error);
-  if (error) {
-    return absl::UnavailableError(
-        absl::StrCat("cannot create ", staging.string(), ": ", error.message()));
-  }
-  RemovedAtExit remove_staging(staging);
-  NF_ASSIGN_OR_RETURN(const Manifest one_rank,
-                      WriteOneRankCheckpoint(staging, model, *step, specs, params));
-  return ConvertCheckpoint(staging, one_rank, options.layout, out);
+  // Straight into the target layout: no one-rank copy on disk (at 2.7B it would be 37 GB).
+  ImportedTensors tensors(reader);
+  return WriteCheckpointForLayout(file, OneRankManifest(model, *step, specs, reader),
+                                  std::ref(tensors), options.layout, out);
 }
 
 }  // namespace nf::checkpoint

@@ -13,12 +13,20 @@ namespace nf::checkpoint {
 
 namespace fs = std::filesystem;
 
+Shape ExportedShape(const Manifest& manifest, const TensorRecord& record) {
+  Shape shape(record.global_shape().begin(), record.global_shape().end());
+  if (IsVocabularyTable(record.name()) && !shape.empty() &&
+      shape[0] > manifest.model().vocab_size()) {
+    shape[0] = manifest.model().vocab_size();  // drop the layout's padding rows
+  }
+  return shape;
+}
+
 absl::StatusOr<NamedTensor> ExportedParam(const fs::path& dir, const Manifest& manifest,
                                           const TensorRecord& record) {
   NF_ASSIGN_OR_RETURN(AssembledTensor a, AssembleTensor(dir, manifest, record));
-  NamedTensor t{.name = record.name(), .shape = a.shape, .data = a.global};
-  if (IsVocabularyTable(t.name) && t.shape[0] > manifest.model().vocab_size()) {
-    t.shape[0] = manifest.model().vocab_size();  // drop the layout's padding rows
+  NamedTensor t{.name = record.name(), .shape = ExportedShape(manifest, record), .data = a.global};
+  if (NumElements(t.shape) < a.global.numel()) {
     NF_ASSIGN_OR_RETURN(t.data, a.global.Slice(0, NumElements(t.shape)));
   }
   return t;
@@ -35,16 +43,28 @@ absl::Status ConvertForExport(NamedTensor& tensor, std::optional<DType> dtype) {
 absl::Status ExportSafetensors(const fs::path& dir, const Manifest& manifest, const fs::path& out,
                                std::optional<DType> dtype) {
   NF_RETURN_IF_ERROR(CheckNewOutput(out, "--out", "export writes a new file"));
-  std::vector<NamedTensor> tensors;
+  std::vector<const TensorRecord*> params;
+  std::vector<SafetensorsEntry> entries;
   for (const TensorRecord& record : manifest.tensors()) {
     if (record.kind() != TensorRecord::PARAM) continue;
-    NF_ASSIGN_OR_RETURN(NamedTensor t, ExportedParam(dir, manifest, record));
-    NF_RETURN_IF_ERROR(ConvertForExport(t, dtype));
-    tensors.push_back(std::move(t));
+    NF_ASSIGN_OR_RETURN(const CheckedRecord checked, CheckRecord(dir, manifest, record));
+    params.push_back(&record);
+    entries.push_back({.name = record.name(),
+                       .dtype = dtype.value_or(checked.dtype),
+                       .shape = ExportedShape(manifest, record)});
   }
-  return WriteSafetensors(
-      out, {{"format", "pt"}, {"producer", "normformer"}, {"step", absl::StrCat(manifest.step())}},
-      tensors);
+  NF_ASSIGN_OR_RETURN(
+      SafetensorsWriter writer,
+      SafetensorsWriter::Create(
+          out,
+          {{"format", "pt"}, {"producer", "normformer"}, {"step", absl::StrCat(manifest.step())}},
+          std::move(entries)));
+  for (const TensorRecord* record : params) {
+    NF_ASSIGN_OR_RETURN(NamedTensor t, ExportedParam(dir, manifest, *record));
+    NF_RETURN_IF_ERROR(ConvertForExport(t, dtype));
+    NF_RETURN_IF_ERROR(writer.Append(t.data));
+  }
+  return writer.Commit();
 }
 
 }  // namespace nf::checkpoint

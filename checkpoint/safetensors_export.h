@@ -17,10 +17,15 @@
 namespace nf::checkpoint {
 
 // Writes `out` (through out.tmp and a rename: an existing file is replaced only by a complete
-// one), tensors in the manifest's order. `dtype` converts every tensor (f32, f16 or bf16, round
+// one), tensors in the manifest's order, one at a time (memory: the largest tensor, twice when
+// converted). `dtype` converts every tensor (f32, f16 or bf16, round
 // to nearest even); nullopt keeps each tensor's own.
 absl::Status ExportSafetensors(const std::filesystem::path& dir, const Manifest& manifest,
                                const std::filesystem::path& out, std::optional<DType> dtype);
+
+// The shape the exports give a parameter record: its global shape, a vocabulary table's rows
+// cut to the model's vocabulary.
+Shape ExportedShape(const Manifest& manifest, const TensorRecord& record);
 
 // A parameter as the exports write it: the whole tensor, a vocabulary table without the
 // layout's padding rows, in the checkpoint's dtype.

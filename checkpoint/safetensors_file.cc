@@ -197,64 +197,120 @@ absl::StatusOr<HeaderEntry> ParseEntry(const std::string& name, const HeaderValu
   return entry;
 }
 
-}  // namespace
-
-absl::Status WriteSafetensors(const fs::path& out, const SafetensorsMetadata& metadata,
-                              const std::vector<NamedTensor>& tensors) {
+std::string HeaderJson(const SafetensorsMetadata& metadata,
+                       const std::vector<SafetensorsEntry>& entries) {
   std::vector<std::string> metadata_entries;
   for (const auto& [key, value] : metadata) {
     metadata_entries.push_back(absl::StrCat(Quoted(key), ":", Quoted(value)));
   }
-  std::vector<std::string> entries;
+  std::vector<std::string> members;
   if (!metadata.empty()) {
-    entries.push_back(
+    members.push_back(
         absl::StrCat("\"__metadata__\":{", absl::StrJoin(metadata_entries, ","), "}"));
   }
   int64_t offset = 0;
+  for (const SafetensorsEntry& e : entries) {
+    const int64_t bytes = NumElements(e.shape) * static_cast<int64_t>(SizeOf(e.dtype));
+    members.push_back(absl::StrCat(Quoted(e.name), ":{\"dtype\":\"", *DTypeCode(e.dtype),
+                                   "\",\"shape\":[", absl::StrJoin(e.shape, ","),
+                                   "],\"data_offsets\":[", offset, ",", offset + bytes, "]}"));
+    offset += bytes;
+  }
+  std::string header = absl::StrCat("{", absl::StrJoin(members, ","), "}");
+  header.append((8 - header.size() % 8) % 8, ' ');  // the data starts 8-byte aligned
+  return header;
+}
+
+fs::path Temporary(const fs::path& out) { return out.string() + ".tmp"; }
+
+}  // namespace
+
+absl::StatusOr<SafetensorsWriter> SafetensorsWriter::Create(const fs::path& out,
+                                                            const SafetensorsMetadata& metadata,
+                                                            std::vector<SafetensorsEntry> entries) {
+  for (const SafetensorsEntry& e : entries) {
+    NF_RETURN_IF_ERROR(DTypeCode(e.dtype).status());
+  }
+  const std::string header = HeaderJson(metadata, entries);
+  const uint64_t header_size = header.size();
+  char prefix[8];
+  for (int i = 0; i < 8; ++i) prefix[i] = static_cast<char>((header_size >> (8 * i)) & 0xFF);
+  NF_ASSIGN_OR_RETURN(DurableWriter file, DurableWriter::Create(Temporary(out)));
+  SafetensorsWriter writer(out, std::move(entries),
+                           std::make_unique<DurableWriter>(std::move(file)));
+  NF_RETURN_IF_ERROR(writer.file_->Append(prefix, 8));
+  NF_RETURN_IF_ERROR(writer.file_->Append(header.data(), static_cast<int64_t>(header.size())));
+  return writer;
+}
+
+SafetensorsWriter::SafetensorsWriter(fs::path out, std::vector<SafetensorsEntry> entries,
+                                     std::unique_ptr<DurableWriter> file)
+    : out_(std::move(out)), entries_(std::move(entries)), file_(std::move(file)) {}
+
+SafetensorsWriter::SafetensorsWriter(SafetensorsWriter&& other) noexcept
+    : out_(std::move(other.out_)),
+      entries_(std::move(other.entries_)),
+      file_(std::move(other.file_)),
+      appended_(other.appended_) {}
+
+SafetensorsWriter::~SafetensorsWriter() {
+  if (file_ == nullptr) return;
+  file_.reset();            // closes the descriptor before the name goes
+  std::error_code ignored;  // a full disk must not be made fuller by what failed to fit
+  fs::remove(Temporary(out_), ignored);
+}
+
+absl::Status SafetensorsWriter::Append(const Tensor& data) {
+  if (file_ == nullptr || appended_ == entries_.size()) {
+    return absl::FailedPreconditionError(absl::StrCat(out_.string(), ": a tensor beyond the ",
+                                                      entries_.size(), " its header lists"));
+  }
+  const SafetensorsEntry& e = entries_[appended_];
+  if (data.dtype() != e.dtype || data.numel() != NumElements(e.shape)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(out_.string(), ": tensor ", e.name, " is ", DTypeName(e.dtype), "[",
+                     absl::StrJoin(e.shape, ","), "] in the header but ", DTypeName(data.dtype()),
+                     " with ", data.numel(), " elements was appended"));
+  }
+  NF_RETURN_IF_ERROR(file_->Append(data.raw_data(), static_cast<int64_t>(data.nbytes())));
+  ++appended_;
+  return absl::OkStatus();
+}
+
+absl::Status SafetensorsWriter::Commit() {
+  if (file_ == nullptr || appended_ != entries_.size()) {
+    return absl::FailedPreconditionError(absl::StrCat(out_.string(), ": ", appended_, " of the ",
+                                                      entries_.size(), " tensors were written"));
+  }
+  NF_RETURN_IF_ERROR(file_->Close());
+  std::error_code error;
+  fs::rename(Temporary(out_), out_, error);
+  if (error) {
+    return absl::UnavailableError(absl::StrCat("cannot rename ", Temporary(out_).string(), " to ",
+                                               out_.string(), ": ", error.message()));
+  }
+  file_.reset();
+  return absl::OkStatus();
+}
+
+absl::Status WriteSafetensors(const fs::path& out, const SafetensorsMetadata& metadata,
+                              const std::vector<NamedTensor>& tensors) {
+  std::vector<SafetensorsEntry> entries;
   for (const NamedTensor& t : tensors) {
-    NF_ASSIGN_OR_RETURN(const std::string type, DTypeCode(t.data.dtype()));
     if (NumElements(t.shape) != t.data.numel()) {
       return absl::InvalidArgumentError(absl::StrCat("tensor ", t.name, ": shape [",
                                                      absl::StrJoin(t.shape, ","), "] but ",
                                                      t.data.numel(), " elements"));
     }
-    const int64_t bytes = static_cast<int64_t>(t.data.nbytes());
-    entries.push_back(absl::StrCat(Quoted(t.name), ":{\"dtype\":\"", type, "\",\"shape\":[",
-                                   absl::StrJoin(t.shape, ","), "],\"data_offsets\":[", offset, ",",
-                                   offset + bytes, "]}"));
-    offset += bytes;
+    entries.push_back({.name = t.name, .dtype = t.data.dtype(), .shape = t.shape});
   }
-  std::string header = absl::StrCat("{", absl::StrJoin(entries, ","), "}");
-  header.append((8 - header.size() % 8) % 8, ' ');  // the data starts 8-byte aligned
-  const uint64_t header_size = header.size();
-  char prefix[8];
-  for (int i = 0; i < 8; ++i) prefix[i] = static_cast<char>((header_size >> (8 * i)) & 0xFF);
-
-  const fs::path temporary = out.string() + ".tmp";
-  const absl::Status written = [&]() -> absl::Status {
-    NF_ASSIGN_OR_RETURN(DurableWriter writer, DurableWriter::Create(temporary));
-    NF_RETURN_IF_ERROR(writer.Append(prefix, 8));
-    NF_RETURN_IF_ERROR(writer.Append(header.data(), static_cast<int64_t>(header.size())));
-    for (const NamedTensor& t : tensors) {
-      NF_RETURN_IF_ERROR(writer.Append(t.data.raw_data(), static_cast<int64_t>(t.data.nbytes())));
-    }
-    NF_RETURN_IF_ERROR(writer.Close());
-    std::error_code error;
-    fs::rename(temporary, out, error);
-    if (error) {
-      return absl::UnavailableError(absl::StrCat("cannot rename ", temporary.string(), " to ",
-                                                 out.string(), ": ", error.message()));
-    }
-    return absl::OkStatus();
-  }();
-  if (!written.ok()) {
-    std::error_code ignored;  // a full disk must not be made fuller by what failed to fit
-    fs::remove(temporary, ignored);
-  }
-  return written;
+  NF_ASSIGN_OR_RETURN(SafetensorsWriter writer,
+                      SafetensorsWriter::Create(out, metadata, std::move(entries)));
+  for (const NamedTensor& t : tensors) NF_RETURN_IF_ERROR(writer.Append(t.data));
+  return writer.Commit();
 }
 
-absl::StatusOr<SafetensorsContents> ReadSafetensors(const fs::path& file) {
+absl::StatusOr<SafetensorsReader> SafetensorsReader::Open(const fs::path& file) {
   const auto in_file = [&](const absl::Status& status) {
     return absl::Status(status.code(), absl::StrCat(file.string(), ": ", status.message()));
   };
@@ -280,7 +336,8 @@ absl::StatusOr<SafetensorsContents> ReadSafetensors(const fs::path& file) {
   if (parsed->kind != HeaderValue::kObject) {
     return in_file(absl::DataLossError("the header is not a JSON object"));
   }
-  SafetensorsContents contents;
+  SafetensorsReader reader;
+  reader.file_ = file;
   std::vector<HeaderEntry> entries;
   for (const auto& [key, value] : parsed->members) {
     if (key == "__metadata__") {
@@ -292,7 +349,7 @@ absl::StatusOr<SafetensorsContents> ReadSafetensors(const fs::path& file) {
           return in_file(absl::DataLossError(
               absl::StrCat("__metadata__ ", Quoted(meta_key), " is not a string")));
         }
-        contents.metadata.emplace_back(meta_key, meta_value.text);
+        reader.metadata_.emplace_back(meta_key, meta_value.text);
       }
       continue;
     }
@@ -321,9 +378,35 @@ absl::StatusOr<SafetensorsContents> ReadSafetensors(const fs::path& file) {
         absl::StrCat("the tensors cover ", covered, " bytes of a data section of ", data_size)));
   }
   for (const HeaderEntry& e : entries) {
-    NF_ASSIGN_OR_RETURN(Tensor data, Tensor::HostEmpty(e.dtype, {NumElements(e.shape)}));
-    NF_RETURN_IF_ERROR(ReadRange(file, static_cast<int64_t>(data_begin + e.begin),
-                                 static_cast<int64_t>(e.end - e.begin), data.raw_data()));
+    reader.index_[e.name] = reader.entries_.size();
+    reader.entries_.push_back({.name = e.name, .dtype = e.dtype, .shape = e.shape});
+    reader.offsets_.push_back(static_cast<int64_t>(data_begin + e.begin));
+  }
+  return reader;
+}
+
+const SafetensorsEntry* SafetensorsReader::Find(const std::string& name) const {
+  const auto it = index_.find(name);
+  return it == index_.end() ? nullptr : &entries_[it->second];
+}
+
+absl::StatusOr<Tensor> SafetensorsReader::Read(const std::string& name) const {
+  const auto it = index_.find(name);
+  if (it == index_.end()) {
+    return absl::NotFoundError(absl::StrCat(file_.string(), " has no tensor ", Quoted(name)));
+  }
+  const SafetensorsEntry& e = entries_[it->second];
+  NF_ASSIGN_OR_RETURN(Tensor data, Tensor::HostEmpty(e.dtype, {NumElements(e.shape)}));
+  NF_RETURN_IF_ERROR(
+      ReadRange(file_, offsets_[it->second], static_cast<int64_t>(data.nbytes()), data.raw_data()));
+  return data;
+}
+
+absl::StatusOr<SafetensorsContents> ReadSafetensors(const fs::path& file) {
+  NF_ASSIGN_OR_RETURN(const SafetensorsReader reader, SafetensorsReader::Open(file));
+  SafetensorsContents contents{.metadata = reader.metadata(), .tensors = {}};
+  for (const SafetensorsEntry& e : reader.entries()) {
+    NF_ASSIGN_OR_RETURN(Tensor data, reader.Read(e.name));
     contents.tensors.push_back({.name = e.name, .shape = e.shape, .data = std::move(data)});
   }
   return contents;

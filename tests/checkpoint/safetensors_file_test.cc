@@ -55,6 +55,63 @@ TEST(SafetensorsFileTest, WhatIsWrittenReadsBack) {
   EXPECT_EQ(header % 8, 0u);
 }
 
+// What exports and imports of large models rely on: one tensor in memory at a time.
+TEST(SafetensorsFileTest, TensorsAreWrittenAndReadOneAtATime) {
+  TempDir dir;
+  const fs::path path = dir.path() / "t.safetensors";
+  const std::vector<NamedTensor> tensors = {Floats("w", {2, 2}, DType::kF32, {1, 2, 3, 4}),
+                                            Floats("h", {3}, DType::kF16, {0.5f, -2, 8})};
+  {
+    absl::StatusOr<SafetensorsWriter> writer =
+        SafetensorsWriter::Create(path, {{"k", "v"}},
+                                  {{.name = "w", .dtype = DType::kF32, .shape = {2, 2}},
+                                   {.name = "h", .dtype = DType::kF16, .shape = {3}}});
+    NF_ASSERT_OK(writer);
+    NF_ASSERT_OK(writer->Append(tensors[0].data));
+    NF_ASSERT_OK(writer->Append(tensors[1].data));
+    NF_ASSERT_OK(writer->Commit());
+  }
+  // The same bytes as the whole file written at once.
+  const fs::path whole = dir.path() / "whole.safetensors";
+  NF_ASSERT_OK(WriteSafetensors(whole, {{"k", "v"}}, tensors));
+  EXPECT_EQ(*ReadWholeFile(path), *ReadWholeFile(whole));
+
+  const absl::StatusOr<SafetensorsReader> reader = SafetensorsReader::Open(path);
+  NF_ASSERT_OK(reader);
+  ASSERT_EQ(reader->entries().size(), 2u);
+  EXPECT_EQ(reader->entries()[1].name, "h");
+  EXPECT_EQ(reader->Find("w")->shape, (Shape{2, 2}));
+  EXPECT_EQ(reader->Find("nope"), nullptr);
+  EXPECT_EQ(*ToFloatVector(*reader->Read("h")), (std::vector<float>{0.5f, -2, 8}));
+  EXPECT_EQ(*ToFloatVector(*reader->Read("w")), (std::vector<float>{1, 2, 3, 4}));
+  const absl::StatusOr<Tensor> unknown = reader->Read("nope");
+  EXPECT_EQ(unknown.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(unknown.status().message(), HasSubstr(path.string()));
+}
+
+TEST(SafetensorsFileTest, AWriterTakesTheHeadersTensorsInOrderAndLeavesNothingUnlessCommitted) {
+  TempDir dir;
+  const fs::path path = dir.path() / "t.safetensors";
+  {
+    absl::StatusOr<SafetensorsWriter> writer =
+        SafetensorsWriter::Create(path, {},
+                                  {{.name = "w", .dtype = DType::kF32, .shape = {2, 2}},
+                                   {.name = "h", .dtype = DType::kF16, .shape = {3}}});
+    NF_ASSERT_OK(writer);
+    // h's tensor where w's belongs: named, and not written.
+    const absl::Status swapped = writer->Append(Floats("h", {3}, DType::kF16, {0.5f, -2, 8}).data);
+    EXPECT_THAT(swapped.message(), HasSubstr("tensor w is f32[2,2] in the header"));
+    NF_ASSERT_OK(writer->Append(Floats("w", {2, 2}, DType::kF32, {1, 2, 3, 4}).data));
+    const absl::Status early = writer->Commit();
+    EXPECT_THAT(early.message(), HasSubstr("1 of the 2 tensors were written"));
+    EXPECT_TRUE(fs::exists(path.string() + ".tmp"));
+    EXPECT_FALSE(fs::exists(path));
+  }
+  // Destroyed without a commit (a failed export): neither the file nor its .tmp remains.
+  EXPECT_FALSE(fs::exists(path.string() + ".tmp"));
+  EXPECT_FALSE(fs::exists(path));
+}
+
 class SafetensorsRefusalTest : public ::testing::Test {
  protected:
   // A file of the length prefix, `header` and `data`.
