@@ -116,6 +116,17 @@ void ShardReader::ReadAhead(const std::string& file, int64_t offset, int64_t len
   if (fd.ok()) ::posix_fadvise(*fd, offset, length, POSIX_FADV_WILLNEED);
 }
 
+absl::StatusOr<int64_t> VerifyRecord(ShardReader& reader, const Manifest& manifest,
+                                     const TensorRecord& record) {
+  NF_ASSIGN_OR_RETURN(const CheckedRecord checked, CheckRecord(reader.dir(), manifest, record));
+  std::vector<char> block;
+  for (int i = 0; i < record.pieces_size(); ++i) {
+    NF_RETURN_IF_ERROR(
+        ReadPiece(reader, record.pieces(i), checked, checked.places[i], /*targets=*/{}, block));
+  }
+  return NumElements(checked.shape);
+}
+
 absl::Status ReadLocalRanges(ShardReader& reader, const TensorRecord& record,
                              const CheckedRecord& checked, const Shape& want,
                              const ShardPlace& place, const std::vector<LocalRange>& ranges) {

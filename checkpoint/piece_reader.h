@@ -63,6 +63,13 @@ absl::Status ReadParameterShard(ShardReader& reader, const Manifest& manifest,
                                 const TensorRecord& record, const model::ParamSpec& spec,
                                 int tp_rank, int tp_size, const Tensor& target);
 
+// Checks `record` as a load would, without holding it: CheckRecord's checks, then every piece
+// read in blocks of 1 MiB, its CRC-32C verified and its values checked finite (what
+// `nf-ckpt verify` runs: one block in memory, whatever the tensor's size). DataLoss naming the
+// tensor, the piece and the file; else the record's number of elements.
+absl::StatusOr<int64_t> VerifyRecord(ShardReader& reader, const Manifest& manifest,
+                                     const TensorRecord& record);
+
 // The place of parameter `spec`'s shard on tensor-parallel rank tp_rank of tp_size.
 ShardPlace PlaceOf(const model::ParamSpec& spec, int tp_rank, int tp_size);
 

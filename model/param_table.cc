@@ -67,6 +67,16 @@ double InitialValue(const ParamSpec& spec, uint32_t seed, uint64_t name_key, int
 
 }  // namespace
 
+std::vector<float> InitialValues(const ParamSpec& spec, uint32_t seed, int64_t begin,
+                                 int64_t count) {
+  const uint64_t name_key = NameKey(spec.name);
+  std::vector<float> values(static_cast<size_t>(count));
+  for (int64_t i = 0; i < count; ++i) {
+    values[i] = static_cast<float>(InitialValue(spec, seed, name_key, begin + i));
+  }
+  return values;
+}
+
 FlatLayout LayOutFlat(const std::vector<ParamSpec>& specs, const std::vector<int64_t>& local_numels,
                       int64_t buffer_multiple) {
   FlatLayout layout;

@@ -53,6 +53,11 @@ struct ParamSpec {
 // parameter, gradient norm or checkpoint ever reads.
 inline constexpr int64_t kParamAlignment = 128;
 
+// Global elements [begin, begin + count) of parameter `spec`'s initial value under `seed`
+// (row-major in its global shape): what ParamTable::Initialize gives them in every layout.
+std::vector<float> InitialValues(const ParamSpec& spec, uint32_t seed, int64_t begin,
+                                 int64_t count);
+
 // Where each parameter lies in the flat buffers, in elements.
 struct FlatLayout {
   std::vector<int64_t> offsets;  // per spec
@@ -91,7 +96,8 @@ class ParamTable {
                                            Device device = Device::Cpu(), bool gradients = true);
 
   // fairseq's initialisation, a pure function of (seed, parameter name, global element index):
-  // any tensor-parallel or pipeline layout draws the same global values for a parameter.
+  // any tensor-parallel or pipeline layout draws the same global values for a parameter
+  // (InitialValues below).
   absl::Status Initialize(uint32_t seed);
 
   const Entry& Get(absl::string_view name) const;  // aborts on an unknown name (a bug)

@@ -59,6 +59,6 @@ demo: done. Look at
                                events ("stragglers" every log interval, spikes)
   $run_dir/validation.jsonl   validation loss and perplexity (step 0: the untrained model;
                                a uniform guess over the 512 tokens scores ln 512 = 6.24)
-  $run_dir/checkpoints/       build/checkpoint/nf-ckpt inspect $run_dir/checkpoints
+  $run_dir/checkpoints/       build/tools/nf-ckpt inspect $run_dir/checkpoints
   docs/parallelism.md, docs/checkpoints.md, docs/guide.md ("Generate text": nf-generate)
 EOF

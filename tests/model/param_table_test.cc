@@ -145,6 +145,23 @@ TEST(ParamTableTest, InitialisationDoesNotDependOnTheTensorParallelLayout) {
   }
 }
 
+// InitialValues, which makes a model file without a table (bench/init_file.cc), draws what the
+// one-rank table holds, from any element on.
+TEST(ParamTableTest, InitialValuesAreTheTablesFromAnyElement) {
+  const std::vector<ParamSpec> specs = NormFormerParamSpecs(Config(true), 512);
+  auto full = ParamTable::Create(specs, DType::kF32, 0, 1);
+  NF_ASSERT_OK(full);
+  NF_ASSERT_OK(full->Initialize(7));
+  for (const ParamTable::Entry& e : full->entries()) {
+    const std::vector<float> table = *ToFloatVector(e.value);
+    EXPECT_EQ(InitialValues(e.spec, 7, 0, e.value.numel()), table) << e.spec.name;
+    const int64_t begin = e.value.numel() / 3;
+    EXPECT_EQ(InitialValues(e.spec, 7, begin, e.value.numel() - begin),
+              std::vector<float>(table.begin() + begin, table.end()))
+        << e.spec.name;
+  }
+}
+
 TEST(ParamTableTest, InitialisationFollowsFairseqDistributions) {
   ModelConfig config = Config(true);
   config.set_d_model(64);

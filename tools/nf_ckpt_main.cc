@@ -31,6 +31,7 @@
 #include "checkpoint/fairseq_export.h"
 #include "checkpoint/fairseq_import.h"
 #include "checkpoint/load.h"
+#include "checkpoint/piece_reader.h"
 #include "checkpoint/safetensors_export.h"
 #include "checkpoint/save.h"
 #include "core/status.h"
@@ -132,18 +133,19 @@ absl::Status Inspect(const fs::path& dir, const Manifest& m, bool tensors) {
 }
 
 // Every record, not only up to the first bad one: each failure (a checksum, a non-finite value,
-// a gap) is one line on stderr naming the tensor, and the command fails if there was any.
+// a gap) is one line on stderr naming the tensor, and the command fails if there was any. One
+// block of a piece is in memory at a time.
 absl::Status Verify(const fs::path& dir, const Manifest& m) {
+  nf::checkpoint::ShardReader reader(dir);
   int64_t elements = 0;
   int failed = 0;
   for (const TensorRecord& r : m.tensors()) {
-    const absl::StatusOr<nf::checkpoint::AssembledTensor> a =
-        nf::checkpoint::AssembleTensor(dir, m, r);
-    if (a.ok()) {
-      elements += a->global.numel();
+    const absl::StatusOr<int64_t> verified = nf::checkpoint::VerifyRecord(reader, m, r);
+    if (verified.ok()) {
+      elements += *verified;
     } else {
       ++failed;
-      std::cerr << "nf-ckpt: " << a.status().message() << "\n";
+      std::cerr << "nf-ckpt: " << verified.status().message() << "\n";
     }
   }
   if (failed > 0) {
