@@ -4,7 +4,7 @@
 # than that: per command its wall time, peak resident memory (/usr/bin/time -v), the bytes it
 # read and wrote, and the fraction of `dd` it reached on the same disk. The ceiling of a command
 # is the time dd needs to read what it read and write what it wrote, at the rates dd reached
-# right before it (1 GiB, one sequential stream, the write with fdatasync, the read after the
+# right before it (4 GiB, one sequential stream, the write with fdatasync, the read after the
 # page cache was dropped): the disk is shared and its rate drifts by 2x within minutes. Every
 # command starts with the page cache dropped (needs root; without it the reads may come from
 # memory and the script says so).
@@ -56,7 +56,7 @@ dd_seconds() {  # dd's summary line -> seconds
 }
 # dd's rates on this disk now: "write_bytes_per_s read_bytes_per_s".
 dd_rates() {
-  local file=$dir/dd.bin size=$((1 << 30))
+  local file=$dir/dd.bin size=$((4 << 30))
   local ws rs
   ws=$(dd if=/dev/zero of="$file" bs=8M count=$((size >> 23)) conv=fdatasync 2>&1 | tail -1 | dd_seconds)
   drop_caches
