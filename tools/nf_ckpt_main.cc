@@ -34,6 +34,7 @@
 #include "checkpoint/piece_reader.h"
 #include "checkpoint/safetensors_export.h"
 #include "checkpoint/save.h"
+#include "core/half.h"
 #include "core/status.h"
 #include "launcher/config.h"
 
@@ -98,6 +99,47 @@ absl::StatusOr<fs::path> Resolve(const fs::path& dir) {
   return dir;
 }
 
+struct Moments {
+  double sum = 0, squares = 0;
+};
+
+// The sum and the sum of squares of a host tensor's values in double, in four interleaved lanes
+// (element i in lane i % 4, the lanes added at the end): the same figures for the same global
+// tensor whatever layout wrote it, four independent additions at a time instead of one chain.
+// fp16 is widened through a table of its 65,536 values (the branchy bit conversion was most of
+// inspect's time).
+template <typename T, typename Widen>
+Moments LaneSums(const T* data, int64_t n, Widen widen) {
+  double sum[4] = {0, 0, 0, 0}, squares[4] = {0, 0, 0, 0};
+  for (int64_t i = 0; i < n; ++i) {
+    const double v = widen(data[i]);
+    sum[i % 4] += v;
+    squares[i % 4] += v * v;
+  }
+  return {.sum = (sum[0] + sum[1]) + (sum[2] + sum[3]),
+          .squares = (squares[0] + squares[1]) + (squares[2] + squares[3])};
+}
+
+Moments SumAndSquares(const nf::Tensor& t) {
+  static const std::vector<float> kHalfValues = [] {
+    std::vector<float> values(1 << 16);
+    for (uint32_t bits = 0; bits < values.size(); ++bits) {
+      values[bits] = nf::HalfBitsToFloat(static_cast<uint16_t>(bits));
+    }
+    return values;
+  }();
+  switch (t.dtype()) {
+    case nf::DType::kF16:
+      return LaneSums(t.data<nf::Half>(), t.numel(),
+                      [](nf::Half h) { return kHalfValues[h.bits]; });
+    case nf::DType::kBF16:
+      return LaneSums(t.data<nf::BFloat16>(), t.numel(),
+                      [](nf::BFloat16 b) { return nf::ToFloat(b); });
+    default:
+      return LaneSums(t.data<float>(), t.numel(), [](float f) { return f; });
+  }
+}
+
 absl::Status Inspect(const fs::path& dir, const Manifest& m, bool tensors) {
   const nf::checkpoint::Layout& layout = m.layout();
   int64_t bytes = 0;
@@ -116,18 +158,25 @@ absl::Status Inspect(const fs::path& dir, const Manifest& m, bool tensors) {
       m.tensors_size());
   if (m.has_loss_scaler()) std::cout << "  loss scale " << m.loss_scaler().scale() << "\n";
   if (!tensors) return absl::OkStatus();
+  std::vector<const TensorRecord*> params;
   for (const TensorRecord& r : m.tensors()) {
-    if (r.kind() != TensorRecord::PARAM) continue;
+    if (r.kind() == TensorRecord::PARAM) params.push_back(&r);
+  }
+  nf::checkpoint::ShardReader hints(dir);
+  for (size_t i = 0; i < params.size(); ++i) {
+    // The disk reads the next parameter's pieces while this one is summed.
+    if (i + 1 < params.size()) {
+      for (const nf::checkpoint::Piece& p : params[i + 1]->pieces()) {
+        hints.ReadAhead(p.file(), p.offset(), p.length());
+      }
+    }
+    const TensorRecord& r = *params[i];
     NF_ASSIGN_OR_RETURN(const nf::checkpoint::AssembledTensor a,
                         nf::checkpoint::AssembleTensor(dir, m, r));
-    NF_ASSIGN_OR_RETURN(const std::vector<float> values, nf::ToFloatVector(a.global));
-    double sum = 0.0, squares = 0.0;
-    for (float v : values) {
-      sum += v;
-      squares += static_cast<double>(v) * v;
-    }
+    const Moments moments = SumAndSquares(a.global);
     std::cout << absl::StrFormat("%s [%s] %s sum %.17g sumsq %.17g\n", r.name(),
-                                 absl::StrJoin(a.shape, ", "), r.dtype(), sum, squares);
+                                 absl::StrJoin(a.shape, ", "), r.dtype(), moments.sum,
+                                 moments.squares);
   }
   return absl::OkStatus();
 }
