@@ -136,7 +136,8 @@ measure "convert -> tp 2 x pp 4 x dp 2, ZeRO-1" "$ckpt_bytes" "$dir/zero1" -- \
 # it takes to load and run the model, not the text.
 cat docs/*.md > "$dir/corpus.txt"
 "$build/data/nf-preprocess" --input "$dir/corpus.txt" --format paragraphs \
-  --output-prefix "$dir/docs" --tokenizer sentencepiece --spm-train-vocab-size 4000 > /dev/null
+  --output-prefix "$dir/docs" --tokenizer sentencepiece --spm-train-vocab-size 4000 \
+  > "$dir/preprocess.log" 2>&1 || { cat "$dir/preprocess.log" >&2; exit 1; }
 measure "nf-eval --dtype bf16 (2 windows of 256 tokens)" - "" -- \
   "$build/eval/nf-eval" --checkpoint "$dir/zero1" --dataset "$dir/docs" --part all \
   --max-windows 2 --seq-len 256 --batch-size 1 --dtype bf16

@@ -10,6 +10,7 @@
 #include "core/status.h"
 #include "launcher/config.h"
 #include "launcher/gemm_ceiling.h"
+#include "launcher/plan_compute.h"
 #include "launcher/trainer.h"
 #include "model/normformer_params.h"
 #include "model/vocab.h"
@@ -42,6 +43,31 @@ std::vector<int> Divisors(int n, int at_most) {
 
 }  // namespace
 
+absl::Status ApplyGpuPreset(const std::string& name, ClusterSpec& cluster) {
+  if (name == "h200" || name == "h100") {
+    cluster.gpu_memory_bytes = name == "h200" ? 141e9 : 80e9;
+    cluster.hbm_bytes_per_second = name == "h200" ? 4.8e12 : 3.35e12;
+    cluster.peak_flops = 989e12;
+    cluster.gemm_efficiency = 0.8;
+    cluster.sm_count = 132;
+    cluster.nvlink_bytes_per_second = 450e9;
+    cluster.network_bytes_per_second = 50e9;
+    return absl::OkStatus();
+  }
+  if (name == "a100") {
+    cluster.gpu_memory_bytes = 80e9;
+    cluster.hbm_bytes_per_second = 2.04e12;
+    cluster.peak_flops = 312e12;
+    cluster.gemm_efficiency = 0.86;
+    cluster.sm_count = 108;
+    cluster.nvlink_bytes_per_second = 300e9;
+    cluster.network_bytes_per_second = 25e9;
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("--gpu: '", name, "' is not h200, h100 or a100"));
+}
+
 absl::StatusOr<StepTime> ModelStepTime(const TrainConfig& config, const ClusterSpec& cluster) {
   const model::ModelConfig& m = config.model();
   const TrainOptions& train = config.train();
@@ -52,25 +78,27 @@ absl::StatusOr<StepTime> ModelStepTime(const TrainConfig& config, const ClusterS
   NF_ASSIGN_OR_RETURN(const int micro_batches, MicroBatchesPerRank(train, dp));
   const double s = static_cast<double>(SizeOf(ModelDType(train.precision())));
   const double seq = train.seq_len(), d = m.d_model(), layers = m.num_layers();
-  const double tokens = static_cast<double>(train.global_batch_size()) * seq;
   const double micro_tokens = static_cast<double>(train.micro_batch_size()) * seq;  // T
   const int64_t params = GlobalParameters(m, tp);
-  const double per_token = ModelFlopsPerToken(params, m.num_layers(), m.d_model(), train.seq_len());
   const model::Recompute recompute = RecomputeOf(train);
-  // The recomputed forward: all of it (a third of forward + backward), or attention's two
-  // products (2 L d S a token, causal).
+  const MicroBatchWork work = EstimateMicroBatchWork(config, cluster);
+  // The recomputed forward: a layer's whole forward, or its attention core's.
   double recomputed = 0;
-  if (recompute == model::Recompute::kFull) recomputed = per_token / 3;
-  if (recompute == model::Recompute::kSelective) recomputed = 2 * layers * d * seq;
+  if (recompute == model::Recompute::kFull) recomputed = work.layer_forward;
+  if (recompute == model::Recompute::kSelective) recomputed = work.attention_forward;
+  const double layers_here = layers / pp;
+  const double layer_backward = work.layer_backward + recomputed;
+  const double micro_batch = layers_here * (work.layer_forward + layer_backward) +
+                             (work.head_forward + work.head_backward) / pp;
   StepTime time;
-  const double effective = cluster.peak_flops * cluster.gemm_efficiency;
-  time.compute = (per_token + recomputed) * tokens / world / effective;
+  time.compute = micro_batches * micro_batch;
+  const double local_params = static_cast<double>(params) / (tp * pp);
+  time.optimizer = OptimizerSeconds(
+      parallel.distributed_optimizer() ? local_params / dp : local_params, s, cluster);
   if (pp > 1) time.bubble = time.compute * (pp - 1) / (v * micro_batches);
 
-  // Per layer and micro-batch: the layer's compute, a third of which is the weight gradients.
-  const double layers_here = layers / pp;
-  const double layer_compute = time.compute / (micro_batches * layers_here);
-  const double weight_grads = layer_compute / 3;
+  // Per layer and micro-batch, the weight-gradient GEMMs the backward's tp reductions hide behind.
+  const double weight_grads = work.layer_weight_grads;
   const bool sp = parallel.sequence_parallel() && tp > 1;
   if (tp > 1) {
     const double bytes = micro_tokens * d * s, link = cluster.nvlink_bytes_per_second;
@@ -90,7 +118,7 @@ absl::StatusOr<StepTime> ModelStepTime(const TrainConfig& config, const ClusterS
     // The dp group of a pipeline rank is tp x dp consecutive ranks.
     const double link = tp * dp <= cluster.gpus_per_node ? cluster.nvlink_bytes_per_second
                                                          : cluster.network_bytes_per_second;
-    const double local = static_cast<double>(params) / (tp * pp);
+    const double local = local_params;
     const double buckets = std::ceil(local / static_cast<double>(parallel.grad_bucket_elements()));
     const double latency = buckets * cluster.collective_latency_seconds;
     double reduce = 0, after = 0;
@@ -100,7 +128,7 @@ absl::StatusOr<StepTime> ModelStepTime(const TrainConfig& config, const ClusterS
     } else {
       reduce = RingSeconds(2, dp, 4 * local, link, latency);
     }
-    const double last_backward = time.compute / micro_batches * 2 / 3;
+    const double last_backward = layers_here * layer_backward + work.head_backward / pp;
     time.dp = std::max(0.0, reduce - last_backward) + after;
     time.dp_hidden = std::min(reduce, last_backward);
   }

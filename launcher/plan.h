@@ -4,9 +4,13 @@
 // micro-batch size; its memory is the dry run's estimate (launcher/memory_estimate.h, checked
 // against the allocator in docs/memory.md), its step time the sum of
 //
-//   compute     model FLOPs per GPU (ModelFlopsPerToken, + the recomputed forward: a third more
-//               under FULL, attention's forward under SELECTIVE) at gemm_efficiency x peak
-//   bubble      compute x (pp - 1) / (virtual stages x micro-batches per data-parallel rank)
+//   compute     the micro-batches' GEMMs, attention and memory-bound operations on one GPU
+//               (plan_compute.h: shape-dependent GEMM rates, HBM bandwidth), with the
+//               recomputed forward (all of a layer's under FULL, the attention core's under
+//               SELECTIVE); the LM head's share spread over the pipeline stages
+//   optimizer   the AdamW step over the rank's parameters (its ZeRO-1 shard), at HBM bandwidth
+//   bubble      the micro-batches' compute x (pp - 1) / (virtual stages x micro-batches per
+//               data-parallel rank)
 //   tp          the tensor-parallel collectives on NVLink (tp never leaves a node), each
 //               a latency plus its ring traffic over the bandwidth: the
 //               forward's all exposed, the backward's input-gradient reductions (and, with
@@ -19,26 +23,39 @@
 //               dp of 0 says the reduction hid, not that it is free
 //   pp          the stage-boundary sends of activations and gradients, all exposed
 //
-// A model with stated assumptions (the efficiency, the link figures), not a measurement: it
-// ranks layouts; docs/parallelism.md shows its answers for the 2.7B.
+// A model with stated assumptions (the efficiencies, the bandwidths), not a measurement: it
+// ranks layouts, and bench/plan_anchors.sh holds it to published runs (docs/parallelism.md).
 #pragma once
 
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "launcher/memory_estimate.h"
 #include "launcher/train_config.pb.h"
 
 namespace nf::launcher {
 
+// A GPU's figures: dense fp16/bf16 peak, memory, HBM bandwidth, SMs, and the shares of the peak
+// its libraries reach; the defaults are an H200's (GpuPreset).
 struct ClusterSpec {
   int gpus_per_node = 8;
   int nodes = 1;
-  double gpu_memory_bytes = 141e9;         // H200 (H100: 80e9)
-  double memory_headroom = 0.9;            // the share of it a layout may plan to use
-  double peak_flops = 989e12;              // H100/H200 SXM dense bf16/fp16 (datasheet)
-  double gemm_efficiency = 0.6;            // of peak, what the matrix products reach
+  double gpu_memory_bytes = 141e9;
+  double memory_headroom = 0.9;  // the share of it a layout may plan to use
+  double peak_flops = 989e12;    // dense bf16/fp16 (datasheet)
+  // What cuBLAS reaches on large bf16 GEMMs, of the peak: about 0.8 on H100/H200 and 0.86 on
+  // A100, as published measurements of the best achievable matmul rate show; small or oddly
+  // shaped products lose more through their last wave of tiles (plan_compute.h).
+  double gemm_efficiency = 0.8;
+  // Blockwise attention kernels (FlashAttention-2, cuDNN SDPA), forward and backward together.
+  double attention_efficiency = 0.5;
+  // The S x S scores in memory (Megatron-LM of 2021) instead of blockwise kernels.
+  bool materialized_attention = false;
+  double hbm_bytes_per_second = 4.8e12;  // 0: memory-bound work not modelled (--cpu)
+  double memory_efficiency = 0.8;        // of it, what streaming kernels reach
+  int sm_count = 132;                    // 0: no wave quantisation
   double nvlink_bytes_per_second = 450e9;  // per GPU and direction (NVLink 4: 900 GB/s both)
   double network_bytes_per_second = 50e9;  // per GPU (one 400 Gb/s InfiniBand NDR port each)
   // What every collective and send costs beside its bytes (NCCL's small-message time).
@@ -47,11 +64,16 @@ struct ClusterSpec {
   int world_size() const { return gpus_per_node * nodes; }
 };
 
+// The figures of a GPU by name: "h200", "h100" (SXM, 80 GB) or "a100" (SXM, 80 GB: 312 TFLOP/s,
+// 2.04 TB/s, 108 SMs, NVLink 3 at 300 GB/s a direction, 25 GB/s HDR InfiniBand a GPU); the
+// node and cluster sizes are kept. InvalidArgument for another name.
+absl::Status ApplyGpuPreset(const std::string& name, ClusterSpec& cluster);
+
 // Seconds of one training step, by part (the comment above).
 struct StepTime {
-  double compute = 0, bubble = 0, tp = 0, dp = 0, pp = 0;
+  double compute = 0, optimizer = 0, bubble = 0, tp = 0, dp = 0, pp = 0;
   double dp_hidden = 0;  // data-parallel communication behind the backward: not in total()
-  double total() const { return compute + bubble + tp + dp + pp; }
+  double total() const { return compute + optimizer + bubble + tp + dp + pp; }
 };
 
 struct PlannedLayout {

@@ -34,14 +34,23 @@ that run them with nf-launch.
 options:
   --gpus-per-node N        GPUs in each node (default 8)
   --nodes N                nodes (default 1)
-  --gpu h200|h100          defaults for the next four (default h200: 141 GB;
-                           h100: 80 GB; both 989 TFLOP/s dense bf16, NVLink 450
-                           GB/s per direction, 50 GB/s InfiniBand per GPU)
+  --gpu h200|h100|a100     the GPU's figures, which the flags below override
+                           (default h200: 141 GB, 4.8 TB/s; h100: 80 GB, 3.35 TB/s;
+                           both 989 TFLOP/s dense bf16, 132 SMs, NVLink 450 GB/s per
+                           direction, 50 GB/s InfiniBand per GPU; a100: 80 GB,
+                           2.04 TB/s, 312 TFLOP/s, 108 SMs, NVLink 300, 25 GB/s)
   --gpu-memory-gb X        GPU memory, GB
   --peak-tflops X          dense fp16/bf16 peak per GPU
+  --hbm-gbps X             GPU memory bandwidth, GB/s
   --nvlink-gbps X          NVLink GB/s per GPU and direction
   --network-gbps X         InfiniBand GB/s per GPU
-  --gemm-efficiency X      share of the peak the matrix products reach (default 0.6)
+  --gemm-efficiency X      share of the peak large matrix products reach (h100/h200
+                           0.8, a100 0.86); smaller ones lose their last wave's idle SMs
+  --attention-efficiency X share of the peak the blockwise attention kernels reach
+                           (default 0.5)
+  --attention KIND         blockwise (default: this project's kernels, cuDNN) or
+                           materialized (the S x S scores in memory, as Megatron-LM
+                           of 2021: for comparing with runs of that time)
   --latency-us X           each collective's and send's fixed cost (default 20)
   --top N                  how many layouts to print (default 5)
   --cpu                    the "GPUs" are ranks on this machine's cores: the peak is
@@ -64,12 +73,12 @@ std::string Row(int rank, const PlannedLayout& l) {
   const ParallelConfig& p = l.config.parallel();
   return absl::StrFormat(
       "| %d | %d | %d | %d | %s | %s | %s | %d | %.1f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | "
-      "%.3f | %.0f%% |",
+      "%.3f | %.3f | %.0f%% |",
       rank, p.tensor_parallel(), p.pipeline_parallel(), p.virtual_stages(),
       p.distributed_optimizer() ? "yes" : "no", p.sequence_parallel() ? "yes" : "no",
       TrainOptions::Recompute_Name(l.config.train().recompute()),
       l.config.train().micro_batch_size(), l.peak_device_bytes / 1e9, l.time.total(),
-      l.time.compute, l.time.bubble, l.time.tp, l.time.dp, l.time.dp_hidden, l.time.pp,
+      l.time.compute, l.time.optimizer, l.time.bubble, l.time.tp, l.time.dp, l.time.dp_hidden, l.time.pp,
       100 * l.mfu);
 }
 
@@ -77,7 +86,9 @@ int Main(int argc, char** argv) {
   std::string config_path;
   std::vector<std::string> overrides;
   ClusterSpec cluster;
-  double memory_gb = 0, peak_tflops = 0, nvlink = 0, network = 0, latency_us = 0;
+  double memory_gb = 0, peak_tflops = 0, hbm = 0, nvlink = 0, network = 0, latency_us = 0;
+  double gemm_efficiency = 0, attention_efficiency = 0;
+  std::string gpu = "h200";
   int top = 5;
   bool cpu = false, score = false;
   for (int i = 1; i < argc; ++i) {
@@ -101,12 +112,19 @@ int Main(int argc, char** argv) {
     } else if (flag == "--set") {
       overrides.push_back(value);
     } else if (flag == "--gpu") {
-      const std::string gpu = value;
-      if (gpu != "h200" && gpu != "h100") {
-        std::fprintf(stderr, "nf-plan: --gpu: '%s' is not h200 or h100\n", value);
+      gpu = value;
+      if (const absl::Status known = ApplyGpuPreset(gpu, cluster); !known.ok()) {
+        std::fprintf(stderr, "nf-plan: %s\n", std::string(known.message()).c_str());
         return 2;
       }
-      cluster.gpu_memory_bytes = gpu == "h200" ? 141e9 : 80e9;
+    } else if (flag == "--attention") {
+      const std::string kind = value;
+      if (kind != "blockwise" && kind != "materialized") {
+        std::fprintf(stderr, "nf-plan: --attention: '%s' is not blockwise or materialized\n",
+                     value);
+        return 2;
+      }
+      cluster.materialized_attention = kind == "materialized";
     } else if (flag == "--gpus-per-node" || flag == "--nodes" || flag == "--top") {
       int n = 0;
       if (!absl::SimpleAtoi(value, &n) || n < 1) {
@@ -124,8 +142,12 @@ int Main(int argc, char** argv) {
       nvlink = *number;
     } else if (flag == "--network-gbps" && (number = Number(flag, value)).ok()) {
       network = *number;
+    } else if (flag == "--hbm-gbps" && (number = Number(flag, value)).ok()) {
+      hbm = *number;
     } else if (flag == "--gemm-efficiency" && (number = Number(flag, value)).ok()) {
-      cluster.gemm_efficiency = *number;
+      gemm_efficiency = *number;
+    } else if (flag == "--attention-efficiency" && (number = Number(flag, value)).ok()) {
+      attention_efficiency = *number;
     } else if (flag == "--latency-us" && (number = Number(flag, value)).ok()) {
       latency_us = *number;
     } else {
@@ -140,7 +162,12 @@ int Main(int argc, char** argv) {
     std::fprintf(stderr, "nf-plan: --config is required\n%s", kUsage);
     return 2;
   }
+  // The preset (the last --gpu), then the figures given, whatever their order.
+  (void)ApplyGpuPreset(gpu, cluster);
   if (memory_gb > 0) cluster.gpu_memory_bytes = memory_gb * 1e9;
+  if (hbm > 0) cluster.hbm_bytes_per_second = hbm * 1e9;
+  if (gemm_efficiency > 0) cluster.gemm_efficiency = gemm_efficiency;
+  if (attention_efficiency > 0) cluster.attention_efficiency = attention_efficiency;
   if (peak_tflops > 0) cluster.peak_flops = peak_tflops * 1e12;
   if (nvlink > 0) cluster.nvlink_bytes_per_second = nvlink * 1e9;
   if (network > 0) cluster.network_bytes_per_second = network * 1e9;
@@ -153,6 +180,11 @@ int Main(int argc, char** argv) {
     }
     const double cores = std::max(1u, std::thread::hardware_concurrency());
     cluster.peak_flops = *gemm * std::min(1.0, cores / cluster.world_size());
+    // A CPU's products and attention run at the GEMM rate; no SM waves, and the memory-bound
+    // work is not modelled.
+    cluster.attention_efficiency = cluster.gemm_efficiency;
+    cluster.sm_count = 0;
+    cluster.hbm_bytes_per_second = 0;
   }
   const absl::StatusOr<TrainConfig> config = LoadTrainConfig(config_path, overrides);
   if (!config.ok()) {
@@ -166,9 +198,9 @@ int Main(int argc, char** argv) {
       return 2;
     }
     std::printf(
-        "modelled step s: %.6f (compute %.6f, bubble %.6f, tp %.6f, dp %.6f, pp %.6f; dp hidden "
-        "behind the backward %.6f; peak %.3g FLOP/s a GPU)\n",
-        time->total(), time->compute, time->bubble, time->tp, time->dp, time->pp, time->dp_hidden,
+        "modelled step s: %.6f (compute %.6f, optimizer %.6f, bubble %.6f, tp %.6f, dp %.6f, pp "
+        "%.6f; dp hidden behind the backward %.6f; peak %.3g FLOP/s a GPU)\n",
+        time->total(), time->compute, time->optimizer, time->bubble, time->tp, time->dp, time->pp, time->dp_hidden,
         cluster.peak_flops);
     return 0;
   }
@@ -179,18 +211,19 @@ int Main(int argc, char** argv) {
   }
   const TrainOptions& train = config->train();
   std::printf(
-      "%d GPUs (%d nodes x %d), %.0f GB each (%.0f%% planned), %.0f TFLOP/s peak at %.0f%%, "
-      "NVLink %.0f GB/s, network %.0f GB/s per GPU; global batch %d x %d tokens, %s; %zu layouts "
-      "fit\n\n",
+      "%d GPUs (%d nodes x %d), %.0f GB each (%.0f%% planned), %.0f TFLOP/s peak (large GEMMs "
+      "at %.0f%%, attention at %.0f%%), HBM %.2f TB/s, NVLink %.0f GB/s, network %.0f GB/s per "
+      "GPU; global batch %d x %d tokens, %s; %zu layouts fit\n\n",
       cluster.world_size(), cluster.nodes, cluster.gpus_per_node, cluster.gpu_memory_bytes / 1e9,
       100 * cluster.memory_headroom, cluster.peak_flops / 1e12, 100 * cluster.gemm_efficiency,
+      100 * cluster.attention_efficiency, cluster.hbm_bytes_per_second / 1e12,
       cluster.nvlink_bytes_per_second / 1e9, cluster.network_bytes_per_second / 1e9,
       train.global_batch_size(), train.seq_len(),
       TrainOptions::Precision_Name(train.precision()).c_str(), layouts->size());
   std::printf(
       "| # | tp | pp | v | ZeRO-1 | SP | recompute | micro-batch | GB (fullest GPU) | step s | "
-      "compute | bubble | tp comm | dp comm | dp hidden | pp comm | MFU |\n"
-      "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+      "compute | optimizer | bubble | tp comm | dp comm | dp hidden | pp comm | MFU |\n"
+      "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   const int shown = std::min<int>(top, static_cast<int>(layouts->size()));
   for (int k = 0; k < shown; ++k) std::printf("%s\n", Row(k + 1, (*layouts)[k]).c_str());
   std::printf("\n");

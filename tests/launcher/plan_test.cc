@@ -9,6 +9,7 @@
 #include "gtest/gtest.h"
 #include "launcher/config.h"
 #include "launcher/memory_estimate.h"
+#include "launcher/plan_compute.h"
 #include "test_util.h"
 
 namespace nf::launcher {
@@ -115,8 +116,10 @@ TEST(ModelStepTimeTest, PartsFollowTheStatedModel) {
   auto full = ModelStepTime(With({"parallel.tensor_parallel=2", "train.recompute=FULL"}), cluster);
   NF_ASSERT_OK(none);
   NF_ASSERT_OK(full);
-  // Full recompute: a third more compute, the forward's collectives twice.
-  EXPECT_NEAR(full->compute, none->compute * 4 / 3, 1e-12 * none->compute);
+  // Full recompute: every layer's forward once more (4 micro-batches of 8 layers: dp 4 of a
+  // global batch of 64 in micro-batches of 4), the forward's collectives twice.
+  const MicroBatchWork work = EstimateMicroBatchWork(With({"parallel.tensor_parallel=2"}), cluster);
+  EXPECT_NEAR(full->compute - none->compute, 4 * 8 * work.layer_forward, 1e-9 * none->compute);
   EXPECT_GT(full->tp, none->tp);
   // No tensor parallelism, no tp communication; one data-parallel group of 8 over two nodes.
   auto dp_only = ModelStepTime(SmallConfig(), cluster);
@@ -144,6 +147,70 @@ TEST(ModelStepTimeTest, PartsFollowTheStatedModel) {
   EXPECT_NEAR(pipe->bubble, pipe->compute * 3 / m, 1e-12);
   EXPECT_NEAR(interleaved->bubble, pipe->bubble / 2, 1e-12);
   EXPECT_GT(pipe->pp, 0.0);
+}
+
+// The GEMM rate follows the product's shape: large ones at the peak x gemm_efficiency, one
+// wave of tiles too many at about half that, a thin one at the memory bandwidth.
+TEST(PlanComputeTest, GemmTimeFollowsItsShape) {
+  ClusterSpec h100;
+  NF_ASSERT_OK(ApplyGpuPreset("h100", h100));
+  const double rate = h100.peak_flops * h100.gemm_efficiency;
+  // 8448 x 4096 output: 66 x 16 = 1056 tiles of 128 x 256, exactly 8 waves of 132 SMs.
+  EXPECT_NEAR(GemmSeconds(8448, 4096, 4096, 1, 2, h100), 2.0 * 8448 * 4096 * 4096 / rate,
+              1e-9);
+  // One more row of tiles: 1072 tiles take 9 waves, the last one 8 tiles.
+  const double over = GemmSeconds(8448 + 128, 4096, 4096, 1, 2, h100);
+  EXPECT_NEAR(over, 2.0 * (8448 + 128) * 4096 * 4096 / (rate * 1072 / (9 * 132.0)), 1e-9);
+  // k = 8: 16 FLOPs per element of C, far below the 300 FLOPs a byte the peak needs.
+  const double thin = GemmSeconds(8192, 8192, 8, 1, 2, h100);
+  EXPECT_NEAR(thin, 2.0 * (8192.0 * 8 * 2 + 8192.0 * 8192) / (h100.hbm_bytes_per_second *
+                                                              h100.memory_efficiency),
+              1e-12);
+}
+
+TEST(PlanComputeTest, MemoryBoundWorkAndAttentionAsStated) {
+  TrainConfig config = SmallConfig();
+  ClusterSpec cluster;
+  NF_ASSERT_OK(ApplyGpuPreset("a100", cluster));
+  const MicroBatchWork blockwise = EstimateMicroBatchWork(config, cluster);
+  cluster.materialized_attention = true;
+  const MicroBatchWork materialized = EstimateMicroBatchWork(config, cluster);
+  // The S x S scores in memory cost more than the blockwise kernels' FLOPs at this shape.
+  EXPECT_GT(materialized.attention_forward, blockwise.attention_forward);
+  EXPECT_GT(materialized.layer_backward, blockwise.layer_backward);
+  // Without a memory bandwidth (--cpu) only the products count.
+  cluster.materialized_attention = false;
+  cluster.hbm_bytes_per_second = 0;
+  const MicroBatchWork products = EstimateMicroBatchWork(config, cluster);
+  EXPECT_LT(products.layer_forward, blockwise.layer_forward);
+  EXPECT_EQ(OptimizerSeconds(1e9, 2, cluster), 0.0);
+  // NormFormer's two extra LayerNorms are memory-bound work a plain Pre-LN layer lacks.
+  cluster.hbm_bytes_per_second = 2.04e12;
+  config.mutable_model()->mutable_normformer()->set_scale_attn(false);
+  config.mutable_model()->mutable_normformer()->set_scale_fc(false);
+  EXPECT_LT(EstimateMicroBatchWork(config, cluster).layer_forward, blockwise.layer_forward);
+}
+
+TEST(PlanComputeTest, GpuPresets) {
+  ClusterSpec cluster;
+  cluster.nodes = 3;
+  NF_ASSERT_OK(ApplyGpuPreset("a100", cluster));
+  EXPECT_EQ(cluster.peak_flops, 312e12);
+  EXPECT_EQ(cluster.sm_count, 108);
+  EXPECT_EQ(cluster.nodes, 3);  // the cluster's size is kept
+  const absl::Status unknown = ApplyGpuPreset("v100", cluster);
+  EXPECT_THAT(unknown.message(), HasSubstr("'v100' is not h200, h100 or a100"));
+}
+
+// ZeRO-1's optimizer step covers the rank's 1 / dp of the parameters.
+TEST(ModelStepTimeTest, TheOptimizerStepIsShardedByZero) {
+  const ClusterSpec cluster = SmallCluster();
+  auto plain = ModelStepTime(SmallConfig(), cluster);
+  auto zero = ModelStepTime(With({"parallel.distributed_optimizer=true"}), cluster);
+  NF_ASSERT_OK(plain);
+  NF_ASSERT_OK(zero);
+  EXPECT_GT(plain->optimizer, 0.0);
+  EXPECT_NEAR(zero->optimizer, plain->optimizer / 8, 1e-12);
 }
 
 }  // namespace
