@@ -9,8 +9,9 @@
 #include "absl/strings/str_cat.h"
 #include "checkpoint/crc32c.h"
 #include "checkpoint/durable_files.h"
-#include "core/non_finite.h"
+#include "checkpoint/piece_reader.h"
 #include "checkpoint/shard_mapping.h"
+#include "core/non_finite.h"
 #include "core/status.h"
 
 namespace nf::checkpoint {
@@ -91,35 +92,18 @@ absl::StatusOr<CheckedRecord> CheckRecord(const fs::path& dir, const Manifest& m
 absl::StatusOr<AssembledTensor> AssembleTensor(const fs::path& dir, const Manifest& manifest,
                                                const TensorRecord& record) {
   NF_ASSIGN_OR_RETURN(const CheckedRecord checked, CheckRecord(dir, manifest, record));
-  const std::string& what = checked.what;
   AssembledTensor a;
   a.shape = checked.shape;
   const int64_t numel = NumElements(a.shape);
-  const int64_t element = static_cast<int64_t>(SizeOf(checked.dtype));
   // Uninitialised: CheckRecord proved every element covered by a piece.
   NF_ASSIGN_OR_RETURN(a.global, Tensor::HostEmpty(checked.dtype, {numel}));
-  std::vector<char> bytes;
-  for (int i = 0; i < record.pieces_size(); ++i) {
-    const Piece& p = record.pieces(i);
-    bytes.resize(static_cast<size_t>(p.length()));
-    NF_RETURN_IF_ERROR(ReadRange(dir / p.file(), p.offset(), p.length(), bytes.data()));
-    if (Crc32c(bytes.data(), bytes.size()) != p.crc32c()) {
-      return Corrupt(dir, absl::StrCat(what, ": the piece at byte ", p.offset(), " of ", p.file(),
-                                       " fails its checksum (the file is corrupt)"));
-    }
-    char* global = static_cast<char*>(a.global.raw_data());
-    ForEachGlobalRun(a.shape, checked.places[i], p.begin(), p.end(),
-                     [&](int64_t local, int64_t global_index, int64_t count) {
-                       std::memcpy(global + global_index * element,
-                                   bytes.data() + (local - p.begin()) * element, count * element);
-                     });
-  }
-  const NonFinite bad = FindNonFinite(a.global.raw_data(), numel, a.global.dtype());
-  if (bad.count > 0) {
-    return Corrupt(
-        dir, absl::StrCat(what, " holds ", bad.count, " non-finite values of ", numel,
-                          " (the first at element ", bad.first, "): not a state to train from"));
-  }
+  // The whole tensor is the one shard of a replicated place: each piece read in blocks that
+  // are checked and scattered while in the cache (piece_reader.h), not read whole and then
+  // gone over three times (in a VM whose memory copies are slow that was most of an export).
+  ShardReader reader(dir);
+  NF_RETURN_IF_ERROR(ReadLocalRanges(
+      reader, record, checked, a.shape, ShardPlace{},
+      {{.begin = 0, .end = numel, .out = static_cast<char*>(a.global.raw_data())}}));
   return a;
 }
 
