@@ -13,6 +13,7 @@
 #include "checkpoint/crc32c.h"
 #include "checkpoint/durable_files.h"
 #include "checkpoint/output_path.h"
+#include "checkpoint/read_ahead.h"
 #include "checkpoint/save.h"
 #include "checkpoint/shard_mapping.h"
 #include "core/status.h"
@@ -171,17 +172,19 @@ absl::Status WriteCheckpointForLayout(const fs::path& dir, const Manifest& manif
   layout->set_virtual_stages(v);
   layout->set_distributed_optimizer(target.distributed_optimizer);
   for (const TensorRecord& source : manifest.tensors()) {
-    const auto assignments = plan.find(source.name());
-    if (assignments == plan.end()) {
+    if (!plan.contains(source.name())) {
       return absl::FailedPreconditionError(absl::StrCat(
           "checkpoint ", dir.string(), " holds ", source.name(), ", which the model has not"));
     }
-    NF_ASSIGN_OR_RETURN(const AssembledTensor whole, read(source));
+  }
+  // The next record's whole tensor is read while this one's shards are cut and written.
+  const auto write_shards = [&](size_t i, const AssembledTensor& whole) -> absl::Status {
+    const TensorRecord& source = manifest.tensors(static_cast<int>(i));
     TensorRecord* record = converted.add_tensors();
     *record = source;
     record->clear_pieces();
     const int64_t element = static_cast<int64_t>(SizeOf(whole.global.dtype()));
-    for (const Assignment& a : assignments->second) {
+    for (const Assignment& a : plan.at(source.name())) {
       std::vector<std::pair<int64_t, int64_t>> ranges = a.state_ranges;
       if (source.kind() == TensorRecord::PARAM) {
         if (!a.writes_param) continue;
@@ -209,7 +212,11 @@ absl::Status WriteCheckpointForLayout(const fs::path& dir, const Manifest& manif
         NF_RETURN_IF_ERROR(writers[a.rank]->Append(data, length));
       }
     }
-  }
+    return absl::OkStatus();
+  };
+  NF_RETURN_IF_ERROR(ReadAhead<AssembledTensor>(
+      static_cast<size_t>(manifest.tensors_size()),
+      [&](size_t i) { return read(manifest.tensors(static_cast<int>(i))); }, write_shards));
   for (int rank = 0; rank < world; ++rank) {
     ShardFile* file = converted.add_files();
     file->set_name(names[rank]);

@@ -25,7 +25,8 @@ struct TargetLayout {
 
 // Writes the converted checkpoint to `out` (staged as out.tmp, renamed when complete, removed on
 // failure); refuses an existing `out` and layouts the model cannot split into, saying what would
-// work. One whole tensor is in memory at a time, with one rank's shard of it.
+// work. Two whole tensors are in memory at a time (the next one read while one is cut and
+// written: checkpoint/read_ahead.h), with one rank's shard of one.
 absl::Status ConvertCheckpoint(const std::filesystem::path& dir, const Manifest& manifest,
                                const TargetLayout& target, const std::filesystem::path& out);
 
@@ -33,8 +34,8 @@ absl::Status ConvertCheckpoint(const std::filesystem::path& dir, const Manifest&
 using WholeTensorSource = std::function<absl::StatusOr<AssembledTensor>(const TensorRecord&)>;
 
 // The same for checkpoints that are not (yet) on disk as one: every record of `manifest` (whose
-// pieces are ignored) comes from `read`, record by record in the manifest's order; `source`
-// names where they come from in errors.
+// pieces are ignored) comes from `read`, record by record in the manifest's order, on a second
+// thread (one call at a time); `source` names where they come from in errors.
 absl::Status WriteCheckpointForLayout(const std::filesystem::path& source, const Manifest& manifest,
                                       const WholeTensorSource& read, const TargetLayout& target,
                                       const std::filesystem::path& out);

@@ -10,6 +10,7 @@
 #include "checkpoint/assemble.h"
 #include "checkpoint/fairseq_model.h"
 #include "checkpoint/output_path.h"
+#include "checkpoint/read_ahead.h"
 #include "checkpoint/safetensors_export.h"
 #include "checkpoint/safetensors_file.h"
 #include "core/status.h"
@@ -81,25 +82,28 @@ absl::Status ExportFairseqSafetensors(const fs::path& dir, const Manifest& manif
       const Tensor version,
       TensorFromFloats(DType::kF32, {1}, std::vector<float>{kFairseqDecoderVersion}));
   NF_RETURN_IF_ERROR(writer.Append(version));
-  // One parameter in memory at a time; out_proj reads its layer's c_attn (d_model / head_dim
-  // values) to fold it.
+  // out_proj reads its layer's c_attn (d_model / head_dim values) to fold it.
   const bool fold =
       model.normformer().scale_heads() &&
       model.normformer().head_scale_placement() == model::NormFormerConfig::BEFORE_OUT_PROJ;
   const int64_t head_dim = model.d_model() / model.num_heads();
-  for (const TensorRecord* record : records) {
-    NF_ASSIGN_OR_RETURN(NamedTensor t, ExportedParam(dir, manifest, *record));
-    if (fold && absl::EndsWith(t.name, ".self_attn.out_proj.weight")) {
-      const std::string c_attn =
-          absl::StrCat(absl::StripSuffix(t.name, ".self_attn.out_proj.weight"), ".c_attn");
-      NF_ASSIGN_OR_RETURN(NamedTensor scales, ExportedParam(dir, manifest, *params.at(c_attn)));
-      NF_RETURN_IF_ERROR(FoldHeadScale(t, scales, head_dim));
-    } else if (fold && absl::EndsWith(t.name, ".c_attn")) {
-      NF_RETURN_IF_ERROR(SetToOnes(t));  // folded into out_proj
-    }
-    NF_RETURN_IF_ERROR(ConvertForExport(t, dtype));
-    NF_RETURN_IF_ERROR(writer.Append(t.data));
-  }
+  // The next parameter is read (and folded, converted) while one is written.
+  NF_RETURN_IF_ERROR(ReadAhead<Tensor>(
+      records.size(),
+      [&](size_t i) -> absl::StatusOr<Tensor> {
+        NF_ASSIGN_OR_RETURN(NamedTensor t, ExportedParam(dir, manifest, *records[i]));
+        if (fold && absl::EndsWith(t.name, ".self_attn.out_proj.weight")) {
+          const std::string c_attn =
+              absl::StrCat(absl::StripSuffix(t.name, ".self_attn.out_proj.weight"), ".c_attn");
+          NF_ASSIGN_OR_RETURN(NamedTensor scales, ExportedParam(dir, manifest, *params.at(c_attn)));
+          NF_RETURN_IF_ERROR(FoldHeadScale(t, scales, head_dim));
+        } else if (fold && absl::EndsWith(t.name, ".c_attn")) {
+          NF_RETURN_IF_ERROR(SetToOnes(t));  // folded into out_proj
+        }
+        NF_RETURN_IF_ERROR(ConvertForExport(t, dtype));
+        return t.data;
+      },
+      [&](size_t, Tensor& data) { return writer.Append(data); }));
   return writer.Commit();
 }
 

@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "checkpoint/assemble.h"
 #include "checkpoint/output_path.h"
+#include "checkpoint/read_ahead.h"
 #include "core/ops/ops.h"
 #include "core/status.h"
 
@@ -59,11 +60,14 @@ absl::Status ExportSafetensors(const fs::path& dir, const Manifest& manifest, co
           out,
           {{"format", "pt"}, {"producer", "normformer"}, {"step", absl::StrCat(manifest.step())}},
           std::move(entries)));
-  for (const TensorRecord* record : params) {
-    NF_ASSIGN_OR_RETURN(NamedTensor t, ExportedParam(dir, manifest, *record));
-    NF_RETURN_IF_ERROR(ConvertForExport(t, dtype));
-    NF_RETURN_IF_ERROR(writer.Append(t.data));
-  }
+  NF_RETURN_IF_ERROR(ReadAhead<Tensor>(
+      params.size(),
+      [&](size_t i) -> absl::StatusOr<Tensor> {
+        NF_ASSIGN_OR_RETURN(NamedTensor t, ExportedParam(dir, manifest, *params[i]));
+        NF_RETURN_IF_ERROR(ConvertForExport(t, dtype));
+        return t.data;
+      },
+      [&](size_t, Tensor& data) { return writer.Append(data); }));
   return writer.Commit();
 }
 

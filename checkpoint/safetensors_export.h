@@ -17,9 +17,9 @@
 namespace nf::checkpoint {
 
 // Writes `out` (through out.tmp and a rename: an existing file is replaced only by a complete
-// one), tensors in the manifest's order, one at a time (memory: the largest tensor, twice when
-// converted). `dtype` converts every tensor (f32, f16 or bf16, round
-// to nearest even); nullopt keeps each tensor's own.
+// one), tensors in the manifest's order, the next read while one is written (memory: two of
+// the largest tensor, more when converted). `dtype` converts every tensor (f32, f16 or bf16,
+// round to nearest even); nullopt keeps each tensor's own.
 absl::Status ExportSafetensors(const std::filesystem::path& dir, const Manifest& manifest,
                                const std::filesystem::path& out, std::optional<DType> dtype);
 
