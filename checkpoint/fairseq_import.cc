@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cstring>
 #include <functional>
-#include <map>
 #include <string>
 #include <utility>
 #include <vector>
