@@ -211,7 +211,12 @@ class ImportedTensors {
       NF_ASSIGN_OR_RETURN(whole.global, Tensor::HostEmpty(DType::kF32, {param_.numel()}));
       NF_RETURN_IF_ERROR(ops::Cast(param_, whole.global));
     } else if (record.kind() != TensorRecord::PARAM) {
-      NF_ASSIGN_OR_RETURN(whole.global, Tensor::HostZeros(DType::kF32, {param_.numel()}));
+      // Both moments share one zero tensor (read only by the writer): with the next record read
+      // ahead, two would be in memory at once.
+      if (!zeros_.defined() || zeros_.numel() != param_.numel()) {
+        NF_ASSIGN_OR_RETURN(zeros_, Tensor::HostZeros(DType::kF32, {param_.numel()}));
+      }
+      whole.global = zeros_;
     }
     return whole;
   }
@@ -220,6 +225,7 @@ class ImportedTensors {
   const SafetensorsReader& reader_;
   std::string name_;  // the parameter in param_
   Tensor param_;
+  Tensor zeros_;  // f32 [numel of param_], or undefined
 };
 
 }  // namespace

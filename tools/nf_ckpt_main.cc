@@ -11,8 +11,6 @@
 // DIR is a checkpoint (RUN/checkpoints/iter_NNNNNNN) or a run's checkpoints directory, which
 // means the checkpoint its `latest` names. Exit codes: 0 done, 1 a bad or unreadable
 // checkpoint, 2 bad command line.
-#include <malloc.h>
-
 #include <cmath>
 #include <cstdio>
 #include <exception>
@@ -339,12 +337,6 @@ int Run(int argc, char** argv) {
 // checkpoint too big for this machine's memory) ends nf-ckpt with one line and exit 1, never
 // with std::terminate's abort.
 int main(int argc, char** argv) {
-  // Freed tensors return to the heap for the next one instead of to the kernel: nf-ckpt
-  // allocates and frees one tensor after another, and glibc would map each one above 32 MiB
-  // afresh, every page a fault (in a VM a fault costs as much as the disk: 35 s of the 44 s a
-  // 2.7B export took). The heap's high-water mark is the largest tensor's few copies.
-  mallopt(M_MMAP_THRESHOLD, 1 << 30);
-  mallopt(M_TRIM_THRESHOLD, 1 << 30);
   try {
     return Run(argc, argv);
   } catch (const std::bad_alloc& e) {
