@@ -44,28 +44,29 @@ std::vector<int> Divisors(int n, int at_most) {
 }  // namespace
 
 absl::Status ApplyGpuPreset(const std::string& name, ClusterSpec& cluster) {
-  if (name == "h200" || name == "h100") {
-    cluster.gpu_memory_bytes = name == "h200" ? 141e9 : 80e9;
-    cluster.hbm_bytes_per_second = name == "h200" ? 4.8e12 : 3.35e12;
-    cluster.peak_flops = 989e12;
-    cluster.gemm_efficiency = 0.8;
-    cluster.sm_count = 132;
-    cluster.nvlink_bytes_per_second = 450e9;
-    cluster.network_bytes_per_second = 50e9;
+  struct Preset {
+    const char* name;
+    double memory, hbm, peak, gemm_efficiency;
+    int sms;
+    double nvlink, network;
+  };
+  static constexpr Preset kPresets[] = {
+      {"h200", 141e9, 4.8e12, 989e12, 0.8, 132, 450e9, 50e9},
+      {"h100", 80e9, 3.35e12, 989e12, 0.8, 132, 450e9, 50e9},
+      {"a100", 80e9, 2.04e12, 312e12, 0.86, 108, 300e9, 25e9},
+  };
+  for (const Preset& p : kPresets) {
+    if (name != p.name) continue;
+    cluster.gpu_memory_bytes = p.memory;
+    cluster.hbm_bytes_per_second = p.hbm;
+    cluster.peak_flops = p.peak;
+    cluster.gemm_efficiency = p.gemm_efficiency;
+    cluster.sm_count = p.sms;
+    cluster.nvlink_bytes_per_second = p.nvlink;
+    cluster.network_bytes_per_second = p.network;
     return absl::OkStatus();
   }
-  if (name == "a100") {
-    cluster.gpu_memory_bytes = 80e9;
-    cluster.hbm_bytes_per_second = 2.04e12;
-    cluster.peak_flops = 312e12;
-    cluster.gemm_efficiency = 0.86;
-    cluster.sm_count = 108;
-    cluster.nvlink_bytes_per_second = 300e9;
-    cluster.network_bytes_per_second = 25e9;
-    return absl::OkStatus();
-  }
-  return absl::InvalidArgumentError(
-      absl::StrCat("--gpu: '", name, "' is not h200, h100 or a100"));
+  return absl::InvalidArgumentError(absl::StrCat("--gpu: '", name, "' is not h200, h100 or a100"));
 }
 
 absl::StatusOr<StepTime> ModelStepTime(const TrainConfig& config, const ClusterSpec& cluster) {

@@ -78,8 +78,8 @@ std::string Row(int rank, const PlannedLayout& l) {
       p.distributed_optimizer() ? "yes" : "no", p.sequence_parallel() ? "yes" : "no",
       TrainOptions::Recompute_Name(l.config.train().recompute()),
       l.config.train().micro_batch_size(), l.peak_device_bytes / 1e9, l.time.total(),
-      l.time.compute, l.time.optimizer, l.time.bubble, l.time.tp, l.time.dp, l.time.dp_hidden, l.time.pp,
-      100 * l.mfu);
+      l.time.compute, l.time.optimizer, l.time.bubble, l.time.tp, l.time.dp, l.time.dp_hidden,
+      l.time.pp, 100 * l.mfu);
 }
 
 int Main(int argc, char** argv) {
@@ -113,10 +113,6 @@ int Main(int argc, char** argv) {
       overrides.push_back(value);
     } else if (flag == "--gpu") {
       gpu = value;
-      if (const absl::Status known = ApplyGpuPreset(gpu, cluster); !known.ok()) {
-        std::fprintf(stderr, "nf-plan: %s\n", std::string(known.message()).c_str());
-        return 2;
-      }
     } else if (flag == "--attention") {
       const std::string kind = value;
       if (kind != "blockwise" && kind != "materialized") {
@@ -163,7 +159,10 @@ int Main(int argc, char** argv) {
     return 2;
   }
   // The preset (the last --gpu), then the figures given, whatever their order.
-  (void)ApplyGpuPreset(gpu, cluster);
+  if (const absl::Status known = ApplyGpuPreset(gpu, cluster); !known.ok()) {
+    std::fprintf(stderr, "nf-plan: %s\n", std::string(known.message()).c_str());
+    return 2;
+  }
   if (memory_gb > 0) cluster.gpu_memory_bytes = memory_gb * 1e9;
   if (hbm > 0) cluster.hbm_bytes_per_second = hbm * 1e9;
   if (gemm_efficiency > 0) cluster.gemm_efficiency = gemm_efficiency;
@@ -200,8 +199,8 @@ int Main(int argc, char** argv) {
     std::printf(
         "modelled step s: %.6f (compute %.6f, optimizer %.6f, bubble %.6f, tp %.6f, dp %.6f, pp "
         "%.6f; dp hidden behind the backward %.6f; peak %.3g FLOP/s a GPU)\n",
-        time->total(), time->compute, time->optimizer, time->bubble, time->tp, time->dp, time->pp, time->dp_hidden,
-        cluster.peak_flops);
+        time->total(), time->compute, time->optimizer, time->bubble, time->tp, time->dp, time->pp,
+        time->dp_hidden, cluster.peak_flops);
     return 0;
   }
   const absl::StatusOr<std::vector<PlannedLayout>> layouts = PlanLayouts(*config, cluster);

@@ -155,19 +155,18 @@ absl::StatusOr<ParamTable> ParamTable::Create(std::vector<ParamSpec> specs, DTyp
 
 absl::Status ParamTable::Initialize(uint32_t seed) {
   for (const Entry& e : entries_) {
-    const uint64_t name_key = NameKey(e.spec.name);
     const int64_t rows = Rows(e.local_shape), cols = Cols(e.local_shape);
     const int64_t global_cols = Cols(e.spec.global_shape);
-    // Where this rank's slice starts in the global [rows, cols] matrix.
+    // Where this rank's slice starts in the global [rows, cols] matrix: each local row is a
+    // contiguous run of a global row.
     const int64_t row0 = e.spec.sharding == Sharding::kSplitRows ? tp_rank_ * rows : 0;
     const int64_t col0 = e.spec.sharding == Sharding::kSplitCols ? tp_rank_ * cols : 0;
-    std::vector<float> values(rows * cols);
+    std::vector<float> values;
+    values.reserve(rows * cols);
     for (int64_t r = 0; r < rows; ++r) {
-      for (int64_t c = 0; c < cols; ++c) {
-        const int64_t global_index = (row0 + r) * global_cols + col0 + c;
-        values[r * cols + c] =
-            static_cast<float>(InitialValue(e.spec, seed, name_key, global_index));
-      }
+      const std::vector<float> row =
+          InitialValues(e.spec, seed, (row0 + r) * global_cols + col0, cols);
+      values.insert(values.end(), row.begin(), row.end());
     }
     // Drawn on the host, then copied to the parameters' device.
     NF_ASSIGN_OR_RETURN(const Tensor drawn,

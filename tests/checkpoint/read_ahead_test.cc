@@ -63,7 +63,7 @@ TEST(ReadAheadTest, TheFirstErrorEndsItAndNothingAfterItIsConsumed) {
   EXPECT_LE(made_up_to.load(), 3u);  // at most the one after the failed write was started
 }
 
-TEST(ReadAheadTest, NothingToDo) {
+TEST(ReadAheadTest, ZeroItemsMakeAndConsumeNothing) {
   bool called = false;
   EXPECT_TRUE(ReadAhead<int>(
                   0,

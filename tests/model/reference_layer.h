@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "model/model_config.pb.h"
+#include "reference_activation.h"
 
 namespace nf::testing {
 
@@ -55,7 +56,7 @@ class ReferenceLayer {
     h2_ = LayerNorm(x1_, d, "final_layer_norm", ffn_in_);
     f_ = Linear(h2_, "fc1", d, f);
     g_ = f_;
-    for (double& v : g_) v = Activate(v);
+    for (double& v : g_) v = ReferenceActivation(c_.activation(), v);
     g2_ = nf.scale_fc() ? LayerNorm(g_, f, "ffn_layernorm", mid_) : g_;
     Matrix y = Linear(g2_, "fc2", f, d);
     for (int64_t i = 0; i < t * d; ++i) y[i] += Lambda(i % d) * x1_[i];
@@ -75,7 +76,7 @@ class ReferenceLayer {
     }
     Matrix dg2 = LinearBackward(dy, g2_, "fc2", f, d);
     Matrix dg = nf.scale_fc() ? LayerNormBackward(dg2, f, "ffn_layernorm", mid_) : dg2;
-    for (int64_t i = 0; i < t * f; ++i) dg[i] *= ActivateGrad(f_[i]);
+    for (int64_t i = 0; i < t * f; ++i) dg[i] *= ReferenceActivationGrad(c_.activation(), f_[i]);
     const Matrix dh2 = LinearBackward(dg, h2_, "fc1", d, f);
     const Matrix dx1_ln = LayerNormBackward(dh2, d, "final_layer_norm", ffn_in_);
     for (int64_t i = 0; i < t * d; ++i) dx1[i] += dx1_ln[i];
@@ -196,31 +197,6 @@ class ReferenceLayer {
     Gemm(false, false, t, in, out, dy.data(), out, p_.at(name + ".weight").data(), in, dx.data(),
          in);
     return dx;
-  }
-
-  double Activate(double v) const {
-    switch (c_.activation()) {
-      case model::ModelConfig::GELU_TANH:
-        return 0.5 * v * (1.0 + std::tanh(std::sqrt(2.0 / M_PI) * (v + 0.044715 * v * v * v)));
-      case model::ModelConfig::RELU_SQUARED:
-        return v > 0 ? v * v : 0.0;
-      default:
-        return 0.5 * v * (1.0 + std::erf(v / std::sqrt(2.0)));
-    }
-  }
-  double ActivateGrad(double v) const {
-    switch (c_.activation()) {
-      case model::ModelConfig::GELU_TANH: {
-        const double a = std::sqrt(2.0 / M_PI), u = a * (v + 0.044715 * v * v * v);
-        const double th = std::tanh(u);
-        return 0.5 * (1.0 + th) + 0.5 * v * (1.0 - th * th) * a * (1.0 + 3 * 0.044715 * v * v);
-      }
-      case model::ModelConfig::RELU_SQUARED:
-        return v > 0 ? 2 * v : 0.0;
-      default:
-        return 0.5 * (1.0 + std::erf(v / std::sqrt(2.0))) +
-               v * std::exp(-0.5 * v * v) / std::sqrt(2.0 * M_PI);
-    }
   }
 
   // Per (sample, head): scores [S, S] = q_h k_h^T / sqrt(dh), causal softmax -> probs_, and

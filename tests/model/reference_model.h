@@ -12,6 +12,7 @@
 #include "core/philox.h"
 #include "model/model_config.pb.h"
 #include "model/param_table.h"
+#include "reference_activation.h"
 
 namespace nf::testing {
 
@@ -136,17 +137,6 @@ class ReferenceModel {
     return y;
   }
 
-  double Activate(double v) const {
-    switch (config_.activation()) {
-      case model::ModelConfig::GELU_TANH:
-        return 0.5 * v * (1.0 + std::tanh(std::sqrt(2.0 / M_PI) * (v + 0.044715 * v * v * v)));
-      case model::ModelConfig::RELU_SQUARED:
-        return v > 0 ? v * v : 0.0;
-      default:
-        return 0.5 * v * (1.0 + std::erf(v / std::sqrt(2.0)));
-    }
-  }
-
   Matrix Layer(int layer, const Matrix& x_in) const {
     const std::string p = "decoder.layers." + std::to_string(layer);
     const model::NormFormerConfig& nf = config_.normformer();
@@ -204,7 +194,7 @@ class ReferenceModel {
     for (int64_t i = 0; i < t * d; ++i) x[i] = x_in[i] + a[i];
 
     Matrix f = Linear(LayerNorm(x, d, p + ".final_layer_norm"), p + ".fc1", d, ffn);
-    for (double& value : f) value = Activate(value);
+    for (double& value : f) value = ReferenceActivation(config_.activation(), value);
     Dropout(f, ffn, site + 2, config_.activation_dropout(), 0);
     if (nf.scale_fc()) f = LayerNorm(f, ffn, p + ".ffn_layernorm");
     Matrix g = Linear(f, p + ".fc2", ffn, d);
