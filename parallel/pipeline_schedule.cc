@@ -318,9 +318,15 @@ absl::StatusOr<std::vector<Action>> BuildForwardOnlySchedule(int pipeline_size, 
   const int next = (r + 1) % p, previous = (r + p - 1) % p;
   std::vector<Action> actions;
   actions.reserve(3 * static_cast<size_t>(m) * v);
-  for (int mb = 0; mb < m; ++mb) {
+  // Rounds of p micro-batches through one chunk after the other: stage p - 1 returns the round's
+  // first micro-batch to rank 0 just as rank 0 has forwarded the round's last one through the
+  // chunk before, so no rank idles after the filling (m v + p - 1 steps when p divides m).
+  for (int round_begin = 0; round_begin < m; round_begin += p) {
+    const int round_end = std::min(round_begin + p, m);
     for (int chunk = 0; chunk < v; ++chunk) {
-      AppendForward(chunk * p + r, last_stage, mb, chunk, previous, next, actions);
+      for (int mb = round_begin; mb < round_end; ++mb) {
+        AppendForward(chunk * p + r, last_stage, mb, chunk, previous, next, actions);
+      }
     }
   }
   return actions;

@@ -82,12 +82,17 @@ absl::StatusOr<std::vector<std::vector<Action>>> BuildAllSchedules(ScheduleKind 
                                                                    int micro_batches,
                                                                    int virtual_stages = 1);
 
-// Evaluation's schedule: forwards only, every micro-batch through the model stages in order.
-// For micro-batch 0 .. m-1 and, within it, chunk 0 .. v-1: the receive of its input (except on
-// model stage 0), the forward, the send of its output (except on the last stage). Any m works;
-// v > 1 needs p >= 2 (one rank would send to itself). It cannot deadlock: stage s's forward of
-// micro-batch i needs only stage s - 1's of i, which its rank reaches having done only earlier
-// (micro-batch, chunk) pairs; CheckSchedulePairing and SimulateSchedules confirm it.
+// Evaluation's schedule: forwards only, every micro-batch through the model stages in order,
+// in rounds of p micro-batches as interleaved 1F1B orders its forwards. For each round (micro-
+// batches k p .. min(k p + p, m) - 1), chunk 0 .. v-1, and micro-batch of the round: the receive
+// of its input (except on model stage 0), the forward, the send of its output (except on the
+// last stage). Any m works; v > 1 needs p >= 2 (one rank would send to itself). With v > 1 a
+// round's first micro-batch comes back to rank 0 for the next chunk just as rank 0 finishes the
+// round's last one, so the step takes m v + p - 1 chunk forwards when p divides m (taking each
+// micro-batch through all chunks first took p v per micro-batch: 287 against 47 at p 16, m 16,
+// v 2). It cannot deadlock: ordering the (round, chunk, micro-batch, stage) keys, every forward
+// needs only the forward of a smaller key (stage s - 1, same micro-batch), and every rank does
+// its forwards in increasing key order; CheckSchedulePairing and SimulateSchedules confirm it.
 absl::StatusOr<std::vector<Action>> BuildForwardOnlySchedule(int pipeline_size, int pipeline_rank,
                                                              int micro_batches,
                                                              int virtual_stages = 1);
