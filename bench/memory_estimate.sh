@@ -11,7 +11,7 @@
 set -euo pipefail
 build=${1:-build}
 root=$(cd "$(dirname "$0")/.." && pwd)
-launch="$build/launcher/nf-launch"
+launch="$build/tools/nf-launch"
 mpirun=(mpirun --oversubscribe --allow-run-as-root)
 scratch=$(mktemp -d)
 trap 'rm -rf "$scratch"' EXIT

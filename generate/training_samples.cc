@@ -10,7 +10,7 @@
 namespace nf::generate {
 namespace {
 
-// nf-tokenize beside this program, or in the build tree's eval/ when this is build/launcher/.
+// nf-tokenize beside this program, or in the build tree's eval/ when this is build/tools/.
 absl::StatusOr<std::string> FindTokenizeHelper() {
   if (auto beside = eval::ProgramBesideThisOne("nf-tokenize"); beside.ok()) return beside;
   std::error_code error;

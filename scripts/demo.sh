@@ -33,7 +33,7 @@ rm -rf "$run_dir"
 # Four MPI ranks: tensor parallel 2 x pipeline parallel 2. Validation perplexity on the
 # held-out documents before training and every 100 steps, a checkpoint every 100 steps.
 launch=(mpirun --oversubscribe --allow-run-as-root -np 4
-        build/launcher/nf-launch --config deploy/configs/tiny.pbtxt --set data.path="$prefix"
+        build/tools/nf-launch --config deploy/configs/tiny.pbtxt --set data.path="$prefix"
         --set parallel.tensor_parallel=2 --set parallel.pipeline_parallel=2
         --set train.eval_interval=100 --set checkpoint.save_interval=100 --run-dir "$run_dir")
 export OMPI_MCA_btl_vader_single_copy_mechanism=none  # containers without ptrace permission
