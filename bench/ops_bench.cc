@@ -85,6 +85,19 @@ void BM_Gemm(benchmark::State& state) {
   Run(state, 2.0 * m * n * k, 0, [&] { return ops::Gemm(args); });
 }
 
+// A linear layer's forward while decoding, [m, k] x [n, k]^T (weights [out, in]) for a few
+// rows m: bound by reading the weights, whose bytes are the byte rate's; range: m, n, k.
+template <DType kDType>
+void BM_DecodeGemm(benchmark::State& state) {
+  const int64_t m = state.range(0), n = state.range(1), k = state.range(2);
+  ops::GemmArgs args{.a = Random(kDType, {m, k}),
+                     .b = Random(kDType, {n, k}),
+                     .c = Zeros(kDType, {m, n}),
+                     .trans_b = true};
+  Run(state, 2.0 * m * n * k, static_cast<double>(args.b.nbytes()),
+      [&] { return ops::Gemm(args); });
+}
+
 // LayerNorm inputs: x [rows, cols] of kDType, fp32 weight and bias, outputs zeroed.
 ops::LayerNormArgs LayerNormInputs(DType dtype, int64_t rows, int64_t cols) {
   return {.x = Random(dtype, {rows, cols}),
@@ -455,6 +468,13 @@ void RegisterAll() {
   add("gemm_f32/m/n/k", BM_Gemm<DType::kF32>, {128, 50304, 768});
   add("gemm_f32/m/n/k", BM_Gemm<DType::kF32>, {128, 768, 50304});
   add("gemm_bf16/m/n/k", BM_Gemm<DType::kBF16>, {1024, 1024, 1024});
+  // Decoding one token (nf-generate): the 2.7B's fc1 forward, [1, 2560] x [10240, 2560]^T.
+  // Up to 16 sequences take the skinny path in fp16/bf16 (core/cpu/gemm.cc), 32 the sgemm path.
+  for (const int64_t rows : {1, 4, 16, 32}) {
+    add("gemm_decode_f32/m/n/k", BM_DecodeGemm<DType::kF32>, {rows, 10240, 2560});
+    add("gemm_decode_bf16/m/n/k", BM_DecodeGemm<DType::kBF16>, {rows, 10240, 2560});
+    add("gemm_decode_f16/m/n/k", BM_DecodeGemm<DType::kF16>, {rows, 10240, 2560});
+  }
   add("gemm_f16/m/n/k", BM_Gemm<DType::kF16>, {1024, 1024, 1024});
   add("layer_norm_fwd_f32/rows/cols", BM_LayerNormForward<DType::kF32>, {8192, 768});
   add("layer_norm_fwd_bf16/rows/cols", BM_LayerNormForward<DType::kBF16>, {8192, 768});

@@ -2,10 +2,12 @@
 // (core/cpu/gemm_partition.h), the tasks spread over the thread pool. The partition depends only
 // on the shapes, so every element is computed by the same calls, and K chunks are added in the
 // same order, whatever the thread count. fp16/bf16 operands are widened to fp32 first, so
-// products and sums are fp32 whatever the storage type (the contract of ops::Gemm).
+// products and sums are fp32 whatever the storage type (the contract of ops::Gemm). A few rows
+// against a transposed fp16/bf16 B (decoding) take the skinny path instead (SkinnyProduct).
 #include "core/cpu/blas.h"
 #include "core/cpu/cpu_backend.h"
 #include "core/cpu/gemm_partition.h"
+#include "core/cpu/isa/skinny_gemm_kernels.h"
 #include "core/cpu/kernel_util.h"
 #include "core/status.h"
 
@@ -24,6 +26,60 @@ Operand Widen(const Tensor& t, std::vector<float>& buffer) {
   return {AsFloat(t.data<T>(), t.numel(), buffer), t.rank() == 3 ? rows * cols : 0, cols};
 }
 
+// The most rows of C the skinny path takes. nf-generate decodes one token at a time (m = 1).
+// nf-bench-ops gemm_decode_* ([m, 2560] x [10240, 2560]^T, 2 cores): the dots take 1.7, 3.7 and
+// 19 ms at m = 1, 4, 16 in bf16; sgemm's products on fp32 B take 5.7, 6.3 and 8.8 ms, so past a
+// few rows sgemm computes faster. The other path also widens B whole into fresh pages first,
+// which costs 75-90 ms at any m up to 64 today, so the dots still win there; the limit is kept
+// where sgemm would win once widening is cheap.
+constexpr int64_t kSkinnyMaxRows = 16;
+
+// Whether C = alpha A B^T + beta C takes the skinny path: 2-D, at most kSkinnyMaxRows rows, and B
+// (a linear layer's [out, in] weight) stored in fp16 or bf16.
+bool TakesSkinnyPath(const ops::GemmArgs& args) {
+  return args.c.rank() == 2 && args.c.dim(0) <= kSkinnyMaxRows && args.trans_b &&
+         args.b.dtype() != DType::kF32;
+}
+
+// The skinny path: op(A) [m, k] (A stored [m, k] or transposed [k, m]) widened once into rows
+// of fp32, then every row j of B [n, k]
+// widened into an L1-sized buffer and dotted with each row of A (SkinnyGemmKernels), so B is
+// read once in its 2-byte form. Each element of C is one fixed-lane fp32 sum, whichever thread
+// computes it.
+template <typename T>
+void SkinnyProduct(const ops::GemmArgs& args) {
+  const Tensor& c = args.c;
+  const int64_t m = c.dim(0), n = c.dim(1);
+  const int64_t k = args.b.dim(-1);  // B is [n, k], or [1, n, k] beside a 2-D C
+  std::vector<float> a_rows(m * k);
+  const T* a = args.a.data<T>();
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t l = 0; l < k; ++l) {
+      a_rows[i * k + l] = ToFloat(args.trans_a ? a[l * m + i] : a[i * k + l]);
+    }
+  }
+  const SkinnyGemmKernels& kernels = SkinnyGemm();
+  const auto widen = std::is_same_v<T, BFloat16> ? kernels.widen_bf16 : kernels.widen_f16;
+  const auto* b = reinterpret_cast<const uint16_t*>(args.b.data<T>());
+  DispatchFloat(c.dtype(), [&]<typename C>() {
+    C* out = c.data<C>();
+    ParallelFor(n, 2 * m * k, [&](int64_t begin, int64_t end) {
+      thread_local std::vector<float> b_row;
+      b_row.resize(k);
+      float dots[kSkinnyMaxRows];
+      for (int64_t j = begin; j < end; ++j) {
+        widen(b + j * k, k, b_row.data());
+        kernels.dot_rows(a_rows.data(), m, b_row.data(), k, dots);
+        for (int64_t i = 0; i < m; ++i) {
+          float value = args.alpha * dots[i];
+          if (args.beta != 0.0f) value += args.beta * ToFloat(out[i * n + j]);
+          out[i * n + j] = FromFloat<C>(value);
+        }
+      }
+    });
+  });
+}
+
 }  // namespace
 
 absl::Status CpuBackend::Gemm(const ops::GemmArgs& args) {
@@ -36,6 +92,12 @@ absl::Status CpuBackend::Gemm(const ops::GemmArgs& args) {
   const int64_t k = args.trans_a ? args.a.dim(-2) : args.a.dim(-1);
   const int64_t batch = c.rank() == 3 ? c.dim(0) : 1;
   if (c.numel() == 0) return absl::OkStatus();
+  if (TakesSkinnyPath(args)) {
+    DispatchFloat(args.b.dtype(), [&]<typename T>() {
+      if constexpr (!std::is_same_v<T, float>) SkinnyProduct<T>(args);
+    });
+    return absl::OkStatus();
+  }
 
   std::vector<float> a_buffer, b_buffer, c_buffer;
   const Operand a =

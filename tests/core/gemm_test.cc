@@ -250,6 +250,62 @@ TEST(GemmTest, ReducedPrecisionOperands) {
   }
 }
 
+// A few rows against a transposed fp16/bf16 B take the CPU's skinny path (decoding: one row per
+// sequence; core/cpu/gemm.cc, up to 16 rows), 17 rows the sgemm path: both within the bound, with
+// A stored either way, C in fp32 or 16 bits, beta 0 (C poisoned, never read) or not, K from 0
+// to past the 32 lanes.
+TEST(GemmTest, SkinnyRowsAgainstHalfPrecisionWeights) {
+  uint32_t seed = 400;
+  for (DType ab : {DType::kF16, DType::kBF16}) {
+    for (const int64_t m : {1, 2, 7, 16, 17}) {
+      for (const int64_t k : {0, 5, 67}) {
+        for (bool trans_a : {false, true}) {
+          for (DType c : {DType::kF32, ab}) {
+            GemmCase gc;
+            gc.m = m;
+            gc.n = 37;
+            gc.k = k;
+            gc.trans_a = trans_a;
+            gc.trans_b = true;
+            gc.ab = ab;
+            gc.c = c;
+            gc.alpha = 0.75f;
+            gc.beta = 0.5f;
+            CheckGemm(gc, seed += 3);
+            gc.beta = 0.0f;
+            CheckGemm(gc, seed += 3, std::numeric_limits<float>::quiet_NaN(),
+                      /*use_c_init_fill=*/true);
+          }
+        }
+      }
+    }
+  }
+}
+
+// A [1, n, k] B beside a 2-D C is the 2-D B (ops::Gemm allows it): the skinny path reads K from
+// B's last dimension, bit for bit as with the 2-D B.
+TEST(GemmTest, SkinnyPathTakesAThreeDimensionalSingleBatchB) {
+  const std::vector<float> a_values = RandomFloats(2 * 24, 31);
+  const std::vector<float> b_values = RandomFloats(40 * 24, 32);
+  const Tensor a = MakeTensor(DType::kBF16, {2, 24}, a_values);
+  const Tensor c2 = MakeZeros(DType::kF32, {2, 40});
+  const Tensor c3 = MakeZeros(DType::kF32, {2, 40});
+  NF_ASSERT_OK(ops::Gemm(
+      {.a = a, .b = MakeTensor(DType::kBF16, {40, 24}, b_values), .c = c2, .trans_b = true}));
+  NF_ASSERT_OK(ops::Gemm(
+      {.a = a, .b = MakeTensor(DType::kBF16, {1, 40, 24}, b_values), .c = c3, .trans_b = true}));
+  EXPECT_EQ(ToDoubles(c3), ToDoubles(c2));
+  GemmCase gc;
+  gc.m = 2;
+  gc.n = 40;
+  gc.k = 24;
+  gc.trans_b = true;
+  gc.ab = DType::kBF16;
+  const Expected expected =
+      ReferenceGemm(gc, Rounded(DType::kBF16, a_values), Rounded(DType::kBF16, b_values), {});
+  ExpectWithinBound(ToDoubles(c3), expected, "C");
+}
+
 TEST(GemmTest, ReducedPrecisionOutputIsRoundedToNearest) {
   // 1x1x1 products exact in fp32 that lie 3/4 of an ulp above an fp16 / bf16 number: rounding to
   // nearest must go up one ulp, where truncating the fp32 result would stay below.

@@ -68,6 +68,16 @@ uint64_t RunAllOps() {
       digest.Add(c);
     }
   }
+  {  // GEMM's skinny path (decoding): 3 rows against bf16 weights [700, 300], split over threads
+     // by weight rows.
+    Tensor c = Random(DType::kBF16, {3, 700}, 20);
+    Check(ops::Gemm({.a = Random(DType::kBF16, {3, 300}, 21),
+                     .b = Random(DType::kBF16, {700, 300}, 22),
+                     .c = c,
+                     .trans_b = true,
+                     .beta = 0.5f}));
+    digest.Add(c);
+  }
   {  // LayerNorm forward and backward, bias gradient, activation, dropout.
     const int64_t rows = 512, cols = 256;
     ops::LayerNormArgs fwd{.x = Random(DType::kBF16, {rows, cols}, 4),
