@@ -276,6 +276,7 @@ class TrainingRun {
     }
     // The last save, if still being written, completes before the run ends.
     NF_RETURN_IF_ERROR(checkpointer_.Finish(world));
+    NF_RETURN_IF_ERROR(MarkFinished(total));
     ReportOpTimes();
     return RunEnd::kFinished;
   }
@@ -296,6 +297,12 @@ class TrainingRun {
     if (error) {
       return absl::UnavailableError(
           absl::StrCat("cannot create run directory ", dir_.string(), ": ", error.message()));
+    }
+    // A run that starts has not finished, whatever an earlier one (with fewer train_iters) did.
+    std::filesystem::remove(dir_ / kFinishedFile, error);
+    if (error) {
+      return absl::UnavailableError(
+          absl::StrCat("cannot remove ", (dir_ / kFinishedFile).string(), ": ", error.message()));
     }
     NF_ASSIGN_OR_RETURN(log_, JsonlLog::Open((dir_ / "log.jsonl").string()));
     NF_ASSIGN_OR_RETURN(tensorboard_, TensorBoardWriter::Open(dir_ / "tensorboard"));
@@ -318,6 +325,17 @@ class TrainingRun {
          .world_rank = t.world_rank(),
          .world_size = t.world_size(),
          .host = t.world_rank() < static_cast<int>(hosts.size()) ? hosts[t.world_rank()] : ""});
+  }
+
+  // RUN/finished.json once train_iters is reached and the last checkpoint is complete.
+  absl::Status MarkFinished(int64_t train_iters) {
+    if (!writes_) return absl::OkStatus();
+    return checkpoint::ReplaceFileAtomically(dir_ / kFinishedFile,
+                                             JsonObject()
+                                                     .AddInt("step", trainer_->step())
+                                                     .AddInt("train_iters", train_iters)
+                                                     .ToString() +
+                                                 "\n");
   }
 
   // RUN/config.pbtxt: the configuration this run trains with, every default spelt out.

@@ -18,12 +18,19 @@ enum class RunEnd {
   kStoppedToResume,  // a signal, exit_duration_mins or exit_interval: checkpoint saved
 };
 
+// RUN/finished.json: {"step":N,"train_iters":N}, written (atomically) when a run reaches
+// train_iters, after its last checkpoint, and removed when a run starts. Exit code 0 alone does
+// not prove that training ran: a job launcher may report 0 for tasks it never started (srun's
+// "task 0 launch failed"), so deploy/slurm/run-requeued.sh takes 0 as done only beside it.
+inline constexpr char kFinishedFile[] = "finished.json";
+
 // Creates `run_dir` if needed and writes RUN/config.pbtxt (the resolved configuration); the
-// log is appended to. Progress lines go to `console`. With `groups` (an MPI job; null: one
-// process) every rank trains and world rank 0 alone writes the files and the console.
-// Continues from RUN/checkpoints/latest when there is one (checkpoint.resume), saves as
-// checkpoint.* says, and stops early, with a checkpoint, when StopRequests says so. Install
-// the signal handlers (InstallStopSignalHandlers) for signals to stop it.
+// log is appended to; RUN/finished.json (kFinishedFile) marks a run that reached train_iters.
+// Progress lines go to `console`. With `groups` (an MPI job; null: one process) every rank trains
+// and world rank 0 alone writes the files and the console. Continues from RUN/checkpoints/latest
+// when there is one (checkpoint.resume), saves as checkpoint.* says, and stops early, with a
+// checkpoint, when StopRequests says so. Install the signal handlers (InstallStopSignalHandlers)
+// for signals to stop it.
 //
 // `after_validation`, when given, runs on every rank after each validation (train.samples:
 // generate/training_samples.h, which nf-launch links; the loop does not know generation).

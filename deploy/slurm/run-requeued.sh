@@ -6,7 +6,11 @@
 # (default 3; counted in RUN_DIR/.failure-requeues, reset by a run that ends with 0 or 3): srun
 # returns about half a minute after its tasks end, long before Slurm marks a silent node down
 # (SlurmdTimeout, 300 s by default) and requeues the job itself, so without this a lost node
-# would end the job. The restart resumes from the last complete checkpoint. With PROMETHEUS_TARGETS set, it also turns monitoring on and
+# would end the job. The restart resumes from the last complete checkpoint. Exit code 0 counts as
+# done only with RUN_DIR/finished.json, which nf-launch writes on reaching train_iters (this
+# script removes it before the launch): srun can report 0 for tasks it failed to launch ("task 0
+# launch failed"), and such a job used to end as if trained; it now counts as a failure like
+# 134. With PROMETHEUS_TARGETS set, it also turns monitoring on and
 # publishes every node's ranks for Prometheus in that directory (one file per node, written
 # atomically, removed once the launcher has ended: deploy/prometheus/normformer-targets.sh).
 #
@@ -51,6 +55,9 @@ if [[ -n $targets ]]; then
 fi
 
 echo "$(date -Is) job $SLURM_JOB_ID (restart ${SLURM_RESTART_COUNT:-0}) on $SLURM_JOB_NODELIST"
+# What a finished run leaves; removed first, so that only this launch's ranks can write it.
+finished=$RUN_DIR/finished.json
+rm -f "$finished"
 "${command[@]}" &
 launcher=$!
 signalled=0
@@ -89,19 +96,28 @@ requeue() {  # WHY
   exit "$status"
 }
 failures_file=$RUN_DIR/.failure-requeues
-if ((status == 0 || status == 3)); then
+# Why a failure may be worth a restart (a node lost or not started), or empty.
+failure=
+if ((status == 0)) && [[ ! -f $finished ]]; then
+  failure="the launcher ended with 0 but no rank finished training ($finished is missing: did srun launch the tasks?)"
+  echo "$(date -Is) $failure" >&2
+  status=1
+elif ((status == 134)); then
+  failure="the collective watchdog ended the run"
+fi
+if [[ -z $failure ]] && ((status == 0 || status == 3)); then
   rm -f "$failures_file"
 fi
 if ((status == 3)); then
   requeue "the ranks stopped with a checkpoint"
 fi
-if ((status == 134)); then
+if [[ -n $failure ]]; then
   failures=$(( $(cat "$failures_file" 2>/dev/null || echo 0) + 1 ))
   if ((failures <= ${NF_FAILURE_REQUEUES:-3})); then
     echo "$failures" >"$failures_file"
-    echo "$(date -Is) the collective watchdog ended the run: requeueing (failure $failures of at most ${NF_FAILURE_REQUEUES:-3} in a row)"
-    requeue "the collective watchdog ended the run"
+    echo "$(date -Is) $failure: requeueing (failure $failures of at most ${NF_FAILURE_REQUEUES:-3} in a row)"
+    requeue "$failure"
   fi
-  echo "$(date -Is) the collective watchdog ended the run again: $((failures - 1)) requeues in a row did not help; giving up"
+  echo "$(date -Is) $failure again: $((failures - 1)) requeues in a row did not help; giving up"
 fi
 exit "$status"

@@ -13,6 +13,7 @@
 #include "core/ops/backend.h"
 #include "data/indexed_dataset.h"
 #include "launcher/run_dir_lock.h"
+#include "launcher/train_loop.h"
 #include "test_util.h"
 
 #ifndef NF_LAUNCH_BINARY
@@ -324,6 +325,28 @@ TEST_F(NfLaunchCliTest, ExitIntervalStopsWithACheckpointAndTheSameCommandResumes
   const std::vector<std::string> stopped = Lines(ReadFile(dir_ / "stopped" / "log.jsonl"));
   ASSERT_EQ(stopped.size(), 6u);
   for (size_t i = 0; i < 6; ++i) EXPECT_EQ(strip_seconds(stopped[i]), strip_seconds(whole[i]));
+}
+
+// RUN/finished.json says that the run reached train_iters: a run that starts removes one an
+// earlier run left (here a shorter run's), a run stopped to resume writes none, and the run
+// that reaches train_iters writes it after its last checkpoint (run-requeued.sh trusts exit code
+// 0 only beside it).
+TEST_F(NfLaunchCliTest, OnlyARunThatReachedTrainItersLeavesFinishedJson) {
+  const std::filesystem::path run_dir = dir_ / "run";
+  const std::filesystem::path finished = run_dir / kFinishedFile;
+  std::filesystem::create_directories(run_dir);
+  std::ofstream(finished) << "{\"step\":2,\"train_iters\":2}\n";
+  const std::vector<std::string> args = {"--config",  TinyConfig(),
+                                         "--set",     "train.train_iters=6",
+                                         "--set",     "train.exit_interval=3",
+                                         "--run-dir", run_dir.string()};
+  const Outcome stopped = Launch(args);
+  ASSERT_EQ(stopped.exit_code, 3) << stopped.err;
+  EXPECT_FALSE(std::filesystem::exists(finished)) << "a stopped run left " << finished;
+  const Outcome resumed = Launch(args);
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.err;
+  EXPECT_EQ(ReadFile(finished), "{\"step\":6,\"train_iters\":6}\n");
+  EXPECT_TRUE(std::filesystem::exists(run_dir / "checkpoints" / "iter_0000006"));
 }
 
 // A resume refused (the run's checkpoint is another model's) leaves the run directory's
