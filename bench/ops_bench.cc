@@ -469,8 +469,9 @@ void RegisterAll() {
   add("gemm_f32/m/n/k", BM_Gemm<DType::kF32>, {128, 768, 50304});
   add("gemm_bf16/m/n/k", BM_Gemm<DType::kBF16>, {1024, 1024, 1024});
   // Decoding one token (nf-generate): the 2.7B's fc1 forward, [1, 2560] x [10240, 2560]^T.
-  // Up to 16 sequences take the skinny path in fp16/bf16 (core/cpu/gemm.cc), 32 the sgemm path.
-  for (const int64_t rows : {1, 4, 16, 32}) {
+  // Up to 16 sequences take the skinny path in fp16/bf16 (core/cpu/gemm.cc), 32 and 64 the sgemm
+  // path.
+  for (const int64_t rows : {1, 4, 16, 32, 64}) {
     add("gemm_decode_f32/m/n/k", BM_DecodeGemm<DType::kF32>, {rows, 10240, 2560});
     add("gemm_decode_bf16/m/n/k", BM_DecodeGemm<DType::kBF16>, {rows, 10240, 2560});
     add("gemm_decode_f16/m/n/k", BM_DecodeGemm<DType::kF16>, {rows, 10240, 2560});

@@ -4,10 +4,13 @@
 // same order, whatever the thread count. fp16/bf16 operands are widened to fp32 first, so
 // products and sums are fp32 whatever the storage type (the contract of ops::Gemm). A few rows
 // against a transposed fp16/bf16 B (decoding) take the skinny path instead (SkinnyProduct).
+// The widenings are exact, so the path only decides the order of the fp32 sums.
+#include <memory>
+
 #include "core/cpu/blas.h"
 #include "core/cpu/cpu_backend.h"
 #include "core/cpu/gemm_partition.h"
-#include "core/cpu/isa/skinny_gemm_kernels.h"
+#include "core/cpu/isa/gemm_kernels.h"
 #include "core/cpu/kernel_util.h"
 #include "core/status.h"
 
@@ -20,18 +23,42 @@ struct Operand {
   int64_t ld;            // row-major leading dimension (the stored matrix's column count)
 };
 
+// Elements per task of a parallel widening: 256 KiB of fp32 output.
+constexpr int64_t kWidenBlock = 64 * 1024;
+
+// The fp32 view of operand `t`: t itself when fp32, else a copy widened into `buffer` by the
+// vectorised kernels in parallel blocks. The buffer is not zeroed first (every element is
+// written), and the pool's threads share its first touch: for a 2.7B-sized weight the serial
+// widening into a zeroed vector took longer than the product (nf-bench-ops gemm_decode_bf16 at
+// m = 32: 83-87 ms against 45-46 ms, paired runs; docs/performance.md).
 template <typename T>
-Operand Widen(const Tensor& t, std::vector<float>& buffer) {
+Operand Widen(const Tensor& t, std::unique_ptr<float[]>& buffer) {
   const int64_t rows = t.dim(-2), cols = t.dim(-1);
-  return {AsFloat(t.data<T>(), t.numel(), buffer), t.rank() == 3 ? rows * cols : 0, cols};
+  const int64_t batch_stride = t.rank() == 3 ? rows * cols : 0;
+  if constexpr (std::is_same_v<T, float>) {
+    return {t.data<float>(), batch_stride, cols};
+  } else {
+    const int64_t n = t.numel();
+    buffer = std::make_unique_for_overwrite<float[]>(n);
+    const GemmKernels& kernels = SelectedGemmKernels();
+    const auto widen = std::is_same_v<T, BFloat16> ? kernels.widen_bf16 : kernels.widen_f16;
+    const auto* src = reinterpret_cast<const uint16_t*>(t.data<T>());
+    float* dst = buffer.get();
+    ParallelFor((n + kWidenBlock - 1) / kWidenBlock, kWidenBlock, [&](int64_t begin, int64_t end) {
+      for (int64_t block = begin; block < end; ++block) {
+        const int64_t first = block * kWidenBlock;
+        widen(src + first, std::min(kWidenBlock, n - first), dst + first);
+      }
+    });
+    return {dst, batch_stride, cols};
+  }
 }
 
 // The most rows of C the skinny path takes. nf-generate decodes one token at a time (m = 1).
-// nf-bench-ops gemm_decode_* ([m, 2560] x [10240, 2560]^T, 2 cores): the dots take 1.7, 3.7 and
-// 19 ms at m = 1, 4, 16 in bf16; sgemm's products on fp32 B take 5.7, 6.3 and 8.8 ms, so past a
-// few rows sgemm computes faster. The other path also widens B whole into fresh pages first,
-// which costs 75-90 ms at any m up to 64 today, so the dots still win there; the limit is kept
-// where sgemm would win once widening is cheap.
+// nf-bench-ops gemm_decode_bf16 ([m, 2560] x [10240, 2560]^T, 2 cores): the dots take 1.7, 3.6
+// and 12-19 ms at m = 1, 4, 16, where widening B and sgemm take 37-44 ms. From 32 rows on the
+// two are within this VM's noise (22-36 against 45-47 ms at 32, 44 against 51 at 64), and the
+// dots' share grows with m while sgemm's products stay cheap (f32 B: 8.8 ms at 16, 12.8 at 32).
 constexpr int64_t kSkinnyMaxRows = 16;
 
 // Whether C = alpha A B^T + beta C takes the skinny path: 2-D, at most kSkinnyMaxRows rows, and B
@@ -43,7 +70,7 @@ bool TakesSkinnyPath(const ops::GemmArgs& args) {
 
 // The skinny path: op(A) [m, k] (A stored [m, k] or transposed [k, m]) widened once into rows
 // of fp32, then every row j of B [n, k]
-// widened into an L1-sized buffer and dotted with each row of A (SkinnyGemmKernels), so B is
+// widened into an L1-sized buffer and dotted with each row of A (GemmKernels), so B is
 // read once in its 2-byte form. Each element of C is one fixed-lane fp32 sum, whichever thread
 // computes it.
 template <typename T>
@@ -58,7 +85,7 @@ void SkinnyProduct(const ops::GemmArgs& args) {
       a_rows[i * k + l] = ToFloat(args.trans_a ? a[l * m + i] : a[i * k + l]);
     }
   }
-  const SkinnyGemmKernels& kernels = SkinnyGemm();
+  const GemmKernels& kernels = SelectedGemmKernels();
   const auto widen = std::is_same_v<T, BFloat16> ? kernels.widen_bf16 : kernels.widen_f16;
   const auto* b = reinterpret_cast<const uint16_t*>(args.b.data<T>());
   DispatchFloat(c.dtype(), [&]<typename C>() {
@@ -99,7 +126,8 @@ absl::Status CpuBackend::Gemm(const ops::GemmArgs& args) {
     return absl::OkStatus();
   }
 
-  std::vector<float> a_buffer, b_buffer, c_buffer;
+  std::unique_ptr<float[]> a_buffer, b_buffer;
+  std::vector<float> c_buffer;
   const Operand a =
       DispatchFloat(args.a.dtype(), [&]<typename T>() { return Widen<T>(args.a, a_buffer); });
   const Operand b =

@@ -1,4 +1,4 @@
-// The skinny GEMM path's kernels (core/cpu/isa/skinny_gemm_kernels.h) at every ISA level this CPU
+// The skinny GEMM path's kernels (core/cpu/isa/gemm_kernels.h) at every ISA level this CPU
 // runs: the widenings against core/half.h on every one of the 65,536 bit patterns, and the row
 // dot products against a float64 reference.
 //
@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "core/cpu/isa/skinny_gemm_kernels.h"
+#include "core/cpu/isa/gemm_kernels.h"
 #include "core/half.h"
 #include "gtest/gtest.h"
 #include "test_util.h"
@@ -55,19 +55,19 @@ void ExpectWidensLike(Widen widen, Reference reference, const std::string& what)
   }
 }
 
-TEST(SkinnyGemmKernelsTest, WidenF16IsHalfBitsToFloatForEveryPattern) {
+TEST(GemmKernelsTest, WidenF16IsHalfBitsToFloatForEveryPattern) {
   for (Isa isa : RunnableIsas()) {
-    ExpectWidensLike(SkinnyGemmKernelsFor(isa).widen_f16, HalfBitsToFloat, IsaName(isa));
+    ExpectWidensLike(GemmKernelsFor(isa).widen_f16, HalfBitsToFloat, IsaName(isa));
   }
 }
 
-TEST(SkinnyGemmKernelsTest, WidenBf16IsBFloat16BitsToFloatForEveryPattern) {
+TEST(GemmKernelsTest, WidenBf16IsBFloat16BitsToFloatForEveryPattern) {
   for (Isa isa : RunnableIsas()) {
-    ExpectWidensLike(SkinnyGemmKernelsFor(isa).widen_bf16, BFloat16BitsToFloat, IsaName(isa));
+    ExpectWidensLike(GemmKernelsFor(isa).widen_bf16, BFloat16BitsToFloat, IsaName(isa));
   }
 }
 
-TEST(SkinnyGemmKernelsTest, DotRowsWithinTheLaneSumBound) {
+TEST(GemmKernelsTest, DotRowsWithinTheLaneSumBound) {
   for (Isa isa : RunnableIsas()) {
     // Lengths below, at and around the 32 lanes, and a 2.7B layer's d_model.
     for (const int64_t k : {1, 3, 31, 32, 33, 100, 2560}) {
@@ -76,7 +76,7 @@ TEST(SkinnyGemmKernelsTest, DotRowsWithinTheLaneSumBound) {
         const std::vector<float> a = RandomFloats(rows * k, 7 + k, -2.0f, 2.0f);
         const std::vector<float> w = RandomFloats(k, 11 + k, -2.0f, 2.0f);
         std::vector<float> out(rows, -1.0f);
-        SkinnyGemmKernelsFor(isa).dot_rows(a.data(), rows, w.data(), k, out.data());
+        GemmKernelsFor(isa).dot_rows(a.data(), rows, w.data(), k, out.data());
         const double roundings = static_cast<double>((k + 31) / 32 + 5);
         for (int64_t i = 0; i < rows; ++i) {
           double sum = 0.0, magnitude = 0.0;
@@ -92,11 +92,11 @@ TEST(SkinnyGemmKernelsTest, DotRowsWithinTheLaneSumBound) {
   }
 }
 
-TEST(SkinnyGemmKernelsTest, DotRowsOfNothingAreZero) {
+TEST(GemmKernelsTest, DotRowsOfNothingAreZero) {
   for (Isa isa : RunnableIsas()) {
     float out[2] = {-1.0f, -1.0f};
     const float unused = 1.0f;
-    SkinnyGemmKernelsFor(isa).dot_rows(&unused, 2, &unused, 0, out);
+    GemmKernelsFor(isa).dot_rows(&unused, 2, &unused, 0, out);
     EXPECT_EQ(out[0], 0.0f) << IsaName(isa);
     EXPECT_EQ(out[1], 0.0f) << IsaName(isa);
   }

@@ -1,5 +1,5 @@
-// Compiled once per ISA level (nf_add_isa_sources): see skinny_gemm_kernels.h.
-#include "core/cpu/isa/skinny_gemm_kernels.h"
+// Compiled once per ISA level (nf_add_isa_sources): see gemm_kernels.h.
+#include "core/cpu/isa/gemm_kernels.h"
 
 #include <bit>
 
@@ -58,7 +58,7 @@ void DotRows(const float* a, int64_t rows, const float* w, int64_t k, float* out
 
 }  // namespace
 
-const SkinnyGemmKernels kSkinnyGemmKernels = {
+const GemmKernels kGemmKernels = {
     .widen_bf16 = WidenBf16,
     .widen_f16 = WidenF16,
     .dot_rows = DotRows,
