@@ -26,6 +26,13 @@ struct Operand {
 // Elements per task of a parallel widening: 256 KiB of fp32 output.
 constexpr int64_t kWidenBlock = 64 * 1024;
 
+// The kernel that widens T's bits (fp16 or bf16) to fp32.
+template <typename T>
+auto WidenKernel() {
+  const GemmKernels& kernels = SelectedGemmKernels();
+  return std::is_same_v<T, BFloat16> ? kernels.widen_bf16 : kernels.widen_f16;
+}
+
 // The fp32 view of operand `t`: t itself when fp32, else a copy widened into `buffer` by the
 // vectorised kernels in parallel blocks. The buffer is not zeroed first (every element is
 // written), and the pool's threads share its first touch: for a 2.7B-sized weight the serial
@@ -40,8 +47,7 @@ Operand Widen(const Tensor& t, std::unique_ptr<float[]>& buffer) {
   } else {
     const int64_t n = t.numel();
     buffer = std::make_unique_for_overwrite<float[]>(n);
-    const GemmKernels& kernels = SelectedGemmKernels();
-    const auto widen = std::is_same_v<T, BFloat16> ? kernels.widen_bf16 : kernels.widen_f16;
+    const auto widen = WidenKernel<T>();
     const auto* src = reinterpret_cast<const uint16_t*>(t.data<T>());
     float* dst = buffer.get();
     ParallelFor((n + kWidenBlock - 1) / kWidenBlock, kWidenBlock, [&](int64_t begin, int64_t end) {
@@ -69,10 +75,9 @@ bool TakesSkinnyPath(const ops::GemmArgs& args) {
 }
 
 // The skinny path: op(A) [m, k] (A stored [m, k] or transposed [k, m]) widened once into rows
-// of fp32, then every row j of B [n, k]
-// widened into an L1-sized buffer and dotted with each row of A (GemmKernels), so B is
-// read once in its 2-byte form. Each element of C is one fixed-lane fp32 sum, whichever thread
-// computes it.
+// of fp32, then every row j of B [n, k] widened into an L1-sized buffer and dotted with each row
+// of A (GemmKernels::dot_rows), so B is read once in its 2-byte form. Each element of C is one
+// fixed-lane fp32 sum, whichever thread computes it.
 template <typename T>
 void SkinnyProduct(const ops::GemmArgs& args) {
   const Tensor& c = args.c;
@@ -85,8 +90,8 @@ void SkinnyProduct(const ops::GemmArgs& args) {
       a_rows[i * k + l] = ToFloat(args.trans_a ? a[l * m + i] : a[i * k + l]);
     }
   }
-  const GemmKernels& kernels = SelectedGemmKernels();
-  const auto widen = std::is_same_v<T, BFloat16> ? kernels.widen_bf16 : kernels.widen_f16;
+  const auto widen = WidenKernel<T>();
+  const auto dot_rows = SelectedGemmKernels().dot_rows;
   const auto* b = reinterpret_cast<const uint16_t*>(args.b.data<T>());
   DispatchFloat(c.dtype(), [&]<typename C>() {
     C* out = c.data<C>();
@@ -96,7 +101,7 @@ void SkinnyProduct(const ops::GemmArgs& args) {
       float dots[kSkinnyMaxRows];
       for (int64_t j = begin; j < end; ++j) {
         widen(b + j * k, k, b_row.data());
-        kernels.dot_rows(a_rows.data(), m, b_row.data(), k, dots);
+        dot_rows(a_rows.data(), m, b_row.data(), k, dots);
         for (int64_t i = 0; i < m; ++i) {
           float value = args.alpha * dots[i];
           if (args.beta != 0.0f) value += args.beta * ToFloat(out[i * n + j]);
