@@ -1,18 +1,18 @@
 #!/bin/bash
-# What both batch scripts do once they have chosen a launcher: run it, pass Slurm's SIGUSR1
-# (ten minutes before the time limit) to it, and requeue the job when the ranks stopped with a
-# checkpoint (exit code 3). A run the collective watchdog ended (exit code 134: a peer lost or
-# hung, typically a node gone) is requeued as well, at most NF_FAILURE_REQUEUES times in a row
-# (default 3; counted in RUN_DIR/.failure-requeues, reset by a run that ends with 0 or 3): srun
-# returns about half a minute after its tasks end, long before Slurm marks a silent node down
-# (SlurmdTimeout, 300 s by default) and requeues the job itself, so without this a lost node
-# would end the job. The restart resumes from the last complete checkpoint. Exit code 0 counts as
-# done only with RUN_DIR/finished.json, which nf-launch writes on reaching train_iters (this
-# script removes it before the launch): srun can report 0 for tasks it failed to launch ("task 0
-# launch failed"), and such a job used to end as if trained; it now counts as a failure like
-# 134. With PROMETHEUS_TARGETS set, it also turns monitoring on and
-# publishes every node's ranks for Prometheus in that directory (one file per node, written
-# atomically, removed once the launcher has ended: deploy/prometheus/normformer-targets.sh).
+# What both batch scripts do once they have chosen a launcher: run it, pass Slurm's SIGUSR1 (ten
+# minutes before the time limit) to it, and requeue the job when the ranks stopped with a checkpoint
+# (exit code 3). A run the collective watchdog ended (exit code 134: a peer lost or hung, typically
+# a node gone) is requeued as well, at most NF_FAILURE_REQUEUES times in a row (default 3; counted
+# in RUN_DIR/.failure-requeues, reset by a run that finished or stopped with 3): srun returns about
+# half a minute after its tasks end, long before Slurm marks a silent node down (SlurmdTimeout, 300
+# s by default) and requeues the job itself, so without this a lost node would end the job. The
+# restart resumes from the last complete checkpoint. Exit code 0 counts as done only with
+# RUN_DIR/finished.json, which nf-launch writes on reaching train_iters (this script removes it
+# before the launch): srun can report 0 for tasks it failed to launch ("task 0 launch failed"), and
+# such a job used to end as if trained; it now counts as a failure like 134. With PROMETHEUS_TARGETS
+# set, it also turns monitoring on and publishes every node's ranks for Prometheus in that directory
+# (one file per node, written atomically, removed once the launcher has ended:
+# deploy/prometheus/normformer-targets.sh).
 #
 #   exec deploy/slurm/run-requeued.sh LAUNCHER [ARGS...] NF_LAUNCH [NF_LAUNCH_ARGS...]
 #
@@ -105,7 +105,7 @@ if ((status == 0)) && [[ ! -f $finished ]]; then
 elif ((status == 134)); then
   failure="the collective watchdog ended the run"
 fi
-if [[ -z $failure ]] && ((status == 0 || status == 3)); then
+if ((status == 0 || status == 3)); then  # finished (an unfinished 0 is 1 by now), or stopped
   rm -f "$failures_file"
 fi
 if ((status == 3)); then
