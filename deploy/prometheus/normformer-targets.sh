@@ -5,6 +5,8 @@
 #   normformer-targets.sh [options] -- COMMAND...   run COMMAND (e.g. nf-launch), publish meanwhile
 #   normformer-targets.sh [options]                 publish until SIGTERM/SIGINT (a background
 #                                                   Slurm step: srun --ntasks-per-node=1 --overlap)
+#   normformer-targets.sh --withdraw [options]      remove what a publisher of JOB on HOST left
+#                                                   (its file and temporaries; for a killed one)
 # Options (defaults in brackets):
 #   --dir DIR          where Prometheus reads targets [/etc/prometheus/normformer-targets]
 #   --job NAME         the run's job label, = monitoring.job [basename of $RUN_DIR]
@@ -14,8 +16,10 @@
 #   --dcgm-port P      also publish this node's DCGM exporter (label exporter="dcgm") [none]
 #
 # Writes DIR/JOB-HOST.json: a target host:port_base+L for each local rank L = 0..ranks-1,
-# labelled job, node and local_rank. The file is written to a temporary name and renamed, so
-# Prometheus never reads half of it; it is removed on exit (normal, error or signal).
+# labelled job, node and local_rank. The file is written to a temporary name (DIR/.JOB-HOST.XXXXXX,
+# created new by mktemp) and renamed, so Prometheus never reads half of it; it is removed on exit
+# (normal, error or signal). A SIGKILL can leave the file or a temporary: the next publisher of
+# JOB on HOST and --withdraw remove both.
 set -euo pipefail
 
 # The comment above, less its '#'s.
@@ -28,6 +32,7 @@ ranks=${SLURM_NTASKS_PER_NODE:-}
 ranks=${ranks%%(*}  # Slurm writes "8(x2)" for 8 tasks on each of 2 nodes
 host=$(hostname)
 dcgm_port=
+withdraw_only=
 while (($# > 0)); do
   case $1 in
     --dir) dir=$2; shift 2 ;;
@@ -36,17 +41,31 @@ while (($# > 0)); do
     --ranks) ranks=$2; shift 2 ;;
     --host) host=$2; shift 2 ;;
     --dcgm-port) dcgm_port=$2; shift 2 ;;
+    --withdraw) withdraw_only=1; shift ;;
     --) shift; break ;;
     -h|--help) usage 0 ;;
     *) echo "normformer-targets.sh: unknown option '$1' (--help lists them)" >&2; exit 2 ;;
   esac
 done
 [[ -n "$job" ]] || { echo "normformer-targets.sh: no job name: pass --job or set RUN_DIR" >&2; exit 2; }
-[[ "$ranks" =~ ^[1-9][0-9]*$ ]] || { echo "normformer-targets.sh: --ranks must be a positive integer (got '$ranks')" >&2; exit 2; }
-[[ "$port_base" =~ ^[0-9]+$ ]] || { echo "normformer-targets.sh: --port-base must be an integer (got '$port_base')" >&2; exit 2; }
 [[ "$job$host" =~ ^[A-Za-z0-9._-]+$ ]] || { echo "normformer-targets.sh: job and host may only hold [A-Za-z0-9._-] (got '$job', '$host')" >&2; exit 2; }
 
 file="$dir/$job-$host.json"
+# Removes the file and every temporary of it, by name pattern: a publisher killed inside mktemp
+# leaves one whose name it never learnt. (rm removes a link, never what it points to.)
+withdraw() {
+  local temps
+  shopt -s nullglob
+  temps=("$dir/.$job-$host."??????)
+  shopt -u nullglob
+  rm -f -- "$file" "${temps[@]}"
+}
+if [[ -n $withdraw_only ]]; then
+  withdraw
+  exit
+fi
+[[ "$ranks" =~ ^[1-9][0-9]*$ ]] || { echo "normformer-targets.sh: --ranks must be a positive integer (got '$ranks')" >&2; exit 2; }
+[[ "$port_base" =~ ^[0-9]+$ ]] || { echo "normformer-targets.sh: --port-base must be an integer (got '$port_base')" >&2; exit 2; }
 # One group per target: each carries its own local_rank label (the alert on a rank's target
 # being down selects rank targets by it).
 groups=()
@@ -58,17 +77,20 @@ if [[ -n "$dcgm_port" ]]; then
 fi
 
 # Signals before the command starts (or, without a command, at any time) end the script,
-# through the EXIT trap that removes the file; trapped from here on, before the file exists.
+# through the EXIT trap that removes the file and temporaries; both trapped before either can
+# exist. The EXIT trap ignores further signals: a second SIGTERM must not cut the removal short.
+sleeper=
+trap 'trap "" TERM INT HUP; withdraw; [[ -z "$sleeper" ]] || kill "$sleeper" 2>/dev/null' EXIT
 if (($# == 0)); then
   trap 'exit 0' TERM INT HUP
 else
   trap 'exit 143' TERM; trap 'exit 130' INT; trap 'exit 129' HUP
 fi
 mkdir -p "$dir"
-# The temporary name does not end in .json, so Prometheus ignores it until the rename.
+withdraw  # what a killed publisher of this job on this node left
+# The temporary name does not end in .json, so Prometheus ignores it until the rename; mktemp
+# creates it new (O_EXCL), so nothing planted there is followed or truncated.
 tmp=$(mktemp "$dir/.$job-$host.XXXXXX")
-sleeper=
-trap 'rm -f "$tmp" "$file"; [[ -z "$sleeper" ]] || kill "$sleeper" 2>/dev/null' EXIT
 {
   echo "["
   for i in "${!groups[@]}"; do
@@ -78,7 +100,7 @@ trap 'rm -f "$tmp" "$file"; [[ -z "$sleeper" ]] || kill "$sleeper" 2>/dev/null' 
   echo "]"
 } >"$tmp"
 chmod 644 "$tmp"  # mktemp makes it 600; Prometheus may run as another user
-mv -f "$tmp" "$file"
+mv -fT "$tmp" "$file"  # -T: a directory at $file is an error, not a place to move into
 
 if (($# == 0)); then
   # Publish until told to stop; `wait` returns as soon as a trapped signal arrives.
