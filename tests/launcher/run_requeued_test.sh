@@ -6,7 +6,14 @@
 # launcher's status and says what to do, so that a job that stopped short never looks done;
 # 0 is done only with RUN_DIR/finished.json written by this launch (srun can end with 0 for
 # tasks it never launched): without it, 0 is a failure counted like 134 and ends with 1; any
-# other status is passed on without a requeue. The real Slurm runs are slurm_requeue.sh.
+# other status is passed on without a requeue. Hostile inputs: a finished.json the script cannot
+# remove (a read-only run directory) stops it before the launch; a failure count file holding
+# anything but a plain number is warned about and counts as 0 (never evaluated: `HOME[$(cmd)]`
+# would run cmd), and is written through a new temporary, never through a link; a bad
+# NF_FAILURE_REQUEUES is refused before the launch. With PROMETHEUS_TARGETS (stand-ins for srun
+# and hostname publish two nodes), the targets directory is empty at the end, also after a lost
+# node, a SIGTERM while the script waits for the publishers, and an earlier run's leftovers.
+# The real Slurm runs are slurm_requeue.sh.
 #
 #   run_requeued_test.sh REPO_ROOT
 set -uo pipefail
@@ -18,6 +25,7 @@ fail() { echo "FAIL: $*" >&2; exit 1; }
 mkdir -p "$dir/bin" "$dir/run"
 cat >"$dir/bin/scontrol" <<'EOF2'
 #!/usr/bin/env bash
+if [[ "$1 ${2:-}" == "show hostnames" ]]; then tr , '\n' <<<"$3"; exit; fi
 echo "$*" >>"$SCONTROL_LOG"
 [[ -z ${SCONTROL_FAILS:-} ]] || { echo "scontrol: error: Requested operation is presently disabled" >&2; exit 1; }
 EOF2
@@ -83,4 +91,169 @@ NF_FAILURE_REQUEUES=2 launcher_case "exit 0"
 grep -q "2 requeues in a row did not help; giving up" <<<"$said" || fail "no giving up: $said"
 case_of 0  # a finished run resets the count
 ((ended == 0)) && [[ ! -f $RUN_DIR/.failure-requeues ]] || fail "a finished run after failures: ended $ended"
-echo "run_requeued: requeues, refusals, launches that trained nothing and plain ends each end as they should"
+
+# ---- hostile inputs ---------------------------------------------------------------------------
+launched=$dir/launched
+lines() { grep -c . <<<"$1"; }
+# A stale finished.json that cannot be removed: in a read-only run directory (for root, whom
+# permissions do not stop, a read-only bind mount in a mount namespace of its own), and a
+# directory in its place. One line, exit 1, and the launcher never runs.
+readonly_case() {
+  rm -f "$SCONTROL_LOG" "$launched"
+  if ((EUID == 0)); then
+    said=$(unshare -m bash -c 'mount --bind -o ro "$RUN_DIR" "$RUN_DIR" && exec "$@"' _ \
+      bash "$repo/deploy/slurm/run-requeued.sh" bash -c "touch '$launched'" 2>&1)
+  else
+    chmod a-w "$RUN_DIR"
+    said=$(bash "$repo/deploy/slurm/run-requeued.sh" bash -c "touch '$launched'" 2>&1)
+  fi
+  ended=$?
+  chmod u+w "$RUN_DIR"
+}
+if ((EUID == 0)) && ! unshare -m true 2>/dev/null; then
+  fail "unshare -m is refused here: no way to make a read-only run directory for root"
+fi
+rm -f "$RUN_DIR/.failure-requeues"
+echo '{"step":3,"train_iters":3}' >"$RUN_DIR/finished.json"
+readonly_case
+((ended == 1)) && [[ ! -e $launched ]] ||
+  fail "a stale finished.json in a read-only run directory: ended $ended, launched: $([[ -e $launched ]] && echo yes || echo no): $said"
+grep -q "cannot remove $RUN_DIR/finished.json before the launch (.*); .*not launching" <<<"$said" &&
+  (($(lines "$said") == 1)) || fail "a finished.json that cannot be removed is not one clear line: $said"
+rm -f "$RUN_DIR/finished.json"
+mkdir -p "$RUN_DIR/finished.json/x"
+launcher_case "touch '$launched'; exit 0"
+((ended == 1)) && [[ ! -e $launched ]] && grep -q "cannot remove $RUN_DIR/finished.json" <<<"$said" ||
+  fail "a directory at finished.json: ended $ended, launched: $([[ -e $launched ]] && echo yes || echo no): $said"
+rm -rf "$RUN_DIR/finished.json"
+
+# The failure count file: anything but a plain number counts as 0 with one warning naming it.
+count=$RUN_DIR/.failure-requeues
+for content in abc 1/0 "3 4" -5 '' 99999999999999999999 $'2\n3' "HOME[\$(touch '$dir/injected')]"; do
+  printf '%s' "$content" >"$count"
+  NF_FAILURE_REQUEUES=3 launcher_case "exit 134"
+  ((ended == 0)) && [[ $calls == "requeue 42" ]] ||
+    fail "a count file holding ${content@Q}: ended $ended, scontrol '$calls': $said"
+  warning=$(grep "warning: $count does not hold a count of failures" <<<"$said")
+  [[ -n $warning ]] && (($(lines "$warning") == 1)) && grep -q "failure 1 of at most 3" <<<"$said" ||
+    fail "a count file holding ${content@Q} is not warned about once and counted as 0: $said"
+  [[ $(cat "$count") == 1 ]] || fail "a count file holding ${content@Q} became '$(cat "$count")', not 1"
+  [[ ! -e $dir/injected ]] || fail "the count file's ${content@Q} ran a command"
+done
+# A count as this script writes it, with leading zeros: a number (decimal, not octal).
+echo 010 >"$count"
+NF_FAILURE_REQUEUES=11 launcher_case "exit 134"
+grep -q "failure 11 of at most 11" <<<"$said" || fail "a count file holding 010: $said"
+# A link at the count's name: read through, but the new count replaces the link, not its target.
+echo 1 >"$dir/victim"
+ln -sfn "$dir/victim" "$count"
+NF_FAILURE_REQUEUES=3 launcher_case "exit 134"
+((ended == 0)) && grep -q "failure 2 of at most 3" <<<"$said" || fail "a linked count: ended $ended: $said"
+[[ $(cat "$dir/victim") == 1 && ! -L $count && $(cat "$count") == 2 ]] ||
+  fail "the count was written through a link: the link's target holds '$(cat "$dir/victim")'"
+# A count that cannot be written (a directory at its name) cannot stop a repeating failure: no
+# requeue, the launcher's status.
+rm -f "$count"
+mkdir -p "$count/x"
+NF_FAILURE_REQUEUES=3 launcher_case "exit 134"
+((ended == 134)) && [[ -z $calls ]] && grep -q "could not be written to $count: not requeueing" <<<"$said" ||
+  fail "an unwritable count: ended $ended, scontrol '$calls': $said"
+rm -rf "$count"
+[[ -z $(ls -A "$RUN_DIR" | grep '^\.failure-requeues\.') ]] || fail "count temporaries left: $(ls -A "$RUN_DIR")"
+
+# NF_FAILURE_REQUEUES: a whole number from 0 to 100, else refused before the launch (exit 2).
+for value in abc -1 1e3 "3 4" 0x10 101 "HOME[\$(touch '$dir/injected')]"; do
+  rm -f "$launched"
+  NF_FAILURE_REQUEUES=$value launcher_case "touch '$launched'; exit 134"
+  ((ended == 2)) && [[ ! -e $launched && -z $calls ]] ||
+    fail "NF_FAILURE_REQUEUES=${value@Q}: ended $ended, launched: $([[ -e $launched ]] && echo yes || echo no): $said"
+  grep -q "NF_FAILURE_REQUEUES must be a whole number from 0 to 100" <<<"$said" && (($(lines "$said") == 1)) ||
+    fail "NF_FAILURE_REQUEUES=${value@Q} is not refused in one line: $said"
+  [[ ! -e $dir/injected ]] || fail "NF_FAILURE_REQUEUES=${value@Q} ran a command"
+done
+NF_FAILURE_REQUEUES=0 launcher_case "exit 134"
+((ended == 134)) && [[ -z $calls ]] || fail "NF_FAILURE_REQUEUES=0: ended $ended, scontrol '$calls': $said"
+rm -f "$count"
+
+# ---- Prometheus targets -------------------------------------------------------------------------
+# srun's stand-in runs the publisher step once per node of SLURM_JOB_NODELIST, hostname answering
+# the node's name. LOST_NODE's publisher dies with everything on it (SIGKILL) once it has
+# published, leaving its file (and, with LOST_TEMP, a temporary as one killed mid-update would);
+# the step then never ends, as srun waits for a lost node.
+cat >"$dir/bin/srun" <<'EOF2'
+#!/usr/bin/env bash
+while [[ $1 == --* ]]; do shift; done
+IFS=, read -ra nodes <<<"$SLURM_JOB_NODELIST"
+pids=()
+for node in "${nodes[@]}"; do
+  if [[ $node != "${LOST_NODE:-}" ]]; then FAKE_HOST=$node "$@" & pids+=($!); continue; fi
+  FAKE_HOST=$node setsid "$@" &
+  lost=$!
+  file=$PROMETHEUS_TARGETS/$(basename "$RUN_DIR")-$node.json
+  while kill -0 "$lost" 2>/dev/null && [[ ! -f $file ]]; do sleep 0.05; done
+  kill -9 -- "-$lost"
+  [[ -z ${LOST_TEMP:-} ]] || : >"$PROMETHEUS_TARGETS/.$(basename "$RUN_DIR")-$node.$LOST_TEMP"
+done
+wait "${pids[@]}"
+[[ -z ${LOST_NODE:-} ]] || exec sleep 1000
+EOF2
+printf '#!/bin/sh\necho "${FAKE_HOST:-not-a-node}"\n' >"$dir/bin/hostname"
+chmod +x "$dir/bin/srun" "$dir/bin/hostname"
+targets_dir=$dir/targets
+mkdir -p "$targets_dir"
+# The launcher: once both nodes have published, the ranks finish (or exit with $1).
+publishing_launcher() {
+  echo "until [[ -f $targets_dir/run-node0.json && -f $targets_dir/run-node1.json ]]; do sleep 0.05; done
+        echo '{\"step\":3,\"train_iters\":3}' >'$RUN_DIR/finished.json'; exit ${1:-0}"
+}
+# monitored_start LAUNCHER_SCRIPT [ENV...]: the script with monitoring on two nodes, in a process
+# group of its own as Slurm runs a job; monitored_end waits for it, then kills what is left of
+# the group (as Slurm ends a job) and sets $ended, $said and $left (the targets directory).
+monitored_start() {
+  local script=$1
+  shift
+  rm -f "$SCONTROL_LOG"
+  env "$@" PROMETHEUS_TARGETS="$targets_dir" SLURM_JOB_NODELIST=node0,node1 SLURM_JOB_NUM_NODES=2 \
+    SLURM_NTASKS_PER_NODE='2(x2)' setsid bash "$repo/deploy/slurm/run-requeued.sh" bash -c "$script" \
+    >"$dir/said" 2>&1 &
+  job_pid=$!
+}
+monitored_end() {
+  wait "$job_pid"
+  ended=$?
+  kill -9 -- "-$job_pid" 2>/dev/null
+  said=$(cat "$dir/said")
+  left=$(ls -A "$targets_dir" | tr '\n' ' ')
+}
+# A plain finished run, the restart of a job that an earlier run left a stop marker for (a file,
+# as an older script made): both withdrawn, a marker of another job left alone.
+touch "$targets_dir/.run-42-0.stop" "$targets_dir/.other-7-0.stop"
+monitored_start "$(publishing_launcher)" SLURM_RESTART_COUNT=1
+monitored_end
+((ended == 0)) || fail "a monitored finished run ended $ended: $said"
+[[ $left == ".other-7-0.stop " ]] || fail "a monitored finished run left in the targets directory: '$left' (expected only .other-7-0.stop)"
+rm -f "$targets_dir/.other-7-0.stop"
+# A lost node and SIGTERM (Slurm requeueing the job for the node failure) while the script waits
+# for the publishers after the launcher ended: the stop marker's state is what the test waits on.
+# (Each case starts from an empty directory.)
+rm -rf "$targets_dir" "$RUN_DIR/.failure-requeues" && mkdir "$targets_dir"
+monitored_start "$(publishing_launcher 134)" LOST_NODE=node1
+for ((i = 0; i < 1200; i++)); do
+  compgen -G "$targets_dir/.run-42-0.stop" >/dev/null && break
+  kill -0 "$job_pid" 2>/dev/null || break
+  sleep 0.05
+done
+compgen -G "$targets_dir/.run-42-0.stop" >/dev/null || fail "no stop marker while waiting for the publishers: $(cat "$dir/said")"
+kill -TERM -- "-$job_pid"
+monitored_end
+((ended == 143)) || fail "SIGTERM while waiting for the publishers: ended $ended: $said"
+[[ -z $left ]] || fail "SIGTERM while waiting for the publishers left in the targets directory: $left: $said"
+# A lost node whose publisher was killed mid-update: after 10 s its step is killed, and its file
+# and temporary are withdrawn.
+rm -rf "$targets_dir" "$RUN_DIR/.failure-requeues" && mkdir "$targets_dir"
+monitored_start "$(publishing_launcher 0)" LOST_NODE=node1 LOST_TEMP=Xy12Zw
+monitored_end
+((ended == 0)) && grep -q "a node's Prometheus publisher did not stop" <<<"$said" ||
+  fail "a lost node's publisher: ended $ended: $said"
+[[ -z $left ]] || fail "a lost node's publisher left in the targets directory: $left"
+echo "run_requeued: requeues, refusals, launches that trained nothing, plain ends and hostile inputs each end as they should; the targets directory is left empty"
