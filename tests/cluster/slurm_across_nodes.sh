@@ -157,7 +157,7 @@ finished() { [[ $(job_field JobState) == COMPLETED ]]; }
 wait_for 900 "the job to complete" finished
 cat "$dir/job.out"
 grep -q "(restart 1) on" "$dir/job.out" || fail "the job did not restart"
-[[ -z $(ls -A "$dir/targets") ]] || fail "Prometheus targets left behind: $(ls "$dir/targets")"
+[[ -z $(ls -A "$dir/targets") ]] || fail "Prometheus targets left behind: $(ls -A "$dir/targets" | tr '\n' ' ')"
 grep -q "resumed from" "$dir/job.out" || fail "the restart did not resume from a checkpoint"
 grep -F "(restart 1) on" "$dir/job.out" | grep -qF "$lost" && fail "the restart ran on the lost node $lost"
 "$repo/tests/scripts/compare_losses.py" "$dir/reference/log.jsonl" "$dir/run/log.jsonl" "$steps" ||

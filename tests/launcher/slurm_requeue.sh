@@ -141,7 +141,7 @@ wait_for 900 "the resumed job to complete" finished
 cat "$dir/job.out"
 
 # The publisher withdrew the node's targets when the last run ended.
-[[ -z $(ls -A "$dir/targets") ]] || fail "targets left behind: $(ls "$dir/targets")"
+[[ -z $(ls -A "$dir/targets") ]] || fail "targets left behind: $(ls -A "$dir/targets" | tr '\n' ' ')"
 grep -q "SIGUSR1: asking the ranks to checkpoint and stop" "$dir/job.out" || fail "no SIGUSR1 in the job's output"
 grep -q "nf-launch exited with 3" "$dir/job.out" || fail "the first run did not exit with 3"
 grep -q "(restart 1)" "$dir/job.out" || fail "the job did not restart"
