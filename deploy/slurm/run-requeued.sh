@@ -39,7 +39,8 @@ max_failures=$((10#$max_failures))
 # launcher's 0 look like a finished run whatever it did: stop before launching.
 finished=$RUN_DIR/finished.json
 if ! error=$(rm -f -- "$finished" 2>&1) || [[ -e $finished || -L $finished ]]; then
-  echo "run-requeued.sh: cannot remove $finished before the launch (${error//$'\n'/ }); a stale one would make an unfinished run look done: not launching" >&2
+  error=${error//$'\n'/ }
+  echo "run-requeued.sh: cannot remove $finished before the launch (${error:-it is still there}); a stale one would make an unfinished run look done: not launching" >&2
   exit 1
 fi
 failures_file=$RUN_DIR/.failure-requeues
@@ -143,6 +144,7 @@ read_failures() {
 # file planted at the name reaches.
 write_failures() {
   local tmp
+  mkdir -p -- "$RUN_DIR" || return  # a launch that failed before nf-launch made it
   tmp=$(mktemp "$failures_file.XXXXXX") || return
   if echo "$1" >"$tmp" && mv -fT -- "$tmp" "$failures_file"; then return 0; fi
   rm -f -- "$tmp"

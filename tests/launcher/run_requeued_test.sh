@@ -174,6 +174,12 @@ done
 NF_FAILURE_REQUEUES=0 launcher_case "exit 134"
 ((ended == 134)) && [[ -z $calls ]] || fail "NF_FAILURE_REQUEUES=0: ended $ended, scontrol '$calls': $said"
 rm -f "$count"
+# A first launch that failed before nf-launch made the run directory: requeued, and counted.
+rm -rf "$RUN_DIR"
+launcher_case "exit 0"
+((ended == 0)) && [[ $calls == "requeue 42" && $(cat "$count") == 1 ]] ||
+  fail "a launch failure without a run directory: ended $ended, scontrol '$calls': $said"
+rm -f "$count"
 
 # ---- Prometheus targets -------------------------------------------------------------------------
 # srun's stand-in runs the publisher step once per node of SLURM_JOB_NODELIST, hostname answering
