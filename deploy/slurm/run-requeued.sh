@@ -65,28 +65,25 @@ if [[ -n ${PROMETHEUS_TARGETS:-} ]]; then
   for old in "$PROMETHEUS_TARGETS/.$job-$SLURM_JOB_ID-"*.stop; do
     [[ -e $old || -L $old ]] && { rmdir -- "$old" 2>/dev/null || rm -f -- "$old"; }
   done
+  # The job's targets files and their temporaries (a publisher killed mid-update leaves one),
+  # removed whatever state their publishers are in; then the stop marker.
+  withdraw_targets() {
+    local node
+    for node in $(scontrol show hostnames "$SLURM_JOB_NODELIST"); do
+      "$targets_script" --withdraw --dir "$PROMETHEUS_TARGETS" --job "$job" --host "$node"
+    done
+    rmdir -- "$stop" 2>/dev/null
+  }
+  # Slurm cancelling the job (scancel, the time limit, a node failure) sends SIGTERM first, and
+  # SIGKILL KillWait seconds later: the publishers may not get to withdraw their files (one on a
+  # failed node cannot), so do it here, also when the signal comes while waiting for them below
+  # (a requeue for a node failure may: it once left the stop marker in the targets directory).
+  trap 'trap "" TERM; echo "$(date -Is) SIGTERM: withdrawing the Prometheus targets"; withdraw_targets; exit 143' TERM
   srun --nodes="$SLURM_JOB_NUM_NODES" --ntasks="$SLURM_JOB_NUM_NODES" --ntasks-per-node=1 \
     --overlap "$targets_script" --dir "$PROMETHEUS_TARGETS" \
     --job "$job" --port-base "$port_base" --ranks "${SLURM_NTASKS_PER_NODE%%(*}" \
     -- bash -c 'until [[ -e $0 ]]; do sleep 1; done' "$stop" &
   targets=$!
-fi
-
-# The job's targets files and their temporaries (a publisher killed mid-update leaves one),
-# removed whatever state their publishers are in; then the stop marker.
-withdraw_targets() {
-  local node
-  for node in $(scontrol show hostnames "$SLURM_JOB_NODELIST"); do
-    "$targets_script" --withdraw --dir "$PROMETHEUS_TARGETS" --job "$job" --host "$node"
-  done
-  rmdir -- "$stop" 2>/dev/null
-}
-# Slurm cancelling the job (scancel, the time limit, a node failure) sends SIGTERM first, and
-# SIGKILL KillWait seconds later: the publishers may not get to withdraw their files (one on a
-# failed node cannot), so do it here, also when the signal comes while waiting for them below
-# (a requeue for a node failure may: it once left the stop marker in the targets directory).
-if [[ -n $targets ]]; then
-  trap 'trap "" TERM; echo "$(date -Is) SIGTERM: withdrawing the Prometheus targets"; withdraw_targets; exit 143' TERM
 fi
 
 echo "$(date -Is) job $SLURM_JOB_ID (restart ${SLURM_RESTART_COUNT:-0}) on $SLURM_JOB_NODELIST"
