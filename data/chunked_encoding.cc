@@ -4,6 +4,7 @@
 #include <optional>
 
 #include "core/status.h"
+#include "data/grapheme_cluster.h"
 #include "data/unicode_class.h"
 
 namespace nf::data {
@@ -17,11 +18,45 @@ bool WhitespaceBefore(absl::string_view text, size_t end) {
   return NextUtf8Char(text, PreviousUtf8CharStart(text, end)).klass == CharClass::kSpace;
 }
 
-// A chunk text[begin, end) and where the next one starts (end, or end + 1 past a dropped space).
+// A chunk text[begin, end) and where the next one starts (end, or end + 1 past a dropped space);
+// `inside_word` for an inexact cut between two characters that are not whitespace.
 struct Cut {
   size_t end;
   size_t next;
+  bool inside_word = false;
 };
+
+// Whether an inexact cut at `at` (a character boundary, 0 < at < text.size()) falls inside a
+// word: between two characters that are not whitespace.
+bool InsideWord(absl::string_view text, size_t at) {
+  return !WhitespaceBefore(text, at) && NextUtf8Char(text, at).klass != CharClass::kSpace;
+}
+
+// Tokenizer checks an inexact cut may make (each a few encodes of a few characters).
+constexpr int kMaxCutChecks = 32;
+
+// Where an inexact cut of the chunk text[begin, ...) goes, at or before `end` (a character
+// boundary, begin < end < text.size()), searching the chunk's second half back from `end`: the
+// last grapheme cluster boundary inside a word where tokenizer.KeepsTextAcrossCut (of the
+// first kMaxCutChecks such boundaries), so that a combining sequence (or a Hangul syllable's
+// jamo) is never split and the text is kept; else the first such boundary; else the last
+// character boundary inside a word (in a cluster longer than half a chunk); else `end`, inside
+// a stretch of whitespace.
+size_t InexactCutPosition(const Tokenizer& tokenizer, absl::string_view text, size_t begin,
+                          size_t end) {
+  const size_t floor = begin + (end - begin) / 2;
+  std::optional<size_t> boundary, inside_word;
+  int checks = 0;
+  for (size_t at = end; at > floor; at = PreviousUtf8CharStart(text, at)) {
+    if (!InsideWord(text, at)) continue;
+    if (!inside_word) inside_word = at;
+    if (!IsGraphemeClusterBoundary(text, at)) continue;
+    if (!boundary) boundary = at;
+    if (checks++ == kMaxCutChecks) break;
+    if (tokenizer.KeepsTextAcrossCut(text, at)) return at;
+  }
+  return boundary.value_or(inside_word.value_or(end));
+}
 
 // `end` moved off any occurrence of `special` (a special token's text) that straddles it: to
 // the occurrence's start, or past its end when it starts the chunk at `begin`.
@@ -86,8 +121,9 @@ Cut NextCut(const Tokenizer& tokenizer, absl::string_view text, size_t begin,
   size_t end = begin + max_bytes;
   while (end > begin + max_bytes - (kMinChunkBytes - 1) && IsUtf8Continuation(text[end])) --end;
   if (IsUtf8Continuation(text[end])) end = begin + max_bytes;
+  if (!IsUtf8Continuation(text[end])) end = InexactCutPosition(tokenizer, text, begin, end);
   end = OutsideSpecialToken(text, begin, end, tokenizer.special_token_text());
-  return {.end = end, .next = end};
+  return {.end = end, .next = end, .inside_word = end < text.size() && InsideWord(text, end)};
 }
 
 }  // namespace
@@ -102,19 +138,26 @@ absl::StatusOr<std::vector<int32_t>> EncodeInChunks(const Tokenizer& tokenizer,
   if (text.size() <= preferred_bytes) return tokenizer.Encode(text);
   std::vector<int32_t> ids;
   size_t begin = 0;
+  bool starts_inside_word = false;  // the chunk at `begin` continues a word cut before it
+  const auto encode = [&](size_t end, bool ends_inside_word) -> absl::Status {
+    const absl::string_view chunk = text.substr(begin, end - begin);
+    NF_ASSIGN_OR_RETURN(const std::vector<int32_t> chunk_ids,
+                        starts_inside_word || ends_inside_word
+                            ? tokenizer.EncodeInsideWord(chunk, starts_inside_word,
+                                                         ends_inside_word)
+                            : tokenizer.Encode(chunk));
+    tokenizer.AppendIds(ids, chunk_ids);
+    starts_inside_word = ends_inside_word;
+    return absl::OkStatus();
+  };
   while (text.size() - begin > preferred_bytes) {
     bool exact = true;
     const Cut cut = NextCut(tokenizer, text, begin, preferred_bytes, max_bytes, exact);
     if (!exact && inexact_cuts != nullptr) ++*inexact_cuts;
-    NF_ASSIGN_OR_RETURN(const std::vector<int32_t> chunk_ids,
-                        tokenizer.Encode(text.substr(begin, cut.end - begin)));
-    ids.insert(ids.end(), chunk_ids.begin(), chunk_ids.end());
+    NF_RETURN_IF_ERROR(encode(cut.end, cut.inside_word));
     begin = cut.next;
   }
-  if (begin < text.size()) {
-    NF_ASSIGN_OR_RETURN(const std::vector<int32_t> last_ids, tokenizer.Encode(text.substr(begin)));
-    ids.insert(ids.end(), last_ids.begin(), last_ids.end());
-  }
+  if (begin < text.size()) NF_RETURN_IF_ERROR(encode(text.size(), false));
   return ids;
 }
 

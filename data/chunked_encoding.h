@@ -44,12 +44,18 @@ inline constexpr size_t kDefaultMaxChunkBytes = size_t{1} << 20;
 // the model's best segmentation, which chunks keep small.
 //
 // A stretch of `max_chunk_bytes` without an exact cut (text without whitespace, such as a long
-// Chinese paragraph, or a base64 blob) is cut at the last UTF-8 character boundary that fits
-// instead, and counted in *inexact_cuts (when given): the ids next to that cut may differ from
-// whole-text encoding (a word split in two, and a SentencePiece model with a dummy prefix starts
-// a new word there, as if a space stood there). That cut moves off an occurrence of
-// tokenizer.special_token_text() it would fall inside (to its start, or past its end when it
-// starts the chunk), so a special token stays one.
+// Chinese paragraph, or a base64 blob) is cut inexactly instead, and counted in *inexact_cuts
+// (when given): at the last grapheme cluster boundary between two non-whitespace characters in
+// the chunk's second half (grapheme_cluster.h: a combining sequence is never split, which would
+// change its normal form), else the last character boundary between two such characters, else
+// (a stretch of whitespace) the last character boundary that fits. The ids next to that cut may
+// differ from whole-text encoding (the word is split in two), but the text is kept: the chunks
+// on either side of a cut inside a word are encoded with tokenizer.EncodeInsideWord (without
+// SentencePiece's dummy-prefix word start, which put a space in the text there before issue
+// 45), and every chunk's ids are joined with tokenizer.AppendIds (one <unk> for a run of unknown
+// text across a cut). That cut moves off an occurrence of tokenizer.special_token_text() it
+// would fall inside (to its start, or past its end when it starts the chunk), so a special
+// token stays one.
 absl::StatusOr<std::vector<int32_t>> EncodeInChunks(const Tokenizer& tokenizer,
                                                     absl::string_view text,
                                                     size_t max_chunk_bytes = kDefaultMaxChunkBytes,

@@ -16,6 +16,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "data/chunked_encoding.h"
 #include "data/document_reader.h"
 #include "data/gpt2_bpe.h"
@@ -277,11 +278,15 @@ int Run(int argc, char** argv) {
       done->tokens / std::max(done->seconds, 1e-9), flags.workers, flags.output_prefix,
       (*tokenizer)->vocab_size() < 65500 ? "uint16" : "int32", (*tokenizer)->vocab_size());
   if (done->inexactly_cut_documents > 0) {
+    const int64_t unnamed =
+        done->inexactly_cut_documents - static_cast<int64_t>(done->inexactly_cut_names.size());
     std::cerr << absl::StrFormat(
         "nf-preprocess: warning: %d documents had a stretch of %d bytes without whitespace the "
-        "tokenizer can be cut at; each was cut there at a character boundary, where its ids may "
-        "differ from encoding it whole (docs/design.md, section 6.1)\n",
-        done->inexactly_cut_documents, nf::data::kDefaultMaxChunkBytes);
+        "tokenizer can be cut at (%s%s); each was cut there between two characters, keeping its "
+        "text, where its ids may differ from encoding it whole (docs/design.md, section 6.1)\n",
+        done->inexactly_cut_documents, nf::data::kDefaultMaxChunkBytes,
+        absl::StrJoin(done->inexactly_cut_names, ", "),
+        unnamed > 0 ? absl::StrFormat(" and %d more", unnamed) : "");
   }
   return 0;
 }

@@ -24,11 +24,18 @@ namespace {
 // Under 65,500 tokens the ids fit u16 (Megatron's rule, leaving room for special tokens).
 constexpr int64_t kU16VocabLimit = 65500;
 
+// Where a document comes from: options.inputs[input], its `ordinal`-th document (from 1).
+struct Origin {
+  size_t input;
+  int64_t ordinal;
+};
+
 struct Batch {
   int64_t id = 0;
   std::vector<std::string> documents;
+  std::vector<Origin> origins;               // of each document
   std::vector<std::vector<int32_t>> tokens;  // filled by a worker
-  int64_t inexactly_cut_documents = 0;       // counted by the worker
+  std::vector<size_t> inexactly_cut;         // the documents cut inexactly, by the worker
   absl::Status status;
 };
 
@@ -142,7 +149,7 @@ absl::StatusOr<PreprocessProgress> Preprocess(
             batch.status = tokens.status();
             break;
           }
-          if (inexact_cuts > 0) ++batch.inexactly_cut_documents;
+          if (inexact_cuts > 0) batch.inexactly_cut.push_back(batch.tokens.size());
           // Megatron's rule: a document without ids stays without, end-of-document or not.
           const bool empty = options.keep_empty_documents && tokens->empty();
           if (options.append_end_of_document && !empty) tokens->push_back(*eod);
@@ -161,9 +168,10 @@ absl::StatusOr<PreprocessProgress> Preprocess(
   std::atomic<int64_t> bytes_read{0};
   std::thread reader([&] {
     Batch batch;
-    for (const std::string& path : options.inputs) {
-      auto documents = DocumentReader::Open(path, options.format, options.json_key,
-                                            options.keep_empty_documents);
+    for (size_t input = 0; input < options.inputs.size(); ++input) {
+      auto documents = DocumentReader::Open(options.inputs[input], options.format,
+                                            options.json_key, options.keep_empty_documents);
+      int64_t ordinal = 0;
       if (!documents.ok()) {
         read_status = documents.status();
         break;
@@ -178,6 +186,7 @@ absl::StatusOr<PreprocessProgress> Preprocess(
           break;
         } else {
           batch.documents.push_back(**std::move(document));
+          batch.origins.push_back({.input = input, .ordinal = ++ordinal});
           if (static_cast<int>(batch.documents.size()) == options.documents_per_batch) {
             queue.Push(std::move(batch));
             batch = Batch();
@@ -196,7 +205,14 @@ absl::StatusOr<PreprocessProgress> Preprocess(
   auto last_report = start;
   while (std::optional<Batch> batch = queue.NextInOrder()) {
     if (!batch->status.ok() && status.ok()) status = batch->status;
-    progress.inexactly_cut_documents += batch->inexactly_cut_documents;
+    progress.inexactly_cut_documents += static_cast<int64_t>(batch->inexactly_cut.size());
+    for (const size_t d : batch->inexactly_cut) {
+      if (progress.inexactly_cut_names.size() == kNamedInexactlyCutDocuments) break;
+      const Origin& origin = batch->origins[d];
+      progress.inexactly_cut_names.push_back(absl::StrCat(
+          options.inputs[origin.input] == "-" ? "standard input" : options.inputs[origin.input],
+          " document ", origin.ordinal));
+    }
     for (const std::vector<int32_t>& tokens : batch->tokens) {
       if (!status.ok()) break;
       if (options.keep_empty_documents && tokens.empty()) {

@@ -31,12 +31,17 @@ struct PreprocessOptions {
   int documents_per_batch = 64;
 };
 
+inline constexpr size_t kNamedInexactlyCutDocuments = 10;
+
 struct PreprocessProgress {
   int64_t documents = 0;
   int64_t empty_documents = 0;  // of them, kept empty (keep_empty_documents)
   // Of them, documents cut somewhere without an exact cut (no whitespace the tokenizer can cut
   // at within a chunk): their ids next to such a cut may differ from encoding them whole.
   int64_t inexactly_cut_documents = 0;
+  // The first kNamedInexactlyCutDocuments of them, in input order, as "PATH document N" (the
+  // Nth document read from that input, from 1): so the warning can name them.
+  std::vector<std::string> inexactly_cut_names;
   int64_t tokens = 0;
   int64_t bytes = 0;  // input bytes consumed
   double seconds = 0.0;

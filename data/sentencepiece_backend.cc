@@ -27,6 +27,14 @@ Result Model::Load(const std::string& path, std::unique_ptr<Model>* model) {
   return result;
 }
 
+Result Model::LoadFromSerializedProto(std::string_view serialized_proto,
+                                     std::unique_ptr<Model>* model) {
+  auto processor = std::make_unique<sentencepiece::SentencePieceProcessor>();
+  Result result = FromStatus(processor->LoadFromSerializedProto(serialized_proto));
+  if (result.ok()) model->reset(new Model(std::move(processor)));
+  return result;
+}
+
 Result Model::Encode(std::string_view text, std::vector<int>* ids) const {
   return FromStatus(processor_->Encode(text, ids));
 }

@@ -31,6 +31,9 @@ class Model {
  public:
   // The model at `path` into *model.
   static Result Load(const std::string& path, std::unique_ptr<Model>* model);
+  // The model whose ModelProto is `serialized_proto` into *model.
+  static Result LoadFromSerializedProto(std::string_view serialized_proto,
+                                        std::unique_ptr<Model>* model);
   ~Model();
 
   Result Encode(std::string_view text, std::vector<int>* ids) const;

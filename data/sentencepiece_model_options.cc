@@ -118,4 +118,13 @@ absl::StatusOr<SentencePieceModelOptions> ReadModelOptions(absl::string_view mod
   return options;
 }
 
+std::string WithoutDummyPrefix(absl::string_view model_proto) {
+  // Field 3 (normalizer_spec), length-delimited, 2 bytes: field 3 (add_dummy_prefix), varint 0.
+  constexpr char kNoDummyPrefix[] = {static_cast<char>((kNormalizerSpec << 3) | kLengthDelimited),
+                                     2, static_cast<char>((kAddDummyPrefix << 3) | kVarint), 0};
+  std::string proto(model_proto);
+  proto.append(kNoDummyPrefix, sizeof(kNoDummyPrefix));
+  return proto;
+}
+
 }  // namespace nf::data

@@ -6,6 +6,8 @@
 // from protobuf's wire format here.
 #pragma once
 
+#include <string>
+
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 
@@ -32,5 +34,12 @@ struct SentencePieceModelOptions {
 // From ModelProto's bytes (trainer_spec is field 2, normalizer_spec field 3). InvalidArgument
 // when they are not well-formed protobuf wire format.
 absl::StatusOr<SentencePieceModelOptions> ReadModelOptions(absl::string_view model_proto);
+
+// The ModelProto `model_proto` (well-formed, as ReadModelOptions accepts) with add_dummy_prefix
+// off: a second normalizer_spec holding only that field is appended, which protobuf's parser
+// merges into the first (the last value of a field wins). Such a model encodes a text that
+// continues a word cut before it (or, with whitespace as suffix, one that a cut after it
+// continues) without the word boundary the dummy prefix would add there.
+std::string WithoutDummyPrefix(absl::string_view model_proto);
 
 }  // namespace nf::data

@@ -18,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "core/status.h"
+#include "data/grapheme_cluster.h"
 #include "data/sentencepiece_model_options.h"
 #include "data/unicode_class.h"
 
@@ -48,19 +49,32 @@ constexpr size_t kUnigramChunkBytes = 4096;
 // SentencePiece 0.1.97 joins consecutive unknown pieces into one <unk> by copying the text joined
 // so far once per character (PopulateSentencePieceText), so one Encode call on a run of n
 // characters outside the vocabulary takes time quadratic in n ('é' x 400k: 22 s; byte-fallback
-// models, whose byte pieces are not joined, are linear). Encode therefore cuts such runs: every
-// kUnknownRunProbeBytes it looks at the character boundary there, and where the characters on
-// both sides are unknown it encodes the two sides apart and splices their ids. That is exact, as
-// no piece holds an unknown character: the best segmentation of the whole text splits there (and
-// no BPE merge spans it), the splice drops the second side's dummy-prefix word start and makes
-// the two sides' <unk>s the one <unk> the whole text has. Each cut is checked on the
-// kCutCheckCharacters characters on either side, encoded whole and cut (the normalizer may join
-// characters across it, and the splice does not cover every option, e.g. whitespace as a
-// suffix); a cut that fails the check is not made. A run of unknown characters within one call
-// is thus at most ~2 KiB ('é' x 1.6M: 0.36 s, linear), and text without one costs a table
-// lookup per 2 KiB where the probe meets ASCII, one one-character encode (~15 us) elsewhere.
+// models, whose byte pieces are not joined, are linear; known pieces are linear in any script,
+// with or without whitespace: the lattice's width is bounded by the longest piece). Encode
+// therefore cuts such runs: every kUnknownRunProbeBytes it looks for a cut near there, and
+// encodes the text on either side apart, splicing their ids (Splice). The side after the cut is
+// encoded without the dummy prefix's word start (with whitespace as suffix, the side before it
+// without the dummy suffix): that is the model loaded with add_dummy_prefix off (bare_). A
+// cut is exact, the ids those of the whole text, between two unknown grapheme clusters: no
+// piece holds an unknown character, so the best segmentation of the whole text splits there
+// (and no BPE merge spans it), and the <unk>s on either side are the one <unk> the whole text
+// has there. Unknown is judged on grapheme clusters, not characters: the normalizer composes
+// 'e' + U+0301 into 'é', unknown where 'e' is known, so a run of them (issue 45: 400k in 7.1
+// s) was not cut when each character was looked at alone; and a cluster is never split, which
+// would change its normal form. Each cut is checked on the kCutCheckCharacters characters on
+// either side, encoded whole and cut (the normalizer may still join characters across it); a
+// cut that fails is not made, and the next cluster boundaries are tried. Inside one cluster
+// longer than kCandidateCharacters ('e' followed by 100k combining marks) the probe cuts
+// between two characters that are each unknown, checked the same way. A run that still goes
+// kForcedCutBytes without an exact cut is cut at a probe all the same (the text is kept; only
+// the normalizer's work across that one cut may differ). A run within one call is thus at most
+// ~2 KiB in every known case ('é' x 1.6M: 0.36 s, linear), kForcedCutBytes + 2 KiB in any; text
+// outside such runs costs a table lookup per 2 KiB where the probe meets ASCII, one
+// one-cluster encode (~15 us) elsewhere.
 constexpr size_t kUnknownRunProbeBytes = 2048;
 constexpr int kCutCheckCharacters = 8;
+// Characters after a probe searched for a cluster boundary, and the longest cluster looked at.
+constexpr int kCandidateCharacters = 16;
 
 // Where a text's single space goes when it is cut there (Tokenizer::space_at_cut). With a dummy
 // prefix, the next chunk's own implicit space stands for it, whichever side the pieces keep
@@ -110,17 +124,71 @@ std::vector<std::string> WhitespaceCuts(const sentencepiece_backend::Model& mode
   return cuts;
 }
 
+// SentencePiece's trainer skips empty lines and lines longer than its max_sentence_length, and
+// when that leaves none it fails with "Internal: [!sentences_.empty()]" after some 60 lines of its
+// log (issue 45: one line of 200k characters). OK when an input has a line it trains on (found
+// at once in any real corpus: the scan stops there), else FailedPrecondition saying why and
+// what to do, before SentencePiece runs. An input that cannot be read is left to the caller.
+absl::Status CheckTrainableLines(const std::vector<std::string>& inputs, size_t max_line_bytes,
+                                 absl::string_view context) {
+  int64_t lines = 0;      // not empty, all longer than max_line_bytes
+  size_t shortest = SIZE_MAX;
+  std::vector<char> buffer(size_t{1} << 16);
+  for (const std::string& input : inputs) {
+    const int fd = ::open(input.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return absl::OkStatus();
+    size_t line = 0;  // bytes of the current line so far
+    bool ok = true;
+    while (true) {
+      const ssize_t got = ::read(fd, buffer.data(), buffer.size());
+      if (got < 0 && errno == EINTR) continue;
+      if (got <= 0) {
+        ok = got == 0;
+        break;
+      }
+      for (ssize_t i = 0; i < got; ++i) {
+        if (buffer[i] != '\n') {
+          ++line;
+          continue;
+        }
+        if (line > 0 && line <= max_line_bytes) {
+          ::close(fd);
+          return absl::OkStatus();
+        }
+        if (line > 0) ++lines, shortest = std::min(shortest, line);
+        line = 0;
+      }
+    }
+    ::close(fd);
+    if (!ok) return absl::OkStatus();  // SentencePiece will say what is wrong
+    if (line > 0 && line <= max_line_bytes) return absl::OkStatus();
+    if (line > 0) ++lines, shortest = std::min(shortest, line);
+  }
+  if (lines == 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(context, ": the training text is empty (no line with a character)"));
+  }
+  return absl::FailedPreconditionError(absl::StrCat(
+      context, ": no line of the training text has 1 to ", max_line_bytes,
+      " bytes, and SentencePiece skips longer lines (",
+      lines == 1 ? absl::StrCat("its one line has ", shortest, " bytes")
+                 : absl::StrCat("its ", lines, " lines have ", shortest, " bytes or more"),
+      "): break the text into lines (sentences or paragraphs) of at most ", max_line_bytes,
+      " bytes"));
+}
+
 }  // namespace
 
 SentencePieceTokenizer::SentencePieceTokenizer(std::unique_ptr<sentencepiece_backend::Model> model,
+                                               std::unique_ptr<sentencepiece_backend::Model> bare,
                                                const SentencePieceModelOptions& options)
     : model_(std::move(model)),
+      bare_(std::move(bare)),
       space_at_cut_(SpaceAtCutOf(options)),
       whitespace_cuts_(WhitespaceCuts(*model_, options)),
       preferred_chunk_bytes_(options.unigram ? kUnigramChunkBytes : SIZE_MAX),
-      add_dummy_prefix_(options.add_dummy_prefix),
-      unk_id_(model_->unk_id()),
-      word_start_id_(model_->PieceToId("\u2581")) {
+      dummy_as_suffix_(options.treat_whitespace_as_suffix),
+      unk_id_(model_->unk_id()) {
   for (size_t c = 0; c < unknown_ascii_.size(); ++c) {
     unknown_ascii_[c] = EncodesAsUnknown(std::string(1, static_cast<char>(c)));
   }
@@ -152,8 +220,19 @@ absl::StatusOr<std::unique_ptr<SentencePieceTokenizer>> SentencePieceTokenizer::
     return absl::InvalidArgumentError(
         absl::StrCat("cannot load SentencePiece model ", path, ": ", options.status().message()));
   }
+  std::unique_ptr<sentencepiece_backend::Model> bare;
+  if (options->add_dummy_prefix) {
+    const sentencepiece_backend::Result loaded =
+        sentencepiece_backend::Model::LoadFromSerializedProto(
+            WithoutDummyPrefix(model->serialized_proto()), &bare);
+    if (!loaded.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("cannot load SentencePiece model ", path,
+                                                     " without its dummy prefix: ",
+                                                     loaded.message));
+    }
+  }
   return std::unique_ptr<SentencePieceTokenizer>(
-      new SentencePieceTokenizer(std::move(model), *options));
+      new SentencePieceTokenizer(std::move(model), std::move(bare), *options));
 }
 
 absl::Status SentencePieceTokenizer::Train(const SentencePieceTrainOptions& options) {
@@ -174,6 +253,8 @@ absl::Status SentencePieceTokenizer::Train(const SentencePieceTrainOptions& opti
     if (absl::StrContains(input, ',')) return invalid("input path has a comma: ", input);
     if (absl::Status s = CheckReadable(input, "training input"); !s.ok()) return s;
   }
+  const std::string context = absl::StrCat("SentencePiece training of ", options.model_prefix);
+  NF_RETURN_IF_ERROR(CheckTrainableLines(options.inputs, kMaxTrainingLineBytes, context));
   const std::unordered_map<std::string, std::string> flags = {
       {"input", absl::StrJoin(options.inputs, ",")},
       {"model_prefix", options.model_prefix},
@@ -185,93 +266,179 @@ absl::Status SentencePieceTokenizer::Train(const SentencePieceTrainOptions& opti
       {"shuffle_input_sentence", "true"},
       {"num_threads", absl::StrCat(options.num_threads)},
   };
-  return ToStatus(sentencepiece_backend::Train(flags),
-                  absl::StrCat("SentencePiece training of ", options.model_prefix));
+  return ToStatus(sentencepiece_backend::Train(flags), context);
 }
 
-std::optional<std::vector<int>> SentencePieceTokenizer::TryEncode(absl::string_view text) const {
+sentencepiece_backend::Result SentencePieceTokenizer::EncodeOnce(absl::string_view text,
+                                                                 bool starts_word, bool ends_word,
+                                                                 std::vector<int>* ids) const {
+  const bool dummy = dummy_as_suffix_ ? ends_word : starts_word;
+  const sentencepiece_backend::Model& model = dummy || bare_ == nullptr ? *model_ : *bare_;
+  return model.Encode(std::string_view(text.data(), text.size()), ids);
+}
+
+std::optional<std::vector<int>> SentencePieceTokenizer::TryEncode(absl::string_view text,
+                                                                  bool starts_word,
+                                                                  bool ends_word) const {
   std::vector<int> ids;
-  if (!model_->Encode(std::string_view(text.data(), text.size()), &ids).ok()) return std::nullopt;
+  if (!EncodeOnce(text, starts_word, ends_word, &ids).ok()) return std::nullopt;
   return ids;
 }
 
-bool SentencePieceTokenizer::IsUnknownCharacter(absl::string_view character) const {
-  const auto first_byte = static_cast<unsigned char>(character.front());
-  if (character.size() == 1 && first_byte < unknown_ascii_.size()) {
-    return unknown_ascii_[first_byte];
-  }
-  return EncodesAsUnknown(character);
+bool SentencePieceTokenizer::IsUnknown(absl::string_view text) const {
+  const auto first_byte = static_cast<unsigned char>(text.front());
+  if (text.size() == 1 && first_byte < unknown_ascii_.size()) return unknown_ascii_[first_byte];
+  return EncodesAsUnknown(text);
 }
 
-bool SentencePieceTokenizer::EncodesAsUnknown(absl::string_view character) const {
-  const std::optional<std::vector<int>> ids = TryEncode(character);
-  if (!ids || ids->empty()) return false;
-  const size_t first = add_dummy_prefix_ && ids->front() == word_start_id_ ? 1 : 0;
-  return first < ids->size() && std::all_of(ids->begin() + first, ids->end(),
-                                            [&](int id) { return model_->IsUnknownOrByte(id); });
+bool SentencePieceTokenizer::EncodesAsUnknown(absl::string_view text) const {
+  const std::optional<std::vector<int>> ids = TryEncode(text, false, false);
+  return ids && !ids->empty() && std::all_of(ids->begin(), ids->end(), [&](int id) {
+    return model_->IsUnknownOrByte(id);
+  });
 }
 
-void SentencePieceTokenizer::AppendSpliced(std::vector<int>& ids,
-                                           const std::vector<int>& next) const {
-  size_t from = 0;
-  if (add_dummy_prefix_ && next.size() > 1 && next[0] == word_start_id_ &&
-      model_->IsUnknownOrByte(next[1])) {
-    from = 1;
-  }
-  if (!ids.empty() && from < next.size() && ids.back() == unk_id_ && next[from] == unk_id_) {
-    ++from;
-  }
-  ids.insert(ids.end(), next.begin() + static_cast<std::ptrdiff_t>(from), next.end());
+void SentencePieceTokenizer::Splice(std::vector<int>& ids, const std::vector<int>& next) const {
+  const bool joined = !ids.empty() && !next.empty() && ids.back() == unk_id_ && next[0] == unk_id_;
+  ids.insert(ids.end(), next.begin() + (joined ? 1 : 0), next.end());
 }
 
-bool SentencePieceTokenizer::IsCutInUnknownRun(absl::string_view text, size_t at) const {
-  const size_t before = PreviousUtf8CharStart(text, at);
-  if (!IsUnknownCharacter(text.substr(at, NextUtf8Char(text, at).length)) ||
-      !IsUnknownCharacter(text.substr(before, at - before))) {
-    return false;
-  }
+void SentencePieceTokenizer::AppendIds(std::vector<int32_t>& ids,
+                                       std::span<const int32_t> next) const {
+  const bool joined = !ids.empty() && !next.empty() && ids.back() == unk_id_ && next[0] == unk_id_;
+  ids.insert(ids.end(), next.begin() + (joined ? 1 : 0), next.end());
+}
+
+namespace {
+
+// The kCutCheckCharacters characters on either side of `at`: [from, to).
+std::pair<size_t, size_t> CheckWindow(absl::string_view text, size_t at) {
   size_t from = at, to = at;
-  for (int i = 0; i < kCutCheckCharacters && from > 0; ++i)
+  for (int i = 0; i < kCutCheckCharacters && from > 0; ++i) {
     from = PreviousUtf8CharStart(text, from);
+  }
   for (int i = 0; i < kCutCheckCharacters && to < text.size(); ++i) {
     to += NextUtf8Char(text, to).length;
   }
+  return {from, to};
+}
+
+}  // namespace
+
+bool SentencePieceTokenizer::KeepsTextAcrossCut(absl::string_view text, size_t at) const {
+  const auto [from, to] = CheckWindow(text, at);
   const std::optional<std::vector<int>> whole = TryEncode(text.substr(from, to - from));
-  std::optional<std::vector<int>> spliced = TryEncode(text.substr(from, at - from));
-  const std::optional<std::vector<int>> right = TryEncode(text.substr(at, to - at));
+  std::optional<std::vector<int>> spliced = TryEncode(text.substr(from, at - from), true, false);
+  const std::optional<std::vector<int>> right = TryEncode(text.substr(at, to - at), false, true);
   if (!whole || !spliced || !right) return false;
-  AppendSpliced(*spliced, *right);
+  Splice(*spliced, *right);
+  if (*spliced == *whole) return true;
+  std::string whole_text, spliced_text;
+  return model_->Decode(*whole, &whole_text).ok() && model_->Decode(*spliced, &spliced_text).ok() &&
+         whole_text == spliced_text;
+}
+
+bool SentencePieceTokenizer::CutKeepsIds(absl::string_view text, size_t at) const {
+  const auto [from, to] = CheckWindow(text, at);
+  const std::optional<std::vector<int>> whole = TryEncode(text.substr(from, to - from));
+  std::optional<std::vector<int>> spliced = TryEncode(text.substr(from, at - from), true, false);
+  const std::optional<std::vector<int>> right = TryEncode(text.substr(at, to - at), false, true);
+  if (!whole || !spliced || !right) return false;
+  Splice(*spliced, *right);
   return *spliced == *whole;
+}
+
+SentencePieceTokenizer::Probe SentencePieceTokenizer::ProbeUnknownRun(absl::string_view text,
+                                                                      size_t at) const {
+  // The grapheme cluster that ends at, or starts at, a cluster boundary (at most
+  // kCandidateCharacters characters of it).
+  const auto cluster_before = [&](size_t end) {
+    size_t start = PreviousUtf8CharStart(text, end);
+    for (int i = 1; i < kCandidateCharacters && !IsGraphemeClusterBoundary(text, start); ++i) {
+      start = PreviousUtf8CharStart(text, start);
+    }
+    return text.substr(start, end - start);
+  };
+  const auto cluster_after = [&](size_t start) {
+    size_t end = start + NextUtf8Char(text, start).length;
+    for (int i = 1; i < kCandidateCharacters && !IsGraphemeClusterBoundary(text, end); ++i) {
+      end += NextUtf8Char(text, end).length;
+    }
+    return text.substr(start, end - start);
+  };
+  Probe probe;
+  bool boundary_seen = false;
+  size_t pos = at;
+  for (int i = 0; i < kCandidateCharacters && pos < text.size();
+       ++i, pos += NextUtf8Char(text, pos).length) {
+    if (!IsGraphemeClusterBoundary(text, pos)) continue;
+    boundary_seen = true;
+    // Known text on either side: not in a run (or at its end, which the next probe is past).
+    if (!IsUnknown(cluster_before(pos)) || !IsUnknown(cluster_after(pos))) return probe;
+    probe.unknown = true;
+    if (CutKeepsIds(text, pos)) {
+      probe.cut = pos;
+      return probe;
+    }
+  }
+  if (!boundary_seen) {
+    // Inside a cluster of more than kCandidateCharacters characters: between two characters
+    // that are unknown on their own.
+    const size_t before = PreviousUtf8CharStart(text, at);
+    if (IsUnknown(text.substr(before, at - before)) &&
+        IsUnknown(text.substr(at, NextUtf8Char(text, at).length))) {
+      probe.unknown = true;
+      if (CutKeepsIds(text, at)) probe.cut = at;
+    }
+  }
+  return probe;
 }
 
 std::vector<size_t> SentencePieceTokenizer::UnknownRunCuts(absl::string_view text) const {
   std::vector<size_t> cuts;
+  size_t last = 0;
   for (size_t probe = kUnknownRunProbeBytes; probe < text.size(); probe += kUnknownRunProbeBytes) {
     size_t at = probe;
     while (at < text.size() && at < probe + 3 && IsUtf8Continuation(text[at])) ++at;
-    if (at < text.size() && IsCutInUnknownRun(text, at)) cuts.push_back(at);
+    if (at >= text.size() || at <= last) continue;
+    const Probe found = ProbeUnknownRun(text, at);
+    if (found.cut) {
+      last = *found.cut;
+      cuts.push_back(last);
+    } else if (found.unknown && at - last >= kForcedCutBytes) {
+      last = at;
+      cuts.push_back(last);
+    }
   }
   return cuts;
 }
 
-absl::StatusOr<std::vector<int32_t>> SentencePieceTokenizer::Encode(absl::string_view text) const {
+absl::StatusOr<std::vector<int32_t>> SentencePieceTokenizer::EncodeWords(absl::string_view text,
+                                                                        bool starts_word,
+                                                                        bool ends_word) const {
   std::vector<size_t> ends = UnknownRunCuts(text);
   ends.push_back(text.size());
   std::vector<int> ids;
   size_t begin = 0;
   for (const size_t end : ends) {
     std::vector<int> next;
-    NF_RETURN_IF_ERROR(
-        ToStatus(model_->Encode(std::string_view(text.data() + begin, end - begin), &next),
-                 "SentencePiece Encode"));
-    if (begin == 0) {
-      ids = std::move(next);
-    } else {
-      AppendSpliced(ids, next);
-    }
+    NF_RETURN_IF_ERROR(ToStatus(EncodeOnce(text.substr(begin, end - begin),
+                                           begin == 0 && starts_word,
+                                           end == text.size() && ends_word, &next),
+                                "SentencePiece Encode"));
+    Splice(ids, next);
     begin = end;
   }
   return std::vector<int32_t>(ids.begin(), ids.end());
+}
+
+absl::StatusOr<std::vector<int32_t>> SentencePieceTokenizer::Encode(absl::string_view text) const {
+  return EncodeWords(text, true, true);
+}
+
+absl::StatusOr<std::vector<int32_t>> SentencePieceTokenizer::EncodeInsideWord(
+    absl::string_view chunk, bool starts_inside_word, bool ends_inside_word) const {
+  return EncodeWords(chunk, !starts_inside_word, !ends_inside_word);
 }
 
 absl::StatusOr<std::string> SentencePieceTokenizer::Decode(std::span<const int32_t> ids) const {

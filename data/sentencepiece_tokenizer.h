@@ -41,19 +41,43 @@ class SentencePieceTokenizer final : public Tokenizer {
   static absl::StatusOr<std::unique_ptr<SentencePieceTokenizer>> Load(const std::string& path);
 
   // Trains a model, writing PREFIX.model and PREFIX.vocab. InvalidArgument for bad options
-  // (checked here, as SentencePiece aborts the process on some of them), NotFound naming an
-  // input that cannot be read, and SentencePiece's own error otherwise.
+  // (checked here, as SentencePiece aborts the process on some of them), FailedPrecondition in
+  // one line for inputs without a line SentencePiece trains on (1 to kMaxTrainingLineBytes
+  // bytes: it skips the others, then failed with "Internal: [!sentences_.empty()]" after some
+  // 60 lines of its log), NotFound naming an input that cannot be read, and SentencePiece's own
+  // error otherwise.
   static absl::Status Train(const SentencePieceTrainOptions& options);
+  // SentencePiece's TrainerSpec.max_sentence_length default: longer lines are not trained on.
+  static constexpr size_t kMaxTrainingLineBytes = 4192;
 
   ~SentencePieceTokenizer() override;
 
   // The ids of one SentencePiece call on the whole text, made of calls on the pieces between
   // UnknownRunCuts(text).
   absl::StatusOr<std::vector<int32_t>> Encode(absl::string_view text) const override;
-  // Where Encode cuts `text`: inside runs of characters outside the vocabulary, about every
-  // 2 KiB, where a cut is exact (sentencepiece_tokenizer.cc says why and how). libsentencepiece
-  // 0.1.97 takes time quadratic in the length of such a run in one call.
+  // Where Encode cuts `text`: inside runs of text outside the vocabulary, about every 2 KiB,
+  // where a cut is exact (sentencepiece_tokenizer.cc says why and how): between two grapheme
+  // clusters that are each unknown ('e' + U+0301 is: NFKC makes it 'é'), or inside one cluster
+  // longer than 16 characters between two unknown characters. libsentencepiece 0.1.97 takes
+  // time quadratic in the length of such a run in one call; where no exact cut is found in a
+  // run for kForcedCutBytes, it is cut anyway, keeping the text (EncodeInsideWord's rule).
+  // So no call sees more than kForcedCutBytes + 2 KiB of a run.
   std::vector<size_t> UnknownRunCuts(absl::string_view text) const;
+  static constexpr size_t kForcedCutBytes = 64 << 10;
+  // Encode, without the dummy prefix's word start (▁) where the chunk starts inside a word
+  // (with whitespace as suffix: without the dummy suffix where it ends inside one), so that
+  // the text is kept: SentencePiece would put a space at that cut.
+  absl::StatusOr<std::vector<int32_t>> EncodeInsideWord(absl::string_view chunk,
+                                                        bool starts_inside_word,
+                                                        bool ends_inside_word) const override;
+  // Whether the kCutCheckCharacters characters on either side of `at`, encoded whole, decode
+  // to what they decode to when encoded apart with EncodeInsideWord: false where the
+  // normalizer makes a character next to the cut a word boundary (U+200B) or joins characters
+  // across it.
+  bool KeepsTextAcrossCut(absl::string_view text, size_t at) const override;
+  // One <unk> where `ids` ends with one and `next` starts with one: SentencePiece makes a run
+  // of unknown characters one <unk>.
+  void AppendIds(std::vector<int32_t>& ids, std::span<const int32_t> next) const override;
   absl::StatusOr<std::string> Decode(std::span<const int32_t> ids) const override;
   int64_t vocab_size() const override { return model_->piece_size(); }
   // The model's </s> id (2 by SentencePiece's default), unless it was trained without one.
@@ -79,28 +103,43 @@ class SentencePieceTokenizer final : public Tokenizer {
 
  private:
   SentencePieceTokenizer(std::unique_ptr<sentencepiece_backend::Model> model,
+                         std::unique_ptr<sentencepiece_backend::Model> bare,
                          const SentencePieceModelOptions& options);
-  // model_->Encode, or nullopt when it fails.
-  std::optional<std::vector<int>> TryEncode(absl::string_view text) const;
-  // Whether `character` (one, UTF-8) encodes as unknown: <unk> or byte pieces, after the dummy
-  // prefix's word start. EncodesAsUnknown encodes it; IsUnknownCharacter looks ASCII up.
-  bool EncodesAsUnknown(absl::string_view character) const;
-  bool IsUnknownCharacter(absl::string_view character) const;
-  // Whether text[0, at) and text[at, ...) may be encoded apart and spliced (AppendSpliced):
-  // inside a run of unknown characters, checked on the characters around `at`.
-  bool IsCutInUnknownRun(absl::string_view text, size_t at) const;
-  // Appends the ids of the text that follows a cut inside a run of unknown characters to those
-  // of the text before it: without the word start of the second's dummy prefix, and with the
-  // <unk>s on either side of the cut one <unk>, as the whole text has it.
-  void AppendSpliced(std::vector<int>& ids, const std::vector<int>& next) const;
+  // The ids of `text`, cut at UnknownRunCuts: whose start begins a word (else it continues one
+  // of the text before it) and whose end ends one (else the text after continues it).
+  absl::StatusOr<std::vector<int32_t>> EncodeWords(absl::string_view text, bool starts_word,
+                                                   bool ends_word) const;
+  // One library call: model_, or bare_ where the dummy prefix (suffix) must not be added: the
+  // text continues a word (is continued by one). TryEncode: nullopt when it fails.
+  sentencepiece_backend::Result EncodeOnce(absl::string_view text, bool starts_word,
+                                           bool ends_word, std::vector<int>* ids) const;
+  std::optional<std::vector<int>> TryEncode(absl::string_view text, bool starts_word = true,
+                                            bool ends_word = true) const;
+  // Whether `text` (a grapheme cluster, or a character) encodes as unknown only: <unk> or
+  // byte pieces, inside a word. EncodesAsUnknown encodes it; IsUnknown looks ASCII up.
+  bool EncodesAsUnknown(absl::string_view text) const;
+  bool IsUnknown(absl::string_view text) const;
+  // Whether text[0, at) and text[at, ...) may be encoded apart and spliced: the text within
+  // kCutCheckCharacters characters of `at`, encoded whole and cut there, gives the same ids.
+  bool CutKeepsIds(absl::string_view text, size_t at) const;
+  // An exact cut in a run of unknown text near `at` (a character boundary): see
+  // sentencepiece_tokenizer.cc.
+  struct Probe {
+    std::optional<size_t> cut;
+    bool unknown = false;  // the text at `at` is inside a run of unknown text
+  };
+  Probe ProbeUnknownRun(absl::string_view text, size_t at) const;
+  // Appends `next` to `ids` as AppendIds does.
+  void Splice(std::vector<int>& ids, const std::vector<int>& next) const;
 
   std::unique_ptr<sentencepiece_backend::Model> model_;
+  // The model without its dummy prefix; null when it has none (model_ serves).
+  std::unique_ptr<sentencepiece_backend::Model> bare_;
   SpaceAtCut space_at_cut_;
   std::vector<std::string> whitespace_cuts_;  // UTF-8, for CutsBeforeWhitespace
   size_t preferred_chunk_bytes_;
-  bool add_dummy_prefix_;
+  bool dummy_as_suffix_;  // treat_whitespace_as_suffix: the dummy prefix ends the text
   int unk_id_;
-  int word_start_id_;                      // the piece "▁" (U+2581), or unk_id_
   std::array<bool, 128> unknown_ascii_{};  // EncodesAsUnknown of each ASCII character
 };
 

@@ -66,6 +66,34 @@ class Tokenizer {
   // segmentation: a longer text is cut into chunks of about this size, at its exact cuts
   // (chunked_encoding.h). None (the largest size_t) unless the tokenizer says so.
   virtual size_t preferred_chunk_bytes() const { return SIZE_MAX; }
+
+  // The ids of `chunk`, a piece of a longer text that was cut inside a word (between two
+  // characters that are not whitespace, where the tokenizer's splitting would not cut) right
+  // before it (`starts_inside_word`) and/or right after it (`ends_inside_word`): joined by
+  // AppendIds to the ids of the pieces around, they must spell the text as Encode on the whole
+  // text does, though the two halves of the word may be other pieces. The default, Encode,
+  // keeps the text wherever encoding adds nothing at a text's edges (GPT-2's bytes);
+  // SentencePiece leaves out the dummy prefix's word start there (chunked_encoding.h).
+  virtual absl::StatusOr<std::vector<int32_t>> EncodeInsideWord(
+      absl::string_view chunk, bool /*starts_inside_word*/, bool /*ends_inside_word*/) const {
+    return Encode(chunk);
+  }
+
+  // Whether a cut at `at` (a character boundary between two non-whitespace characters of
+  // `text`) keeps the text when the pieces on either side are encoded with EncodeInsideWord and
+  // joined with AppendIds: checked on the characters around `at`. EncodeInChunks cuts a stretch
+  // without an exact cut where this holds. True by default; SentencePiece checks, as its
+  // normalizer makes some characters that are not whitespace a word boundary (U+200B).
+  virtual bool KeepsTextAcrossCut(absl::string_view /*text*/, size_t /*at*/) const {
+    return true;
+  }
+
+  // Appends `next`, the ids of the text that follows the text of `ids`, to `ids` as encoding
+  // the two texts whole would have them: as they are by default; SentencePiece makes an <unk>
+  // on each side the one <unk> it gives a run of unknown characters.
+  virtual void AppendIds(std::vector<int32_t>& ids, std::span<const int32_t> next) const {
+    ids.insert(ids.end(), next.begin(), next.end());
+  }
 };
 
 }  // namespace nf::data

@@ -5,6 +5,7 @@
 // model may have; where no space fits, chunks end on UTF-8 character boundaries. Small chunk
 // limits make every text long.
 #include "data/chunked_encoding.h"
+#include "data/grapheme_cluster.h"
 
 #include <unistd.h>
 
@@ -106,6 +107,29 @@ std::string TextWithUnknownRuns(std::mt19937& rng, size_t bytes) {
   return text;
 }
 
+// Text of long stretches without whitespace the tokenizers can cut at (300 to 800 bytes, longer
+// than every limit of kChunkLimits): pieces glued together, among them combining sequences
+// (which NFKC composes), Hangul jamo, kana with a voiced mark, an emoji with a skin tone,
+// characters NFKC changes or deletes (ligature, fullwidth, zero-width space), CJK, characters
+// outside the vocabulary and an invalid byte; the stretches separated by a space, a newline, two
+// spaces, or the whitespace no model cuts at (U+000B, deleted by NFKC; U+0085, kept).
+std::string TextOfLongWords(std::mt19937& rng, size_t bytes) {
+  static const char* const kPieces[] = {
+      "kalo",   "mine",         "str",    "e\u0301", "cafe\u0301", "\u6F22\u5B57", "\u0436",
+      "42",     "...",          "\u0301", "\xff",    "\uFB01",     "\uFF21",       "\u200B",
+      "a\u0300\u0316", "\u1100\u1161\u11A8", "\u304B\u3099", "\U0001F44D\U0001F3FD"};
+  static const char* const kSeparators[] = {" ", "\n", "  ", "\v", "\u0085"};
+  std::string text;
+  while (text.size() < bytes) {
+    const size_t stretch = 300 + rng() % 500;
+    for (const size_t start = text.size(); text.size() - start < stretch;) {
+      text += kPieces[rng() % std::size(kPieces)];
+    }
+    text += kSeparators[rng() % std::size(kSeparators)];
+  }
+  return text;
+}
+
 // Wraps a tokenizer: records the texts Encode is called with, and may claim another
 // space_at_cut (to show that the claim matters).
 class Recorder final : public Tokenizer {
@@ -115,6 +139,17 @@ class Recorder final : public Tokenizer {
   absl::StatusOr<Ids> Encode(absl::string_view text) const override {
     chunks.emplace_back(text);
     return inner_.Encode(text);
+  }
+  absl::StatusOr<Ids> EncodeInsideWord(absl::string_view text, bool starts_inside_word,
+                                       bool ends_inside_word) const override {
+    chunks.emplace_back(text);
+    return inner_.EncodeInsideWord(text, starts_inside_word, ends_inside_word);
+  }
+  bool KeepsTextAcrossCut(absl::string_view text, size_t at) const override {
+    return inner_.KeepsTextAcrossCut(text, at);
+  }
+  void AppendIds(Ids& ids, std::span<const int32_t> next) const override {
+    inner_.AppendIds(ids, next);
   }
   absl::StatusOr<std::string> Decode(std::span<const int32_t> ids) const override {
     return inner_.Decode(ids);
@@ -645,15 +680,56 @@ TEST_P(ChunkedSentencePieceTest, RunsOfUnknownCharactersKeepTheWholeTextsIds) {
   std::mt19937 rng(11);
   for (int trial = 0; trial < 8; ++trial) {
     const std::string text = TextWithUnknownRuns(rng, 30000);
-    // The splice covers a dummy prefix's word start, not a dummy suffix's.
-    const bool cuts_expected = GetParam().name != "suffix";
-    EXPECT_EQ(!model->UnknownRunCuts(text).empty(), cuts_expected) << "trial " << trial;
+    // Every configuration is cut, a dummy suffix too (the text before a cut is encoded without
+    // it; before issue 45 only a dummy prefix's word start was spliced away, and runs in a
+    // suffix model were not cut at all).
+    EXPECT_FALSE(model->UnknownRunCuts(text).empty()) << "trial " << trial;
     std::vector<int> whole;
     ASSERT_TRUE(library->Encode(text, &whole).ok());
     const absl::StatusOr<Ids> ours = model->Encode(text);
     NF_ASSERT_OK(ours);
     ASSERT_TRUE(SameSegmentationUpToTies(Ids(whole.begin(), whole.end()), *ours, vocabulary))
         << "trial " << trial;
+  }
+}
+
+// A stretch without whitespace longer than the limit is cut inexactly, inside a word, and the
+// text is kept: the chunks' ids decode to what the whole text's ids decode to (the text in
+// SentencePiece's normal form, one " ⁇ " for each run of unknown text). Before issue 45 the
+// chunk after such a cut was encoded with the dummy prefix's word start, a space in the text
+// there; and a cut could split a combining sequence ('e' | U+0301), changing its normal form.
+// Every cut is at a grapheme cluster boundary between two non-whitespace characters.
+TEST_P(ChunkedSentencePieceTest, CutsInsideWordsKeepTheText) {
+  const std::unique_ptr<SentencePieceTokenizer> model = Train(GetParam());
+  ASSERT_NE(model, nullptr);
+  std::mt19937 rng(13);
+  for (int trial = 0; trial < 10; ++trial) {
+    const std::string text = TextOfLongWords(rng, 3000);
+    const absl::StatusOr<Ids> whole = model->Encode(text);
+    NF_ASSERT_OK(whole);
+    const absl::StatusOr<std::string> expected = model->Decode(*whole);
+    NF_ASSERT_OK(expected);
+    for (const size_t limit : kChunkLimits) {
+      const WholeAndChunked result = EncodeBothWays(*model, text, limit);
+      EXPECT_GT(result.inexact_cuts, 0) << "limit " << limit;
+      const absl::StatusOr<std::string> decoded = model->Decode(result.chunked);
+      NF_ASSERT_OK(decoded);
+      const size_t differ = static_cast<size_t>(
+          std::mismatch(decoded->begin(), decoded->end(), expected->begin(), expected->end())
+              .first -
+          decoded->begin());
+      ASSERT_EQ(*decoded, *expected)
+          << "trial " << trial << ", limit " << limit << ": from byte " << differ << ", \""
+          << absl::CEscape(decoded->substr(differ > 20 ? differ - 20 : 0, 40))
+          << "\" where the whole text's ids give \""
+          << absl::CEscape(expected->substr(differ > 20 ? differ - 20 : 0, 40)) << "\"";
+      size_t at = 0;
+      for (size_t c = 0; c + 1 < result.chunks.size(); ++c) {
+        at = text.find(result.chunks[c], at) + result.chunks[c].size();
+        EXPECT_TRUE(IsGraphemeClusterBoundary(text, at))
+            << "chunk " << c << " ends inside a grapheme cluster: " << Chunks(result);
+      }
+    }
   }
 }
 

@@ -3,8 +3,10 @@
 // full run training a SentencePiece model and writing a dataset that reads back.
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -188,8 +190,9 @@ TEST_F(NfPreprocessCliTest, InputWithoutDocumentsExitsOneAndLeavesNothing) {
 }
 
 // A document with a stretch of more than a chunk (1 MiB) without whitespace has no exact cut
-// there: it is encoded all the same, and the run says how many documents were cut inexactly.
-// Documents whose long stretches have whitespace, newlines included, are cut exactly: no word.
+// there: it is encoded all the same, its text kept, and the run says how many documents were
+// cut inexactly and which (issue 45: it named none). Documents whose long stretches have
+// whitespace, newlines included, are cut exactly: no word.
 TEST_F(NfPreprocessCliTest, ADocumentCutWithoutAnExactCutIsReported) {
   const Outcome trained = Run({"--input", WriteCorpus(), "--output-prefix", Path("m"),
                                "--tokenizer", "sentencepiece", "--spm-train-vocab-size", "40"});
@@ -204,8 +207,48 @@ TEST_F(NfPreprocessCliTest, ADocumentCutWithoutAnExactCutIsReported) {
   EXPECT_THAT(outcome.out, HasSubstr("nf-preprocess: 2 documents"));
   EXPECT_EQ(outcome.err,
             "nf-preprocess: warning: 1 documents had a stretch of 1048576 bytes without "
-            "whitespace the tokenizer can be cut at; each was cut there at a character boundary, "
-            "where its ids may differ from encoding it whole (docs/design.md, section 6.1)\n");
+            "whitespace the tokenizer can be cut at (" +
+                Path("long.jsonl") +
+                " document 1); each was cut there between two characters, keeping its text, "
+                "where its ids may differ from encoding it whole (docs/design.md, section 6.1)\n");
+  // The text is kept: the ids decode to the document (before, a word start at the cut added a
+  // space there).
+  absl::StatusOr<std::unique_ptr<SentencePieceTokenizer>> model =
+      SentencePieceTokenizer::Load(Path("m.spm.model"));
+  NF_ASSERT_OK(model);
+  absl::StatusOr<std::unique_ptr<IndexedDataset>> dataset = IndexedDataset::Open(Path("out"));
+  NF_ASSERT_OK(dataset);
+  std::vector<int32_t> ids((*dataset)->sequence_length(0));
+  (*dataset)->ReadTokens(0, 0, static_cast<int64_t>(ids.size()), ids.data());
+  ids.pop_back();  // end-of-document
+  absl::StatusOr<std::string> decoded = (*model)->Decode(ids);
+  NF_ASSERT_OK(decoded);
+  EXPECT_TRUE(*decoded == std::string((size_t{3} << 20) / 2, 'o'))
+      << decoded->size() << " bytes, " << std::count(decoded->begin(), decoded->end(), ' ')
+      << " spaces";
+}
+
+// SentencePiece trains only on lines of 1 to 4192 bytes. A corpus of one 200k-character line (e
+// + U+0301, 100k times) printed some 60 lines of SentencePiece's log ending in "Internal:
+// [!sentences_.empty()]"; now one line says why and what to do, before SentencePiece runs, and
+// nothing is left behind.
+TEST_F(NfPreprocessCliTest, TrainingWithoutALineSentencePieceTrainsOnSaysSoInOneLine) {
+  std::string line;
+  for (int i = 0; i < 100'000; ++i) line += "e\u0301";
+  std::ofstream(Path("one_line.jsonl")) << "{\"text\": \"" << line << "\"}\n";
+  const Outcome outcome =
+      Run({"--input", Path("one_line.jsonl"), "--output-prefix", Path("out"), "--tokenizer",
+           "sentencepiece", "--spm-train-vocab-size", "100"});
+  EXPECT_EQ(outcome.exit_code, 1);
+  EXPECT_EQ(outcome.err, "nf-preprocess: SentencePiece training of " + Path("out.spm") +
+                             ": no line of the training text has 1 to 4192 bytes, and "
+                             "SentencePiece skips longer lines (its one line has 300000 bytes): "
+                             "break the text into lines (sentences or paragraphs) of at most "
+                             "4192 bytes\n");
+  for (const auto& entry : std::filesystem::directory_iterator(dir_)) {
+    EXPECT_EQ(entry.path().filename().string().rfind("out", 0), std::string::npos)
+        << entry.path() << " left behind";
+  }
 }
 
 TEST_F(NfPreprocessCliTest, MalformedInputExitsOneAndLeavesNothing) {

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "data/sentencepiece_backend.h"
 #include "test_util.h"
 
 namespace nf::data {
@@ -137,6 +138,69 @@ TEST_F(SentencePieceTest, ALongRunOfUnknownCharactersIsOneUnknown) {
   EXPECT_EQ(std::count(ids->begin(), ids->end(), 0), 1);  // one <unk>
 }
 
+// Runs of text outside the vocabulary in every script and combining sequence the normalizer
+// treats specially (issue 45: 'e' + U+0301, which NFKC makes 'é', took 0.16, 0.65, 2.41 and
+// 7.11 s for 50k, 100k, 200k and 400k of them, quadratic: each character alone is not unknown,
+// 'e' is a piece, so the run was never cut). Structurally linear: UnknownRunCuts leaves no
+// stretch of more than 4 KiB to one library call (a cut near every 2 KiB probe), and the ids
+// are those of one library call on the whole text.
+struct UnknownRun {
+  const char* name;
+  std::string unit;  // repeated
+};
+
+std::vector<UnknownRun> UnknownRuns() {
+  return {
+      {"e + U+0301 (NFKC: U+00E9)", "e\u0301"},
+      {"a + two combining marks", "a\u0300\u0316"},
+      {"Hangul jamo L V T (NFKC: one syllable)", "\u1100\u1161\u11A8"},
+      {"kana + voiced sound mark (NFKC: U+304C)", "\u304B\u3099"},
+      {"Devanagari conjunct with virama and vowel sign", "\u0915\u094D\u0937\u093F"},
+      {"Thai sara am (NFKC: two characters)", "\u0E01\u0E33"},
+      {"Arabic letter + harakat", "\u0628\u064E\u0651"},
+      {"emoji ZWJ family", "\U0001F468\u200D\U0001F469\u200D\U0001F467"},
+      {"emoji + skin tone", "\U0001F44D\U0001F3FD"},
+      {"flags (regional indicators)", "\U0001F1EB\U0001F1F7"},
+      {"CJK", "\u6F22\u5B57"},
+      {"Cyrillic", "\u0436"},
+      {"mixed", "\u0436e\u0301\u6F22\u1100\u1161"},
+  };
+}
+
+TEST_F(SentencePieceTest, EveryRunOfUnknownTextIsCutIntoBoundedCalls) {
+  std::unique_ptr<sentencepiece_backend::Model> library;
+  ASSERT_TRUE(sentencepiece_backend::Model::Load(Path("toy.model"), &library).ok());
+  std::vector<UnknownRun> runs = UnknownRuns();
+  // One cluster of 100k combining marks: cut inside it, between two marks.
+  runs.push_back({"one cluster: e + 100k U+0301", ""});
+  for (const UnknownRun& run : runs) {
+    std::string text = "kalo ";
+    if (run.unit.empty()) {
+      text += "e";
+      for (int i = 0; i < 100'000; ++i) text += "\u0301";
+    } else {
+      while (text.size() < 200'000) text += run.unit;
+    }
+    text += " mine";
+    const std::vector<size_t> cuts = model_->UnknownRunCuts(text);
+    size_t previous = 0, longest = 0;
+    for (const size_t cut : cuts) {
+      ASSERT_GT(cut, previous) << run.name;
+      longest = std::max(longest, cut - previous);
+      previous = cut;
+    }
+    longest = std::max(longest, text.size() - previous);
+    EXPECT_LE(longest, size_t{4096}) << run.name << ": " << cuts.size() << " cuts";
+    // The ids of one call on the whole text (short enough here for its quadratic time).
+    const std::string shorter = text.substr(0, 30'000) + text.substr(text.size() - 30'000);
+    std::vector<int> whole;
+    ASSERT_TRUE(library->Encode(shorter, &whole).ok());
+    const absl::StatusOr<std::vector<int32_t>> ours = model_->Encode(shorter);
+    NF_ASSERT_OK(ours);
+    EXPECT_EQ(*ours, std::vector<int32_t>(whole.begin(), whole.end())) << run.name;
+  }
+}
+
 TEST_F(SentencePieceTest, ConcurrentEncodingAgrees) {
   const std::string text = "kalomi nerusa tovi strche bago.";
   absl::StatusOr<std::vector<int32_t>> expected = model_->Encode(text);
@@ -191,6 +255,30 @@ TEST_F(SentencePieceTest, TrainErrors) {
       SentencePieceTokenizer::Train(
           {.inputs = {Path("a,b.txt")}, .model_prefix = Path("x"), .vocab_size = 100}),
       "input path has a comma");
+  // Lines SentencePiece does not train on (longer than 4192 bytes, or empty): one message
+  // before SentencePiece runs (it failed with "Internal: [!sentences_.empty()]").
+  std::ofstream(Path("long_lines.txt"))
+      << std::string(4193, 'a') << "\n\n" << std::string(5000, 'b');
+  std::ofstream(Path("empty_lines.txt")) << "\n\n\n";
+  const absl::Status long_lines = SentencePieceTokenizer::Train(
+      {.inputs = {Path("long_lines.txt")}, .model_prefix = Path("x"), .vocab_size = 100});
+  EXPECT_EQ(long_lines.code(), absl::StatusCode::kFailedPrecondition) << long_lines;
+  EXPECT_EQ(long_lines.message(),
+            absl::StrCat("SentencePiece training of ", Path("x"),
+                         ": no line of the training text has 1 to 4192 bytes, and SentencePiece "
+                         "skips longer lines (its 2 lines have 4193 bytes or more): break the "
+                         "text into lines (sentences or paragraphs) of at most 4192 bytes"));
+  const absl::Status empty = SentencePieceTokenizer::Train(
+      {.inputs = {Path("empty_lines.txt")}, .model_prefix = Path("x"), .vocab_size = 100});
+  EXPECT_EQ(empty.code(), absl::StatusCode::kFailedPrecondition) << empty;
+  EXPECT_THAT(std::string(empty.message()), HasSubstr("the training text is empty"));
+  EXPECT_FALSE(std::filesystem::exists(Path("x.model")));
+  // One line of 4192 bytes is enough.
+  std::ofstream(Path("one_good_line.txt")) << std::string(5000, 'b') << "\n"
+                                           << std::string(4192, 'a') << "\n";
+  NF_EXPECT_OK(SentencePieceTokenizer::Train(
+      {.inputs = {Path("one_good_line.txt")}, .model_prefix = Path("y"), .vocab_size = 5}));
+
   const std::string missing = Path("no_such_corpus.txt");
   const absl::Status status = SentencePieceTokenizer::Train(
       {.inputs = {missing}, .model_prefix = Path("x"), .vocab_size = 100});
