@@ -10,10 +10,17 @@
 //      cache is shared, on 2 threads with a tokenizer each);
 //   2. the batch loader over the SentencePiece dataset (train split of "969,30,1"): the sample
 //      index build (cold, and loaded from its cache) and reading the training stream through
-//      BatchLoader::Next, against the memcpy ceiling measured at the start of the same run.
-// Everything lives in a temporary directory, removed at the end.
+//      BatchLoader::Next, against the memcpy ceiling measured at the start of the same run;
+//   3. SentencePiece's encoding time on adversarial text (issue 45): one document of n
+//      repetitions of a unit without whitespace (a combining sequence, Hangul jamo, CJK, an
+//      emoji ZWJ sequence, glued words, one cluster of n combining marks), n = 200k and 400k,
+//      encoded as nf-preprocess does (EncodeInChunks); the median time of each and the ratio,
+//      which is 2 for linear time (4 for quadratic: 'e' + U+0301 took 2.41 and 7.11 s before).
+// Everything lives in a temporary directory, removed at the end. --adversarial-only runs 3
+// alone (with a model trained on a 4 MB corpus).
 //
 //   NF_NUM_THREADS=2 build/bench/nf-bench-data [--corpus-mb N] [--runs N] [--keep]
+//                                              [--adversarial-only]
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -49,6 +56,7 @@
 #include "core/status.h"
 #include "data/batch_loader.h"
 #include "data/blending.h"
+#include "data/chunked_encoding.h"
 #include "data/document_reader.h"
 #include "data/gpt2_bpe.h"
 #include "data/gpt_samples.h"
@@ -671,12 +679,58 @@ absl::StatusOr<LoaderRow> MeasureLoader(const std::string& prefix, int64_t vocab
   return row;
 }
 
+// SentencePiece's encoding time on adversarial text (3. above): for each unit, the median of
+// `runs` EncodeInChunks of the unit repeated 200k and 400k times, and their ratio.
+absl::Status MeasureAdversarialEncoding(const data::Tokenizer& spm, int runs) {
+  struct Unit {
+    const char* name;
+    std::string text;  // repeated; empty: 'e' and n combining acute accents
+  };
+  const Unit units[] = {
+      {"e + U+0301 (the issue's)", "e\u0301"},
+      {"a + U+0300 U+0316", "a\u0300\u0316"},
+      {"Hangul jamo L V T", "\u1100\u1161\u11A8"},
+      {"CJK", "\u6F22"},
+      {"emoji ZWJ family", "\U0001F468\u200D\U0001F469\u200D\U0001F467"},
+      {"glued words", "thebest"},
+      {"one cluster: e + n U+0301", ""},
+  };
+  std::printf(
+      "\nSentencePiece on adversarial text: one document of n repetitions of a unit, no "
+      "whitespace,\nEncodeInChunks as nf-preprocess runs it; median of %d runs. Linear time: "
+      "ratio 2 (<= 2.5 asked).\n",
+      runs);
+  std::printf("%-28s %9s %10s %9s %10s %9s %7s\n", "unit", "n", "bytes", "seconds", "n", "seconds",
+              "ratio");
+  for (const Unit& unit : units) {
+    std::vector<double> medians;
+    std::vector<size_t> sizes;
+    for (const int n : {200'000, 400'000}) {
+      std::string text = unit.text.empty() ? "e" : "";
+      for (int i = 0; i < n; ++i) text += unit.text.empty() ? "\u0301" : unit.text;
+      std::vector<double> seconds;
+      for (int r = 0; r < runs; ++r) {
+        const auto start = std::chrono::steady_clock::now();
+        NF_ASSIGN_OR_RETURN(const std::vector<int32_t> ids, data::EncodeInChunks(spm, text));
+        seconds.push_back(Seconds(start));
+        if (ids.empty()) return absl::InternalError("no ids");
+      }
+      medians.push_back(Median(seconds));
+      sizes.push_back(text.size());
+    }
+    std::printf("%-28s %9d %10zu %9.3f %10d %9.3f %7.2f\n", unit.name, 200'000, sizes[0],
+                medians[0], 400'000, medians[1], medians[1] / medians[0]);
+  }
+  return absl::OkStatus();
+}
+
 // ---- Main ----------------------------------------------------------------------------------
 
 struct Flags {
   int64_t corpus_mb = 32;
   int runs = 3;
   bool keep = false;
+  bool adversarial_only = false;
 };
 
 bool ParseFlags(int argc, char** argv, Flags& flags) {
@@ -690,6 +744,8 @@ bool ParseFlags(int argc, char** argv, Flags& flags) {
       if (flags.runs < 1) return false;
     } else if (arg == "--keep") {
       flags.keep = true;
+    } else if (arg == "--adversarial-only") {
+      flags.adversarial_only = true;
     } else {
       return false;
     }
@@ -705,7 +761,8 @@ absl::Status Run(const Flags& flags, const fs::path& dir) {
       std::max(1u, std::thread::hardware_concurrency()), ceilings.memcpy_gbytes_per_s);
 
   const std::vector<std::string> words = MakeWords();
-  NF_ASSIGN_OR_RETURN(const Corpus corpus, WriteCorpus(dir, words, flags.corpus_mb * 1000 * 1000));
+  const int64_t corpus_bytes = flags.adversarial_only ? 4'000'000 : flags.corpus_mb * 1000 * 1000;
+  NF_ASSIGN_OR_RETURN(const Corpus corpus, WriteCorpus(dir, words, corpus_bytes));
   std::vector<int64_t> lengths = corpus.document_bytes;
   std::sort(lengths.begin(), lengths.end());
   std::printf(
@@ -725,6 +782,11 @@ absl::Status Run(const Flags& flags, const fs::path& dir) {
       "2 threads, in %.2f s\n",
       kSpmVocabSize, corpus.sample_bytes / 1e6, static_cast<long long>(corpus.sample_lines),
       spm_train_s);
+  if (flags.adversarial_only) {
+    NF_ASSIGN_OR_RETURN(const std::unique_ptr<data::SentencePieceTokenizer> spm,
+                        data::SentencePieceTokenizer::Load(spm_model));
+    return MeasureAdversarialEncoding(*spm, flags.runs);
+  }
   const Gpt2Files gpt2 = MakeGpt2Files(words);
   std::printf(
       "GPT-2 byte-level BPE: 256 byte symbols + %d merges learned on the word list + "
@@ -827,13 +889,15 @@ absl::Status Run(const Flags& flags, const fs::path& dir) {
                 1e3 * r.build_cold_s, 1e3 * r.build_cached_s, 1e3 * r.pass_s, samples_per_s,
                 tokens_per_s, gbytes_per_s, gbytes_per_s / ceilings.memcpy_gbytes_per_s);
   }
-  return absl::OkStatus();
+  return MeasureAdversarialEncoding(*spm, flags.runs);
 }
 
 int Main(int argc, char** argv) {
   Flags flags;
   if (!ParseFlags(argc, argv, flags)) {
-    std::fprintf(stderr, "usage: %s [--corpus-mb N (default 32)] [--runs N (default 3)] [--keep]\n",
+    std::fprintf(stderr,
+                 "usage: %s [--corpus-mb N (default 32)] [--runs N (default 3)] [--keep] "
+                 "[--adversarial-only]\n",
                  argv[0]);
     return 2;
   }
