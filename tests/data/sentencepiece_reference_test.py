@@ -18,6 +18,15 @@ stretches of the 1 MiB documents score lower than 0.2.3's, by 0.01 to 0.08 (e.g.
 'to' 't' 'mi', -17.00365, against 't' 'otmi', -16.96839; checked with the library called
 directly). On English text the previous session counted 216 such stretches in 1 MiB.
 
+Then the text at a 1 MiB cut (issue 45 item 10): documents over 1 MiB built from adversarial
+pieces, each with a stretch of more than 1 MiB without whitespace (glued words, a base64 blob,
+words with combining accents, CJK, numbers and punctuation, a URL, emoji sequences, words joined
+by U+200B, which the normalizer makes a space), encoded by nf-tokenize with a unigram model
+trained on English with SentencePiece's defaults (what nf-preprocess trains): decoding the ids
+must give what decoding sentencepiece 0.2.3's ids gives, the document in normal form. Before,
+the chunk after the cut was encoded with the dummy prefix's word start, a space in the text
+there, and a cut could split a combining sequence.
+
 usage: sentencepiece_reference_test.py NF_TOKENIZE
 """
 import pathlib
@@ -97,6 +106,77 @@ def differing_stretches(ours, reference, sp):
     return stretches
 
 
+ENGLISH = ("the of and to in is was that for it with as his on be at by had are but from or have "
+           "an they which one you were her all she there would their we him been has when who "
+           "will more no if out so said what up its about into than them can only other new "
+           "some could time these two may then do first any my now such like our over man me "
+           "even most made after also did many before must through back years where much your "
+           "way well down should because each just those people how too little state good very "
+           "make world still own see men work long get here between both life being under never "
+           "day same another know while last might us great old year off come since against go "
+           "came right used take three").split()
+# Pieces of the stretches without whitespace, one kind per document.
+ADVERSARIAL = [
+    ("glued words", lambda rng: rng.choice(ENGLISH)),
+    ("base64", lambda rng: "".join(rng.choice(
+        "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/") for _ in range(16))),
+    ("combining accents", lambda rng: rng.choice(ENGLISH) + rng.choice(["e\u0301", "a\u0300\u0316",
+                                                                         "n\u0303", "o\u0308"])),
+    ("CJK", lambda rng: rng.choice(["\u6f22\u5b57", "\u65e5\u672c\u8a9e", "\u4e2d\u6587",
+                                    "\u6bb5\u843d"])),
+    ("numbers", lambda rng: rng.choice(["3.14159", ",", ";", "2.71828", "-", "42", "(1)", "..."])),
+    ("URL", lambda rng: rng.choice(["https://example.com/", rng.choice(ENGLISH), "?q=", "&id=",
+                                    "%20", "/", "#top"])),
+    ("emoji", lambda rng: rng.choice(["\U0001F468\u200D\U0001F469\u200D\U0001F467",
+                                      "\U0001F44D\U0001F3FD", "\U0001F1EB\U0001F1F7",
+                                      rng.choice(ENGLISH)])),
+    ("U+200B", lambda rng: rng.choice(ENGLISH) + "\u200b"),
+]
+
+
+def english(rng, size):
+    parts, length = [], 0
+    while length < size:
+        sentence = " ".join(rng.choice(ENGLISH) for _ in range(rng.randint(5, 15)))
+        parts.append(sentence.capitalize() + rng.choice([". ", "? ", "! ", ".\n"]))
+        length += len(parts[-1])
+    return "".join(parts)
+
+
+def check_text_at_inexact_cuts(nf_tokenize, work, rng):
+    corpus = work / "english.txt"
+    corpus.write_text(english(rng, 1 << 20).replace(". ", ".\n"))
+    spm.SentencePieceTrainer.train(input=str(corpus), model_prefix=str(work / "english"),
+                                   vocab_size=300, model_type="unigram", num_threads=2,
+                                   minloglevel=2)
+    model = work / "english.model"
+    sp = spm.SentencePieceProcessor(model_file=str(model))
+    documents = []
+    for _, piece in ADVERSARIAL:
+        stretch, length = [], 0
+        while length < (1 << 20) + (200 << 10):
+            stretch.append(piece(rng))
+            length += len(stretch[-1].encode())
+        documents.append(english(rng, 2000) + "".join(stretch) + " " + english(rng, 2000))
+    ours = nf_ids(nf_tokenize, model, documents, work)
+    failures = []
+    for (name, _), document, our_ids in zip(ADVERSARIAL, documents, ours):
+        expected = sp.decode(sp.encode(document))
+        decoded = sp.decode(our_ids)
+        if decoded != expected:
+            at = next((i for i, (a, b) in enumerate(zip(decoded, expected)) if a != b),
+                      min(len(decoded), len(expected)))
+            failures.append(f"{name}: from character {at}, {decoded[max(0, at - 20):at + 20]!r} "
+                            f"where sentencepiece 0.2.3's ids give "
+                            f"{expected[max(0, at - 20):at + 20]!r}")
+    for failure in failures:
+        print("FAIL", failure)
+    assert not failures, f"{len(failures)} of {len(documents)} documents change at a cut"
+    print(f"{len(documents)} adversarial documents of {min(map(len, documents))} to "
+          f"{max(map(len, documents))} characters: the text of sentencepiece {spm.__version__}'s "
+          f"ids")
+
+
 def main():
     nf_tokenize = pathlib.Path(sys.argv[1])
     rng = random.Random(33)
@@ -135,6 +215,7 @@ def main():
         assert not failures, f"{len(failures)} stretches differ from sentencepiece 0.2.3's"
         print(f"{len(documents)} documents ({sum(sizes)} bytes): the ids of sentencepiece "
               f"{spm.__version__} but for {ties} stretches that score the same within rounding")
+        check_text_at_inexact_cuts(nf_tokenize, work, random.Random(45))
 
 
 if __name__ == "__main__":
