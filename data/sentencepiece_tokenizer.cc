@@ -9,7 +9,9 @@
 #include <cstddef>
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <string>
+#include <type_traits>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -298,15 +300,15 @@ bool SentencePieceTokenizer::EncodesAsUnknown(absl::string_view text) const {
   });
 }
 
-void SentencePieceTokenizer::Splice(std::vector<int>& ids, const std::vector<int>& next) const {
+void SentencePieceTokenizer::Splice(std::vector<int>& ids, std::span<const int> next) const {
   const bool joined = !ids.empty() && !next.empty() && ids.back() == unk_id_ && next[0] == unk_id_;
   ids.insert(ids.end(), next.begin() + (joined ? 1 : 0), next.end());
 }
 
 void SentencePieceTokenizer::AppendIds(std::vector<int32_t>& ids,
                                        std::span<const int32_t> next) const {
-  const bool joined = !ids.empty() && !next.empty() && ids.back() == unk_id_ && next[0] == unk_id_;
-  ids.insert(ids.end(), next.begin() + (joined ? 1 : 0), next.end());
+  static_assert(std::is_same_v<int, int32_t>, "SentencePiece's ids are int");
+  Splice(ids, next);
 }
 
 namespace {

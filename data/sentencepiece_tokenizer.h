@@ -130,7 +130,7 @@ class SentencePieceTokenizer final : public Tokenizer {
   };
   Probe ProbeUnknownRun(absl::string_view text, size_t at) const;
   // Appends `next` to `ids` as AppendIds does.
-  void Splice(std::vector<int>& ids, const std::vector<int>& next) const;
+  void Splice(std::vector<int>& ids, std::span<const int> next) const;
 
   std::unique_ptr<sentencepiece_backend::Model> model_;
   // The model without its dummy prefix; null when it has none (model_ serves).
