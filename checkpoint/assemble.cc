@@ -8,9 +8,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "checkpoint/crc32c.h"
-#include "checkpoint/durable_files.h"
 #include "checkpoint/piece_reader.h"
 #include "checkpoint/shard_mapping.h"
+#include "core/files/durable_files.h"
 #include "core/non_finite.h"
 #include "core/status.h"
 

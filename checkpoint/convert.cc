@@ -11,11 +11,11 @@
 #include "absl/strings/str_format.h"
 #include "checkpoint/assemble.h"
 #include "checkpoint/crc32c.h"
-#include "checkpoint/durable_files.h"
 #include "checkpoint/output_path.h"
 #include "checkpoint/read_ahead.h"
 #include "checkpoint/save.h"
 #include "checkpoint/shard_mapping.h"
+#include "core/files/atomic_file.h"
 #include "core/status.h"
 #include "model/normformer_params.h"
 #include "model/vocab.h"
@@ -101,25 +101,6 @@ absl::StatusOr<std::map<std::string, std::vector<Assignment>>> Plan(const Manife
   return plan;
 }
 
-// Removes the staging directory of a conversion that did not finish (a full disk must not be
-// made fuller by what failed to fit), unless kept.
-class StagingRemover {
- public:
-  explicit StagingRemover(fs::path staging) : staging_(std::move(staging)) {}
-  StagingRemover(const StagingRemover&) = delete;
-  StagingRemover& operator=(const StagingRemover&) = delete;
-  ~StagingRemover() {
-    if (keep_) return;
-    std::error_code ignored;
-    fs::remove_all(staging_, ignored);
-  }
-  void Keep() { keep_ = true; }
-
- private:
-  const fs::path staging_;
-  bool keep_ = false;
-};
-
 }  // namespace
 
 absl::Status ConvertCheckpoint(const fs::path& dir, const Manifest& manifest,
@@ -143,16 +124,11 @@ absl::Status WriteCheckpointForLayout(const fs::path& dir, const Manifest& manif
   NF_RETURN_IF_ERROR(parallel::CheckLayerSplit(model.num_layers(), pp, v));
   NF_RETURN_IF_ERROR(CheckNewOutput(out, "--out", "convert writes a new directory"));
   NF_ASSIGN_OR_RETURN(const auto plan, Plan(manifest, target));
-  std::error_code error;
 
-  const fs::path staging = out.string() + ".tmp";
-  fs::remove_all(staging, error);
-  fs::create_directories(staging, error);
-  if (error) {
-    return absl::UnavailableError(
-        absl::StrCat("cannot create ", staging.string(), ": ", error.message()));
-  }
-  StagingRemover remover(staging);  // declared before the writers: they close first
+  // A directory of its own beside `out`, removed unless committed (a full disk must not be made
+  // fuller by what failed to fit); declared before the writers, which close first.
+  NF_ASSIGN_OR_RETURN(StagingDirectory staging_directory, StagingDirectory::Create(out));
+  const fs::path& staging = staging_directory.path();
   const int world = tp * pp * dp;
   std::vector<std::string> names;
   std::vector<std::unique_ptr<DurableWriter>> writers;
@@ -228,14 +204,7 @@ absl::Status WriteCheckpointForLayout(const fs::path& dir, const Manifest& manif
   const std::string bytes = EncodeManifest(converted);
   NF_RETURN_IF_ERROR(writer.Append(bytes.data(), static_cast<int64_t>(bytes.size())));
   NF_RETURN_IF_ERROR(writer.Close());
-  NF_RETURN_IF_ERROR(SyncDirectory(staging));
-  fs::rename(staging, out, error);
-  if (error) {
-    return absl::UnavailableError(absl::StrCat("cannot rename ", staging.string(), " to ",
-                                               out.string(), ": ", error.message()));
-  }
-  remover.Keep();
-  return SyncDirectory(out.parent_path().empty() ? fs::path(".") : out.parent_path());
+  return staging_directory.Commit();
 }
 
 }  // namespace nf::checkpoint

@@ -8,10 +8,15 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "checkpoint/crc32c.h"
 #include "checkpoint/manifest_model.h"
 #include "core/dtype.h"
+#include "core/status.h"
+#include "core/tensor.h"
 #include "model/model_config_check.h"
+#include "model/normformer_params.h"
+#include "model/vocab.h"
 
 namespace nf::checkpoint {
 namespace {
@@ -128,8 +133,36 @@ absl::StatusOr<Manifest> DecodeManifest(absl::string_view bytes, absl::string_vi
     if (absl::Status model = model::ValidateModelConfig(manifest.model()); !model.ok()) {
       return Corrupt(where, absl::StrCat("its model config is invalid: ", model.message()));
     }
+    NF_RETURN_IF_ERROR(CheckTensorsFollowModel(manifest, where));
   }
   return manifest;
+}
+
+absl::Status CheckTensorsFollowModel(const Manifest& manifest, absl::string_view where) {
+  const model::ModelConfig& model = manifest.model();
+  const int tp = std::max(1, manifest.layout().tensor_parallel());
+  std::map<std::string, Shape> shapes;
+  for (model::ParamSpec& spec :
+       model::NormFormerParamSpecs(model, model::PaddedVocabSize(model.vocab_size(), tp))) {
+    shapes.emplace(std::move(spec.name), std::move(spec.global_shape));
+  }
+  for (const TensorRecord& record : manifest.tensors()) {
+    const auto spec = shapes.find(record.name());
+    const Shape recorded(record.global_shape().begin(), record.global_shape().end());
+    if (spec == shapes.end() || spec->second != recorded) {
+      return Corrupt(
+          where,
+          absl::StrCat("tensor ", record.name(), " [", absl::StrJoin(recorded, ", "), "] is not ",
+                       spec == shapes.end()
+                           ? "a parameter of its model config"
+                           : absl::StrCat("the [", absl::StrJoin(spec->second, ", "),
+                                          "] its model config gives (model.vocab_size ",
+                                          model.vocab_size(), ", model.d_model ", model.d_model(),
+                                          ", tensor_parallel ", tp, ")"),
+                       ": the config and the tensors disagree"));
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::Status ValidateManifest(const Manifest& manifest, absl::string_view where) {

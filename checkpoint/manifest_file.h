@@ -38,4 +38,10 @@ absl::StatusOr<Manifest> DecodeManifest(absl::string_view bytes, absl::string_vi
 // covering it exactly once (no byte outside a checksum, none claimed twice).
 absl::Status ValidateManifest(const Manifest& manifest, absl::string_view where);
 
+// DataLoss naming `where` when a tensor record's name or global shape is not what the manifest's
+// model config (and its layout's vocabulary padding) gives: a config that says vocab_size 2^24
+// over tensors of 512 rows would make every reader allocate for the config's size before failing.
+// DecodeManifest applies it to every manifest with a model.
+absl::Status CheckTensorsFollowModel(const Manifest& manifest, absl::string_view where);
+
 }  // namespace nf::checkpoint

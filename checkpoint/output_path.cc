@@ -5,8 +5,8 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "checkpoint/durable_files.h"
 #include "checkpoint/save.h"
+#include "core/files/durable_files.h"
 #include "core/status.h"
 
 namespace nf::checkpoint {
@@ -31,16 +31,27 @@ bool HoldsCheckpoints(const fs::path& dir) {
   return named.ok() && ParseIterationDirName(std::string(absl::StripAsciiWhitespace(*named)), step);
 }
 
+// `path` absolute, with the existing part's symbolic links and ".." resolved (weakly_canonical
+// keeps the rest as written); a path the OS cannot resolve is taken as written, made absolute
+// where that works.
+fs::path Resolved(const fs::path& path) {
+  std::error_code error;
+  fs::path absolute = fs::absolute(path, error);
+  if (error) absolute = path;
+  fs::path canonical = fs::weakly_canonical(absolute, error);
+  return error ? absolute.lexically_normal() : canonical;
+}
+
+// Whether `path` lies below `dir` (both resolved).
+bool Contains(const fs::path& dir, const fs::path& path) {
+  const fs::path relative = path.lexically_relative(dir);
+  return !relative.empty() && *relative.begin() != ".." && relative != ".";
+}
+
 }  // namespace
 
 absl::Status CheckOutsideCheckpoints(const fs::path& path, absl::string_view flag) {
-  // weakly_canonical resolves the existing part (symbolic links, ..) and keeps the rest; a
-  // path the OS cannot resolve is checked as written, made absolute where that works.
-  std::error_code error;
-  fs::path resolved = fs::absolute(path, error);
-  if (error) resolved = path;
-  fs::path canonical = fs::weakly_canonical(resolved, error);
-  resolved = error ? resolved.lexically_normal() : std::move(canonical);
+  const fs::path resolved = Resolved(path);
   for (fs::path dir = resolved; !dir.empty(); dir = dir.parent_path()) {
     std::error_code ignored;
     const bool is_dir = fs::is_directory(dir, ignored);
@@ -60,9 +71,32 @@ absl::Status CheckOutsideCheckpoints(const fs::path& path, absl::string_view fla
   return absl::OkStatus();
 }
 
-absl::Status CheckNewOutput(const fs::path& path, absl::string_view flag,
-                            absl::string_view writes) {
+absl::Status CheckOutputPath(const fs::path& path, absl::string_view flag,
+                             absl::Span<const ToolInput> inputs) {
   NF_RETURN_IF_ERROR(CheckOutsideCheckpoints(path, flag));
+  const fs::path resolved = Resolved(path);
+  for (const ToolInput& input : inputs) {
+    if (input.path.empty()) continue;
+    std::error_code error;
+    const bool same_file = fs::equivalent(path, input.path, error) && !error;
+    const fs::path input_resolved = Resolved(input.path);
+    const bool inside =
+        !same_file && fs::is_directory(input.path, error) && Contains(input_resolved, resolved);
+    if (same_file || resolved == input_resolved || inside) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(flag, " ", path.string(),
+                       same_file || resolved == input_resolved ? " is " : " is inside ", input.flag,
+                       " ", input.path.string(),
+                       ", which this command reads: writing there would destroy its input; "
+                       "choose another path"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckNewOutput(const fs::path& path, absl::string_view flag, absl::string_view writes,
+                            absl::Span<const ToolInput> inputs) {
+  NF_RETURN_IF_ERROR(CheckOutputPath(path, flag, inputs));
   std::error_code error;
   if (fs::exists(fs::symlink_status(path, error))) {
     return absl::AlreadyExistsError(

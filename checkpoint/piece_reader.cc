@@ -9,7 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "checkpoint/crc32c.h"
-#include "checkpoint/durable_files.h"
+#include "core/files/durable_files.h"
 #include "core/non_finite.h"
 #include "core/ops/ops.h"
 #include "core/status.h"

@@ -12,7 +12,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
-#include "checkpoint/durable_files.h"
+#include "core/files/atomic_file.h"
 #include "core/json_cursor.h"
 #include "core/status.h"
 
@@ -221,8 +221,6 @@ std::string HeaderJson(const SafetensorsMetadata& metadata,
   return header;
 }
 
-fs::path Temporary(const fs::path& out) { return out.string() + ".tmp"; }
-
 }  // namespace
 
 absl::StatusOr<SafetensorsWriter> SafetensorsWriter::Create(const fs::path& out,
@@ -235,16 +233,16 @@ absl::StatusOr<SafetensorsWriter> SafetensorsWriter::Create(const fs::path& out,
   const uint64_t header_size = header.size();
   char prefix[8];
   for (int i = 0; i < 8; ++i) prefix[i] = static_cast<char>((header_size >> (8 * i)) & 0xFF);
-  NF_ASSIGN_OR_RETURN(DurableWriter file, DurableWriter::Create(Temporary(out)));
+  NF_ASSIGN_OR_RETURN(AtomicFileWriter file, AtomicFileWriter::Create(out));
   SafetensorsWriter writer(out, std::move(entries),
-                           std::make_unique<DurableWriter>(std::move(file)));
+                           std::make_unique<AtomicFileWriter>(std::move(file)));
   NF_RETURN_IF_ERROR(writer.file_->Append(prefix, 8));
   NF_RETURN_IF_ERROR(writer.file_->Append(header.data(), static_cast<int64_t>(header.size())));
   return writer;
 }
 
 SafetensorsWriter::SafetensorsWriter(fs::path out, std::vector<SafetensorsEntry> entries,
-                                     std::unique_ptr<DurableWriter> file)
+                                     std::unique_ptr<AtomicFileWriter> file)
     : out_(std::move(out)), entries_(std::move(entries)), file_(std::move(file)) {}
 
 SafetensorsWriter::SafetensorsWriter(SafetensorsWriter&& other) noexcept
@@ -253,12 +251,7 @@ SafetensorsWriter::SafetensorsWriter(SafetensorsWriter&& other) noexcept
       file_(std::move(other.file_)),
       appended_(other.appended_) {}
 
-SafetensorsWriter::~SafetensorsWriter() {
-  if (file_ == nullptr) return;
-  file_.reset();            // closes the descriptor before the name goes
-  std::error_code ignored;  // a full disk must not be made fuller by what failed to fit
-  fs::remove(Temporary(out_), ignored);
-}
+SafetensorsWriter::~SafetensorsWriter() = default;  // an uncommitted file_ removes its temporary
 
 absl::Status SafetensorsWriter::Append(const Tensor& data) {
   if (file_ == nullptr || appended_ == entries_.size()) {
@@ -282,13 +275,8 @@ absl::Status SafetensorsWriter::Commit() {
     return absl::FailedPreconditionError(absl::StrCat(out_.string(), ": ", appended_, " of the ",
                                                       entries_.size(), " tensors were written"));
   }
-  NF_RETURN_IF_ERROR(file_->Close());
-  std::error_code error;
-  fs::rename(Temporary(out_), out_, error);
-  if (error) {
-    return absl::UnavailableError(absl::StrCat("cannot rename ", Temporary(out_).string(), " to ",
-                                               out_.string(), ": ", error.message()));
-  }
+  // An export writes a new file: one that appeared at `out` since the tool checked is kept.
+  NF_RETURN_IF_ERROR(file_->Commit(OnCommit::kNoReplace));
   file_.reset();
   return absl::OkStatus();
 }

@@ -18,7 +18,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "checkpoint/durable_files.h"
+#include "core/files/atomic_file.h"
 #include "core/tensor.h"
 
 namespace nf::checkpoint {
@@ -42,9 +42,10 @@ struct SafetensorsEntry {
 
 // Writes a safetensors file tensor by tensor, so that no more than one tensor need be in memory:
 // the header (every entry's name, dtype, shape and place) is written first, then each Append
-// must bring the next entry's tensor, in order. The file is written as out.tmp and renamed to
-// `out` by Commit once every tensor is there (an existing file is replaced only by a complete
-// one); a writer destroyed before Commit removes out.tmp. The data section starts 8-byte aligned
+// must bring the next entry's tensor, in order. The file is written under a temporary name of its
+// own (core/files/atomic_file.h) and renamed to `out` by Commit once every tensor is there, never
+// over a file that appeared there meanwhile; a writer destroyed before Commit removes its
+// temporary. The data section starts 8-byte aligned
 // (the header padded with spaces), and the same entries and metadata give the same bytes.
 class SafetensorsWriter {
  public:
@@ -61,11 +62,11 @@ class SafetensorsWriter {
 
  private:
   SafetensorsWriter(std::filesystem::path out, std::vector<SafetensorsEntry> entries,
-                    std::unique_ptr<DurableWriter> file);
+                    std::unique_ptr<AtomicFileWriter> file);
 
   std::filesystem::path out_;
   std::vector<SafetensorsEntry> entries_;
-  std::unique_ptr<DurableWriter> file_;  // null once committed or moved from
+  std::unique_ptr<AtomicFileWriter> file_;  // null once committed or moved from
   size_t appended_ = 0;
 };
 

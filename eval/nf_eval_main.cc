@@ -23,7 +23,6 @@
 #include <cstdlib>
 #include <exception>
 #include <filesystem>
-#include <fstream>
 #include <iostream>
 #include <memory>
 #include <new>
@@ -36,6 +35,7 @@
 #include "checkpoint/load.h"
 #include "checkpoint/output_path.h"
 #include "checkpoint/save.h"
+#include "core/files/atomic_file.h"
 #include "core/ops/backend.h"
 #include "core/status.h"
 #include "data/splits.h"
@@ -219,13 +219,29 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
   if (flags.tasks.empty() && (flags.max_examples > 0 || !flags.examples_out.empty())) {
     return absl::InvalidArgumentError("--max-examples and --examples-out are for --task");
   }
-  // Refused before the evaluation runs, not after it: a report is never written into a checkpoint.
+  // Refused before the evaluation runs, not after it: a report is never written into a checkpoint
+  // or over what the evaluation reads.
+  std::vector<nf::checkpoint::ToolInput> inputs = {{flags.checkpoint, "--checkpoint"},
+                                                   {flags.tokenizer.vocab_file, "--vocab-file"},
+                                                   {flags.tokenizer.merges_file, "--merges-file"},
+                                                   {flags.tokenizer.spm_model, "--spm-model"}};
+  const std::string bin = flags.dataset.empty() ? "" : flags.dataset + ".bin";
+  const std::string idx = flags.dataset.empty() ? "" : flags.dataset + ".idx";
+  inputs.push_back({bin, "--dataset"});
+  inputs.push_back({idx, "--dataset"});
+  for (const nf::eval::TaskFile& task : flags.tasks) inputs.push_back({task.path, "--task"});
   if (!flags.out.empty()) {
-    NF_RETURN_IF_ERROR(nf::checkpoint::CheckOutsideCheckpoints(flags.out, "--out"));
+    NF_RETURN_IF_ERROR(nf::checkpoint::CheckOutputPath(flags.out, "--out", inputs));
   }
   if (!flags.examples_out.empty()) {
     NF_RETURN_IF_ERROR(
-        nf::checkpoint::CheckOutsideCheckpoints(flags.examples_out, "--examples-out"));
+        nf::checkpoint::CheckOutputPath(flags.examples_out, "--examples-out", inputs));
+  }
+  std::error_code error;
+  if (!flags.out.empty() &&
+      fs::weakly_canonical(flags.out, error) == fs::weakly_canonical(flags.examples_out, error)) {
+    return absl::InvalidArgumentError(absl::StrCat("--out and --examples-out name the same file ",
+                                                   flags.out, ": give each its own"));
   }
   return flags;
 }
@@ -311,14 +327,6 @@ absl::StatusOr<Plan> MakePlan(Flags flags) {
   }
   plan.flags = std::move(flags);
   return plan;
-}
-
-absl::Status WriteFile(const std::string& path, const std::string& text) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out << text;
-  out.close();
-  if (!out) return absl::UnavailableError(absl::StrCat("cannot write ", path));
-  return absl::OkStatus();
 }
 
 // The device of this rank and the communicators for its device tensors: NCCL over the groups on
@@ -417,8 +425,10 @@ absl::Status Evaluate(const Plan& plan, nf::parallel::ProcessGroups& groups) {
   }
   if (topology.world_rank() != 0) return absl::OkStatus();
   std::cout << nf::eval::ReportTable(report);
-  if (!flags.out.empty()) NF_RETURN_IF_ERROR(WriteFile(flags.out, nf::eval::ReportJson(report)));
-  if (!flags.examples_out.empty()) NF_RETURN_IF_ERROR(WriteFile(flags.examples_out, example_lines));
+  if (!flags.out.empty())
+    NF_RETURN_IF_ERROR(nf::ReplaceFileAtomically(flags.out, nf::eval::ReportJson(report)));
+  if (!flags.examples_out.empty())
+    NF_RETURN_IF_ERROR(nf::ReplaceFileAtomically(flags.examples_out, example_lines));
   return absl::OkStatus();
 }
 

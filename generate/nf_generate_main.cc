@@ -18,17 +18,19 @@
 #include <cstdlib>
 #include <exception>
 #include <filesystem>
-#include <fstream>
 #include <iostream>
 #include <memory>
 #include <new>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "checkpoint/load.h"
+#include "checkpoint/output_path.h"
 #include "checkpoint/save.h"
+#include "core/files/atomic_file.h"
 #include "core/status.h"
 #include "eval/eval_model.h"
 #include "eval/run_on_layout.h"
@@ -180,6 +182,15 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
   if (flags.checkpoint.empty()) return absl::InvalidArgumentError("--checkpoint is required");
   NF_RETURN_IF_ERROR(nf::eval::CheckTokenizerFlags(flags.tokenizer));
   NF_RETURN_IF_ERROR(nf::generate::CheckSamplingOptions(sampling));
+  // Refused before the model loads: the text never goes into a checkpoint or over an input.
+  if (!flags.out.empty()) {
+    const nf::checkpoint::ToolInput inputs[] = {{flags.checkpoint, "--checkpoint"},
+                                                {flags.prompt_file, "--prompt-file"},
+                                                {flags.tokenizer.vocab_file, "--vocab-file"},
+                                                {flags.tokenizer.merges_file, "--merges-file"},
+                                                {flags.tokenizer.spm_model, "--spm-model"}};
+    NF_RETURN_IF_ERROR(nf::checkpoint::CheckOutputPath(flags.out, "--out", inputs));
+  }
   return flags;
 }
 
@@ -264,10 +275,12 @@ absl::Status Generate(const Plan& plan, nf::parallel::ProcessGroups& groups,
   const nf::model::ModelConfig& config = plan.manifest.model();
   NF_ASSIGN_OR_RETURN(auto lm, nf::generate::PipelineLm::Create(config, flags.dtype, 1, rank));
   NF_RETURN_IF_ERROR(lm->Load(plan.checkpoint, plan.manifest));
-  std::ofstream out;
+  // Written under a temporary name of its own and renamed over --out at the end: a link at --out
+  // is replaced, never written through.
+  std::optional<nf::AtomicFileWriter> out;
   if (decoder != nullptr && !flags.out.empty()) {
-    out.open(flags.out, std::ios::binary | std::ios::trunc);
-    if (!out) return absl::UnavailableError(absl::StrCat("cannot write ", flags.out));
+    NF_ASSIGN_OR_RETURN(nf::AtomicFileWriter created, nf::AtomicFileWriter::Create(flags.out));
+    out.emplace(std::move(created));
   }
   for (size_t i = 0; i < plan.contexts.size(); ++i) {
     const std::vector<int32_t>& context = plan.contexts[i];
@@ -289,21 +302,19 @@ absl::Status Generate(const Plan& plan, nf::parallel::ProcessGroups& groups,
                             [&](std::span<const int32_t> ids) { return decoder->Decode(ids); }));
     const std::string text = nf::generate::ValidUtf8(raw_text);
     std::cout << "--- " << i + 1 << "\n" << plan.prompts[i] << text << "\n" << std::flush;
-    if (out.is_open()) {
-      out << nf::launcher::JsonObject()
-                 .AddString("prompt", nf::generate::ValidUtf8(plan.prompts[i]))
-                 .AddString("text", text)
-                 .AddIntArray("prompt_ids", prompt_ids)
-                 .AddIntArray("ids", generated.ids)
-                 .AddBool("ended_document", generated.ended_document)
-                 .ToString()
-          << "\n";
+    if (out) {
+      const std::string line = nf::launcher::JsonObject()
+                                   .AddString("prompt", nf::generate::ValidUtf8(plan.prompts[i]))
+                                   .AddString("text", text)
+                                   .AddIntArray("prompt_ids", prompt_ids)
+                                   .AddIntArray("ids", generated.ids)
+                                   .AddBool("ended_document", generated.ended_document)
+                                   .ToString() +
+                               "\n";
+      NF_RETURN_IF_ERROR(out->Append(line.data(), static_cast<int64_t>(line.size())));
     }
   }
-  if (out.is_open()) {
-    out.close();
-    if (!out) return absl::UnavailableError(absl::StrCat("cannot write ", flags.out));
-  }
+  if (out) NF_RETURN_IF_ERROR(out->Commit(nf::OnCommit::kReplace));
   return absl::OkStatus();
 }
 

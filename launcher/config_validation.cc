@@ -19,6 +19,7 @@
 #include "launcher/config.h"
 #include "launcher/skipped_samples.h"
 #include "model/model_config_check.h"
+#include "parallel/flight_recorder.h"
 #include "parallel/pipeline_schedule.h"
 #include "parallel/topology.h"
 
@@ -26,6 +27,17 @@ namespace nf::launcher {
 namespace {
 
 absl::Status Invalid(absl::string_view message) { return absl::InvalidArgumentError(message); }
+
+// 2^20 entries, ~110 MiB a rank: 256 times the default, far more than a hang's last steps need.
+constexpr int32_t kMaxFlightRecorderEntries = 1 << 20;
+// A healthy collective can wait seconds for a slow peer (a checkpoint save, a straggler); a week
+// bounds a deadline that absl::Duration and the watchdog's arithmetic must hold.
+constexpr float kMinCollectiveTimeoutSeconds = 1;
+constexpr float kMaxCollectiveTimeoutSeconds = 7 * 24 * 3600;
+// Micro-batches of one step over all data-parallel ranks: the pipeline schedule lists each (and
+// the memory estimate builds it), so the count bounds what a step allocates before the memory
+// check can speak. 2^20 is hundreds of times the largest published runs' count.
+constexpr int64_t kMaxMicroBatchesPerStep = int64_t{1} << 20;
 
 absl::Status ValidateBatch(const TrainOptions& train, const nf::model::ModelConfig& model) {
   NF_RETURN_IF_ERROR(RequirePositive("train.seq_len", train.seq_len()));
@@ -44,6 +56,12 @@ absl::Status ValidateBatch(const TrainOptions& train, const nf::model::ModelConf
                                 ") must be a positive multiple of train.micro_batch_size (", micro,
                                 "): e.g. ", down > 0 ? absl::StrCat(down, " or ") : "",
                                 std::max(up, micro)));
+  }
+  if (global / micro > kMaxMicroBatchesPerStep) {
+    return Invalid(absl::StrCat(
+        "train.global_batch_size (", global, ") / train.micro_batch_size (", micro, ") is ",
+        global / micro, " micro-batches a step, more than ", kMaxMicroBatchesPerStep,
+        " (the pipeline schedule lists each): raise train.micro_batch_size"));
   }
   NF_RETURN_IF_ERROR(RequirePositive("train.train_iters", train.train_iters()));
   NF_RETURN_IF_ERROR(RequirePositive("train.log_interval", train.log_interval()));
@@ -175,8 +193,19 @@ absl::Status ValidateParallel(const ParallelConfig& parallel, const nf::model::M
       RequirePositive("parallel.grad_bucket_elements", parallel.grad_bucket_elements()));
   NF_RETURN_IF_ERROR(
       RequireNonNegative("parallel.flight_recorder_entries", parallel.flight_recorder_entries()));
-  NF_RETURN_IF_ERROR(RequirePositive("parallel.collective_timeout_seconds",
-                                     parallel.collective_timeout_seconds()));
+  if (parallel.flight_recorder_entries() > kMaxFlightRecorderEntries) {
+    return Invalid(absl::StrCat(
+        "parallel.flight_recorder_entries must be at most ", kMaxFlightRecorderEntries, " (got ",
+        parallel.flight_recorder_entries(), "; each rank keeps them in memory, ",
+        sizeof(parallel::FlightEntry), " bytes each: a hang needs the last few thousand)"));
+  }
+  const float timeout = parallel.collective_timeout_seconds();
+  if (!(timeout >= kMinCollectiveTimeoutSeconds && timeout <= kMaxCollectiveTimeoutSeconds)) {
+    return Invalid(absl::StrCat(
+        "parallel.collective_timeout_seconds must be in [", kMinCollectiveTimeoutSeconds, ", ",
+        kMaxCollectiveTimeoutSeconds, "] (got ", timeout,
+        "): shorter ends a healthy job at its first collective (and a requeued job again)"));
+  }
   NF_RETURN_IF_ERROR(parallel::CheckModelDivisibility(model.num_heads(), model.ffn_dim(),
                                                       parallel.tensor_parallel()));
   const bool interleaved = parallel.pipeline_schedule() == ParallelConfig::INTERLEAVED_ONE_F_ONE_B;

@@ -54,16 +54,17 @@ absl::Status DryRun(const TrainConfig& config, int world_size, std::ostream& out
   const bool gpu = train.device() == TrainOptions::CUDA;
   out << "| pipeline rank | layers | parameters on the rank | params | grads | optimizer | "
          "activations (peak micro-batches) | buffers | checkpoint snapshot (host) | "
-         "sample index (host) | "
-      << (gpu ? "GPU total | host total" : "total") << " |\n|---|---|---|---|---|---|---|---|---|"
-      << (gpu ? "---|---|" : "---|") << "\n";
+         "sample index (host) | flight recorder (host) | "
+      << (gpu ? "GPU total | host total" : "total")
+      << " |\n|---|---|---|---|---|---|---|---|---|---|" << (gpu ? "---|---|" : "---|") << "\n";
   for (int r = 0; r < pp; ++r) {
     const PipelineRankMemory& rank = ranks[r];
     out << absl::StrFormat(
-        "| %d | %s | %d | %s | %s | %s | %s (%s) | %s | %s | %s | %s |\n", r, rank.layers,
+        "| %d | %s | %d | %s | %s | %s | %s (%s) | %s | %s | %s | %s | %s |\n", r, rank.layers,
         rank.parameters, Gib(rank.parameter_bytes), Gib(rank.gradient_bytes),
         Gib(rank.optimizer_bytes), Gib(rank.activation_bytes), rank.peak_in_flight,
         Gib(rank.buffer_bytes), Gib(rank.snapshot_bytes), Gib(rank.sample_index_bytes),
+        Gib(rank.flight_recorder_bytes),
         gpu ? absl::StrCat(Gib(rank.device_bytes()), " | ", Gib(rank.gpu_host_bytes()))
             : Gib(rank.cpu_total_bytes()));
   }

@@ -1,6 +1,9 @@
 #include "launcher/fault_injection.h"
 
+#include <algorithm>
+#include <cstdint>
 #include <cstdlib>
+#include <limits>
 #include <optional>
 #include <vector>
 
@@ -29,8 +32,9 @@ absl::StatusOr<std::vector<int64_t>> InjectedGradSpikeSteps() {
 
 namespace {
 
-// `variable`'s colon-separated integers, each at least its entry of `minimums`: none when unset,
-// InvalidArgument quoting the value and `form` when malformed.
+// `variable`'s colon-separated integers, each at least its entry of `minimums` and at most
+// INT32_MAX (ranks and layers are ints; a larger value must not wrap into a small one): none when
+// unset, InvalidArgument quoting the value and `form` when malformed.
 absl::StatusOr<std::optional<std::vector<int64_t>>> ColonSeparated(
     const char* variable, const std::vector<int64_t>& minimums, absl::string_view form) {
   const char* value = std::getenv(variable);
@@ -39,7 +43,8 @@ absl::StatusOr<std::optional<std::vector<int64_t>>> ColonSeparated(
   std::vector<int64_t> fields(parts.size());
   bool valid = parts.size() == minimums.size();
   for (size_t i = 0; valid && i < parts.size(); ++i) {
-    valid = absl::SimpleAtoi(parts[i], &fields[i]) && fields[i] >= minimums[i];
+    valid = absl::SimpleAtoi(parts[i], &fields[i]) && fields[i] >= minimums[i] &&
+            fields[i] <= std::numeric_limits<int32_t>::max();
   }
   if (!valid) {
     return absl::InvalidArgumentError(absl::StrCat(variable, "='", value, "' must be ", form));
@@ -73,6 +78,37 @@ absl::StatusOr<InjectedNan> InjectedNanOf() {
   return InjectedNan{.step = (*fields)[0],
                      .layer = static_cast<int>((*fields)[1]),
                      .tp_rank = static_cast<int>((*fields)[2])};
+}
+
+absl::Status CheckFaultInjection(const TrainConfig& config, int world_size) {
+  NF_RETURN_IF_ERROR(InjectedGradSpikeSteps().status());
+  NF_ASSIGN_OR_RETURN(const InjectedDesync desync, InjectedDesyncOf());
+  NF_ASSIGN_OR_RETURN(const InjectedSlowRank slow, InjectedSlowRankOf());
+  NF_ASSIGN_OR_RETURN(const InjectedNan nan, InjectedNanOf());
+  const auto beyond = [](absl::string_view variable, absl::string_view what, int64_t value,
+                         int64_t count, absl::string_view source) {
+    return absl::InvalidArgumentError(absl::StrCat(variable, " names ", what, " ", value, " but ",
+                                                   source, " is ", count, " (", what, "s 0 to ",
+                                                   count - 1, "): it would inject nothing"));
+  };
+  if (desync.world_rank >= world_size) {
+    return beyond("NF_INJECT_DESYNC", "world rank", desync.world_rank, world_size,
+                  "the job's world size");
+  }
+  if (slow.world_rank >= world_size) {
+    return beyond("NF_INJECT_SLOW_RANK", "world rank", slow.world_rank, world_size,
+                  "the job's world size");
+  }
+  if (nan.step > 0 && nan.layer >= config.model().num_layers()) {
+    return beyond("NF_INJECT_NAN", "layer", nan.layer, config.model().num_layers(),
+                  "model.num_layers");
+  }
+  const int tp = std::max(1, config.parallel().tensor_parallel());
+  if (nan.step > 0 && nan.tp_rank >= tp) {
+    return beyond("NF_INJECT_NAN", "tensor-parallel rank", nan.tp_rank, tp,
+                  "parallel.tensor_parallel");
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace nf::launcher

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "launcher/train_config.pb.h"
 
 namespace nf::launcher {
 
@@ -55,5 +56,11 @@ struct InjectedNan {
 // NF_INJECT_NAN's step, layer and tensor-parallel rank (step 0 when unset); InvalidArgument
 // naming the variable when it is not STEP:LAYER:TP_RANK.
 absl::StatusOr<InjectedNan> InjectedNanOf();
+
+// Every NF_INJECT_* variable read and checked against the run before it starts: a rank beyond
+// `world_size` (the job's ranks), a layer beyond model.num_layers or a tensor-parallel rank
+// beyond parallel.tensor_parallel is InvalidArgument naming the variable, as a malformed value is
+// (it would inject nothing, silently).
+absl::Status CheckFaultInjection(const TrainConfig& config, int world_size);
 
 }  // namespace nf::launcher

@@ -13,6 +13,8 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "core/files/durable_files.h"
+#include "core/status.h"
 
 namespace nf::launcher {
 namespace {
@@ -179,11 +181,7 @@ JsonObject& JsonObject::AddBool(absl::string_view key, bool value) {
 std::string JsonObject::ToString() const { return absl::StrCat("{", members_, "}"); }
 
 absl::StatusOr<JsonlLog> JsonlLog::Open(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
-  if (fd < 0) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("cannot open log ", path, " for appending: ", std::strerror(errno)));
-  }
+  NF_ASSIGN_OR_RETURN(const int fd, OpenForAppend(path, O_WRONLY, "log"));
   return JsonlLog(path, fd);
 }
 

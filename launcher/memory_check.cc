@@ -85,6 +85,7 @@ absl::Status CheckThisRank(const TrainConfig& config, const PipelineRankMemory& 
     absl::StrAppend(&host_parts, ", sample index ", Gib(r.sample_index_bytes),
                     " (train.train_iters x train.global_batch_size samples)");
   }
+  absl::StrAppend(&host_parts, ", flight recorder ", Gib(r.flight_recorder_bytes));
   if (config.train().device() == TrainOptions::CPU) {
     NF_ASSIGN_OR_RETURN(
         const MemoryDemand host,

@@ -10,6 +10,7 @@
 #include "model/normformer_model.h"
 #include "model/normformer_params.h"
 #include "model/vocab.h"
+#include "parallel/flight_recorder.h"
 #include "parallel/pipeline_schedule.h"
 #include "parallel/topology.h"
 
@@ -132,6 +133,8 @@ absl::StatusOr<std::vector<PipelineRankMemory>> EstimateMemory(const TrainConfig
     rank.activation_bytes = static_cast<double>(activations);
     rank.buffer_bytes = static_cast<double>(buffers);
     rank.sample_index_bytes = sample_index_bytes;
+    rank.flight_recorder_bytes = static_cast<double>(parallel.flight_recorder_entries()) *
+                                 sizeof(parallel::FlightEntry);
     const auto& checkpoint = config.checkpoint();
     if (checkpoint.save_interval() > 0 || checkpoint.save_at_end()) {
       // Its parameters in the model dtype, and the fp32 master weights and two moments of its

@@ -35,15 +35,21 @@ struct PipelineRankMemory {
   // (data/gpt_samples.h: 24 bytes a sample) of the training stream, train_iters x
   // global_batch_size samples, and of the validation stream when the run evaluates.
   double sample_index_bytes = 0;
+  // In host memory, on every rank: the flight recorder's parallel.flight_recorder_entries
+  // entries (parallel/flight_recorder.h).
+  double flight_recorder_bytes = 0;
 
   double device_bytes() const {
     return parameter_bytes + gradient_bytes + optimizer_bytes + activation_bytes + buffer_bytes;
   }
   // All of it, for a run on the CPU, where device and host memory are one.
-  double cpu_total_bytes() const { return device_bytes() + snapshot_bytes + sample_index_bytes; }
+  double cpu_total_bytes() const { return device_bytes() + host_bytes(); }
   // A GPU run's host memory: the snapshot and, during a save, the host copy of the buffers,
-  // and the sample index.
-  double gpu_host_bytes() const { return 2 * snapshot_bytes + sample_index_bytes; }
+  // the sample index and the flight recorder.
+  double gpu_host_bytes() const { return snapshot_bytes + host_bytes(); }
+
+ private:
+  double host_bytes() const { return snapshot_bytes + sample_index_bytes + flight_recorder_bytes; }
 };
 
 // One entry per pipeline rank of `config` on `world_size` ranks; InvalidArgument, naming what

@@ -2,48 +2,119 @@
 
 #include <fcntl.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
 #include <string>
+#include <utility>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "core/files/durable_files.h"
+#include "core/status.h"
 
 namespace nf::launcher {
+namespace fs = std::filesystem;
 
-absl::StatusOr<RunDirLock> RunDirLock::Acquire(const std::filesystem::path& run_dir) {
+namespace {
+
+// Locks `fd` (closing it when another process holds the lock: FailedPrecondition with its pid).
+absl::Status LockOrName(int fd, const fs::path& run_dir) {
+  if (::flock(fd, LOCK_EX | LOCK_NB) == 0) return absl::OkStatus();
+  char holder[32] = {};
+  const ssize_t n = ::pread(fd, holder, sizeof(holder) - 1, 0);
+  ::close(fd);
+  const std::string pid = n > 0 ? std::string(absl::StripAsciiWhitespace(holder)) : "?";
+  return absl::FailedPreconditionError(
+      absl::StrCat("run directory ", run_dir.string(), " is in use by another nf-launch (pid ", pid,
+                   "): wait for it to end or choose another --run-dir"));
+}
+
+// Unavailable when `run_dir` could not be created: its nearest existing ancestor is not a
+// directory, or not one this process may create entries in.
+absl::Status CheckCreatable(const fs::path& run_dir) {
+  fs::path existing = fs::absolute(run_dir);
   std::error_code error;
-  std::filesystem::create_directories(run_dir, error);
+  while (!fs::exists(fs::symlink_status(existing, error)) && existing.has_relative_path()) {
+    existing = existing.parent_path();
+  }
+  const char* reason = nullptr;
+  if (!fs::is_directory(existing, error)) {
+    reason = std::strerror(ENOTDIR);
+  } else if (::access(existing.c_str(), W_OK | X_OK) != 0) {
+    reason = std::strerror(errno);
+  }
+  if (reason == nullptr) return absl::OkStatus();
+  return absl::UnavailableError(
+      absl::StrCat("cannot create run directory ", run_dir.string(), ": ", reason));
+}
+
+}  // namespace
+
+absl::StatusOr<RunDirLock> RunDirLock::Check(const fs::path& run_dir) {
+  std::error_code error;
+  if (!fs::is_directory(run_dir, error)) {
+    NF_RETURN_IF_ERROR(CheckCreatable(run_dir));
+    return RunDirLock(run_dir, -1);
+  }
+  // An existing .lock only: opened without O_CREAT or O_TRUNC, so nothing changes yet.
+  const fs::path path = run_dir / ".lock";
+  const int fd = ::open(path.c_str(), O_RDWR | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0 && errno == ENOENT) {
+    if (::access(run_dir.c_str(), W_OK | X_OK) != 0) {
+      return absl::UnavailableError(absl::StrCat("cannot write in run directory ", run_dir.string(),
+                                                 ": ", std::strerror(errno)));
+    }
+    return RunDirLock(run_dir, -1);
+  }
+  if (fd < 0) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot open ", path.string(), ": ", std::strerror(errno),
+                     errno == ELOOP ? " (a symbolic link: remove it)" : ""));
+  }
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_nlink != 1) {
+    ::close(fd);
+    return absl::UnavailableError(
+        absl::StrCat(path.string(),
+                     " is not a plain file with one name (a hard link?): the pid written "
+                     "there would change another file; remove it"));
+  }
+  NF_RETURN_IF_ERROR(LockOrName(fd, run_dir));
+  return RunDirLock(run_dir, fd);
+}
+
+absl::StatusOr<RunDirLock> RunDirLock::Acquire(const fs::path& run_dir) {
+  NF_ASSIGN_OR_RETURN(RunDirLock lock, Check(run_dir));
+  NF_RETURN_IF_ERROR(lock.Take());
+  return lock;
+}
+
+absl::Status RunDirLock::Take() {
+  std::error_code error;
+  fs::create_directories(run_dir_, error);
   if (error) {
     return absl::UnavailableError(
-        absl::StrCat("cannot create run directory ", run_dir.string(), ": ", error.message()));
+        absl::StrCat("cannot create run directory ", run_dir_.string(), ": ", error.message()));
   }
-  const std::filesystem::path path = run_dir / ".lock";
-  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-  if (fd < 0) {
-    return absl::UnavailableError(absl::StrCat("cannot write in run directory ", run_dir.string(),
-                                               ": ", std::strerror(errno)));
-  }
-  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
-    char holder[32] = {};
-    const ssize_t n = ::pread(fd, holder, sizeof(holder) - 1, 0);
-    ::close(fd);
-    const std::string pid = n > 0 ? std::string(absl::StripAsciiWhitespace(holder)) : "?";
-    return absl::FailedPreconditionError(
-        absl::StrCat("run directory ", run_dir.string(), " is in use by another nf-launch (pid ",
-                     pid, "): wait for it to end or choose another --run-dir"));
+  if (fd_ < 0) {  // Check found no .lock: created now, never through a link
+    const fs::path path = run_dir_ / ".lock";
+    NF_ASSIGN_OR_RETURN(const int fd, OpenForAppend(path, O_RDWR, "lock file"));
+    NF_RETURN_IF_ERROR(LockOrName(fd, run_dir_));
+    fd_ = fd;
   }
   const std::string pid = absl::StrCat(::getpid(), "\n");
-  if (::ftruncate(fd, 0) != 0 || ::pwrite(fd, pid.data(), pid.size(), 0) < 0) {
-    const int reason = errno;  // before close() can change it
-    ::close(fd);
+  if (::ftruncate(fd_, 0) != 0 || ::pwrite(fd_, pid.data(), pid.size(), 0) < 0) {
     return absl::UnavailableError(
-        absl::StrCat("cannot write ", path.string(), ": ", std::strerror(reason)));
+        absl::StrCat("cannot write ", (run_dir_ / ".lock").string(), ": ", std::strerror(errno)));
   }
-  return RunDirLock(fd);
+  return absl::OkStatus();
 }
+
+RunDirLock::RunDirLock(RunDirLock&& other) noexcept
+    : run_dir_(std::move(other.run_dir_)), fd_(std::exchange(other.fd_, -1)) {}
 
 RunDirLock::~RunDirLock() {
   if (fd_ >= 0) ::close(fd_);  // releases the lock

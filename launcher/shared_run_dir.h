@@ -15,10 +15,12 @@
 namespace nf::launcher {
 
 // Collective over `world` (hosts: each rank's, by world rank). Rank 0 writes a fresh random
-// token to RUN/.shared-check (the directory exists: rank 0 holds its lock), broadcasts it, and
-// every rank reads the file back; the file is removed afterwards. FailedPrecondition on every
-// rank, naming the lowest rank that did not see the token and its host, when the directory is
-// not shared. Ranks on one host are not checked (they share its file system).
+// token to .shared-check in the run directory, or, before a fresh run has made it, in the nearest
+// directory above it that rank 0 sees (where rank 0 will create it), broadcasts that path and the
+// token, and every rank reads the file back; the file is removed afterwards, so the run
+// directory is left as it was (a refused run changes nothing there). FailedPrecondition on every
+// rank, naming the lowest rank that did not see the token and its host, when the directory is not
+// shared. Ranks on one host are not checked (they share its file system).
 absl::Status CheckRunDirectoryShared(const std::filesystem::path& run_dir,
                                      parallel::Communicator& world,
                                      absl::Span<const std::string> hosts);

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "checkpoint/crc32c.h"
+#include "core/files/durable_files.h"
 #include "launcher/tensorboard_event.pb.h"
 
 namespace nf::launcher {
@@ -42,15 +43,20 @@ absl::StatusOr<std::unique_ptr<TensorBoardWriter>> TensorBoardWriter::Open(
   char host[256] = {};
   gethostname(host, sizeof(host) - 1);
   const auto seconds = static_cast<int64_t>(WallTime());
-  std::filesystem::path path = dir / absl::StrCat("events.out.tfevents.", seconds, ".", host);
-  // Two starts within a second (a quick resume): a fresh name, never an append to another
-  // process's file.
-  for (int n = 1; std::filesystem::exists(path); ++n) {
-    path = dir / absl::StrCat("events.out.tfevents.", seconds, ".", host, ".", n);
+  // A new file, created exclusively: never an append to another process's file (two starts
+  // within a second, a quick resume, take the next name) nor a write through a link.
+  const std::string base = absl::StrCat("events.out.tfevents.", seconds, ".", host);
+  constexpr int kNameAttempts = 1000;
+  std::unique_ptr<TensorBoardWriter> writer;
+  for (int n = 0; writer == nullptr; ++n) {
+    const std::filesystem::path path = dir / (n == 0 ? base : absl::StrCat(base, ".", n));
+    absl::StatusOr<DurableWriter> out = DurableWriter::Create(path);
+    if (out.ok()) {
+      writer.reset(new TensorBoardWriter(path, *std::move(out)));
+    } else if (!absl::IsAlreadyExists(out.status()) || n == kNameAttempts) {
+      return out.status();
+    }
   }
-  std::ofstream out(path, std::ios::binary);
-  if (!out) return absl::UnavailableError(absl::StrCat("cannot create ", path.string()));
-  std::unique_ptr<TensorBoardWriter> writer(new TensorBoardWriter(path, std::move(out)));
   tensorboard::Event version;
   version.set_wall_time(WallTime());
   version.set_file_version("brain.Event:2");
@@ -89,10 +95,10 @@ absl::Status TensorBoardWriter::Text(int64_t step, const std::string& tag,
 absl::Status TensorBoardWriter::Write(const tensorboard::Event& event) {
   const std::string data = event.SerializeAsString();
   const std::string length = LittleEndian(data.size(), 8);
-  out_ << length << LittleEndian(MaskedCrc(length), 4) << data << LittleEndian(MaskedCrc(data), 4);
-  out_.flush();
-  if (!out_) return absl::UnavailableError(absl::StrCat("cannot write ", path_.string()));
-  return absl::OkStatus();
+  // One write per record: a reader sees whole records (it tolerates a torn last one).
+  const std::string record = absl::StrCat(length, LittleEndian(MaskedCrc(length), 4), data,
+                                          LittleEndian(MaskedCrc(data), 4));
+  return out_.Append(record.data(), static_cast<int64_t>(record.size()));
 }
 
 }  // namespace nf::launcher

@@ -8,13 +8,13 @@
 
 #include <cstdint>
 #include <filesystem>
-#include <fstream>
 #include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "core/files/durable_files.h"
 
 namespace nf::launcher {
 
@@ -35,12 +35,12 @@ class TensorBoardWriter {
   const std::filesystem::path& path() const { return path_; }
 
  private:
-  TensorBoardWriter(std::filesystem::path path, std::ofstream out)
+  TensorBoardWriter(std::filesystem::path path, DurableWriter out)
       : path_(std::move(path)), out_(std::move(out)) {}
   absl::Status Write(const tensorboard::Event& event);
 
   std::filesystem::path path_;
-  std::ofstream out_;
+  DurableWriter out_;
 };
 
 }  // namespace nf::launcher

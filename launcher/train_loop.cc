@@ -15,9 +15,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_replace.h"
-#include "checkpoint/durable_files.h"
 #include "checkpoint/load.h"
 #include "checkpoint/save.h"
+#include "core/files/atomic_file.h"
 #include "core/ops/op_timing.h"
 #include "core/status.h"
 #include "google/protobuf/text_format.h"
@@ -36,6 +36,7 @@
 #include "parallel/flight_dumps.h"
 #include "parallel/flight_recorder.h"
 #include "parallel/placement.h"
+#include "parallel/run_start.h"
 #include "parallel/watchdog.h"
 
 namespace nf::launcher {
@@ -123,22 +124,27 @@ absl::Status LoadOnEveryRank(const std::optional<checkpoint::ResumePoint>& point
   return absl::OkStatus();
 }
 
-// Continues from ChooseCheckpoint's checkpoint, if any (collective: LoadOnEveryRank), and says
-// so on `console` once every rank has.
-absl::Status Resume(const TrainConfig& config, const std::filesystem::path& checkpoints,
-                    Trainer& trainer, std::ostream* console) {
-  NF_ASSIGN_OR_RETURN(const std::optional<checkpoint::ResumePoint> point,
+// Continues from ChooseCheckpoint's checkpoint, if any (collective: LoadOnEveryRank); returns it
+// for AnnounceResume.
+absl::StatusOr<std::optional<checkpoint::ResumePoint>> Resume(
+    const TrainConfig& config, const std::filesystem::path& checkpoints, Trainer& trainer) {
+  NF_ASSIGN_OR_RETURN(std::optional<checkpoint::ResumePoint> point,
                       ChooseCheckpoint(config, checkpoints));
   NF_RETURN_IF_ERROR(LoadOnEveryRank(point, config, checkpoints, trainer));
-  if (!point || console == nullptr) return absl::OkStatus();
-  if (!point->warning.empty()) *console << "normformer: warning: " << point->warning << "\n";
+  return point;
+}
+
+// Says on `console` where the run resumed from, with the warnings of the choice.
+void AnnounceResume(const std::optional<checkpoint::ResumePoint>& point, const TrainConfig& config,
+                    std::ostream& console) {
+  if (!point) return;
+  if (!point->warning.empty()) console << "normformer: warning: " << point->warning << "\n";
   for (const std::string& change : DataSettingsChanged(point->manifest, config)) {
-    *console << "normformer: warning: resuming with " << change
-             << ": the data stream does not continue the checkpoint's\n";
+    console << "normformer: warning: resuming with " << change
+            << ": the data stream does not continue the checkpoint's\n";
   }
-  *console << "resumed from " << point->dir.string() << " at step " << point->manifest.step()
-           << " (" << point->manifest.consumed_samples() << " samples consumed)\n";
-  return absl::OkStatus();
+  console << "resumed from " << point->dir.string() << " at step " << point->manifest.step() << " ("
+          << point->manifest.consumed_samples() << " samples consumed)\n";
 }
 
 JsonObject WindowRecord(const SampleWindow& window) {
@@ -187,8 +193,9 @@ std::string Duration(double seconds) {
 class TrainingRun {
  public:
   TrainingRun(const TrainConfig& config, const std::string& run_dir, std::ostream& console,
-              std::unique_ptr<Trainer> trainer, AfterValidation after_validation)
+              std::unique_ptr<Trainer> trainer, AfterValidation after_validation, RunDirLock* lock)
       : after_validation_(std::move(after_validation)),
+        lock_(lock),
         config_(config),
         dir_(run_dir),
         checkpoints_(dir_ / "checkpoints"),
@@ -202,20 +209,24 @@ class TrainingRun {
         stops_(config.train()) {}
 
   absl::StatusOr<RunEnd> Run() {
+    // The resume first: it is the last check that can refuse the run (another model's
+    // checkpoint, one that does not load), and a refused run leaves its directory as it was.
+    // The flight recorder records its collectives; its dumps start with the directory.
+    SetFlightRecorderCapacity();
+    const auto load_start = std::chrono::steady_clock::now();
+    NF_ASSIGN_OR_RETURN(const std::optional<checkpoint::ResumePoint> resumed,
+                        Resume(config_, checkpoints_, *trainer_));
+    const double load_seconds = SecondsSince(load_start);
     NF_RETURN_IF_ERROR(PrepareRunDirectory());
-    NF_RETURN_IF_ERROR(StartFlightRecorder());
+    NF_RETURN_IF_ERROR(StartFlightDumps());
     NF_RETURN_IF_ERROR(MeasureCeiling());
     PrintHeader();
+    if (writes_) AnnounceResume(resumed, config_, console_);
     NF_RETURN_IF_ERROR(StartMetrics());
-    const auto load_start = std::chrono::steady_clock::now();
-    NF_RETURN_IF_ERROR(Resume(config_, checkpoints_, *trainer_, writes_ ? &console_ : nullptr));
-    // Only now: a resume refused (another model's checkpoint) leaves the run's config as it was.
     NF_RETURN_IF_ERROR(WriteResolvedConfig());
     if (config_.checkpoint().async_save()) checkpointer_.Reserve(trainer_->CheckpointState());
     first_step_ = trainer_->step();
-    if (metrics_ && first_step_ > 0) {
-      metrics_->RecordCheckpointLoad(SecondsSince(load_start), first_step_);
-    }
+    if (metrics_ && first_step_ > 0) metrics_->RecordCheckpointLoad(load_seconds, first_step_);
     const int64_t total = config_.train().train_iters();
     const int64_t eval_interval = config_.train().eval_interval();
     if (eval_interval > 0 && first_step_ == 0) NF_RETURN_IF_ERROR(Validate(0));
@@ -292,6 +303,7 @@ class TrainingRun {
 
   absl::Status PrepareRunDirectory() {
     if (!writes_) return absl::OkStatus();
+    if (lock_ != nullptr) NF_RETURN_IF_ERROR(lock_->Take());
     std::error_code error;
     std::filesystem::create_directories(dir_, error);
     if (error) {
@@ -312,30 +324,35 @@ class TrainingRun {
     return absl::OkStatus();
   }
 
-  // Every rank records its communication and writes it to RUN/flight/ when asked or stuck
-  // (parallel/flight_dumps.h).
-  absl::Status StartFlightRecorder() {
+  // Every rank records its communication ...
+  void SetFlightRecorderCapacity() {
     parallel::FlightRecorder& recorder = parallel::FlightRecorder::Get();
     const int64_t entries = config_.parallel().flight_recorder_entries();
     if (recorder.capacity() != entries) recorder.SetCapacity(entries);
+  }
+
+  // ... and writes it to RUN/flight/ when asked or stuck (parallel/flight_dumps.h).
+  absl::Status StartFlightDumps() {
     const parallel::Topology& t = trainer_->groups().topology;
     const std::vector<std::string>& hosts = trainer_->groups().hosts;
+    NF_ASSIGN_OR_RETURN(const int64_t run_started_ns,
+                        parallel::AgreeOnRunStart(*trainer_->world()));
     return parallel::StartFlightDumps(
         {.dir = dir_ / "flight",
          .world_rank = t.world_rank(),
          .world_size = t.world_size(),
+         .run_started_ns = run_started_ns,
          .host = t.world_rank() < static_cast<int>(hosts.size()) ? hosts[t.world_rank()] : ""});
   }
 
   // RUN/finished.json once train_iters is reached and the last checkpoint is complete.
   absl::Status MarkFinished(int64_t train_iters) {
     if (!writes_) return absl::OkStatus();
-    return checkpoint::ReplaceFileAtomically(dir_ / kFinishedFile,
-                                             JsonObject()
-                                                     .AddInt("step", trainer_->step())
-                                                     .AddInt("train_iters", train_iters)
-                                                     .ToString() +
-                                                 "\n");
+    return ReplaceFileAtomically(dir_ / kFinishedFile, JsonObject()
+                                                               .AddInt("step", trainer_->step())
+                                                               .AddInt("train_iters", train_iters)
+                                                               .ToString() +
+                                                           "\n");
   }
 
   // RUN/config.pbtxt: the configuration this run trains with, every default spelt out.
@@ -346,7 +363,7 @@ class TrainingRun {
     NF_RETURN_IF_ERROR(
         tensorboard_->Text(trainer_->step(), "config",
                            absl::StrCat("    ", absl::StrReplaceAll(text, {{"\n", "\n    "}}))));
-    return checkpoint::ReplaceFileAtomically(dir_ / "config.pbtxt", text);
+    return ReplaceFileAtomically(dir_ / "config.pbtxt", text);
   }
 
   // Validation perplexity after `step` (0: the untrained model), into RUN/validation.jsonl and
@@ -763,6 +780,7 @@ class TrainingRun {
   }
 
   AfterValidation after_validation_;
+  RunDirLock* lock_;  // rank 0 of nf-launch: taken once the resume has loaded
   TrainConfig config_;
   std::filesystem::path dir_, checkpoints_;
   std::ostream& console_;
@@ -797,14 +815,14 @@ class TrainingRun {
 
 absl::StatusOr<RunEnd> RunTraining(const TrainConfig& config, const std::string& run_dir,
                                    std::ostream& console, parallel::ProcessGroups* groups,
-                                   AfterValidation after_validation) {
+                                   AfterValidation after_validation, RunDirLock* lock) {
   std::unique_ptr<Trainer> trainer;
   if (groups != nullptr) {
     NF_ASSIGN_OR_RETURN(trainer, Trainer::Create(config, *groups));
   } else {
     NF_ASSIGN_OR_RETURN(trainer, Trainer::Create(config));
   }
-  TrainingRun run(config, run_dir, console, std::move(trainer), std::move(after_validation));
+  TrainingRun run(config, run_dir, console, std::move(trainer), std::move(after_validation), lock);
   return run.Run();
 }
 

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "launcher/run_dir_lock.h"
 #include "launcher/train_config.pb.h"
 #include "parallel/process_groups.h"
 
@@ -34,10 +35,15 @@ inline constexpr char kFinishedFile[] = "finished.json";
 //
 // `after_validation`, when given, runs on every rank after each validation (train.samples:
 // generate/training_samples.h, which nf-launch links; the loop does not know generation).
+//
+// Nothing in `run_dir` changes before the resume has loaded (it can refuse the run): then world
+// rank 0 takes `lock` (RunDirLock::Check'ed by nf-launch; null in tests, which lock nothing), the
+// directory is prepared.
 class Trainer;
 using AfterValidation = std::function<absl::Status(int64_t step, Trainer& trainer)>;
 absl::StatusOr<RunEnd> RunTraining(const TrainConfig& config, const std::string& run_dir,
                                    std::ostream& console, parallel::ProcessGroups* groups = nullptr,
-                                   AfterValidation after_validation = nullptr);
+                                   AfterValidation after_validation = nullptr,
+                                   RunDirLock* lock = nullptr);
 
 }  // namespace nf::launcher

@@ -25,6 +25,7 @@
 #include "launcher/batch_source.h"
 #include "launcher/config.h"
 #include "launcher/dry_run.h"
+#include "launcher/fault_injection.h"
 #include "launcher/memory_check.h"
 #include "launcher/run_dir_lock.h"
 #include "launcher/shared_run_dir.h"
@@ -91,12 +92,13 @@ exit codes: 0 done, 1 runtime error, 2 bad command line, configuration or run di
 same command to resume
 )";
 
-// Rank 0 alone holds the run directory (the others never write in it), taken only once every
-// refusal of the config is behind it: a refused launch leaves nothing in the run directory.
+// Rank 0 alone holds the run directory (the others never write in it), checked only once every
+// refusal of the config is behind it and taken by the training once its resume has loaded: a
+// refused launch leaves nothing in the run directory.
 absl::StatusOr<std::optional<nf::launcher::RunDirLock>> HoldRunDirectory(
     const std::string& run_dir) {
   if (LauncherRank() > 0) return std::nullopt;
-  NF_ASSIGN_OR_RETURN(nf::launcher::RunDirLock lock, nf::launcher::RunDirLock::Acquire(run_dir));
+  NF_ASSIGN_OR_RETURN(nf::launcher::RunDirLock lock, nf::launcher::RunDirLock::Check(run_dir));
   return std::optional<nf::launcher::RunDirLock>(std::move(lock));
 }
 
@@ -173,6 +175,13 @@ int Run(int argc, char** argv) {
     if (PrintsSharedErrors()) std::cerr << "nf-launch: " << config.status().message() << "\n";
     return 2;
   }
+  // The fault-injection variables against this run: before the run directory is touched.
+  if (const absl::Status injected =
+          nf::launcher::CheckFaultInjection(*config, std::max(1, LauncherSize()));
+      !injected.ok() && !dry_run) {
+    if (PrintsSharedErrors()) std::cerr << "nf-launch: " << injected.message() << "\n";
+    return 2;
+  }
   if (const absl::Status data = nf::launcher::CheckDataFilesExist(*config); !data.ok()) {
     if (PrintsSharedErrors()) std::cerr << "nf-launch: " << data.message() << "\n";
     return 2;
@@ -224,13 +233,13 @@ int Run(int argc, char** argv) {
         return 2;
       }
     }
-    const auto lock = HoldRunDirectory(run_dir);
+    auto lock = HoldRunDirectory(run_dir);
     if (!lock.ok()) {
       std::cerr << "nf-launch: " << lock.status().message() << "\n";
       return 2;
     }
     const auto end =
-        nf::launcher::RunTraining(*config, run_dir, std::cout, nullptr, after_validation);
+        nf::launcher::RunTraining(*config, run_dir, std::cout, nullptr, after_validation, &**lock);
     if (!end.ok()) {
       std::cerr << "nf-launch: " << end.status().message() << "\n";
       return 1;
@@ -261,7 +270,7 @@ int Run(int argc, char** argv) {
       return 2;
     }
   }
-  const auto lock = HoldRunDirectory(run_dir);
+  auto lock = HoldRunDirectory(run_dir);
   if (!lock.ok()) {
     // Rank 0 alone knows: the others are already on their way into the run's first collective.
     std::cerr << "nf-launch: " << lock.status().message() << "\n";
@@ -273,8 +282,8 @@ int Run(int argc, char** argv) {
     if (PrintsSharedErrors()) std::cerr << "nf-launch: " << shared.message() << "\n";
     return 1;
   }
-  const auto end =
-      nf::launcher::RunTraining(*config, run_dir, std::cout, &*groups, after_validation);
+  const auto end = nf::launcher::RunTraining(*config, run_dir, std::cout, &*groups,
+                                             after_validation, *lock ? &**lock : nullptr);
   if (!end.ok()) {
     // Other ranks may be waiting on this one: end the whole job.
     std::cerr << "nf-launch: " << groups->topology.ToString() << ": " << end.status().message()

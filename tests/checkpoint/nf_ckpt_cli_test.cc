@@ -3,6 +3,7 @@
 // (a checksum, a non-finite value) and one of summary.
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -13,10 +14,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "checkpoint/crc32c.h"
-#include "checkpoint/durable_files.h"
 #include "checkpoint/load.h"
 #include "checkpoint/save.h"
 #include "cli_util.h"
+#include "core/files/atomic_file.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "launcher/trainer.h"
@@ -237,6 +238,67 @@ TEST_F(NfCkptCliTest, NothingIsWrittenInsideACheckpoint) {
   EXPECT_EQ(CheckpointSteps(checkpoints), std::vector<int64_t>{1});
   const Outcome verify = Run({"verify", checkpoints.string()});
   EXPECT_EQ(verify.exit_code, 0) << verify.err;
+}
+
+// Links and files planted where the tools used to write their temporaries (OUT.tmp) reach
+// nothing: an export with OUT.tmp a symbolic link to the manifest used to exit 0 and leave the
+// checkpoint failing "bad magic"; with a hard link to a shard it failed and left the shard
+// truncated; a conversion removed a user's own p.tmp directory. Now each export and conversion
+// succeeds, every planted name is left as it was, and the checkpoint verifies.
+TEST_F(NfCkptCliTest, LinksAndFilesAtTemporaryNamesReachNothing) {
+  const fs::path checkpoints = dir_ / "checkpoints";
+  const fs::path saved = checkpoints / "iter_0000001";
+  const std::string manifest = *ReadWholeFile(saved / kManifestName);
+  const std::string shard = *ReadWholeFile(saved / "rank_00000.shard");
+  fs::create_symlink(saved / kManifestName, dir_ / "x.st.tmp");
+  fs::create_hard_link(saved / "rank_00000.shard", dir_ / "y.st.tmp");
+  std::ofstream(dir_ / "z.st.tmp") << "mine";
+  fs::create_directory(dir_ / "p.tmp");
+  std::ofstream(dir_ / "p.tmp" / "n") << "notes";
+  for (const char* out : {"x.st", "y.st", "z.st"}) {
+    const Outcome exported = Run({"export", checkpoints.string(), "--format", "safetensors",
+                                  "--out", (dir_ / out).string()});
+    EXPECT_EQ(exported.exit_code, 0) << out << ": " << exported.err;
+  }
+  const Outcome converted = Run({"convert", checkpoints.string(), "--tp", "1", "--pp", "1", "--dp",
+                                 "1", "--out", (dir_ / "p").string()});
+  EXPECT_EQ(converted.exit_code, 0) << converted.err;
+  EXPECT_EQ(*ReadWholeFile(saved / kManifestName), manifest);
+  EXPECT_EQ(*ReadWholeFile(saved / "rank_00000.shard"), shard);
+  EXPECT_TRUE(fs::is_symlink(dir_ / "x.st.tmp"));
+  EXPECT_EQ(fs::hard_link_count(dir_ / "y.st.tmp"), 2u);
+  EXPECT_EQ(*ReadWholeFile(dir_ / "z.st.tmp"), "mine");
+  EXPECT_EQ(*ReadWholeFile(dir_ / "p.tmp" / "n"), "notes");
+  for (const fs::path& verified : {checkpoints, dir_ / "p"}) {
+    const Outcome verify = Run({"verify", verified.string()});
+    EXPECT_EQ(verify.exit_code, 0) << verify.err;
+  }
+  // Nothing else was left beside the outputs (no temporaries of the tool's own).
+  std::vector<std::string> names;
+  for (const auto& entry : fs::directory_iterator(dir_)) {
+    const std::string name = entry.path().filename().string();
+    if (name != "stdout.txt" && name != "stderr.txt") names.push_back(name);
+  }
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(names, (std::vector<std::string>{"checkpoints", "p", "p.tmp", "x.st", "x.st.tmp",
+                                             "y.st", "y.st.tmp", "z.st", "z.st.tmp"}));
+}
+
+// A manifest whose model config disagrees with its tensors (vocab_size 2^24 over an embedding
+// of 128 rows) used to pass verify; nf-eval then allocated 8.5 GB for the config's vocabulary
+// before failing. Every reader now refuses it with one line naming the tensor and the config.
+TEST_F(NfCkptCliTest, AModelConfigThatDisagreesWithTheTensorsIsRefused) {
+  const fs::path saved = dir_ / "checkpoints" / "iter_0000001";
+  Manifest manifest = *ReadManifest(saved);
+  manifest.mutable_model()->set_vocab_size(1 << 24);
+  NF_ASSERT_OK(ReplaceFileAtomically(saved / kManifestName, EncodeManifest(manifest)));
+  for (const char* command : {"verify", "inspect"}) {
+    const Outcome outcome = Run({command, saved.string()});
+    EXPECT_EQ(outcome.exit_code, 1) << command;
+    ASSERT_EQ(Lines(outcome.err).size(), 1u) << outcome.err;
+    EXPECT_THAT(outcome.err, HasSubstr("model.vocab_size 16777216"));
+    EXPECT_THAT(outcome.err, HasSubstr("the config and the tensors disagree"));
+  }
 }
 
 }  // namespace

@@ -29,10 +29,13 @@ cat "$dir/local.out"
 ((status == 1)) || fail "a node-local run directory: exit $status, expected 1"
 errors=$(grep -c "is not shared by the nodes" "$dir/local.out" || true)
 ((errors == 1)) || fail "expected the refusal once (rank 0 prints it), found it $errors times"
-grep -qF "rank 2 on ${CLUSTER_NODES[1]} does not find .shared-check, which rank 0 on ${CLUSTER_NODES[0]} just wrote" \
+grep -qE "rank 2 on ${CLUSTER_NODES[1]} does not find \.shared-check-[0-9]+ in [^,]+, which rank 0 on ${CLUSTER_NODES[0]} just wrote" \
   "$dir/local.out" || fail "the refusal does not name rank 2 on ${CLUSTER_NODES[1]}"
-[[ ! -e $dir/local.${CLUSTER_NODES[0]}/run/log.jsonl || ! -s $dir/local.${CLUSTER_NODES[0]}/run/log.jsonl ]] ||
-  fail "the refused run trained"
+# Refused before anything was written: the fresh run directory was never made (the check file
+# went into the directory above it, and is gone).
+[[ ! -e $dir/local.${CLUSTER_NODES[0]}/run ]] || fail "the refused run made its run directory"
+leftover=$(ls -A "$dir/local.${CLUSTER_NODES[0]}" | grep '^\.shared-check' || true)
+[[ -z $leftover ]] || fail "the check left $leftover behind"
 
 # A shared run directory: stop with a checkpoint at step 10, then resume to the end.
 status=0

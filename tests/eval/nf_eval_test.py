@@ -37,6 +37,7 @@ usage: nf_eval_test.py NF_LAUNCH NF_CKPT NF_PREPROCESS NF_EVAL MPIRUN...
 """
 import json
 import math
+import os
 import pathlib
 import random
 import re
@@ -469,6 +470,12 @@ def check_refusals(tools, work):
         (2, "a report inside a checkpoint",
          ["--dataset", work / "corpus", "--out", checkpoint / "report.json"],
          "is inside the checkpoints directory"),
+        (2, "a report over the dataset it reads",
+         ["--dataset", work / "corpus", "--out", work / "corpus.idx"],
+         "which this command reads"),
+        (2, "examples over the task file they come from",
+         ["--task", f"hellaswag={hellaswag}", *tokenizer, "--examples-out", hellaswag],
+         "which this command reads"),
     ]
     for code, what, args, message in cases:
         result = run(nf_eval, "--checkpoint", checkpoint, *args, check=False)
@@ -477,6 +484,17 @@ def check_refusals(tools, work):
         # One line: a helper's own message (nf-tokenize's) is not printed before ours.
         assert code == 2 or len(result.stderr.splitlines()) == 1, (what, result.stderr)
     print(f"{len(cases)} refusals, each naming the problem")
+    # A hard link at --out to a checkpoint's manifest is replaced by the report, never written
+    # through (it used to be truncated and the checkpoint lost).
+    latest = checkpoint / (checkpoint / "latest").read_text().strip()
+    manifest = (latest / "manifest.pb").read_bytes()
+    linked = work / "linked_report.json"
+    os.link(latest / "manifest.pb", linked)
+    run(nf_eval, "--checkpoint", checkpoint, "--dataset", work / "corpus", "--max-windows", 1,
+        "--out", linked)
+    assert (latest / "manifest.pb").read_bytes() == manifest
+    assert json.loads(linked.read_text())["checkpoint"], linked.read_text()
+    print("a hard link at --out to a manifest: replaced, the manifest unchanged")
 
 
 def check_helper(tools, work):

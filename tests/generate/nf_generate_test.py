@@ -193,9 +193,19 @@ def main():
                               ([*tokenizer, "--greedy", "--temperature", "2"],
                                "give one of --greedy and --temperature, not both"),
                               ([*tokenizer, "--prompt-file", work], "is a directory"),
-                              ([*tokenizer, "--tp", "2"], "needs 2 ranks")]:
+                              ([*tokenizer, "--tp", "2"], "needs 2 ranks"),
+                              # --out never lands in a checkpoint or over an input (it used to
+                              # exit 0 over a manifest, or replace `latest` with JSON).
+                              ([*tokenizer, "--out", latest / "manifest.pb"],
+                               f"is inside checkpoint {latest}"),
+                              ([*tokenizer, "--out", checkpoint / "latest"],
+                               "is inside the checkpoints directory"),
+                              ([*tokenizer, "--out", work / "merges.txt"],
+                               "is --merges-file")]:
+            manifest = (latest / "manifest.pb").read_bytes()
             result = run(nf_generate, "--checkpoint", checkpoint, *args, check=False)
             assert result.returncode == 2 and message in result.stderr, (args, result.stderr)
+            assert (latest / "manifest.pb").read_bytes() == manifest, args
     print("OK")
 
 

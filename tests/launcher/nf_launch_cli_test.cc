@@ -3,9 +3,12 @@
 // error naming the problem, and a short run writing config.pbtxt and log.jsonl.
 #include <unistd.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -83,6 +86,17 @@ class NfLaunchCliTest : public ::testing::Test {
       EXPECT_THAT(lines[1], HasSubstr("nf-launch --help"));
     }
     EXPECT_EQ(outcome.out, "") << "nothing is trained";
+  }
+
+  // Every regular file under `root` (symbolic links followed), by its path relative to `root`,
+  // with its contents: a snapshot to compare.
+  static std::map<std::string, std::string> FilesUnder(const std::filesystem::path& root) {
+    std::map<std::string, std::string> files;
+    for (const auto& entry : std::filesystem::recursive_directory_iterator(root)) {
+      if (!entry.is_regular_file()) continue;
+      files[std::filesystem::relative(entry.path(), root).string()] = ReadFile(entry.path());
+    }
+    return files;
   }
 
   std::filesystem::path dir_;
@@ -349,18 +363,84 @@ TEST_F(NfLaunchCliTest, OnlyARunThatReachedTrainItersLeavesFinishedJson) {
   EXPECT_TRUE(std::filesystem::exists(run_dir / "checkpoints" / "iter_0000006"));
 }
 
-// A resume refused (the run's checkpoint is another model's) leaves the run directory's
-// config.pbtxt as it was: it still describes the checkpoints there.
-TEST_F(NfLaunchCliTest, ARefusedResumeLeavesTheRunsConfigAsItWas) {
+// A resume refused (the run's checkpoint is another model's) leaves the run directory as it was,
+// every file of it: it used to delete finished.json, add a TensorBoard event file and rewrite
+// .lock and config.pbtxt before the resume refused.
+TEST_F(NfLaunchCliTest, ARefusedResumeLeavesTheRunDirectoryAsItWas) {
   const std::string run_dir = (dir_ / "run").string();
   ASSERT_EQ(Launch({"--config", TinyConfig(), "--run-dir", run_dir}).exit_code, 0);
-  const std::string before = ReadFile(dir_ / "run" / "config.pbtxt");
+  const std::map<std::string, std::string> before = FilesUnder(dir_ / "run");
+  ASSERT_TRUE(before.contains("finished.json"));
   const Outcome refused = Launch({"--config", TinyConfig(), "--set", "model.d_model=32", "--set",
                                   "train.train_iters=6", "--run-dir", run_dir});
   EXPECT_EQ(refused.exit_code, 1);
   EXPECT_THAT(refused.err, HasSubstr("model.d_model"));
-  EXPECT_EQ(ReadFile(dir_ / "run" / "config.pbtxt"), before);
-  EXPECT_THAT(before, HasSubstr("d_model: 16"));
+  EXPECT_EQ(FilesUnder(dir_ / "run"), before);
+  EXPECT_THAT(before.at("config.pbtxt"), HasSubstr("d_model: 16"));
+}
+
+// The fault-injection variables are checked against the run before its directory exists: a
+// malformed one used to create the run directory first, and a layer or rank beyond the model or
+// the job (or one past 2^31, which wrapped) silently injected nothing.
+TEST_F(NfLaunchCliTest, AnInjectionThatCannotHappenIsRefusedBeforeTheRunDirectory) {
+  const std::filesystem::path run = dir_ / "run";
+  for (const auto& [variable, value, mention] :
+       std::vector<std::tuple<std::string, std::string, std::string>>{
+           {"NF_INJECT_NAN", "x", "NF_INJECT_NAN='x' must be STEP:LAYER:TP_RANK"},
+           {"NF_INJECT_NAN", "2:4294967296:0", "must be STEP:LAYER:TP_RANK"},
+           {"NF_INJECT_NAN", "2:1:0", "NF_INJECT_NAN names layer 1 but model.num_layers is 1"},
+           {"NF_INJECT_NAN", "2:0:1", "names tensor-parallel rank 1 but parallel.tensor_parallel"},
+           {"NF_INJECT_DESYNC", "1:2", "NF_INJECT_DESYNC names world rank 1 but the job's world"},
+       }) {
+    SCOPED_TRACE(variable + "=" + value);
+    setenv(variable.c_str(), value.c_str(), 1);
+    const Outcome outcome = Launch({"--config", TinyConfig(), "--run-dir", run.string()});
+    unsetenv(variable.c_str());
+    ExpectConfigurationError(outcome, {mention}, /*usage_hint=*/false);
+    EXPECT_FALSE(std::filesystem::exists(run));
+  }
+}
+
+// Links planted at the names a run writes its files under reach no checkpoint: a symbolic link
+// at checkpoints/latest.tmp to an older checkpoint's manifest and a hard link at
+// RUN/config.pbtxt.tmp to another's used to be truncated and written through at the next save
+// (and `latest` became the link). A link at an append-only log is refused, naming it.
+TEST_F(NfLaunchCliTest, LinksAtTheRunsFileNamesReachNoCheckpoint) {
+  const std::filesystem::path run = dir_ / "run", checkpoints = run / "checkpoints";
+  const std::vector<std::string> every_step = {"--set", "checkpoint.save_interval=1", "--set",
+                                               "checkpoint.keep_last=10"};
+  std::vector<std::string> args = {"--config", TinyConfig(), "--run-dir", run.string()};
+  args.insert(args.end(), every_step.begin(), every_step.end());
+  ASSERT_EQ(Launch(args).exit_code, 0);
+  const std::map<std::string, std::string> saved = FilesUnder(checkpoints);
+  std::filesystem::create_symlink(checkpoints / "iter_0000001" / "manifest.pb",
+                                  checkpoints / "latest.tmp");
+  std::filesystem::create_hard_link(checkpoints / "iter_0000002" / "manifest.pb",
+                                    run / "config.pbtxt.tmp");
+  args.insert(args.end(), {"--set", "train.train_iters=5"});
+  const Outcome resumed = Launch(args);
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.err;
+  const std::map<std::string, std::string> after = FilesUnder(checkpoints);
+  for (const auto& [name, contents] : saved) {
+    if (name == "latest") continue;
+    EXPECT_EQ(after.at(name), contents) << name;
+  }
+  EXPECT_FALSE(std::filesystem::is_symlink(checkpoints / "latest"));
+  EXPECT_EQ(after.at("latest"), "iter_0000005\n");
+  EXPECT_TRUE(std::filesystem::is_symlink(checkpoints / "latest.tmp"));
+
+  std::filesystem::remove(run / "log.jsonl");
+  std::filesystem::create_symlink(checkpoints / "iter_0000003" / "manifest.pb", run / "log.jsonl");
+  args.back() = "train.train_iters=6";
+  const Outcome refused = Launch(args);
+  EXPECT_EQ(refused.exit_code, 1);
+  EXPECT_EQ(Lines(refused.err),
+            std::vector<std::string>{absl::StrCat(
+                "nf-launch: log ", (run / "log.jsonl").string(),
+                " is a symbolic link: appending would write where it points; remove it (a new one "
+                "is created)")});
+  EXPECT_EQ(FilesUnder(checkpoints).at("iter_0000003/manifest.pb"),
+            saved.at("iter_0000003/manifest.pb"));
 }
 
 // Progress counters are int64 products of the step count, the batch and the sequence length: a

@@ -1,23 +1,29 @@
-// Durable file operations for checkpoints: data reaches the disk (fsync) before a rename makes
-// it visible, and the rename itself is made durable by syncing the directory. Errors name the
-// path and the system's reason.
+// Durable file operations: data reaches the disk (fsync) before a rename makes it visible, and
+// the rename itself is made durable by syncing the directory. Errors name the path and the
+// system's reason.
+//
+// Every path a user can hand in is hostile: a symbolic or hard link planted where a tool writes
+// could point at a checkpoint's manifest.pb. So no writer here opens an existing file: files are
+// created new and exclusive (O_CREAT | O_EXCL | O_NOFOLLOW), and the one kind of file that must
+// be reopened, an append-only log, is refused when it is a link (OpenForAppend). Files that
+// replace others are written under a temporary name of their own (atomic_file.h).
 #pragma once
 
 #include <cstdint>
 #include <filesystem>
 #include <string>
-#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 
-namespace nf::checkpoint {
+namespace nf {
 
-// A file being written sequentially; Close() fsyncs it. Appends start the disk writing what
+// A new file being written sequentially; Close() fsyncs it. Appends start the disk writing what
 // they wrote every kWritebackBytes (sync_file_range), so that the disk works while the writer
 // computes and copies, and Close's fsync waits only for the tail.
 class DurableWriter {
  public:
+  // Creates `path`, which must not exist (AlreadyExists naming it otherwise, also for a link).
   static absl::StatusOr<DurableWriter> Create(const std::filesystem::path& path);
   DurableWriter(DurableWriter&& other) noexcept;
   DurableWriter& operator=(DurableWriter&&) = delete;
@@ -39,10 +45,16 @@ class DurableWriter {
 // fsync of a directory: makes renames and creations inside it durable.
 absl::Status SyncDirectory(const std::filesystem::path& dir);
 
-// Writes `contents` to path.tmp, fsyncs it, renames it over `path` and syncs the directory:
-// readers see the old file or the new one, never a mix. A failure (the OS's reason in the
-// message) leaves no path.tmp behind.
-absl::Status ReplaceFileAtomically(const std::filesystem::path& path, const std::string& contents);
+// The directory a path's file lies in ("." for a bare name).
+std::filesystem::path DirectoryOf(const std::filesystem::path& path);
+
+// Opens `path` for appending (created when missing) with `access_mode` (O_WRONLY, or O_RDWR for
+// a lock file that is read too): FailedPrecondition naming it, and what to do, when it is a
+// symbolic link, a hard link (a second name of another file) or not a regular file, so that
+// appending never reaches a file this path is not the only name of. `what` names the file in errors
+// ("log", "lock file").
+absl::StatusOr<int> OpenForAppend(const std::filesystem::path& path, int access_mode,
+                                  const std::string& what);
 
 // `length` bytes of `path` from `offset`; OutOfRange naming the file when it is shorter.
 absl::Status ReadRange(const std::filesystem::path& path, int64_t offset, int64_t length,
@@ -54,4 +66,4 @@ absl::Status ReadRangeAt(int fd, const std::filesystem::path& path, int64_t offs
 
 absl::StatusOr<std::string> ReadWholeFile(const std::filesystem::path& path);
 
-}  // namespace nf::checkpoint
+}  // namespace nf

@@ -1,6 +1,7 @@
-#include "checkpoint/durable_files.h"
+#include "core/files/durable_files.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -9,7 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
 
-namespace nf::checkpoint {
+namespace nf {
 namespace {
 
 absl::Status Errno(absl::string_view what, const std::filesystem::path& path) {
@@ -19,7 +20,12 @@ absl::Status Errno(absl::string_view what, const std::filesystem::path& path) {
 }  // namespace
 
 absl::StatusOr<DurableWriter> DurableWriter::Create(const std::filesystem::path& path) {
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  // O_EXCL: never an existing file, and (with O_CREAT) never through a symbolic link either.
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+  if (fd < 0 && errno == EEXIST) {
+    return absl::AlreadyExistsError(absl::StrCat("cannot create ", path.string(),
+                                                 ": it exists (writers create new files only)"));
+  }
   if (fd < 0) return Errno("cannot create", path);
   return DurableWriter(path, fd);
 }
@@ -74,22 +80,37 @@ absl::Status SyncDirectory(const std::filesystem::path& dir) {
   return absl::OkStatus();
 }
 
-absl::Status ReplaceFileAtomically(const std::filesystem::path& path, const std::string& contents) {
-  const std::filesystem::path temporary = path.string() + ".tmp";
-  const absl::Status written = [&]() -> absl::Status {
-    NF_ASSIGN_OR_RETURN(DurableWriter writer, DurableWriter::Create(temporary));
-    NF_RETURN_IF_ERROR(writer.Append(contents.data(), static_cast<int64_t>(contents.size())));
-    NF_RETURN_IF_ERROR(writer.Close());
-    if (std::rename(temporary.c_str(), path.c_str()) != 0) return Errno("cannot rename onto", path);
-    return absl::OkStatus();
-  }();
-  if (!written.ok()) {
-    // A full disk must not be made fuller by what failed to fit.
-    std::error_code ignored;
-    std::filesystem::remove(temporary, ignored);
-    return written;
+std::filesystem::path DirectoryOf(const std::filesystem::path& path) {
+  return path.has_parent_path() ? path.parent_path() : std::filesystem::path(".");
+}
+
+absl::StatusOr<int> OpenForAppend(const std::filesystem::path& path, int access_mode,
+                                  const std::string& what) {
+  const int fd =
+      ::open(path.c_str(), access_mode | O_APPEND | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0644);
+  if (fd < 0 && errno == ELOOP) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(what, " ", path.string(),
+                     " is a symbolic link: appending would write where it points; "
+                     "remove it (a new one is created)"));
   }
-  return SyncDirectory(path.parent_path());
+  if (fd < 0) {
+    return absl::FailedPreconditionError(absl::StrCat("cannot open ", what, " ", path.string(),
+                                                      " for appending: ", std::strerror(errno)));
+  }
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    const absl::Status failed = Errno(absl::StrCat("cannot stat ", what), path);
+    ::close(fd);
+    return failed;
+  }
+  if (S_ISREG(st.st_mode) && st.st_nlink == 1) return fd;
+  ::close(fd);
+  return absl::FailedPreconditionError(
+      absl::StrCat(what, " ", path.string(),
+                   S_ISREG(st.st_mode) ? absl::StrCat(" has ", st.st_nlink, " names (hard links)")
+                                       : std::string(" is not a regular file"),
+                   ": appending would change another file too; remove it (a new one is created)"));
 }
 
 absl::Status ReadRange(const std::filesystem::path& path, int64_t offset, int64_t length,
@@ -132,4 +153,4 @@ absl::StatusOr<std::string> ReadWholeFile(const std::filesystem::path& path) {
   return contents;
 }
 
-}  // namespace nf::checkpoint
+}  // namespace nf
