@@ -28,7 +28,7 @@ namespace {
 
 absl::Status Invalid(absl::string_view message) { return absl::InvalidArgumentError(message); }
 
-// 2^20 entries, ~110 MiB a rank: 256 times the default, far more than a hang's last steps need.
+// 2^20 entries, 104 MiB a rank: 256 times the default, far more than a hang's last steps need.
 constexpr int32_t kMaxFlightRecorderEntries = 1 << 20;
 // A healthy collective can wait seconds for a slow peer (a checkpoint save, a straggler); a week
 // bounds a deadline that absl::Duration and the watchdog's arithmetic must hold.

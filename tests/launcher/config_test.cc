@@ -461,7 +461,21 @@ INSTANTIATE_TEST_SUITE_P(
                        .mentions = "monitoring.port_base (70000) must be a TCP port in [1, 65535]"},
         ValidationCase{.overrides = {"monitoring.bind_address=not-an-ip"},
                        .mentions = "monitoring.bind_address 'not-an-ip' is not an IPv4 or IPv6 "
-                                   "address"}));
+                                   "address"},
+        // Issue 45: each was accepted and failed later, after the run directory was written:
+        // bad_alloc (2^31 - 1 recorder entries; 2^31 - 1 micro-batches in the schedule the memory
+        // estimate builds), or the watchdog's abort at the first collective, requeued forever.
+        ValidationCase{.overrides = {"parallel.flight_recorder_entries=2147483647"},
+                       .mentions = "parallel.flight_recorder_entries must be at most 1048576 "
+                                   "(got 2147483647"},
+        ValidationCase{.overrides = {"parallel.collective_timeout_seconds=1e-30"},
+                       .mentions = "parallel.collective_timeout_seconds must be in [1, 604800] "
+                                   "(got 1e-30)"},
+        ValidationCase{.overrides = {"train.micro_batch_size=1",
+                                     "train.global_batch_size=2147483647"},
+                       .mentions = "train.global_batch_size (2147483647) / "
+                                   "train.micro_batch_size (1) is 2147483647 micro-batches a "
+                                   "step, more than 1048576"}));
 
 TEST(ValidateTrainConfigTest, AcceptsBoundaryValues) {
   TrainConfig config = ValidConfig();
