@@ -11,6 +11,7 @@
 #include "launcher/config.h"
 #include "launcher/gemm_ceiling.h"
 #include "launcher/plan_compute.h"
+#include "launcher/plan_options.h"
 #include "launcher/trainer.h"
 #include "model/normformer_params.h"
 #include "model/vocab.h"
@@ -69,7 +70,12 @@ absl::Status ApplyGpuPreset(const std::string& name, ClusterSpec& cluster) {
   return absl::InvalidArgumentError(absl::StrCat("--gpu: '", name, "' is not h200, h100 or a100"));
 }
 
-absl::StatusOr<StepTime> ModelStepTime(const TrainConfig& config, const ClusterSpec& cluster) {
+namespace {
+
+// ModelStepTime with the model's parameter count given: the search counts it once per tensor-
+// parallel size (a walk over every layer's parameters), not once per layout.
+absl::StatusOr<StepTime> StepTimeOf(const TrainConfig& config, const ClusterSpec& cluster,
+                                    int64_t params) {
   const model::ModelConfig& m = config.model();
   const TrainOptions& train = config.train();
   const ParallelConfig& parallel = config.parallel();
@@ -80,7 +86,6 @@ absl::StatusOr<StepTime> ModelStepTime(const TrainConfig& config, const ClusterS
   const double s = static_cast<double>(SizeOf(ModelDType(train.precision())));
   const double seq = train.seq_len(), d = m.d_model(), layers = m.num_layers();
   const double micro_tokens = static_cast<double>(train.micro_batch_size()) * seq;  // T
-  const int64_t params = GlobalParameters(m, tp);
   const model::Recompute recompute = RecomputeOf(train);
   const MicroBatchWork work = EstimateMicroBatchWork(config, cluster);
   // The recomputed forward: a layer's whole forward, or its attention core's.
@@ -142,17 +147,45 @@ absl::StatusOr<StepTime> ModelStepTime(const TrainConfig& config, const ClusterS
   return time;
 }
 
+}  // namespace
+
+absl::StatusOr<StepTime> ModelStepTime(const TrainConfig& config, const ClusterSpec& cluster) {
+  NF_RETURN_IF_ERROR(ValidateCluster(cluster));
+  return StepTimeOf(config, cluster,
+                    GlobalParameters(config.model(), config.parallel().tensor_parallel()));
+}
+
 absl::StatusOr<std::vector<PlannedLayout>> PlanLayouts(const TrainConfig& base,
                                                        const ClusterSpec& cluster) {
   NF_RETURN_IF_ERROR(ValidateTrainConfig(base));
+  NF_RETURN_IF_ERROR(ValidateCluster(cluster));
+  if (base.train().global_batch_size() > kMaxGlobalBatch) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("train.global_batch_size (", base.train().global_batch_size(),
+                     ") is beyond what nf-plan searches: at most ", kMaxGlobalBatch,
+                     " sequences (published LM batches are a few thousand)"));
+  }
   const model::ModelConfig& m = base.model();
   const int world = cluster.world_size();
+  const int64_t global_batch = base.train().global_batch_size();
   const double budget = cluster.gpu_memory_bytes * cluster.memory_headroom;
   double smallest = std::numeric_limits<double>::infinity();
+  // The most GPUs any (tp, pp) this search visits could share the global batch over (micro-batch
+  // 1): for the refusal when the world is too large for the batch.
+  int64_t most_gpus = 0;
+  bool splits = false;           // some layout's data-parallel ranks share the batch evenly
+  bool too_many_passes = false;  // some that split run over kMaxStepPasses passes a step
+  absl::Status first_refusal;    // of a layout that splits, the first reason it was not estimated
   std::vector<PlannedLayout> layouts;
-  for (const int tp : Divisors(cluster.gpus_per_node, cluster.gpus_per_node)) {
+  // The search's cost does not grow with the world (plan_options.h): tp ranges over divisors of
+  // at most kMaxGpusPerNode, pp over the layers' divisors, and a layout is only built and
+  // estimated when its data-parallel size divides the batch (so dp <= the global batch; the
+  // memory estimate's topology is linear in dp).
+  for (const int tp : Divisors(cluster.gpus_per_node, m.num_heads())) {
     if (m.num_heads() % tp != 0 || m.ffn_dim() % tp != 0) continue;
+    const int64_t params = GlobalParameters(m, tp);
     for (const int pp : Divisors(m.num_layers(), m.num_layers())) {
+      most_gpus = std::max(most_gpus, global_batch * tp * pp);
       if (world % (tp * pp) != 0) continue;
       const int dp = world / (tp * pp);
       for (const int v : {1, 2, 4}) {
@@ -163,6 +196,13 @@ absl::StatusOr<std::vector<PlannedLayout>> PlanLayouts(const TrainConfig& base,
             if (sp && tp == 1) continue;
             for (const char* recompute : {"NONE", "SELECTIVE", "FULL"}) {
               for (const int micro : {1, 2, 4, 8, 16}) {
+                if (global_batch % (int64_t{dp} * micro) != 0) continue;  // does not split
+                splits = true;
+                const int64_t passes = int64_t{pp} * v * (global_batch / (int64_t{dp} * micro));
+                if (passes > kMaxStepPasses) {  // a step of that many passes: skipped (its cost)
+                  too_many_passes = true;
+                  continue;
+                }
                 PlannedLayout layout;
                 layout.overrides = {absl::StrCat("parallel.tensor_parallel=", tp),
                                     absl::StrCat("parallel.pipeline_parallel=", pp),
@@ -176,25 +216,28 @@ absl::StatusOr<std::vector<PlannedLayout>> PlanLayouts(const TrainConfig& base,
                 if (sp) layout.overrides.push_back("parallel.sequence_parallel=true");
                 layout.config = base;
                 layout.config.mutable_train()->set_activation_recompute(false);
-                bool valid = true;
+                absl::Status valid;
                 for (const std::string& o : layout.overrides) {
-                  valid = valid && ApplyOverride(o, &layout.config).ok();
+                  if (valid.ok()) valid = ApplyOverride(o, &layout.config);
                 }
-                if (!valid || !ValidateTrainConfig(layout.config).ok()) continue;
-                const absl::StatusOr<std::vector<PipelineRankMemory>> memory =
-                    EstimateMemory(layout.config, world);
-                if (!memory.ok()) continue;  // e.g. micro-batches that do not split
+                if (valid.ok()) valid = ValidateTrainConfig(layout.config);
+                absl::StatusOr<std::vector<PipelineRankMemory>> memory =
+                    valid.ok() ? EstimateMemory(layout.config, world)
+                               : absl::StatusOr<std::vector<PipelineRankMemory>>(valid);
+                if (!memory.ok()) {
+                  if (first_refusal.ok()) first_refusal = memory.status();
+                  continue;
+                }
                 for (const PipelineRankMemory& rank : *memory) {
                   layout.peak_device_bytes =
                       std::max(layout.peak_device_bytes, rank.device_bytes());
                 }
                 smallest = std::min(smallest, layout.peak_device_bytes);
                 if (layout.peak_device_bytes > budget) continue;
-                NF_ASSIGN_OR_RETURN(layout.time, ModelStepTime(layout.config, cluster));
+                NF_ASSIGN_OR_RETURN(layout.time, StepTimeOf(layout.config, cluster, params));
                 const TrainOptions& train = layout.config.train();
                 const double model_flops =
-                    ModelFlopsPerToken(GlobalParameters(m, tp), m.num_layers(), m.d_model(),
-                                       train.seq_len()) *
+                    ModelFlopsPerToken(params, m.num_layers(), m.d_model(), train.seq_len()) *
                     train.global_batch_size() * train.seq_len();
                 layout.mfu = model_flops / layout.time.total() / (world * cluster.peak_flops);
                 layouts.push_back(std::move(layout));
@@ -204,6 +247,26 @@ absl::StatusOr<std::vector<PlannedLayout>> PlanLayouts(const TrainConfig& base,
         }
       }
     }
+  }
+  if (layouts.empty() && !splits) {
+    // No layout got as far as a memory estimate: the batch does not split over this many GPUs.
+    return absl::NotFoundError(absl::StrFormat(
+        "no layout of this model splits train.global_batch_size (%d) over %d GPUs: the "
+        "data-parallel size (GPUs / (tp x pp)) x the micro-batch must divide it, with tp dividing "
+        "--gpus-per-node and the heads and pp dividing the layers; this batch keeps at most %d "
+        "GPUs busy: use fewer GPUs, or a global batch that %d / (tp x pp) divides",
+        global_batch, world, most_gpus, world));
+  }
+  if (layouts.empty() && std::isinf(smallest) && too_many_passes) {
+    return absl::NotFoundError(absl::StrCat(
+        "every layout of this model that splits train.global_batch_size (", global_batch, ") over ",
+        world, " GPUs runs more than ", kMaxStepPasses,
+        " micro-batch passes a step over its stages (pp x virtual stages x micro-batches a rank), "
+        "beyond what nf-plan models: use more GPUs or a smaller global batch"));
+  }
+  if (layouts.empty() && std::isinf(smallest)) {
+    return absl::NotFoundError(absl::StrCat("no layout of this model could be estimated on ", world,
+                                            " GPUs; the first: ", first_refusal.message()));
   }
   if (layouts.empty()) {
     return absl::NotFoundError(absl::StrFormat(

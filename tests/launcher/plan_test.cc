@@ -2,6 +2,7 @@
 #include "launcher/plan.h"
 
 #include <cmath>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -10,6 +11,7 @@
 #include "launcher/config.h"
 #include "launcher/memory_estimate.h"
 #include "launcher/plan_compute.h"
+#include "launcher/plan_options.h"
 #include "test_util.h"
 
 namespace nf::launcher {
@@ -103,6 +105,90 @@ TEST(PlanLayoutsTest, NothingFitsNamesTheSmallestNeed) {
   EXPECT_THAT(layouts.status().message(), HasSubstr("the smallest needs"));
 }
 
+// The cluster's figures are checked where they are used, not only on nf-plan's command line: an
+// infinite peak or an efficiency of 5 made every time 0 or meaningless, and a world of 2^30+
+// GPUs overflowed. Each refusal names the flag that sets the figure.
+TEST(PlanLayoutsTest, RefusesClusterFiguresOutOfRange) {
+  const struct {
+    void (*spoil)(ClusterSpec&);
+    const char* names;
+  } cases[] = {
+      {[](ClusterSpec& c) { c.peak_flops = std::numeric_limits<double>::infinity(); },
+       "--peak-tflops: 'inf' is out of range: a number in (0, 100000] TFLOP/s"},
+      {[](ClusterSpec& c) { c.gemm_efficiency = 5; }, "--gemm-efficiency: '5'"},
+      {[](ClusterSpec& c) { c.attention_efficiency = std::nan(""); }, "--attention-efficiency"},
+      {[](ClusterSpec& c) { c.nvlink_bytes_per_second = -1; }, "--nvlink-gbps"},
+      {[](ClusterSpec& c) { c.nodes = kMaxNodes + 1; }, "--nodes: '1048577'"},
+      {[](ClusterSpec& c) { c.gpus_per_node = 0; }, "--gpus-per-node: '0'"},
+      {[](ClusterSpec& c) { c.memory_headroom = 1.5; }, "memory_headroom"},
+  };
+  for (const auto& c : cases) {
+    ClusterSpec cluster = SmallCluster();
+    c.spoil(cluster);
+    auto layouts = PlanLayouts(SmallConfig(), cluster);
+    ASSERT_EQ(layouts.status().code(), absl::StatusCode::kInvalidArgument) << c.names;
+    EXPECT_THAT(layouts.status().message(), HasSubstr(c.names));
+    auto time = ModelStepTime(SmallConfig(), cluster);
+    ASSERT_EQ(time.status().code(), absl::StatusCode::kInvalidArgument) << c.names;
+  }
+  // --cpu's "no memory bandwidth modelled" stays allowed.
+  ClusterSpec cpu = SmallCluster();
+  cpu.hbm_bytes_per_second = 0;
+  NF_EXPECT_OK(ValidateCluster(cpu));
+}
+
+// 4 x 2^20 GPUs for a batch of 64: no layout splits it; the refusal says so and how many GPUs
+// the batch can keep busy (64 x tp 4 x pp 8), instead of "the smallest needs inf GB".
+TEST(PlanLayoutsTest, AWorldTooLargeForTheBatchSaysWhyNothingSplits) {
+  ClusterSpec cluster = SmallCluster();
+  cluster.nodes = kMaxNodes;
+  auto layouts = PlanLayouts(SmallConfig(), cluster);
+  ASSERT_EQ(layouts.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(layouts.status().message(),
+              HasSubstr("splits train.global_batch_size (64) over 4194304 GPUs"));
+  EXPECT_THAT(layouts.status().message(), HasSubstr("at most 2048 GPUs busy"));
+  EXPECT_THAT(layouts.status().message(), ::testing::Not(HasSubstr("inf")));
+}
+
+// A batch beyond the search's limit is refused; one whose every split runs too many micro-batch
+// passes a step says so.
+TEST(PlanLayoutsTest, BatchLimits) {
+  TrainConfig config = SmallConfig();
+  config.mutable_train()->set_global_batch_size(kMaxGlobalBatch * 2);
+  auto layouts = PlanLayouts(config, SmallCluster());
+  ASSERT_EQ(layouts.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(layouts.status().message(), HasSubstr("at most 1048576 sequences"));
+  // 2^20 sequences on one GPU: 65536 micro-batches of 16 a step, within the limit; the smaller
+  // micro-batches are not.
+  config.mutable_train()->set_global_batch_size(kMaxGlobalBatch);
+  ClusterSpec one = SmallCluster();
+  one.gpus_per_node = 1;
+  one.nodes = 1;
+  one.gpu_memory_bytes = 100e9;
+  layouts = PlanLayouts(config, one);
+  NF_ASSERT_OK(layouts);
+  for (const PlannedLayout& l : *layouts) EXPECT_EQ(l.config.train().micro_batch_size(), 16);
+  // An odd batch splits only into micro-batches of 1: 999999 passes a step on one GPU.
+  config.mutable_train()->set_global_batch_size(999999);
+  config.mutable_train()->set_micro_batch_size(1);
+  layouts = PlanLayouts(config, one);
+  ASSERT_EQ(layouts.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(layouts.status().message(), HasSubstr("more than 65536 micro-batch passes"));
+}
+
+// The figures given override the --gpu preset whichever comes first.
+TEST(PlanOptionsTest, FiguresOverrideThePresetWhateverTheirOrder) {
+  const char* argv[] = {"nf-plan", "--gemm-efficiency", "0.7", "--config", "x.pbtxt", "--gpu",
+                        "a100",    "--nodes",           "3"};
+  auto options = ParsePlanOptions(std::size(argv), argv);
+  NF_ASSERT_OK(options);
+  EXPECT_EQ(options->cluster.gemm_efficiency, 0.7);
+  EXPECT_EQ(options->cluster.peak_flops, 312e12);
+  EXPECT_EQ(options->cluster.nodes, 3);
+  EXPECT_EQ(options->config_path, "x.pbtxt");
+  NF_EXPECT_OK(ValidateCluster(options->cluster));
+}
+
 TrainConfig With(const std::vector<std::string>& overrides) {
   TrainConfig config = SmallConfig();
   for (const std::string& o : overrides) EXPECT_TRUE(ApplyOverride(o, &config).ok()) << o;
@@ -156,16 +242,16 @@ TEST(PlanComputeTest, GemmTimeFollowsItsShape) {
   NF_ASSERT_OK(ApplyGpuPreset("h100", h100));
   const double rate = h100.peak_flops * h100.gemm_efficiency;
   // 8448 x 4096 output: 66 x 16 = 1056 tiles of 128 x 256, exactly 8 waves of 132 SMs.
-  EXPECT_NEAR(GemmSeconds(8448, 4096, 4096, 1, 2, h100), 2.0 * 8448 * 4096 * 4096 / rate,
-              1e-9);
+  EXPECT_NEAR(GemmSeconds(8448, 4096, 4096, 1, 2, h100), 2.0 * 8448 * 4096 * 4096 / rate, 1e-9);
   // One more row of tiles: 1072 tiles take 9 waves, the last one 8 tiles.
   const double over = GemmSeconds(8448 + 128, 4096, 4096, 1, 2, h100);
   EXPECT_NEAR(over, 2.0 * (8448 + 128) * 4096 * 4096 / (rate * 1072 / (9 * 132.0)), 1e-9);
   // k = 8: 16 FLOPs per element of C, far below the 300 FLOPs a byte the peak needs.
   const double thin = GemmSeconds(8192, 8192, 8, 1, 2, h100);
-  EXPECT_NEAR(thin, 2.0 * (8192.0 * 8 * 2 + 8192.0 * 8192) / (h100.hbm_bytes_per_second *
-                                                              h100.memory_efficiency),
-              1e-12);
+  EXPECT_NEAR(
+      thin,
+      2.0 * (8192.0 * 8 * 2 + 8192.0 * 8192) / (h100.hbm_bytes_per_second * h100.memory_efficiency),
+      1e-12);
 }
 
 TEST(PlanComputeTest, MemoryBoundWorkAndAttentionAsStated) {
