@@ -135,7 +135,7 @@ measure "convert -> tp 2 x pp 4 x dp 2, ZeRO-1" "$ckpt_bytes" "$dir/zero1" -- \
 # vocabulary uses the first ones). The values are a fresh initialisation's: the point is what
 # it takes to load and run the model, not the text.
 cat docs/*.md > "$dir/corpus.txt"
-"$build/data/nf-preprocess" --input "$dir/corpus.txt" --format paragraphs \
+"$build/tools/nf-preprocess" --input "$dir/corpus.txt" --format paragraphs \
   --output-prefix "$dir/docs" --tokenizer sentencepiece --spm-train-vocab-size 4000 \
   > "$dir/preprocess.log" 2>&1 || { cat "$dir/preprocess.log" >&2; exit 1; }
 measure "nf-eval --dtype bf16 (2 windows of 256 tokens)" - "" -- \

@@ -5,7 +5,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "checkpoint/save.h"
+#include "checkpoint/checkpoint_names.h"
 #include "core/files/durable_files.h"
 #include "core/status.h"
 
@@ -26,6 +26,9 @@ bool NamedAsCheckpoint(const fs::path& dir) {
 bool HoldsCheckpoints(const fs::path& dir) {
   std::error_code error;
   if (!fs::is_regular_file(dir / kLatestName, error)) return false;
+  // A checkpoint's name and a newline: anything longer names none (and is not read whole).
+  constexpr uintmax_t kLongestLatest = 64;
+  if (fs::file_size(dir / kLatestName, error) > kLongestLatest || error) return false;
   const absl::StatusOr<std::string> named = ReadWholeFile(dir / kLatestName);
   int64_t step = 0;
   return named.ok() && ParseIterationDirName(std::string(absl::StripAsciiWhitespace(*named)), step);

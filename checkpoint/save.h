@@ -21,14 +21,12 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "checkpoint/checkpoint.pb.h"
+#include "checkpoint/checkpoint_names.h"
 #include "checkpoint/manifest_file.h"
 #include "checkpoint/training_state.h"
 #include "parallel/communicator.h"
 
 namespace nf::checkpoint {
-
-inline constexpr char kManifestName[] = "manifest.pb";
-inline constexpr char kLatestName[] = "latest";
 
 // Which checkpoints survive a save: the newest keep_last, and every one whose step is a
 // multiple of keep_every (0: none) forever.
@@ -36,17 +34,6 @@ struct RetentionPolicy {
   int keep_last = 2;
   int64_t keep_every = 0;
 };
-
-// "iter_0000200".
-std::string IterationDirName(int64_t step);
-// The step an iteration directory's name stands for ("iter_0000200": 200); false for any other
-// name (a .tmp staging directory, a copy under another name).
-bool ParseIterationDirName(const std::string& name, int64_t& step);
-// The steps of the iteration directories in `checkpoints_dir` (named as IterationDirName names,
-// whatever they hold), ascending; empty when there are none or the directory does not exist.
-// Counting checkpoints, use CheckpointSteps (load.h): an empty or half-copied directory under a
-// checkpoint's name is not one.
-std::vector<int64_t> IterationDirSteps(const std::filesystem::path& checkpoints_dir);
 
 // Collective over `world` (every rank calls it at the same step). Fails on every rank when any
 // rank could not write its shard; then nothing is committed and the previous `latest` stays.

@@ -24,7 +24,7 @@ prefix=corpora/demo/fortunes_spm512
 [[ -f "$corpus" ]] || python3 scripts/make-demo-corpus.py "$corpus"
 if [[ ! -f "$prefix.idx" ]]; then
   # SentencePiece's trainer logs ~100 lines; keep them out of the way.
-  build/data/nf-preprocess --input "$corpus" --output-prefix "$prefix" --workers 2 \
+  build/tools/nf-preprocess --input "$corpus" --output-prefix "$prefix" --workers 2 \
     --tokenizer sentencepiece --spm-train-vocab-size 512 2>corpora/demo/preprocess.log
 fi
 

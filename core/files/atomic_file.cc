@@ -106,19 +106,23 @@ absl::Status AtomicFileWriter::Append(const void* data, int64_t size) {
 
 absl::Status AtomicFileWriter::Commit(OnCommit mode) {
   NF_RETURN_IF_ERROR(file_->Close());
-  const int rc = mode == OnCommit::kReplace
-                     ? std::rename(temporary_.c_str(), target_.c_str())
-                     : RenameNoReplace(temporary_, target_, /*is_directory=*/false);
+  NF_RETURN_IF_ERROR(MoveIntoPlace(temporary_, target_, mode));
+  file_.reset();  // committed: the destructor leaves the name alone
+  return absl::OkStatus();
+}
+
+absl::Status MoveIntoPlace(const fs::path& from, const fs::path& to, OnCommit mode) {
+  const int rc = mode == OnCommit::kReplace ? std::rename(from.c_str(), to.c_str())
+                                            : RenameNoReplace(from, to, /*is_directory=*/false);
   if (rc != 0) {
     const int reason = errno;
     if (reason == EEXIST) {
       return absl::AlreadyExistsError(
-          absl::StrCat("cannot rename onto ", target_.string(), ": it appeared while writing"));
+          absl::StrCat("cannot rename onto ", to.string(), ": it appeared while writing"));
     }
-    return Errno("cannot rename onto", target_, reason);
+    return Errno("cannot rename onto", to, reason);
   }
-  file_.reset();  // committed: the destructor leaves the name alone
-  return SyncDirectory(DirectoryOf(target_));
+  return SyncDirectory(DirectoryOf(to));
 }
 
 absl::Status ReplaceFileAtomically(const fs::path& path, const std::string& contents) {

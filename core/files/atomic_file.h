@@ -53,6 +53,12 @@ class AtomicFileWriter {
 // or the new one, never a mix. A failure (the OS's reason in the message) leaves nothing behind.
 absl::Status ReplaceFileAtomically(const std::filesystem::path& path, const std::string& contents);
 
+// Renames `from` (a file this process wrote under a name of its own, e.g. in a
+// StagingDirectory) to `to`, replacing what is there or not as `mode` says (AlreadyExists), and
+// syncs the directory: for files a library writes itself (SentencePiece's trained model).
+absl::Status MoveIntoPlace(const std::filesystem::path& from, const std::filesystem::path& to,
+                           OnCommit mode);
+
 // A directory filled under a temporary name (created by mkdir, so new) and renamed to `target` by
 // Commit, which replaces nothing. Destroyed before Commit, it removes the temporary directory
 // with what was written into it.

@@ -8,6 +8,7 @@
 #include <fstream>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -236,9 +237,8 @@ TEST_F(NfPreprocessCliTest, TrainingWithoutALineSentencePieceTrainsOnSaysSoInOne
   std::string line;
   for (int i = 0; i < 100'000; ++i) line += "e\u0301";
   std::ofstream(Path("one_line.jsonl")) << "{\"text\": \"" << line << "\"}\n";
-  const Outcome outcome =
-      Run({"--input", Path("one_line.jsonl"), "--output-prefix", Path("out"), "--tokenizer",
-           "sentencepiece", "--spm-train-vocab-size", "100"});
+  const Outcome outcome = Run({"--input", Path("one_line.jsonl"), "--output-prefix", Path("out"),
+                               "--tokenizer", "sentencepiece", "--spm-train-vocab-size", "100"});
   EXPECT_EQ(outcome.exit_code, 1);
   EXPECT_EQ(outcome.err, "nf-preprocess: SentencePiece training of " + Path("out.spm") +
                              ": no line of the training text has 1 to 4192 bytes, and "
@@ -294,9 +294,69 @@ TEST_F(NfPreprocessCliTest, UnreadableTokenizerFilesAndUnwritableOutputsNameTheP
   const Outcome outcome = Run({"--input", input, "--output-prefix", missing, "--tokenizer",
                                "sentencepiece", "--spm-train-vocab-size", "40"});
   EXPECT_EQ(outcome.exit_code, 1) << outcome.err;
-  EXPECT_EQ(Lines(outcome.err),
-            std::vector<std::string>{"nf-preprocess: cannot write " + missing +
-                                     ".spm-train.txt: No such file or directory"});
+  const std::vector<std::string> lines = Lines(outcome.err);
+  ASSERT_EQ(lines.size(), 1u) << outcome.err;
+  EXPECT_THAT(lines[0], ::testing::StartsWith("nf-preprocess: cannot create directory " + missing +
+                                              ".spm-train.tmp-"));
+  EXPECT_THAT(lines[0], ::testing::EndsWith(": No such file or directory"));
+}
+
+// The outputs never land in a checkpoint or over an input: refused with exit 2 and one line,
+// before anything is written (a prefix inside a checkpoint used to put .bin/.idx among its
+// shards). Links planted at the names nf-preprocess writes (the trained model's, the training
+// text's old fixed name) reach nothing: the model is trained in a staging directory of its own
+// and moved into place, replacing the links.
+TEST_F(NfPreprocessCliTest, OutputsStayOutOfCheckpointsAndInputsAndLinksReachNothing) {
+  const std::string corpus = WriteCorpus();
+  const std::filesystem::path checkpoint = dir_ / "run" / "checkpoints" / "iter_0000005";
+  std::filesystem::create_directories(checkpoint);
+  std::ofstream(checkpoint / "manifest.pb") << "precious";
+  std::ofstream(Path("tokens.bin")) << "an input";
+  const std::vector<std::string> spm = {"--tokenizer", "sentencepiece", "--spm-train-vocab-size",
+                                        "40"};
+  for (const auto& [input, prefix, message] :
+       std::vector<std::tuple<std::string, std::string, std::string>>{
+           {corpus, (checkpoint / "data").string(),
+            "--output-prefix " + (checkpoint / "data.bin").string() + " is inside checkpoint " +
+                checkpoint.string()},
+           {Path("tokens.bin"), Path("tokens"),
+            "--output-prefix " + Path("tokens.bin") + " is --input " + Path("tokens.bin") +
+                ", which this command reads"}}) {
+    std::vector<std::string> args = {"--input", input, "--output-prefix", prefix};
+    args.insert(args.end(), spm.begin(), spm.end());
+    const Outcome outcome = Run(args);
+    EXPECT_EQ(outcome.exit_code, 2) << outcome.err;
+    ASSERT_EQ(Lines(outcome.err).size(), 1u) << outcome.err;
+    EXPECT_THAT(outcome.err, HasSubstr("nf-preprocess: " + message));
+  }
+  EXPECT_EQ(std::vector<std::string>({"manifest.pb"}), [&] {
+    std::vector<std::string> names;
+    for (const auto& e : std::filesystem::directory_iterator(checkpoint)) {
+      names.push_back(e.path().filename().string());
+    }
+    return names;
+  }());
+  EXPECT_EQ(::nf::testing::ReadFile(Path("tokens.bin")), "an input");
+
+  // (A symbolic link into a checkpoint is refused like the checkpoint's own path; a hard link
+  // cannot be told from a file by its path, and one elsewhere is a file worth keeping too.)
+  const std::filesystem::path victim = checkpoint / "manifest.pb", elsewhere = dir_ / "notes";
+  std::ofstream(elsewhere) << "mine";
+  std::filesystem::create_symlink(elsewhere, Path("out.spm.model"));
+  std::filesystem::create_hard_link(victim, Path("out.spm.vocab"));
+  std::filesystem::create_symlink(victim, Path("out.spm-train.txt"));
+  std::vector<std::string> args = {"--input", corpus, "--output-prefix", Path("out")};
+  args.insert(args.end(), spm.begin(), spm.end());
+  const Outcome trained = Run(args);
+  ASSERT_EQ(trained.exit_code, 0) << trained.err;
+  EXPECT_EQ(::nf::testing::ReadFile(victim), "precious");
+  EXPECT_EQ(::nf::testing::ReadFile(elsewhere), "mine");
+  EXPECT_FALSE(std::filesystem::is_symlink(Path("out.spm.model")));
+  NF_EXPECT_OK(SentencePieceTokenizer::Load(Path("out.spm.model")).status());
+  EXPECT_TRUE(std::filesystem::is_symlink(Path("out.spm-train.txt")));
+  for (const auto& e : std::filesystem::directory_iterator(dir_)) {
+    EXPECT_THAT(e.path().filename().string(), ::testing::Not(HasSubstr(".tmp-")));
+  }
 }
 
 }  // namespace

@@ -3,9 +3,6 @@
 // Exit codes: 0 done; 1 a runtime error (nothing is left that looks complete); 2 bad usage.
 #include <unistd.h>
 
-#include <cerrno>
-#include <cstdio>
-#include <cstring>
 #include <exception>
 #include <filesystem>
 #include <iostream>
@@ -17,6 +14,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
+#include "checkpoint/output_path.h"
+#include "core/files/atomic_file.h"
+#include "core/status.h"
 #include "data/chunked_encoding.h"
 #include "data/document_reader.h"
 #include "data/gpt2_bpe.h"
@@ -84,21 +85,30 @@ struct Flags {
   bool keep_empty_documents = false;
 };
 
-struct FileCloser {
-  void operator()(std::FILE* file) const { std::fclose(file); }
-};
-
-absl::Status CannotWrite(const std::string& path, int error) {
-  return absl::UnavailableError("cannot write " + path + ": " + std::strerror(error));
+// Every file nf-preprocess writes lies outside every checkpoint and is none of its inputs
+// (checkpoint/output_path.h): refused before anything is read or written.
+absl::Status CheckOutputs(const Flags& flags) {
+  std::vector<nf::checkpoint::ToolInput> inputs = {{flags.vocab_file, "--vocab-file"},
+                                                   {flags.merges_file, "--merges-file"},
+                                                   {flags.spm_model, "--spm-model"}};
+  for (const std::string& input : flags.inputs) {
+    if (input != "-") inputs.push_back({input, "--input"});
+  }
+  std::vector<std::string> suffixes = {".bin", ".idx"};
+  if (flags.spm_model.empty() && flags.spm_train_vocab_size > 0) {
+    suffixes.insert(suffixes.end(), {".spm.model", ".spm.vocab"});
+  }
+  for (const std::string& suffix : suffixes) {
+    NF_RETURN_IF_ERROR(
+        nf::checkpoint::CheckOutputPath(flags.output_prefix + suffix, "--output-prefix", inputs));
+  }
+  return absl::OkStatus();
 }
 
-// Writes the documents of the inputs, one per paragraph, to a text file SentencePiece trains on.
-// stdio rather than a std::ofstream, whose failures leave no reliable errno: each failing call's
-// reason is taken at once, before reading the next document can change errno.
+// Writes the documents of the inputs, one per paragraph, to a new file SentencePiece trains on.
 absl::Status WriteTrainingText(const Flags& flags, nf::data::InputFormat format,
-                               const std::string& path) {
-  std::unique_ptr<std::FILE, FileCloser> out(std::fopen(path.c_str(), "w"));
-  if (out == nullptr) return CannotWrite(path, errno);
+                               const std::filesystem::path& path) {
+  NF_ASSIGN_OR_RETURN(nf::DurableWriter out, nf::DurableWriter::Create(path));
   for (const std::string& input : flags.inputs) {
     auto reader = nf::data::DocumentReader::Open(input, format, flags.json_key);
     if (!reader.ok()) return reader.status();
@@ -106,16 +116,39 @@ absl::Status WriteTrainingText(const Flags& flags, nf::data::InputFormat format,
       auto document = (*reader)->Next();
       if (!document.ok()) return document.status();
       if (!document->has_value()) break;
-      if (std::fwrite((*document)->data(), 1, (*document)->size(), out.get()) !=
-              (*document)->size() ||
-          std::fputc('\n', out.get()) == EOF) {
-        return CannotWrite(path, errno);
-      }
+      NF_RETURN_IF_ERROR(
+          out.Append((*document)->data(), static_cast<int64_t>((*document)->size())));
+      NF_RETURN_IF_ERROR(out.Append("\n", 1));
     }
   }
-  if (std::fflush(out.get()) != 0) return CannotWrite(path, errno);
-  if (std::fclose(out.release()) != 0) return CannotWrite(path, errno);
-  return absl::OkStatus();
+  return absl::OkStatus();  // scratch: closed unsynced, read back at once and removed
+}
+
+// Trains PREFIX.spm.model (and .vocab) on the inputs. Everything is written in a staging
+// directory of its own beside PREFIX (the training text, SentencePiece's files, which it opens
+// as it likes) and the model moved into place at the end, so that a link planted at any name
+// reaches nothing; the staging directory goes, whatever happens.
+absl::StatusOr<std::unique_ptr<nf::data::Tokenizer>> TrainSentencePiece(
+    const Flags& flags, nf::data::InputFormat format) {
+  const std::string prefix = flags.output_prefix + ".spm";
+  NF_ASSIGN_OR_RETURN(const nf::StagingDirectory staging,
+                      nf::StagingDirectory::Create(flags.output_prefix + ".spm-train"));
+  const std::filesystem::path text = staging.path() / "train.txt";
+  NF_RETURN_IF_ERROR(WriteTrainingText(flags, format, text));
+  const std::string staged = (staging.path() / "spm").string();
+  const absl::Status trained =
+      nf::data::SentencePieceTokenizer::Train({.inputs = {text.string()},
+                                               .model_prefix = staged,
+                                               .vocab_size = flags.spm_train_vocab_size});
+  if (!trained.ok()) {  // named as the model asked for, not as staged
+    return absl::Status(trained.code(), absl::StrReplaceAll(trained.message(), {{staged, prefix}}));
+  }
+  for (const char* extension : {".model", ".vocab"}) {
+    NF_RETURN_IF_ERROR(
+        nf::MoveIntoPlace(staged + extension, prefix + extension, nf::OnCommit::kReplace));
+  }
+  std::cerr << "nf-preprocess: trained " << prefix << ".model\n";
+  return nf::data::SentencePieceTokenizer::Load(prefix + ".model");
 }
 
 absl::StatusOr<std::unique_ptr<nf::data::Tokenizer>> MakeTokenizer(const Flags& flags,
@@ -148,24 +181,7 @@ absl::StatusOr<std::unique_ptr<nf::data::Tokenizer>> MakeTokenizer(const Flags& 
           "--spm-train-vocab-size reads the inputs twice and cannot train from standard input");
     }
   }
-  const std::string text = flags.output_prefix + ".spm-train.txt";
-  if (absl::Status s = WriteTrainingText(flags, format, text); !s.ok()) {
-    std::error_code ignored;
-    std::filesystem::remove(text, ignored);  // a half-written file on a full disk
-    return s;
-  }
-  const absl::Status trained =
-      nf::data::SentencePieceTokenizer::Train({.inputs = {text},
-                                               .model_prefix = flags.output_prefix + ".spm",
-                                               .vocab_size = flags.spm_train_vocab_size});
-  std::error_code error;
-  if (!std::filesystem::remove(text, error) && error) {
-    std::cerr << "nf-preprocess: warning: cannot remove " << text << ": " << error.message()
-              << "\n";
-  }
-  if (!trained.ok()) return trained;
-  std::cerr << "nf-preprocess: trained " << flags.output_prefix << ".spm.model\n";
-  return nf::data::SentencePieceTokenizer::Load(flags.output_prefix + ".spm.model");
+  return TrainSentencePiece(flags, format);
 }
 
 int64_t TotalInputBytes(const std::vector<std::string>& inputs) {
@@ -236,6 +252,10 @@ int Run(int argc, char** argv) {
   if (flags.output_prefix.empty()) return Usage("--output-prefix is required");
   const auto format = nf::data::ParseInputFormat(flags.format);
   if (!format.ok()) return Usage(std::string(format.status().message()));
+  if (const absl::Status outputs = CheckOutputs(flags); !outputs.ok()) {
+    std::cerr << "nf-preprocess: " << outputs.message() << "\n";
+    return 2;
+  }
 
   auto tokenizer = MakeTokenizer(flags, *format);
   if (!tokenizer.ok()) {
