@@ -2,23 +2,17 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <cstring>
-#include <fstream>
 #include <map>
 #include <optional>
 #include <set>
-#include <sstream>
+#include <utility>
 
 #include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "absl/strings/str_split.h"
 #include "absl/time/time.h"
 #include "core/dtype.h"
-#include "core/json_value.h"
-#include "core/status.h"
 #include "parallel/flight_dumps.h"
 
 namespace nf::parallel {
@@ -26,83 +20,6 @@ namespace {
 
 // A record older than the newest by more than this did not answer the last dump request.
 const absl::Duration kStale = 2 * kPeerDumpGrace;
-
-// ---- Reading ------------------------------------------------------------------------------------
-
-absl::Status Bad(absl::string_view where, absl::string_view what) {
-  return absl::InvalidArgumentError(absl::StrCat(where, ": ", what));
-}
-
-const JsonValue* Member(const JsonValue& object, const char* key) {
-  auto it = object.members.find(key);
-  return it == object.members.end() ? nullptr : &it->second;
-}
-
-absl::StatusOr<int64_t> Int(const JsonValue& object, const char* key, absl::string_view where) {
-  const JsonValue* v = Member(object, key);
-  int64_t value = 0;
-  if (v == nullptr || v->kind != JsonValue::Kind::kNumber || !absl::SimpleAtoi(v->text, &value)) {
-    return Bad(where, absl::StrCat("'", key, "' is not an integer"));
-  }
-  return value;
-}
-
-absl::StatusOr<std::string> Text(const JsonValue& object, const char* key,
-                                 absl::string_view where) {
-  const JsonValue* v = Member(object, key);
-  if (v == nullptr || v->kind != JsonValue::Kind::kString) {
-    return Bad(where, absl::StrCat("'", key, "' is not a string"));
-  }
-  return v->text;
-}
-
-template <size_t N>
-void CopyName(absl::string_view from, char (&to)[N]) {
-  const size_t n = std::min(from.size(), N - 1);
-  std::memcpy(to, from.data(), n);
-  to[n] = '\0';
-}
-
-absl::StatusOr<CommOp> ParseOp(absl::string_view name, absl::string_view where) {
-  for (int i = 0; i < static_cast<int>(CommOp::kCount); ++i) {
-    if (CommOpName(static_cast<CommOp>(i)) == name) return static_cast<CommOp>(i);
-  }
-  return Bad(where, absl::StrCat("unknown operation '", name, "'"));
-}
-
-absl::StatusOr<FlightState> ParseState(absl::string_view name, absl::string_view where) {
-  for (FlightState s : {FlightState::kIssued, FlightState::kWaiting, FlightState::kCompleted}) {
-    if (FlightStateName(s) == name) return s;
-  }
-  return Bad(where, absl::StrCat("unknown state '", name, "'"));
-}
-
-absl::StatusOr<FlightEntry> ParseEntry(const JsonValue& line, absl::string_view where) {
-  FlightEntry e;
-  NF_ASSIGN_OR_RETURN(const int64_t id, Int(line, "id", where));
-  e.id = static_cast<uint64_t>(id);
-  NF_ASSIGN_OR_RETURN(const std::string group, Text(line, "group", where));
-  NF_ASSIGN_OR_RETURN(const std::string backend, Text(line, "backend", where));
-  CopyName(group, e.group);
-  CopyName(backend, e.backend);
-  NF_ASSIGN_OR_RETURN(e.seq, Int(line, "seq", where));
-  NF_ASSIGN_OR_RETURN(const std::string op, Text(line, "op", where));
-  NF_ASSIGN_OR_RETURN(e.op, ParseOp(op, where));
-  NF_ASSIGN_OR_RETURN(const int64_t peer, Int(line, "peer", where));
-  e.peer = static_cast<int>(peer);
-  NF_ASSIGN_OR_RETURN(e.bytes, Int(line, "bytes", where));
-  NF_ASSIGN_OR_RETURN(const std::string dtype, Text(line, "dtype", where));
-  absl::StatusOr<DType> parsed = ParseDType(dtype);
-  if (!parsed.ok()) return Bad(where, parsed.status().message());
-  e.dtype = *parsed;
-  NF_ASSIGN_OR_RETURN(e.step, Int(line, "step", where));
-  NF_ASSIGN_OR_RETURN(const std::string state, Text(line, "state", where));
-  NF_ASSIGN_OR_RETURN(e.state, ParseState(state, where));
-  NF_ASSIGN_OR_RETURN(e.issued_ns, Int(line, "issued_ns", where));
-  NF_ASSIGN_OR_RETURN(e.waiting_ns, Int(line, "waiting_ns", where));
-  NF_ASSIGN_OR_RETURN(e.completed_ns, Int(line, "completed_ns", where));
-  return e;
-}
 
 // ---- Describing ---------------------------------------------------------------------------------
 
@@ -149,19 +66,57 @@ struct GroupHistory {
   std::map<std::pair<int, int>, int64_t> last_transfer;  // (op, peer) -> highest seq
 };
 
-GroupHistory HistoryOf(const FlightRecord& record, const std::string& key) {
-  GroupHistory h;
-  for (const FlightEntry& e : record.entries) {
-    if (GroupKey(e) != key) continue;
-    if (IsTransfer(e.op)) {
-      int64_t& last = h.last_transfer[{static_cast<int>(e.op), e.peer}];
-      last = std::max(last, e.seq);
-    } else {
-      h.collectives[e.seq] = e;
-      h.last_collective = std::max(h.last_collective, e.seq);
+// Every record's histories, by (rank, group key): one pass over the entries, so that a group's
+// members are looked up, not rescanned, whatever the number of groups.
+using Histories = std::map<std::pair<int, std::string>, GroupHistory>;
+
+Histories HistoriesOf(const std::vector<FlightRecord>& records) {
+  Histories all;
+  for (const FlightRecord& r : records) {
+    for (const FlightEntry& e : r.entries) {
+      GroupHistory& h = all[{r.rank, GroupKey(e)}];
+      if (IsTransfer(e.op)) {
+        int64_t& last = h.last_transfer[{static_cast<int>(e.op), e.peer}];
+        last = std::max(last, e.seq);
+      } else {
+        h.collectives[e.seq] = e;
+        h.last_collective = std::max(h.last_collective, e.seq);
+      }
     }
   }
-  return h;
+  return all;
+}
+
+const GroupHistory& HistoryAt(const Histories& all, int rank, const std::string& key) {
+  static const GroupHistory kNone;
+  const auto it = all.find({rank, key});
+  return it == all.end() ? kNone : it->second;
+}
+
+// Ascending, disjoint spans of ranks [first, last] as "0, 2, 5-9", touching spans joined.
+std::string Spans(const std::vector<std::pair<int, int>>& spans) {
+  std::vector<std::string> parts;
+  for (size_t i = 0; i < spans.size();) {
+    const int first = spans[i].first;
+    int last = spans[i].second;
+    for (++i; i < spans.size() && spans[i].first == last + 1; ++i) last = spans[i].second;
+    parts.push_back(first == last ? absl::StrCat(first) : absl::StrCat(first, "-", last));
+  }
+  return absl::StrJoin(parts, ", ");
+}
+
+// `text` with each control character (a newline, an escape sequence's ESC) as \xNN.
+std::string ControlsShown(absl::string_view text) {
+  std::string shown;
+  for (const char c : text) {
+    const auto byte = static_cast<unsigned char>(c);
+    if (byte < 0x20 || byte == 0x7f) {
+      absl::StrAppendFormat(&shown, "\\x%02x", byte);
+    } else {
+      shown.push_back(c);
+    }
+  }
+  return shown;
 }
 
 // What rank `r` is doing, for "... ; it <doing>".
@@ -175,103 +130,23 @@ std::string Doing(const RankView& v) {
 
 // ---- Public -------------------------------------------------------------------------------------
 
-absl::StatusOr<FlightRecord> ParseFlightRecord(absl::string_view text, absl::string_view where) {
-  FlightRecord record;
-  int number = 0;
-  for (absl::string_view line : absl::StrSplit(text, '\n', absl::SkipEmpty())) {
-    ++number;
-    const std::string at = absl::StrCat(where, ":", number);
-    absl::StatusOr<JsonValue> value = ParseJson(line);
-    if (!value.ok()) return Bad(at, value.status().message());
-    if (value->kind != JsonValue::Kind::kObject) return Bad(at, "not a JSON object");
-    if (number > 1) {
-      NF_ASSIGN_OR_RETURN(FlightEntry entry, ParseEntry(*value, at));
-      record.entries.push_back(entry);
-      continue;
-    }
-    NF_ASSIGN_OR_RETURN(const int64_t rank, Int(*value, "rank", at));
-    NF_ASSIGN_OR_RETURN(const int64_t size, Int(*value, "world_size", at));
-    if (rank < 0 || size <= rank) return Bad(at, "'rank' is not within 'world_size'");
-    record.rank = static_cast<int>(rank);
-    record.world_size = static_cast<int>(size);
-    NF_ASSIGN_OR_RETURN(record.label, Text(*value, "label", at));
-    NF_ASSIGN_OR_RETURN(record.host, Text(*value, "host", at));
-    NF_ASSIGN_OR_RETURN(record.reason, Text(*value, "reason", at));
-    NF_ASSIGN_OR_RETURN(record.time_ns, Int(*value, "time_ns", at));
-    NF_ASSIGN_OR_RETURN(record.step, Int(*value, "step", at));
-    if (const JsonValue* stalls = Member(*value, "stalls"); stalls != nullptr) {
-      if (stalls->kind != JsonValue::Kind::kArray) return Bad(at, "'stalls' is not an array");
-      for (const JsonValue& stall : stalls->items) {
-        ProcessStall parsed;
-        NF_ASSIGN_OR_RETURN(parsed.start_ns, Int(stall, "start_ns", at));
-        NF_ASSIGN_OR_RETURN(parsed.end_ns, Int(stall, "end_ns", at));
-        record.stalls.push_back(parsed);
-      }
-    }
-    const JsonValue* groups = Member(*value, "groups");
-    if (groups == nullptr || groups->kind != JsonValue::Kind::kArray) {
-      return Bad(at, "'groups' is not an array");
-    }
-    for (const JsonValue& g : groups->items) {
-      FlightGroup group;
-      NF_ASSIGN_OR_RETURN(group.group, Text(g, "group", at));
-      NF_ASSIGN_OR_RETURN(group.backend, Text(g, "backend", at));
-      const JsonValue* ranks = Member(g, "ranks");
-      if (ranks == nullptr || ranks->kind != JsonValue::Kind::kArray) {
-        return Bad(at, "a group's 'ranks' is not an array");
-      }
-      for (const JsonValue& r : ranks->items)
-        group.world_ranks.push_back(static_cast<int>(r.number));
-      record.groups.push_back(std::move(group));
-    }
-  }
-  if (number == 0) return Bad(where, "empty");
-  return record;
-}
-
-absl::StatusOr<std::vector<FlightRecord>> ReadFlightRecords(const std::filesystem::path& dir) {
-  std::vector<FlightRecord> records;
-  std::error_code error;
-  for (const auto& file : std::filesystem::directory_iterator(dir, error)) {
-    const std::string name = file.path().filename().string();
-    if (!absl::StartsWith(name, "rank_") || !absl::EndsWith(name, ".jsonl")) continue;
-    std::ifstream in(file.path());
-    std::stringstream text;
-    text << in.rdbuf();
-    NF_ASSIGN_OR_RETURN(FlightRecord record, ParseFlightRecord(text.str(), file.path().string()));
-    records.push_back(std::move(record));
-  }
-  if (error) {
-    return absl::NotFoundError(
-        absl::StrCat("cannot read ", dir.string(), ": ", error.message(),
-                     " (is it RUN/flight of a run whose ranks dumped their records?)"));
-  }
-  if (records.empty()) {
-    return absl::NotFoundError(absl::StrCat("no rank_*.jsonl in ", dir.string(),
-                                            ": no rank has dumped its flight record"));
-  }
-  std::sort(records.begin(), records.end(),
-            [](const FlightRecord& a, const FlightRecord& b) { return a.rank < b.rank; });
-  return records;
-}
-
 FlightFindings AnalyzeFlight(const std::vector<FlightRecord>& records) {
   FlightFindings f;
   int world = 0;
   int64_t newest = 0;
-  // Groups of one name differ by rank (rank 0's dp is not rank 1's): each rank's own, and
-  // every distinct (name, members).
-  std::map<int, std::map<std::string, std::vector<int>>> member_of;  // rank -> key -> ranks
+  // Groups of one name differ by rank (rank 0's dp is not rank 1's): each rank's own (its
+  // latest registration of the name), and every distinct (name, members), each kept once.
   std::set<std::pair<std::string, std::vector<int>>> groups;
+  std::map<int, std::map<std::string, const std::vector<int>*>> member_of;  // rank -> key
   for (const FlightRecord& r : records) {
     world = std::max(world, r.world_size);
     newest = std::max(newest, r.time_ns);
-    for (const FlightGroup& g : r.groups) {
-      const std::string key = absl::StrCat(g.group, "/", g.backend);
-      member_of[r.rank][key] = g.world_ranks;
-      groups.insert({key, g.world_ranks});
+    for (const auto& [key, g] : CurrentGroups(r)) {
+      const auto it = groups.insert({key, g->world_ranks}).first;
+      member_of[r.rank][key] = &it->second;
     }
   }
+  const Histories histories = HistoriesOf(records);
   // The first watchdog's dump, after which every live rank answers within kPeerDumpGrace.
   int64_t asked = 0;
   for (const FlightRecord& r : records) {
@@ -279,7 +154,8 @@ FlightFindings AnalyzeFlight(const std::vector<FlightRecord>& records) {
       asked = r.time_ns;
     }
   }
-  std::vector<RankView> ranks(world);
+  // The ranks with a record (a world may hold far more ranks than there are records).
+  std::map<int, RankView> ranks;
   for (const FlightRecord& r : records) {
     RankView& v = ranks[r.rank];
     v.record = &r;
@@ -303,16 +179,21 @@ FlightFindings AnalyzeFlight(const std::vector<FlightRecord>& records) {
       if (e.state != FlightState::kCompleted) v.stuck = e;
     }
   }
+  const RankView kNoRecord;
+  const auto view = [&](int rank) -> const RankView& {
+    const auto it = ranks.find(rank);
+    return it == ranks.end() ? kNoRecord : it->second;
+  };
   // The hang began when the first rank started waiting in the operation it is still in; a stall
   // ending after that kept its rank from the operations the others wait in.
   int64_t hang_began = 0;
-  for (const RankView& v : ranks) {
+  for (const auto& [rank, v] : ranks) {
     if (!v.stuck || v.stale) continue;
     const int64_t since = v.stuck->waiting_ns > 0 ? v.stuck->waiting_ns : v.stuck->issued_ns;
     if (hang_began == 0 || since < hang_began) hang_began = since;
   }
-  for (RankView& v : ranks) {
-    if (v.record == nullptr || hang_began == 0) continue;
+  for (auto& [rank, v] : ranks) {
+    if (hang_began == 0) break;
     for (const ProcessStall& stall : v.record->stalls) {
       if (stall.end_ns > hang_began && (!v.frozen || Seconds(stall) > Seconds(*v.frozen))) {
         v.frozen = stall;
@@ -322,28 +203,36 @@ FlightFindings AnalyzeFlight(const std::vector<FlightRecord>& records) {
   f.lines.push_back(absl::StrFormat("%d rank(s), %d record(s); the newest written %s UTC", world,
                                     records.size(), Clock(newest)));
 
-  // Each rank: what it waits in, or that it is silent.
-  std::set<int> silent;
-  for (int rank = 0; rank < world; ++rank) {
-    const RankView& v = ranks[rank];
-    if (v.record == nullptr) {
-      silent.insert(rank);
-      f.lines.push_back(absl::StrFormat(
-          "rank %d: no record: it never answered (killed, stopped, or its node is lost)", rank));
-      continue;
-    }
+  // Each rank: what it waits in, or that it is silent. Ranks without a record, in spans.
+  std::vector<std::pair<int, int>> silent;  // spans, ascending as the ranks are walked
+  const auto no_record = [&](int first, int last) {
+    if (first > last) return;
+    silent.push_back({first, last});
+    f.lines.push_back(
+        first == last
+            ? absl::StrFormat(
+                  "rank %d: no record: it never answered (killed, stopped, or its node is lost)",
+                  first)
+            : absl::StrFormat("ranks %d-%d: no record: they never answered (killed, stopped, or "
+                              "their nodes are lost)",
+                              first, last));
+  };
+  int next = 0;  // the lowest rank not yet described
+  for (const auto& [rank, v] : ranks) {
+    no_record(next, rank - 1);
+    next = rank + 1;
     const FlightRecord& r = *v.record;
     const std::string who =
         absl::StrFormat("%s on %s (step %d)",
                         r.label.empty() ? absl::StrCat("rank ", rank) : r.label, r.host, r.step);
     if (v.stale) {
-      silent.insert(rank);
+      silent.push_back({rank, rank});
       f.lines.push_back(absl::StrFormat(
           "%s: its record is from %s, older than the others': it did not answer the last "
           "request (stopped, or its node is lost)",
           who, Clock(r.time_ns)));
     } else if (v.unanswered) {
-      silent.insert(rank);
+      silent.push_back({rank, rank});
       f.lines.push_back(absl::StrFormat(
           "%s did not answer the watchdog's request for records (it wrote its record only at %s, "
           "on %s): it was stopped, or could not run",
@@ -365,13 +254,14 @@ FlightFindings AnalyzeFlight(const std::vector<FlightRecord>& records) {
       f.lines.push_back(absl::StrFormat("%s: no operation in flight (%s)", who, r.reason));
     }
   }
+  no_record(next, world - 1);
 
   // The first collective the ranks of a group issued differently.
   for (const auto& [key, group_ranks] : groups) {
     std::map<int64_t, std::map<std::string, std::vector<int>>> by_seq;  // seq -> signature -> ranks
     for (int rank : group_ranks) {
-      if (rank >= world || ranks[rank].record == nullptr) continue;
-      for (const auto& [seq, e] : HistoryOf(*ranks[rank].record, key).collectives) {
+      if (view(rank).record == nullptr) continue;
+      for (const auto& [seq, e] : HistoryAt(histories, rank, key).collectives) {
         by_seq[seq][Signature(e)].push_back(rank);
       }
     }
@@ -402,22 +292,20 @@ FlightFindings AnalyzeFlight(const std::vector<FlightRecord>& records) {
   // Whom each waiting rank waits for.
   std::set<int> awaited;
   std::map<int, std::set<int>> waits_for;
-  for (int rank = 0; rank < world; ++rank) {
-    const RankView& v = ranks[rank];
+  for (const auto& [rank, v] : ranks) {
     if (!v.stuck || v.stale) continue;
     const FlightEntry& e = *v.stuck;
     const std::string key = GroupKey(e);
     std::vector<int> others;
     if (IsTransfer(e.op)) {
       others = {e.peer};
-    } else {
-      for (int m : member_of[rank][key]) {
+    } else if (const auto it = member_of[rank].find(key); it != member_of[rank].end()) {
+      for (int m : *it->second) {
         if (m != rank) others.push_back(m);
       }
     }
     for (int other : others) {
-      if (other < 0 || other >= world) continue;
-      const RankView& o = ranks[other];
+      const RankView& o = view(other);
       std::string why;
       if (o.record == nullptr || o.stale) {
         why = "left no recent record";
@@ -425,7 +313,7 @@ FlightFindings AnalyzeFlight(const std::vector<FlightRecord>& records) {
         why = absl::StrCat("did not answer the watchdog; its later record says it ", Doing(o));
       } else if (IsTransfer(e.op)) {
         const CommOp matching = e.op == CommOp::kRecv ? CommOp::kSend : CommOp::kRecv;
-        const auto history = HistoryOf(*o.record, key).last_transfer;
+        const auto& history = HistoryAt(histories, other, key).last_transfer;
         const auto it = history.find({static_cast<int>(matching), rank});
         const int64_t last = it == history.end() ? 0 : it->second;
         if (last >= e.seq) continue;  // its part is posted: the transfer itself is slow
@@ -433,7 +321,7 @@ FlightFindings AnalyzeFlight(const std::vector<FlightRecord>& records) {
                               matching == CommOp::kSend ? "sent" : "posted receive", e.seq,
                               matching == CommOp::kSend ? "to" : "from", rank, last, Doing(o));
       } else {
-        const GroupHistory history = HistoryOf(*o.record, key);
+        const GroupHistory& history = HistoryAt(histories, other, key);
         if (history.last_collective >= e.seq) continue;  // it arrived (or diverged: above)
         why = absl::StrFormat("has not reached it (its last collective there is #%d); it %s",
                               history.last_collective, Doing(o));
@@ -459,8 +347,8 @@ FlightFindings AnalyzeFlight(const std::vector<FlightRecord>& records) {
     for (const auto& [key, group_ranks] : groups) {
       std::map<int64_t, std::vector<int>> by_count;  // collectives issued -> ranks
       for (int m : group_ranks) {
-        if (m < world && ranks[m].record != nullptr) {
-          by_count[HistoryOf(*ranks[m].record, key).last_collective].push_back(m);
+        if (view(m).record != nullptr) {
+          by_count[HistoryAt(histories, m, key).last_collective].push_back(m);
         }
       }
       if (group_ranks.size() < 3 || by_count.size() < 2) continue;
@@ -475,7 +363,7 @@ FlightFindings AnalyzeFlight(const std::vector<FlightRecord>& records) {
           if (other != count) others.push_back(other);
         }
         for (int rank : rs) {
-          const RankView& v = ranks[rank];
+          const RankView& v = view(rank);
           f.lines.push_back(absl::StrFormat(
               "rank %d issued %d collectives on group %s (ranks [%s]), the others %s: it is out "
               "of step%s",
@@ -490,11 +378,11 @@ FlightFindings AnalyzeFlight(const std::vector<FlightRecord>& records) {
   // whose process stopped running holds it (it entered, then froze).
   if (!f.desynchronised) {
     std::vector<int> frozen;
-    for (int rank = 0; rank < world; ++rank) {
+    for (const auto& [rank, v] : ranks) {
       const bool candidate = f.culprits.empty()
-                                 ? ranks[rank].stuck.has_value()
+                                 ? v.stuck.has_value()
                                  : std::count(f.culprits.begin(), f.culprits.end(), rank) > 0;
-      if (candidate && ranks[rank].frozen) frozen.push_back(rank);
+      if (candidate && v.frozen) frozen.push_back(rank);
     }
     if (!frozen.empty()) f.culprits = frozen;
   }
@@ -509,7 +397,7 @@ FlightFindings AnalyzeFlight(const std::vector<FlightRecord>& records) {
   } else if (!f.culprits.empty()) {
     std::vector<std::string> named;
     for (int rank : f.culprits) {
-      const RankView& v = ranks[rank];
+      const RankView& v = view(rank);
       std::string why;
       if (v.record == nullptr || v.stale) {
         why = " (no recent record)";
@@ -524,11 +412,14 @@ FlightFindings AnalyzeFlight(const std::vector<FlightRecord>& records) {
         absl::StrFormat("verdict: the job waits for rank(s) [%s]", absl::StrJoin(named, ", "));
   } else if (!silent.empty()) {
     verdict = absl::StrFormat("verdict: rank(s) [%s] left no record; no one waits for them",
-                              absl::StrJoin(silent, ", "));
+                              Spans(silent));
   } else {
     verdict = "verdict: no rank waits for another";
   }
   f.lines.push_back(verdict);
+  // A record's strings (label, host, reason, group names) are the file's: their control
+  // characters are shown, not sent to the terminal, so no record forges a line of the findings.
+  for (std::string& line : f.lines) line = ControlsShown(line);
   return f;
 }
 

@@ -222,12 +222,12 @@ std::string FormatFlightRecord(const FlightDumpConfig& config, absl::string_view
                                      absl::StrJoin(g.world_ranks, ",")));
   }
   std::string text = absl::StrFormat(
-      R"({"rank":%d,"world_size":%d,"label":"%s","host":"%s","reason":"%s","time_ns":%d,)"
-      R"("step":%d,"capacity":%d,"dropped":%d,"stalls":[%s],"groups":[%s]})"
+      R"({"rank":%d,"world_size":%d,"run_started_ns":%d,"label":"%s","host":"%s","reason":"%s",)"
+      R"("time_ns":%d,"step":%d,"capacity":%d,"dropped":%d,"stalls":[%s],"groups":[%s]})"
       "\n",
-      config.world_rank, config.world_size, Escaped(RankLabel()), Escaped(config.host),
-      Escaped(reason), WallClockNanos(), CurrentStep(), recorder.capacity(), recorder.dropped(),
-      absl::StrJoin(stall_texts, ","), absl::StrJoin(groups, ","));
+      config.world_rank, config.world_size, config.run_started_ns, Escaped(RankLabel()),
+      Escaped(config.host), Escaped(reason), WallClockNanos(), CurrentStep(), recorder.capacity(),
+      recorder.dropped(), absl::StrJoin(stall_texts, ","), absl::StrJoin(groups, ","));
   for (const FlightEntry& e : recorder.Entries()) {
     absl::StrAppendFormat(
         &text,

@@ -13,13 +13,15 @@
 //     then the signal's previous handling.
 // A thread of its own writes every dump, so a rank blocked in a collective still answers.
 //
-// The file: a header line {"rank", "world_size", "label", "host", "reason", "time_ns",
-// "step", "capacity", "dropped", "stalls": [{"start_ns", "end_ns"}] (the spans in which the
-// process did not run: process_stalls.h), "groups": [{"group", "backend", "ranks"}]}, then one
-// line per operation, oldest first: {"id", "group", "backend", "seq", "op", "peer", "bytes",
-// "dtype", "step", "state", "issued_ns", "waiting_ns", "completed_ns"}.
+// The file: a header line {"rank", "world_size", "run_started_ns" (the launch: run_start.h),
+// "label", "host", "reason", "time_ns", "step", "capacity", "dropped", "stalls": [{"start_ns",
+// "end_ns"}] (the spans in which the process did not run: process_stalls.h), "groups":
+// [{"group", "backend", "ranks"}]}, then one line per operation, oldest first: {"id", "group",
+// "backend", "seq", "op", "peer", "bytes", "dtype", "step", "state", "issued_ns", "waiting_ns",
+// "completed_ns"}.
 #pragma once
 
+#include <cstdint>
 #include <filesystem>
 #include <string>
 
@@ -37,6 +39,9 @@ struct FlightDumpConfig {
   std::filesystem::path dir;  // RUN/flight, shared by every rank
   int world_rank = 0;
   int world_size = 1;
+  // Which launch this is (run_start.h): the same on every rank, so that records of two launches
+  // in one directory are told apart.
+  int64_t run_started_ns = 0;
   std::string host;
 };
 

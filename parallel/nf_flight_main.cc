@@ -6,7 +6,8 @@
 //   nf-flight --request RUN       asks every rank of the running job to write its record now
 //                                 (the run goes on); run `nf-flight RUN` a moment later
 //
-// Exit codes: 0 done, 1 no record to read, 2 bad usage.
+// Exit codes: 0 done, 1 no record to read (or records refused: one line naming the file, the
+// field and what to do), 2 bad usage.
 #include <cstdio>
 #include <filesystem>
 #include <string>
@@ -24,11 +25,13 @@ int Run(int argc, char** argv) {
   const std::string first = argc > 1 ? argv[1] : "";
   if (argc == 3 && first == "--request") {
     const std::filesystem::path dir = std::filesystem::path(argv[2]) / "flight";
-    if (!std::filesystem::is_directory(dir)) {
+    // The error_code form: a name too long or a loop of links is an answer, not an exception.
+    std::error_code error;
+    if (!std::filesystem::is_directory(dir, error)) {
       std::fprintf(stderr,
-                   "nf-flight: %s is not a directory: is %s the run directory of a "
+                   "nf-flight: %s is not a directory%s: is %s the run directory of a "
                    "running job?\n",
-                   dir.c_str(), argv[2]);
+                   dir.c_str(), error ? (" (" + error.message() + ")").c_str() : "", argv[2]);
       return 1;
     }
     const absl::Status requested = nf::parallel::RequestFlightDumps(dir, "nf-flight --request");

@@ -2,9 +2,9 @@
 # The README's second command (and what .ci/run calls): installs what is missing, builds
 # normformer (Release, the configuration users build, with warnings as errors) and runs every
 # test; then builds again with AddressSanitizer + UBSan and runs the tests there too
-# (NF_TEST_SANITIZE=0 skips that second pass); last, short libFuzzer passes over the .idx and
-# manifest.pb readers in a clang build (NF_TEST_FUZZ=0 skips them, NF_FUZZ_RUNS sets their
-# length).
+# (NF_TEST_SANITIZE=0 skips that second pass); last, short libFuzzer passes over the .idx,
+# manifest.pb and flight-record readers in a clang build (NF_TEST_FUZZ=0 skips them, NF_FUZZ_RUNS
+# sets their length).
 #
 #   scripts/test.sh                 # everything
 #   scripts/test.sh -L core         # extra arguments go to ctest (here: only the core label)
@@ -72,17 +72,22 @@ fuzz() {
   echo "$target: $(tail -n 1 "$log")"
 }
 if [[ "${NF_TEST_FUZZ:-1}" != 0 ]]; then
-  echo "== fuzz the .idx and manifest.pb readers (build-fuzz/, clang + libFuzzer)"
+  echo "== fuzz the .idx, manifest.pb and flight-record readers (build-fuzz/, clang + libFuzzer)"
   CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DNF_FUZZ=ON \
     -DNF_WERROR=ON -DNF_CUDA=OFF -DNF_BUILD_BENCHMARKS=OFF >/dev/null
   cmake --build build-fuzz -j "$jobs" --target idx_reader_fuzzer manifest_reader_fuzzer \
-    make_manifest_seeds
-  rm -rf build-fuzz/fuzz/idx_reader_corpus build-fuzz/fuzz/manifest_reader_corpus
+    make_manifest_seeds flight_reader_fuzzer make_flight_seeds
+  rm -rf build-fuzz/fuzz/idx_reader_corpus build-fuzz/fuzz/manifest_reader_corpus \
+    build-fuzz/fuzz/flight_reader_corpus
   python3 fuzz/make_idx_seeds.py build-fuzz/fuzz/idx_reader_corpus
   mkdir -p build-fuzz/fuzz/manifest_reader_corpus
   build-fuzz/fuzz/make_manifest_seeds build-fuzz/fuzz/manifest_reader_corpus
+  mkdir -p build-fuzz/fuzz/flight_reader_corpus
+  build-fuzz/fuzz/make_flight_seeds build-fuzz/fuzz/flight_reader_corpus
   fuzz idx_reader_fuzzer build-fuzz/fuzz/idx_reader_corpus "${NF_FUZZ_RUNS:-20000}"
   # About 30 µs a run (parse + checks, no files): ten times as many runs in a few seconds.
   fuzz manifest_reader_fuzzer build-fuzz/fuzz/manifest_reader_corpus "${NF_FUZZ_RUNS:-200000}"
+  # About 0.3 ms a run (a run directory's records parsed, merged and analysed): 6 s.
+  fuzz flight_reader_fuzzer build-fuzz/fuzz/flight_reader_corpus "${NF_FUZZ_RUNS:-20000}"
 fi
 echo "== all tests passed"

@@ -56,13 +56,18 @@ TEST(FlightRecorderTest, TheWrittenRecordReadsBack) {
   recorder.Completed(sent);
   recorder.Issued("world", "mpi", 9, CommOp::kAllReduce, -1, 8, DType::kF64);
   const std::vector<ProcessStall> stalls = {{.start_ns = 5, .end_ns = 4'000'000'005}};
-  const std::string text =
-      FormatFlightRecord({.dir = "unused", .world_rank = 2, .world_size = 8, .host = "node\"1"},
-                         "a \"test\"\n", stalls);
-  const absl::StatusOr<FlightRecord> record = ParseFlightRecord(text, "rank_00002.jsonl");
+  const std::string text = FormatFlightRecord({.dir = "unused",
+                                               .world_rank = 2,
+                                               .world_size = 8,
+                                               .run_started_ns = 1'700'000'000'123'456'789,
+                                               .host = "node\"1"},
+                                              "a \"test\"\n", stalls);
+  const absl::StatusOr<FlightRecord> record =
+      ParseFlightRecord(text, "rank_00002.jsonl", WallClockNanos());
   NF_ASSERT_OK(record);
   EXPECT_EQ(record->rank, 2);
   EXPECT_EQ(record->world_size, 8);
+  EXPECT_EQ(record->run_started_ns, 1'700'000'000'123'456'789);
   EXPECT_EQ(record->host, "node\"1");
   EXPECT_EQ(record->reason, "a \"test\"\n");
   ASSERT_EQ(record->stalls.size(), 1u);
@@ -82,9 +87,10 @@ TEST(FlightRecorderTest, TheWrittenRecordReadsBack) {
   EXPECT_EQ(record->entries[1].state, FlightState::kIssued);
   recorder.SetCapacity(FlightRecorder::kDefaultCapacity);
 
-  EXPECT_THAT(ParseFlightRecord("{\"rank\": 3}", "f").status().message(),
+  EXPECT_THAT(ParseFlightRecord("{\"rank\": 3}", "f", WallClockNanos()).status().message(),
               HasSubstr("f:1: 'world_size' is not an integer"));
-  EXPECT_THAT(ParseFlightRecord(text + "{oops\n", "f").status().message(), HasSubstr("f:4:"));
+  EXPECT_THAT(ParseFlightRecord(text + "{oops\n", "f", WallClockNanos()).status().message(),
+              HasSubstr("f:4:"));
 }
 
 TEST(StallClockTest, AGapOfASecondBetweenWakesIsAStallTheRestIsJitter) {
