@@ -34,6 +34,11 @@ double RingSeconds(double factor, int g, double bytes, double bytes_per_second, 
   return g > 1 ? latency + factor * (g - 1) / g * bytes / bytes_per_second : 0.0;
 }
 
+// The NVLink bandwidth NCCL reaches, bytes a second.
+double NvlinkBytesPerSecond(const ClusterSpec& cluster) {
+  return cluster.nvlink_bytes_per_second * cluster.nvlink_efficiency;
+}
+
 std::vector<int> Divisors(int n, int at_most) {
   std::vector<int> out;
   for (int k = 1; k <= std::min(n, at_most); ++k) {
@@ -94,8 +99,10 @@ absl::StatusOr<StepTime> StepTimeOf(const TrainConfig& config, const ClusterSpec
   if (recompute == model::Recompute::kSelective) recomputed = work.attention_forward;
   const double layers_here = layers / pp;
   const double layer_backward = work.layer_backward + recomputed;
-  const double micro_batch = layers_here * (work.layer_forward + layer_backward) +
-                             (work.head_forward + work.head_backward) / pp;
+  // The slowest stage's: the last one's layers and the head (1F1B runs every stage at its pace;
+  // the stages split the layers evenly and the first stage's embedding is a lookup).
+  const double micro_batch =
+      layers_here * (work.layer_forward + layer_backward) + work.head_forward + work.head_backward;
   StepTime time;
   time.compute = micro_batches * micro_batch;
   const double local_params = static_cast<double>(params) / (tp * pp);
@@ -107,7 +114,7 @@ absl::StatusOr<StepTime> StepTimeOf(const TrainConfig& config, const ClusterSpec
   const double weight_grads = work.layer_weight_grads;
   const bool sp = parallel.sequence_parallel() && tp > 1;
   if (tp > 1) {
-    const double bytes = micro_tokens * d * s, link = cluster.nvlink_bytes_per_second;
+    const double bytes = micro_tokens * d * s, link = NvlinkBytesPerSecond(cluster);
     const double latency = cluster.collective_latency_seconds;
     const double all_reduce = RingSeconds(2, tp, bytes, link, latency);
     const double half = RingSeconds(1, tp, bytes, link, latency);
@@ -116,13 +123,15 @@ absl::StatusOr<StepTime> StepTimeOf(const TrainConfig& config, const ClusterSpec
     // gradients; the row-parallel output-gradient gathers do not.
     const double forward = sp ? 4 * half : 2 * all_reduce;
     const double hideable = sp ? 4 * half : 2 * all_reduce, fixed = sp ? 2 * half : 0.0;
-    const double per_layer = forward * (recompute == model::Recompute::kFull ? 2 : 1) + fixed +
-                             std::max(0.0, hideable - weight_grads);
+    const double exposed =
+        cluster.overlap_communication ? std::max(0.0, hideable - weight_grads) : hideable;
+    const double per_layer =
+        forward * (recompute == model::Recompute::kFull ? 2 : 1) + fixed + exposed;
     time.tp = per_layer * layers_here * micro_batches;
   }
   if (dp > 1) {
     // The dp group of a pipeline rank is tp x dp consecutive ranks.
-    const double link = tp * dp <= cluster.gpus_per_node ? cluster.nvlink_bytes_per_second
+    const double link = tp * dp <= cluster.gpus_per_node ? NvlinkBytesPerSecond(cluster)
                                                          : cluster.network_bytes_per_second;
     const double local = local_params;
     const double buckets = std::ceil(local / static_cast<double>(parallel.grad_bucket_elements()));
@@ -134,12 +143,13 @@ absl::StatusOr<StepTime> StepTimeOf(const TrainConfig& config, const ClusterSpec
     } else {
       reduce = RingSeconds(2, dp, 4 * local, link, latency);
     }
-    const double last_backward = layers_here * layer_backward + work.head_backward / pp;
+    const double last_backward =
+        cluster.overlap_communication ? layers_here * layer_backward + work.head_backward : 0.0;
     time.dp = std::max(0.0, reduce - last_backward) + after;
     time.dp_hidden = std::min(reduce, last_backward);
   }
   if (pp > 1) {
-    const double link = world <= cluster.gpus_per_node ? cluster.nvlink_bytes_per_second
+    const double link = world <= cluster.gpus_per_node ? NvlinkBytesPerSecond(cluster)
                                                        : cluster.network_bytes_per_second;
     const double bytes = (sp ? micro_tokens / tp : micro_tokens) * d * s;
     time.pp = 2.0 * micro_batches * v * (cluster.collective_latency_seconds + bytes / link);

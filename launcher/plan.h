@@ -7,20 +7,23 @@
 //   compute     the micro-batches' GEMMs, attention and memory-bound operations on one GPU
 //               (plan_compute.h: shape-dependent GEMM rates, HBM bandwidth), with the
 //               recomputed forward (all of a layer's under FULL, the attention core's under
-//               SELECTIVE); the LM head's share spread over the pipeline stages
+//               SELECTIVE), on the slowest stage: the last, which adds the LM head and loss to
+//               its layers (a pipeline runs at its slowest stage's pace)
 //   optimizer   the AdamW step over the rank's parameters (its ZeRO-1 shard), at HBM bandwidth
 //   bubble      the micro-batches' compute x (pp - 1) / (virtual stages x micro-batches per
 //               data-parallel rank)
 //   tp          the tensor-parallel collectives on NVLink (tp never leaves a node), each
-//               a latency plus its ring traffic over the bandwidth: the
+//               a latency plus its ring traffic over the bandwidth NCCL reaches: the
 //               forward's all exposed, the backward's input-gradient reductions (and, with
 //               sequence parallelism, input gathers) hidden behind the weight-gradient GEMMs up
-//               to those GEMMs' time (model/tensor_parallel.h)
+//               to those GEMMs' time (model/tensor_parallel.h); all exposed without
+//               overlap_communication
 //   dp          the gradient reduction (ring all-reduce, or ZeRO-1's reduce-scatter and
 //               all-gather) by buckets, on NVLink inside a node and InfiniBand across; they
 //               overlap the last micro-batch's backward, the ZeRO-1 all-gathers nothing. The
 //               step counts what is exposed; dp_hidden is the part behind that backward, so a
-//               dp of 0 says the reduction hid, not that it is free
+//               dp of 0 says the reduction hid, not that it is free; without
+//               overlap_communication it all comes after the backward
 //   pp          the stage-boundary sends of activations and gradients, all exposed
 //
 // A model with stated assumptions (the efficiencies, the bandwidths), not a measurement: it
@@ -53,13 +56,24 @@ struct ClusterSpec {
   double attention_efficiency = 0.5;
   // The S x S scores in memory (Megatron-LM of 2021) instead of blockwise kernels.
   bool materialized_attention = false;
-  double hbm_bytes_per_second = 4.8e12;  // 0: memory-bound work not modelled (--cpu)
-  double memory_efficiency = 0.8;        // of it, what streaming kernels reach
-  int sm_count = 132;                    // 0: no wave quantisation
+  double hbm_bytes_per_second = 4.8e12;    // 0: memory-bound work not modelled (--cpu)
+  double memory_efficiency = 0.8;          // of it, what streaming kernels reach
+  int sm_count = 132;                      // 0: no wave quantisation
   double nvlink_bytes_per_second = 450e9;  // per GPU and direction (NVLink 4: 900 GB/s both)
+  // The share of the NVLink line rate NCCL's ring collectives and sends reach: about 0.8, the
+  // protocol's overhead (NCCL's maintainers: 370 of H100's 450 GB/s; nccl-tests on 8 A100 SXM
+  // report 200-210 GB/s bus bandwidth of 300). Not applied to InfiniBand, where nccl-tests reach
+  // 85-96% of HDR's line rate.
+  double nvlink_efficiency = 0.8;
   double network_bytes_per_second = 50e9;  // per GPU (one 400 Gb/s InfiniBand NDR port each)
   // What every collective and send costs beside its bytes (NCCL's small-message time).
   double collective_latency_seconds = 20e-6;
+  // Communication behind computation, as this project's runtime does it: the backward's
+  // tensor-parallel input-gradient reductions behind the weight-gradient GEMMs, the data-parallel
+  // gradient reduction behind the last micro-batch's backward. false: every collective in line,
+  // as Megatron-LM of 2021 ran them (its tensor-parallel all-reduces blocked the stream, and its
+  // local DDP reduced the gradients after the whole backward): for its published runs.
+  bool overlap_communication = true;
 
   int world_size() const { return gpus_per_node * nodes; }
 };

@@ -31,6 +31,7 @@ constexpr FigureFlag kFigureFlags[] = {
     {"--network-gbps", &ClusterSpec::network_bytes_per_second, 1e9, 1e5, "GB/s"},
     {"--gemm-efficiency", &ClusterSpec::gemm_efficiency, 1, 1, ""},
     {"--attention-efficiency", &ClusterSpec::attention_efficiency, 1, 1, ""},
+    {"--nvlink-efficiency", &ClusterSpec::nvlink_efficiency, 1, 1, ""},
     {"--latency-us", &ClusterSpec::collective_latency_seconds, 1e-6, 1e6, "us"},
 };
 
@@ -101,8 +102,14 @@ options (every number is checked against the range shown):
   --attention KIND         blockwise (default: this project's kernels, cuDNN) or
                            materialized (the S x S scores in memory, as Megatron-LM
                            of 2021: for comparing with runs of that time)
+  --nvlink-efficiency X    share of the NVLink line rate NCCL reaches, in (0, 1]
+                           (default 0.8: its protocol's overhead)
   --latency-us X           each collective's and send's fixed cost, in (0, 1e6]
                            (default 20)
+  --overlap KIND           full (default: this project's runtime, the backward's
+                           tensor-parallel reductions behind its weight gradients,
+                           the gradient reduction behind the last backward) or none
+                           (every collective in line, as Megatron-LM of 2021)
   --top N                  how many layouts to print, 1 to %d (default 5)
   --cpu                    the "GPUs" are ranks on this machine's cores: the peak is
                            the CPU GEMM rate measured now (NF_NUM_THREADS threads a
@@ -171,8 +178,8 @@ absl::StatusOr<PlanOptions> ParsePlanOptions(int argc, const char* const* argv) 
       if (flag == f.flag) figure = &f;
     }
     const bool known = figure != nullptr || flag == "--config" || flag == "--set" ||
-                       flag == "--gpu" || flag == "--attention" || flag == "--gpus-per-node" ||
-                       flag == "--nodes" || flag == "--top";
+                       flag == "--gpu" || flag == "--attention" || flag == "--overlap" ||
+                       flag == "--gpus-per-node" || flag == "--nodes" || flag == "--top";
     if (!known) {
       return absl::InvalidArgumentError(
           absl::StrCat("unknown flag '", flag, "' (nf-plan --help lists them)"));
@@ -197,6 +204,12 @@ absl::StatusOr<PlanOptions> ParsePlanOptions(int argc, const char* const* argv) 
             absl::StrCat("--attention: '", value, "' is not blockwise or materialized"));
       }
       options.cluster.materialized_attention = value == "materialized";
+    } else if (flag == "--overlap") {
+      if (value != "full" && value != "none") {
+        return absl::InvalidArgumentError(
+            absl::StrCat("--overlap: '", value, "' is not full or none"));
+      }
+      options.cluster.overlap_communication = value == "full";
     } else {
       const int max = flag == "--gpus-per-node" ? kMaxGpusPerNode
                       : flag == "--nodes"       ? kMaxNodes

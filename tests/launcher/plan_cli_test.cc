@@ -78,6 +78,8 @@ TEST_F(PlanCliTest, EveryBadOptionIsOneLineNamingTheFlagAndItsRange) {
       {{"--bogus", "1"}, "unknown flag '--bogus'", "--help"},
       {{"--gpu", "v100"}, "--gpu: 'v100'", "h200, h100 or a100"},
       {{"--attention", "flash"}, "--attention: 'flash'", "blockwise or materialized"},
+      {{"--overlap", "some"}, "--overlap: 'some'", "full or none"},
+      {{"--nvlink-efficiency", "1.2"}, "--nvlink-efficiency: '1.2'", "(0, 1]"},
   };
   for (const Case& c : cases) {
     const Outcome o = Plan(c.args);

@@ -288,6 +288,43 @@ TEST(PlanComputeTest, GpuPresets) {
   EXPECT_THAT(unknown.message(), HasSubstr("'v100' is not h200, h100 or a100"));
 }
 
+// Megatron-LM of 2021 ran every collective in line (--overlap none): the four tensor-parallel
+// all-reduces of a layer's forward and backward all count, each at the NVLink bandwidth NCCL
+// reaches (0.8 of the line rate), and the gradient reduction comes after the whole backward.
+TEST(ModelStepTimeTest, WithoutOverlapEveryCollectiveCounts) {
+  ClusterSpec cluster = SmallCluster();
+  const TrainConfig config = With({"parallel.tensor_parallel=2"});
+  auto overlapped = ModelStepTime(config, cluster);
+  cluster.overlap_communication = false;
+  auto in_line = ModelStepTime(config, cluster);
+  NF_ASSERT_OK(overlapped);
+  NF_ASSERT_OK(in_line);
+  // tp 2 x dp 4 on nodes of 4: 64 / (4 x 4) = 4 micro-batches of 4 x 256 tokens, 8 layers; an
+  // all-reduce of [1024, 256] bf16 moves 2 x 1/2 of its bytes.
+  const double bytes = 4 * 256 * 256 * 2.0;
+  const double all_reduce = cluster.collective_latency_seconds +
+                            bytes / (cluster.nvlink_bytes_per_second * cluster.nvlink_efficiency);
+  EXPECT_NEAR(in_line->tp, 4 * 8 * 4 * all_reduce, 1e-12);
+  EXPECT_LT(overlapped->tp, in_line->tp);
+  EXPECT_EQ(in_line->dp_hidden, 0.0);
+  EXPECT_NEAR(in_line->dp, overlapped->dp + overlapped->dp_hidden, 1e-12);
+  EXPECT_EQ(in_line->compute, overlapped->compute);
+}
+
+// A pipeline runs at its slowest stage's pace: the last, with its layers and the whole LM head.
+TEST(ModelStepTimeTest, ThePipelineRunsAtTheLastStagesPace) {
+  const ClusterSpec cluster = SmallCluster();
+  const TrainConfig config = With({"parallel.pipeline_parallel=4"});
+  auto time = ModelStepTime(config, cluster);
+  NF_ASSERT_OK(time);
+  const MicroBatchWork work = EstimateMicroBatchWork(config, cluster);
+  // dp 2: 8 micro-batches of 2 layers each and the head.
+  EXPECT_NEAR(
+      time->compute,
+      8 * (2 * (work.layer_forward + work.layer_backward) + work.head_forward + work.head_backward),
+      1e-12);
+}
+
 // ZeRO-1's optimizer step covers the rank's 1 / dp of the parameters.
 TEST(ModelStepTimeTest, TheOptimizerStepIsShardedByZero) {
   const ClusterSpec cluster = SmallCluster();
