@@ -17,6 +17,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "core/dtype.h"
+#include "core/files/atomic_file.h"
 #include "core/status.h"
 #include "parallel/flight_recorder.h"
 #include "parallel/process_stalls.h"
@@ -44,22 +45,6 @@ std::string Escaped(absl::string_view text) {
     }
   }
   return out;
-}
-
-absl::Status WriteWhole(const std::filesystem::path& path, const std::string& text) {
-  const std::filesystem::path aside = path.string() + ".tmp";
-  {
-    std::ofstream out(aside, std::ios::binary | std::ios::trunc);
-    out << text;
-    if (!out.flush()) return absl::UnavailableError(absl::StrCat("cannot write ", aside.string()));
-  }
-  std::error_code error;
-  std::filesystem::rename(aside, path, error);
-  if (error) {
-    return absl::UnavailableError(absl::StrCat("cannot rename ", aside.string(), " to ",
-                                               path.string(), ": ", error.message()));
-  }
-  return absl::OkStatus();
 }
 
 // The first line of dir/REQUEST ("<time_ns> <reason>"), or "" when there is none.
@@ -107,8 +92,8 @@ absl::Status Dump(Dumper& d, absl::string_view reason) {
   const FlightDumpConfig config = ConfigOf(d);
   d.stalls.NoteNow();
   std::lock_guard<std::mutex> lock(d.write_mutex);
-  NF_RETURN_IF_ERROR(WriteWhole(FlightRecordPath(config.dir, config.world_rank),
-                                FormatFlightRecord(config, reason, d.stalls.Stalls())));
+  NF_RETURN_IF_ERROR(ReplaceFileAtomically(FlightRecordPath(config.dir, config.world_rank),
+                                           FormatFlightRecord(config, reason, d.stalls.Stalls())));
   dumps_written.fetch_add(1);
   return absl::OkStatus();
 }
@@ -184,7 +169,7 @@ void DumpEverywhere(const std::string& report) {
   const int64_t asked = WallClockNanos();
   const std::string request = absl::StrCat(asked, " ", report);
   FirstSeen(*d, request);  // this rank's own dump is written
-  if (!WriteWhole(config.dir / "REQUEST", request + "\n").ok()) return;
+  if (!ReplaceFileAtomically(config.dir / "REQUEST", request + "\n").ok()) return;
   const absl::Time deadline = absl::Now() + kPeerDumpGrace;
   while (absl::Now() < deadline) {
     int fresh = 0;
@@ -297,7 +282,7 @@ void RequestFlightDumpFromSignal(int signal) {
 absl::Status RequestFlightDumps(const std::filesystem::path& dir, absl::string_view reason) {
   std::error_code error;
   std::filesystem::create_directories(dir, error);
-  return WriteWhole(dir / "REQUEST", absl::StrCat(WallClockNanos(), " ", reason, "\n"));
+  return ReplaceFileAtomically(dir / "REQUEST", absl::StrCat(WallClockNanos(), " ", reason, "\n"));
 }
 
 }  // namespace nf::parallel
