@@ -331,6 +331,28 @@ absl::StatusOr<std::vector<FlightRecord>> MergeFlightRecords(std::vector<FlightR
 
 namespace {
 
+// `records` without those of an earlier launch of the same world (their files go to `earlier`):
+// the newest run_started_ns among the world sizes present, each of which MergeFlightRecords
+// then sees once. Records of several world sizes are left for it to refuse.
+std::vector<FlightRecord> NewestLaunch(std::vector<FlightRecord> records,
+                                       std::vector<std::string>* earlier) {
+  if (records.empty()) return records;
+  for (const FlightRecord& r : records) {
+    if (r.world_size != records[0].world_size) return records;
+  }
+  int64_t newest = 0;
+  for (const FlightRecord& r : records) newest = std::max(newest, r.run_started_ns);
+  std::vector<FlightRecord> kept;
+  for (FlightRecord& r : records) {
+    if (r.run_started_ns == newest) {
+      kept.push_back(std::move(r));
+    } else if (earlier != nullptr) {
+      earlier->push_back(r.file);
+    }
+  }
+  return kept;
+}
+
 // The rank a file name says, for rank_NNNNN.jsonl as flight_dumps.h names it; -1 for any other
 // name (REQUEST, the writers' temporaries, a user's notes).
 int RankOfName(const std::string& name) {
@@ -385,7 +407,8 @@ absl::StatusOr<std::string> ReadRecordFile(const std::filesystem::path& path) {
 
 }  // namespace
 
-absl::StatusOr<std::vector<FlightRecord>> ReadFlightRecords(const std::filesystem::path& dir) {
+absl::StatusOr<std::vector<FlightRecord>> ReadFlightRecords(const std::filesystem::path& dir,
+                                                            std::vector<std::string>* earlier) {
   const int64_t now_ns = WallClockNanos();
   const std::string advice =
       absl::StrCat("move the file out of ", dir.string(), " to analyse the other records");
@@ -427,7 +450,7 @@ absl::StatusOr<std::vector<FlightRecord>> ReadFlightRecords(const std::filesyste
     return absl::NotFoundError(absl::StrCat("no rank_*.jsonl in ", dir.string(),
                                             ": no rank has dumped its flight record"));
   }
-  return MergeFlightRecords(std::move(records));
+  return MergeFlightRecords(NewestLaunch(std::move(records), earlier));
 }
 
 }  // namespace nf::parallel

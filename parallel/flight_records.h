@@ -70,6 +70,13 @@ absl::StatusOr<std::vector<FlightRecord>> MergeFlightRecords(std::vector<FlightR
 // Every rank_NNNNN.jsonl in `dir` (RUN/flight; other names are not records and are passed over),
 // read, parsed and merged as above; a record whose 'rank' is not its file's is refused. NotFound
 // when the directory cannot be read or holds no record.
-absl::StatusOr<std::vector<FlightRecord>> ReadFlightRecords(const std::filesystem::path& dir);
+//
+// A restarted run (a requeued job) leaves the records of its earlier launches where a rank of
+// the new one wrote nothing (a rank on a lost node): those of the same world_size but an earlier
+// run_started_ns are set aside, their files listed in `earlier` when given, and the newest
+// launch's records are merged, so that such a rank reads as "no record". Records of another
+// world_size are of another run and refused.
+absl::StatusOr<std::vector<FlightRecord>> ReadFlightRecords(
+    const std::filesystem::path& dir, std::vector<std::string>* earlier = nullptr);
 
 }  // namespace nf::parallel

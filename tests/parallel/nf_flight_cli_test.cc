@@ -149,11 +149,30 @@ TEST_F(NfFlightCliTest, RecordsOfTwoWorldsAreRefused) {
   EXPECT_THAT(o.err, Not(HasSubstr("never answered")));
 }
 
-// Old: merged as one job (a rank of the earlier launch reads as a stale one of this launch).
-TEST_F(NfFlightCliTest, RecordsOfTwoLaunchesOfOneWorldAreRefused) {
+// A requeued job's restart: rank 1 (a lost node) wrote nothing in the latest launch, and its
+// record of the earlier launch is still there. Old: merged as one job, rank 1 read as a stale
+// rank of this launch. Now it is set aside, said so, and rank 1 has no record of this launch.
+TEST_F(NfFlightCliTest, RecordsOfAnEarlierLaunchOfTheRunAreSetAside) {
   WriteRecord({.rank = 0});
   WriteRecord({.rank = 1, .run_started_ns = WallClockNanos() - 7200 * kSecond});
-  ExpectRefused(Analyze(), "rank_00001.jsonl", "'run_started_ns': the launch of ");
+  const testing::Outcome o = Analyze();
+  EXPECT_EQ(o.exit_code, 0) << o.err;
+  EXPECT_THAT(o.out, HasSubstr("set aside 1 record(s) of an earlier launch of this run (" +
+                               RecordPath(1).string() + ")"));
+  EXPECT_THAT(o.out, HasSubstr("2 rank(s), 1 record(s)"));
+}
+
+// --request writes RUN/flight/REQUEST: never inside a checkpoint, here one whose flight/ a user
+// made. Old: the request file was written there.
+TEST_F(NfFlightCliTest, ARequestIntoACheckpointIsRefused) {
+  const fs::path checkpoint = dir_ / "run" / "checkpoints" / "iter_0000004";
+  fs::create_directories(checkpoint / "flight");
+  std::ofstream(checkpoint / "manifest.pb") << "m";
+  const testing::Outcome o = Run({"--request", checkpoint.string()});
+  EXPECT_EQ(o.exit_code, 1) << o.err;
+  EXPECT_EQ(testing::Lines(o.err).size(), 1u) << o.err;
+  EXPECT_THAT(o.err, HasSubstr("is inside checkpoint " + checkpoint.string()));
+  EXPECT_FALSE(fs::exists(checkpoint / "flight" / "REQUEST"));
 }
 
 // Old: rank 0's record, an hour "older" than the forged one, was named stale (silent).

@@ -8,10 +8,14 @@
 //
 // Exit codes: 0 done, 1 no record to read (or records refused: one line naming the file, the
 // field and what to do), 2 bad usage.
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <string>
+#include <vector>
 
+#include "absl/strings/str_join.h"
+#include "checkpoint/output_path.h"
 #include "parallel/flight_analysis.h"
 #include "parallel/flight_dumps.h"
 
@@ -34,7 +38,9 @@ int Run(int argc, char** argv) {
                    dir.c_str(), error ? (" (" + error.message() + ")").c_str() : "", argv[2]);
       return 1;
     }
-    const absl::Status requested = nf::parallel::RequestFlightDumps(dir, "nf-flight --request");
+    // The request file goes into RUN/flight: never into a checkpoint (checkpoint/output_path.h).
+    absl::Status requested = nf::checkpoint::CheckOutsideCheckpoints(dir / "REQUEST", "--request");
+    if (requested.ok()) requested = nf::parallel::RequestFlightDumps(dir, "nf-flight --request");
     if (!requested.ok()) {
       std::fprintf(stderr, "nf-flight: %s\n", std::string(requested.message()).c_str());
       return 1;
@@ -47,10 +53,19 @@ int Run(int argc, char** argv) {
     std::fputs(kUsage, first == "--help" || first == "-h" ? stdout : stderr);
     return first == "--help" || first == "-h" ? 0 : 2;
   }
-  const auto records = nf::parallel::ReadFlightRecords(std::filesystem::path(first) / "flight");
+  std::vector<std::string> earlier;
+  const auto records =
+      nf::parallel::ReadFlightRecords(std::filesystem::path(first) / "flight", &earlier);
   if (!records.ok()) {
     std::fprintf(stderr, "nf-flight: %s\n", std::string(records.status().message()).c_str());
     return 1;
+  }
+  if (!earlier.empty()) {
+    std::sort(earlier.begin(), earlier.end());
+    std::printf(
+        "set aside %zu record(s) of an earlier launch of this run (%s): their ranks wrote none in "
+        "the latest\n",
+        earlier.size(), absl::StrJoin(earlier, ", ").c_str());
   }
   for (const std::string& line : nf::parallel::AnalyzeFlight(*records).lines) {
     std::printf("%s\n", line.c_str());
