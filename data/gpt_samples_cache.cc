@@ -5,12 +5,12 @@
 #include <unistd.h>
 
 #include <array>
-#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "core/files/atomic_file.h"
 #include "core/status.h"
 
 namespace nf::data {
@@ -44,18 +44,6 @@ class Fd {
   int fd_;
 };
 
-bool WriteAll(int fd, const void* data, size_t bytes) {
-  const char* p = static_cast<const char*>(data);
-  while (bytes > 0) {
-    const ssize_t n = ::write(fd, p, bytes);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return false;
-    p += n;
-    bytes -= static_cast<size_t>(n);
-  }
-  return true;
-}
-
 bool ReadAll(int fd, void* data, size_t bytes) {
   char* p = static_cast<char*>(data);
   while (bytes > 0) {
@@ -66,15 +54,6 @@ bool ReadAll(int fd, void* data, size_t bytes) {
     bytes -= static_cast<size_t>(n);
   }
   return true;
-}
-
-template <typename T>
-bool WriteValue(int fd, const T& value) {
-  return WriteAll(fd, &value, sizeof(value));
-}
-
-bool WriteVector(int fd, const std::vector<int64_t>& values) {
-  return WriteAll(fd, values.data(), values.size() * sizeof(int64_t));
 }
 
 // Header bytes before the arrays.
@@ -101,38 +80,27 @@ std::string SampleIndexCachePath(absl::string_view prefix, absl::string_view des
 
 absl::Status WriteSampleIndexCache(const std::string& path, absl::string_view description,
                                    const GptSampleIndices& indices) {
-  // A name of our own (O_EXCL) beside the target, so that the rename is atomic and concurrent
-  // writers (every rank of a job may build the same indices) never share a temporary file.
-  static std::atomic<uint64_t> counter{0};
-  std::string temporary;
-  int fd = -1;
-  for (int attempt = 0; attempt < 100 && fd < 0; ++attempt) {
-    temporary = absl::StrCat(path, ".tmp.", ::getpid(), ".", counter.fetch_add(1));
-    fd = ::open(temporary.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-    if (fd < 0 && errno != EEXIST) break;
-  }
-  if (fd < 0) return IoError("create", temporary);
-  Fd file(fd);
+  // Under a name of its own beside the target (core/files/atomic_file.h), renamed into place:
+  // concurrent writers (every rank of a job may build the same indices) never share a temporary,
+  // and a reader sees the old cache or the whole new one.
+  NF_ASSIGN_OR_RETURN(AtomicFileWriter file, AtomicFileWriter::Create(path));
+  const auto append = [&file](const void* data, size_t bytes) {
+    return file.Append(data, static_cast<int64_t>(bytes));
+  };
   const uint64_t description_bytes = description.size();
-  const bool written =
-      WriteAll(fd, kMagic.data(), kMagic.size()) && WriteValue(fd, kVersion) &&
-      WriteValue(fd, description_bytes) && WriteAll(fd, description.data(), description.size()) &&
-      WriteValue(fd, indices.num_epochs) && WriteValue(fd, indices.separate_from) &&
-      WriteValue(fd, static_cast<int64_t>(indices.document_index.size())) &&
-      WriteValue(fd, indices.num_samples()) && WriteVector(fd, indices.document_index) &&
-      WriteVector(fd, indices.sample_index) && WriteVector(fd, indices.shuffle_index);
-  const bool synced = written && ::fsync(fd) == 0;
-  if (!synced || !file.Close()) {
-    absl::Status status = IoError("write", temporary);
-    ::unlink(temporary.c_str());
-    return status;
+  const std::array<int64_t, 4> sizes = {indices.num_epochs, indices.separate_from,
+                                        static_cast<int64_t>(indices.document_index.size()),
+                                        indices.num_samples()};
+  NF_RETURN_IF_ERROR(append(kMagic.data(), kMagic.size()));
+  NF_RETURN_IF_ERROR(append(&kVersion, sizeof(kVersion)));
+  NF_RETURN_IF_ERROR(append(&description_bytes, sizeof(description_bytes)));
+  NF_RETURN_IF_ERROR(append(description.data(), description.size()));
+  NF_RETURN_IF_ERROR(append(sizes.data(), sizeof(sizes)));
+  for (const std::vector<int64_t>* array :
+       {&indices.document_index, &indices.sample_index, &indices.shuffle_index}) {
+    NF_RETURN_IF_ERROR(append(array->data(), array->size() * sizeof(int64_t)));
   }
-  if (::rename(temporary.c_str(), path.c_str()) != 0) {
-    absl::Status status = IoError("rename into place", path);
-    ::unlink(temporary.c_str());
-    return status;
-  }
-  return absl::OkStatus();
+  return file.Commit(OnCommit::kReplace);
 }
 
 absl::StatusOr<GptSampleIndices> ReadSampleIndexCache(const std::string& path,

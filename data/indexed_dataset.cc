@@ -6,17 +6,18 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <bit>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <limits>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "core/files/atomic_file.h"
 #include "core/status.h"
 #include "data/mapped_file.h"
 
@@ -72,52 +73,9 @@ absl::Status IoError(absl::string_view what, const std::string& path, int error)
   return error == ENOENT ? absl::NotFoundError(message) : absl::FailedPreconditionError(message);
 }
 
-absl::Status WriteAll(int fd, const uint8_t* data, size_t size, const std::string& path) {
-  while (size > 0) {
-    const ssize_t n = ::write(fd, data, size);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return IoError("cannot write", path, errno);
-    }
-    data += n;
-    size -= static_cast<size_t>(n);
-  }
-  return absl::OkStatus();
-}
-
-absl::Status SyncAndClose(int fd, const std::string& path) {
-  // Without the fsync a crash after the rename could leave the final name on an empty or
-  // partial file; close() reports delayed write errors of some filesystems (NFS).
-  if (::fsync(fd) != 0) {
-    const int error = errno;
-    ::close(fd);
-    return IoError("cannot fsync", path, error);
-  }
-  if (::close(fd) != 0) return IoError("cannot close", path, errno);
-  return absl::OkStatus();
-}
-
-// Makes the renames and removals in `dir` durable.
-absl::Status SyncDirectory(const std::string& dir) {
-  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return IoError("cannot open directory", dir, errno);
-  const int result = ::fsync(fd);
-  const int error = errno;
-  ::close(fd);
-  if (result != 0) return IoError("cannot fsync directory", dir, error);
-  return absl::OkStatus();
-}
-
-std::string DirectoryOf(const std::string& path) {
-  const std::string dir = std::filesystem::path(path).parent_path().string();
-  return dir.empty() ? "." : dir;
-}
-
-absl::Status Rename(const std::string& from, const std::string& to) {
-  if (::rename(from.c_str(), to.c_str()) != 0) {
-    return IoError("cannot rename", absl::StrCat(from, " to ", to), errno);
-  }
-  return absl::OkStatus();
+// `status` of the one file writer (core/files/), said to be the dataset writer's.
+absl::Status InWriter(const absl::Status& status) {
+  return absl::Status(status.code(), absl::StrCat("indexed dataset writer: ", status.message()));
 }
 
 absl::Status Corrupt(const std::string& path, absl::string_view problem) {
@@ -129,28 +87,17 @@ absl::Status Corrupt(const std::string& path, absl::string_view problem) {
 // ---- Writer -------------------------------------------------------------------------------
 
 struct IndexedDatasetWriter::State {
-  State() = default;
-  State(const State&) = delete;
-  State& operator=(const State&) = delete;
-  ~State() {
-    if (bin_fd >= 0) ::close(bin_fd);
-    if (!finished) {
-      ::unlink(bin_tmp.c_str());
-      ::unlink(idx_tmp.c_str());
-    }
-  }
-
   absl::Status Flush() {
-    absl::Status status = WriteAll(bin_fd, pending.data(), pending.size(), bin_tmp);
+    absl::Status status = bin->Append(pending.data(), static_cast<int64_t>(pending.size()));
     pending.clear();
     return status;
   }
 
   std::string prefix;
   TokenDType dtype = TokenDType::kU16;
-  std::string bin_tmp;
-  std::string idx_tmp;
-  int bin_fd = -1;
+  // PREFIX.bin under a temporary name of its own (core/files/atomic_file.h), removed unless
+  // Finish commits it.
+  std::optional<AtomicFileWriter> bin;
   std::vector<uint8_t> pending;  // .bin bytes not yet written
   std::vector<int32_t> lengths;  // one per sequence (= non-empty document)
   // The sequence count at each empty document, in order (non-decreasing): its document index
@@ -168,18 +115,14 @@ absl::StatusOr<IndexedDatasetWriter> IndexedDatasetWriter::Create(const std::str
     return absl::InvalidArgumentError(absl::StrCat(
         "indexed dataset writer ", prefix, ": unsupported dtype code ", static_cast<int>(dtype)));
   }
-  // Several writers in one process (tests, parallel preprocessing) must not share temporaries.
-  static std::atomic<uint64_t> counter{0};
-  const std::string suffix = absl::StrCat(".tmp-", ::getpid(), "-", counter.fetch_add(1));
   auto state = std::make_unique<State>();
   state->prefix = prefix;
   state->dtype = dtype;
-  state->bin_tmp = absl::StrCat(prefix, ".bin", suffix);
-  state->idx_tmp = absl::StrCat(prefix, ".idx", suffix);
-  state->bin_fd = ::open(state->bin_tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-  if (state->bin_fd < 0) {
-    return IoError("indexed dataset writer: cannot create", state->bin_tmp, errno);
-  }
+  // A temporary of its own: several writers of one prefix (tests, parallel preprocessing) never
+  // share one, and a link planted at any name is never written through.
+  absl::StatusOr<AtomicFileWriter> bin = AtomicFileWriter::Create(absl::StrCat(prefix, ".bin"));
+  if (!bin.ok()) return InWriter(bin.status());
+  state->bin.emplace(*std::move(bin));
   state->pending.reserve(kWriteChunk);
   return IndexedDatasetWriter(std::move(state));
 }
@@ -266,11 +209,10 @@ absl::Status IndexedDatasetWriter::Finish() {
   };
 
   if (absl::Status status = s.Flush(); !status.ok()) return fail(status);
-  const int bin_fd = std::exchange(s.bin_fd, -1);
-  if (absl::Status status = SyncAndClose(bin_fd, s.bin_tmp); !status.ok()) return fail(status);
-
-  const int idx_fd = ::open(s.idx_tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-  if (idx_fd < 0) return fail(IoError("indexed dataset writer: cannot create", s.idx_tmp, errno));
+  const std::string bin_path = absl::StrCat(s.prefix, ".bin");
+  const std::string idx_path = absl::StrCat(s.prefix, ".idx");
+  absl::StatusOr<AtomicFileWriter> idx = AtomicFileWriter::Create(idx_path);
+  if (!idx.ok()) return fail(InWriter(idx.status()));
   const uint64_t num_sequences = s.lengths.size();
   std::vector<uint8_t> out;
   out.reserve(kWriteChunk);
@@ -283,7 +225,7 @@ absl::Status IndexedDatasetWriter::Finish() {
   absl::Status status;
   auto flush_if_full = [&] {
     if (status.ok() && out.size() + sizeof(int64_t) > kWriteChunk) {
-      status = WriteAll(idx_fd, out.data(), out.size(), s.idx_tmp);
+      status = idx->Append(out.data(), static_cast<int64_t>(out.size()));
       out.clear();
     }
   };
@@ -308,27 +250,20 @@ absl::Status IndexedDatasetWriter::Finish() {
       flush_if_full();
     }
   }
-  if (status.ok()) status = WriteAll(idx_fd, out.data(), out.size(), s.idx_tmp);
-  if (!status.ok()) {
-    ::close(idx_fd);
-    return fail(status);
-  }
-  if (absl::Status sync = SyncAndClose(idx_fd, s.idx_tmp); !sync.ok()) return fail(sync);
+  if (status.ok()) status = idx->Append(out.data(), static_cast<int64_t>(out.size()));
+  if (!status.ok()) return fail(status);
 
-  // The old .idx goes first and the new .bin is in place (durably) before the new .idx
-  // appears, so a crash at any point leaves either no .idx or an .idx with its own .bin.
-  const std::string dir = DirectoryOf(s.prefix);
-  const std::string bin_path = absl::StrCat(s.prefix, ".bin");
-  const std::string idx_path = absl::StrCat(s.prefix, ".idx");
+  // The old .idx goes first and the new .bin is in place (durably: each commit fsyncs its file,
+  // renames it and syncs the directory) before the new .idx appears, so a crash at any point
+  // leaves either no .idx or an .idx with its own .bin.
   if (::unlink(idx_path.c_str()) != 0 && errno != ENOENT) {
     return fail(IoError("indexed dataset writer: cannot remove the old", idx_path, errno));
   }
-  if (absl::Status st = SyncDirectory(dir); !st.ok()) return fail(st);
-  if (absl::Status st = Rename(s.bin_tmp, bin_path); !st.ok()) return fail(st);
-  if (absl::Status st = SyncDirectory(dir); !st.ok()) return fail(st);
-  if (absl::Status st = Rename(s.idx_tmp, idx_path); !st.ok()) return fail(st);
-  s.finished = true;  // both temporaries are gone now; nothing for the destructor to remove
-  return SyncDirectory(dir);
+  if (absl::Status st = SyncDirectory(DirectoryOf(s.prefix)); !st.ok()) return fail(st);
+  if (absl::Status st = s.bin->Commit(OnCommit::kReplace); !st.ok()) return fail(InWriter(st));
+  if (absl::Status st = idx->Commit(OnCommit::kReplace); !st.ok()) return fail(InWriter(st));
+  s.finished = true;
+  return absl::OkStatus();
 }
 
 // ---- Reader -------------------------------------------------------------------------------
