@@ -25,9 +25,12 @@ give `nf-ckpt import` the model with --config.
 import argparse
 import collections
 import json
+import os
 import pathlib
 import pickle
+import re
 import sys
+import tempfile
 import zipfile
 
 import numpy as np
@@ -204,16 +207,45 @@ def write_safetensors(path, tensors, metadata):
         offset += len(data)
     text = json.dumps(header, separators=(",", ":"))
     text += " " * ((8 - len(text) % 8) % 8)
-    temporary = pathlib.Path(str(path) + ".tmp")
-    with open(temporary, "wb") as f:
-        f.write(len(text).to_bytes(8, "little"))
-        f.write(text.encode())
-        for _, _, _, data in tensors:
-            f.write(data)
-    temporary.replace(path)
+    # A temporary of its own (mkstemp: O_CREAT | O_EXCL, never through a link) renamed over
+    # `path`, as the project's C++ writer (core/files/atomic_file.h) does; removed on failure.
+    path = pathlib.Path(path)
+    fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".tmp-")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(len(text).to_bytes(8, "little"))
+            f.write(text.encode())
+            for _, _, _, data in tensors:
+                f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(temporary, 0o644)
+        os.replace(temporary, path)
+    except BaseException:
+        os.unlink(temporary)
+        raise
+
+
+def check_out(source, out):
+    """The rule of checkpoint/output_path.h for this tool's one output: not its input, and not
+    inside a checkpoint (a directory holding manifest.pb or named iter_NNNNNNN[.tmp]) or a run's
+    checkpoints/ (whose `latest` names one)."""
+    out, source = pathlib.Path(out), pathlib.Path(source)
+    if out.exists() and source.exists() and os.path.samefile(out, source):
+        raise ConversionError(f"{out} is the checkpoint being converted: choose another output")
+    resolved = out.resolve()
+    for directory in resolved.parents:
+        latest = directory / "latest"
+        if (re.fullmatch(r"iter_\d{7}(\.tmp)?", directory.name) or
+                (directory / "manifest.pb").exists() or
+                (latest.is_file() and latest.stat().st_size <= 64 and
+                 re.fullmatch(r"iter_\d{7}\s*", latest.read_text(errors="replace")))):
+            raise ConversionError(f"{out} is inside checkpoint directory {directory}: writing "
+                                  "there would damage it; choose a path outside every checkpoint")
 
 
 def convert(source, out, skip_other_objects):
+    check_out(source, out)
     top, storage_bytes = read_archive(source, skip_other_objects)
     state = state_dict_of(top)
     tensors, written, notes = [], [], []

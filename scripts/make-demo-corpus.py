@@ -11,6 +11,7 @@ usage: scripts/make-demo-corpus.py [OUTPUT.jsonl]   (default corpora/demo/fortun
 import json
 import os
 import sys
+import tempfile
 
 FORTUNES = "/usr/share/games/fortunes"
 
@@ -40,15 +41,22 @@ def main():
     names = sorted(n for n in os.listdir(FORTUNES)
                    if "." not in n and os.path.isfile(os.path.join(FORTUNES, n)))
     os.makedirs(os.path.dirname(out_path) or ".", exist_ok=True)
-    temporary = out_path + ".tmp"
+    # A temporary of its own (mkstemp: created new, never through a link), renamed into place.
+    fd, temporary = tempfile.mkstemp(dir=os.path.dirname(out_path) or ".",
+                                     prefix=os.path.basename(out_path) + ".tmp-")
     count = size = 0
-    with open(temporary, "w", encoding="utf-8") as out:
-        for name in names:
-            for text in documents(os.path.join(FORTUNES, name)):
-                out.write(json.dumps({"text": text}, ensure_ascii=False) + "\n")
-                count += 1
-                size += len(text.encode("utf-8"))
-    os.replace(temporary, out_path)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as out:
+            for name in names:
+                for text in documents(os.path.join(FORTUNES, name)):
+                    out.write(json.dumps({"text": text}, ensure_ascii=False) + "\n")
+                    count += 1
+                    size += len(text.encode("utf-8"))
+        os.chmod(temporary, 0o644)
+        os.replace(temporary, out_path)
+    except BaseException:
+        os.unlink(temporary)
+        raise
     print(f"make-demo-corpus: {count} documents, {size / 1e6:.2f} MB of text -> {out_path}")
 
 

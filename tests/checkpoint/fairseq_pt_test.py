@@ -98,8 +98,13 @@ def check_case(tools, work, name, model, dtype):
     assert "argparse.Namespace" in refused.stderr and "--skip-other-objects" in refused.stderr, \
         refused.stderr
     assert not converted.exists()
+    # A link planted at the old temporary's name (OUT.tmp) is never written through.
+    victim = work / f"{name}.victim"
+    victim.write_text("precious")
+    pathlib.Path(str(converted) + ".tmp").symlink_to(victim)
     result = convert(scripts, pt, converted, "--skip-other-objects")
     assert result.returncode == 0, result.stderr
+    assert victim.read_text() == "precious"
     tensors, metadata = raw_tensors(converted)
     assert list(tensors) == list(original), (list(tensors), list(original))
     for tensor, value in original.items():
@@ -139,6 +144,16 @@ def check_code_is_never_run(scripts, work):
     refused = convert(scripts, empty, work / "empty.safetensors")
     assert refused.returncode == 1 and "state dict is empty" in refused.stderr, refused
     assert not (work / "empty.safetensors").exists()
+    # The output is never the input, nor inside a checkpoint (it used to write either).
+    checkpoint = work / "run" / "checkpoints" / "iter_0000005"
+    checkpoint.mkdir(parents=True)
+    (checkpoint / "manifest.pb").write_bytes(b"m")
+    for out, message in [(empty, "is the checkpoint being converted"),
+                         (checkpoint / "x.safetensors", "is inside checkpoint directory")]:
+        before = empty.read_bytes()
+        refused = convert(scripts, empty, out)
+        assert refused.returncode == 1 and message in refused.stderr, refused
+        assert empty.read_bytes() == before and not (checkpoint / "x.safetensors").exists()
     legacy = work / "legacy.pt"
     legacy.write_bytes(b"\x80\x02\x8a\x0alegacy torch format")
     refused = convert(scripts, legacy, work / "legacy.safetensors")
