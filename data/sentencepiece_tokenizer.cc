@@ -133,7 +133,7 @@ std::vector<std::string> WhitespaceCuts(const sentencepiece_backend::Model& mode
 // what to do, before SentencePiece runs. An input that cannot be read is left to the caller.
 absl::Status CheckTrainableLines(const std::vector<std::string>& inputs, size_t max_line_bytes,
                                  absl::string_view context) {
-  int64_t lines = 0;      // not empty, all longer than max_line_bytes
+  int64_t lines = 0;  // not empty, all longer than max_line_bytes
   size_t shortest = SIZE_MAX;
   std::vector<char> buffer(size_t{1} << 16);
   for (const std::string& input : inputs) {
@@ -228,9 +228,8 @@ absl::StatusOr<std::unique_ptr<SentencePieceTokenizer>> SentencePieceTokenizer::
         sentencepiece_backend::Model::LoadFromSerializedProto(
             WithoutDummyPrefix(model->serialized_proto()), &bare);
     if (!loaded.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat("cannot load SentencePiece model ", path,
-                                                     " without its dummy prefix: ",
-                                                     loaded.message));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "cannot load SentencePiece model ", path, " without its dummy prefix: ", loaded.message));
     }
   }
   return std::unique_ptr<SentencePieceTokenizer>(
@@ -295,9 +294,8 @@ bool SentencePieceTokenizer::IsUnknown(absl::string_view text) const {
 
 bool SentencePieceTokenizer::EncodesAsUnknown(absl::string_view text) const {
   const std::optional<std::vector<int>> ids = TryEncode(text, false, false);
-  return ids && !ids->empty() && std::all_of(ids->begin(), ids->end(), [&](int id) {
-    return model_->IsUnknownOrByte(id);
-  });
+  return ids && !ids->empty() &&
+         std::all_of(ids->begin(), ids->end(), [&](int id) { return model_->IsUnknownOrByte(id); });
 }
 
 void SentencePieceTokenizer::Splice(std::vector<int>& ids, std::span<const int> next) const {
@@ -327,27 +325,29 @@ std::pair<size_t, size_t> CheckWindow(absl::string_view text, size_t at) {
 
 }  // namespace
 
-bool SentencePieceTokenizer::KeepsTextAcrossCut(absl::string_view text, size_t at) const {
+std::optional<SentencePieceTokenizer::CutIds> SentencePieceTokenizer::IdsAroundCut(
+    absl::string_view text, size_t at) const {
   const auto [from, to] = CheckWindow(text, at);
-  const std::optional<std::vector<int>> whole = TryEncode(text.substr(from, to - from));
+  std::optional<std::vector<int>> whole = TryEncode(text.substr(from, to - from));
   std::optional<std::vector<int>> spliced = TryEncode(text.substr(from, at - from), true, false);
   const std::optional<std::vector<int>> right = TryEncode(text.substr(at, to - at), false, true);
-  if (!whole || !spliced || !right) return false;
+  if (!whole || !spliced || !right) return std::nullopt;
   Splice(*spliced, *right);
-  if (*spliced == *whole) return true;
+  return CutIds{.whole = *std::move(whole), .spliced = *std::move(spliced)};
+}
+
+bool SentencePieceTokenizer::KeepsTextAcrossCut(absl::string_view text, size_t at) const {
+  const std::optional<CutIds> ids = IdsAroundCut(text, at);
+  if (!ids) return false;
+  if (ids->spliced == ids->whole) return true;
   std::string whole_text, spliced_text;
-  return model_->Decode(*whole, &whole_text).ok() && model_->Decode(*spliced, &spliced_text).ok() &&
-         whole_text == spliced_text;
+  return model_->Decode(ids->whole, &whole_text).ok() &&
+         model_->Decode(ids->spliced, &spliced_text).ok() && whole_text == spliced_text;
 }
 
 bool SentencePieceTokenizer::CutKeepsIds(absl::string_view text, size_t at) const {
-  const auto [from, to] = CheckWindow(text, at);
-  const std::optional<std::vector<int>> whole = TryEncode(text.substr(from, to - from));
-  std::optional<std::vector<int>> spliced = TryEncode(text.substr(from, at - from), true, false);
-  const std::optional<std::vector<int>> right = TryEncode(text.substr(at, to - at), false, true);
-  if (!whole || !spliced || !right) return false;
-  Splice(*spliced, *right);
-  return *spliced == *whole;
+  const std::optional<CutIds> ids = IdsAroundCut(text, at);
+  return ids && ids->spliced == ids->whole;
 }
 
 SentencePieceTokenizer::Probe SentencePieceTokenizer::ProbeUnknownRun(absl::string_view text,
@@ -416,18 +416,18 @@ std::vector<size_t> SentencePieceTokenizer::UnknownRunCuts(absl::string_view tex
 }
 
 absl::StatusOr<std::vector<int32_t>> SentencePieceTokenizer::EncodeWords(absl::string_view text,
-                                                                        bool starts_word,
-                                                                        bool ends_word) const {
+                                                                         bool starts_word,
+                                                                         bool ends_word) const {
   std::vector<size_t> ends = UnknownRunCuts(text);
   ends.push_back(text.size());
   std::vector<int> ids;
   size_t begin = 0;
   for (const size_t end : ends) {
     std::vector<int> next;
-    NF_RETURN_IF_ERROR(ToStatus(EncodeOnce(text.substr(begin, end - begin),
-                                           begin == 0 && starts_word,
-                                           end == text.size() && ends_word, &next),
-                                "SentencePiece Encode"));
+    NF_RETURN_IF_ERROR(
+        ToStatus(EncodeOnce(text.substr(begin, end - begin), begin == 0 && starts_word,
+                            end == text.size() && ends_word, &next),
+                 "SentencePiece Encode"));
     Splice(ids, next);
     begin = end;
   }

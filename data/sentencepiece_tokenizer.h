@@ -111,16 +111,22 @@ class SentencePieceTokenizer final : public Tokenizer {
                                                    bool ends_word) const;
   // One library call: model_, or bare_ where the dummy prefix (suffix) must not be added: the
   // text continues a word (is continued by one). TryEncode: nullopt when it fails.
-  sentencepiece_backend::Result EncodeOnce(absl::string_view text, bool starts_word,
-                                           bool ends_word, std::vector<int>* ids) const;
+  sentencepiece_backend::Result EncodeOnce(absl::string_view text, bool starts_word, bool ends_word,
+                                           std::vector<int>* ids) const;
   std::optional<std::vector<int>> TryEncode(absl::string_view text, bool starts_word = true,
                                             bool ends_word = true) const;
   // Whether `text` (a grapheme cluster, or a character) encodes as unknown only: <unk> or
   // byte pieces, inside a word. EncodesAsUnknown encodes it; IsUnknown looks ASCII up.
   bool EncodesAsUnknown(absl::string_view text) const;
   bool IsUnknown(absl::string_view text) const;
-  // Whether text[0, at) and text[at, ...) may be encoded apart and spliced: the text within
-  // kCutCheckCharacters characters of `at`, encoded whole and cut there, gives the same ids.
+  // The text within kCutCheckCharacters characters of `at`, encoded whole and encoded in two
+  // parts cut at `at` and spliced; nullopt when an encoding fails.
+  struct CutIds {
+    std::vector<int> whole, spliced;
+  };
+  std::optional<CutIds> IdsAroundCut(absl::string_view text, size_t at) const;
+  // Whether text[0, at) and text[at, ...) may be encoded apart and spliced: IdsAroundCut's two
+  // are the same.
   bool CutKeepsIds(absl::string_view text, size_t at) const;
   // An exact cut in a run of unknown text near `at` (a character boundary): see
   // sentencepiece_tokenizer.cc.

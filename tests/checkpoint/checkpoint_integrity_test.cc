@@ -43,16 +43,6 @@ void SaveSteps(const TrainConfig& config, const fs::path& dir, int saves) {
   }
 }
 
-// The names in `dir`, sorted.
-std::vector<std::string> EntryNames(const fs::path& dir) {
-  std::vector<std::string> names;
-  for (const auto& entry : fs::directory_iterator(dir)) {
-    names.push_back(entry.path().filename().string());
-  }
-  std::sort(names.begin(), names.end());
-  return names;
-}
-
 std::string Flipped(std::string bytes, size_t bit) {
   bytes[bit / 8] = static_cast<char>(bytes[bit / 8] ^ (1 << (bit % 8)));
   return bytes;
@@ -241,7 +231,7 @@ TEST(FailedSaveTest, LeavesNothingBehindAndSaysWhy) {
   ASSERT_FALSE(saved.ok());
   EXPECT_THAT(std::string(saved.message()), HasSubstr("cannot write "));
   EXPECT_THAT(std::string(saved.message()), HasSubstr("rank_00000.shard: File too large"));
-  EXPECT_EQ(EntryNames(dir.path()), (std::vector<std::string>{"iter_0000001", "latest"}));
+  EXPECT_EQ(SortedNames(dir.path()), (std::vector<std::string>{"iter_0000001", "latest"}));
   // ReplaceFileAtomically (latest, a run's config.pbtxt) likewise leaves no .tmp.
   absl::Status replaced;
   {
@@ -250,7 +240,7 @@ TEST(FailedSaveTest, LeavesNothingBehindAndSaysWhy) {
   }
   EXPECT_THAT(std::string(replaced.message()), HasSubstr("config.pbtxt.tmp-"));
   EXPECT_THAT(std::string(replaced.message()), HasSubstr(": File too large"));
-  EXPECT_EQ(EntryNames(dir.path()), (std::vector<std::string>{"iter_0000001", "latest"}));
+  EXPECT_EQ(SortedNames(dir.path()), (std::vector<std::string>{"iter_0000001", "latest"}));
 }
 
 // An export or a conversion that fails for lack of space leaves no temporary behind either.
@@ -270,7 +260,7 @@ TEST(FailedSaveTest, AFailedExportOrConversionLeavesNoTemporaries) {
   EXPECT_THAT(std::string(exported.message()), HasSubstr("model.safetensors.tmp-"));
   EXPECT_THAT(std::string(exported.message()), HasSubstr(": File too large"));
   EXPECT_THAT(std::string(converted.message()), HasSubstr("rank_00000.shard: File too large"));
-  EXPECT_EQ(EntryNames(out.path()), std::vector<std::string>{});
+  EXPECT_EQ(SortedNames(out.path()), std::vector<std::string>{});
 }
 
 TEST(ResumePointTest, TakesLatestWhenItIsGood) {

@@ -138,16 +138,6 @@ TEST_P(ResumeTest, ResumedRunEqualsTheUninterruptedOneBitForBit) {
   }
 }
 
-// The names in `dir`, sorted.
-std::vector<std::string> SortedNames(const fs::path& dir) {
-  std::vector<std::string> names;
-  for (const auto& entry : fs::directory_iterator(dir)) {
-    names.push_back(entry.path().filename().string());
-  }
-  std::sort(names.begin(), names.end());
-  return names;
-}
-
 // An async save holds the state of the step it was started at, even though training moves the
 // parameters while it is written, and commits at Poll or Finish; a second Start finishes the
 // first save.

@@ -4,7 +4,10 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
+#include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -18,6 +21,16 @@ namespace nf::checkpoint {
 namespace fs = std::filesystem;
 using launcher::TrainConfig;
 using launcher::Trainer;
+
+// The names in `dir`, sorted.
+inline std::vector<std::string> SortedNames(const fs::path& dir) {
+  std::vector<std::string> names;
+  for (const auto& entry : fs::directory_iterator(dir)) {
+    names.push_back(entry.path().filename().string());
+  }
+  std::sort(names.begin(), names.end());
+  return names;
+}
 
 inline TrainConfig TinyConfig(launcher::TrainOptions::Precision precision) {
   TrainConfig config;
