@@ -1,10 +1,11 @@
 // Writes valid manifests into the directory given, the seeds of manifest_reader_fuzzer, each as
 // a whole manifest.pb and as its bare payload: one shard file or two, replicated and
-// tensor-parallel pieces, every dtype a checkpoint holds.
+// tensor-parallel pieces, every dtype a checkpoint holds, tensors that are the model's.
 #include <cstdint>
 #include <fstream>
 #include <iostream>
 #include <string>
+#include <vector>
 
 #include "checkpoint/manifest_file.h"
 
@@ -12,20 +13,23 @@ namespace {
 
 using nf::checkpoint::Manifest;
 
-// A record of `kind` for a [rows, cols] tensor of `dtype` (element_bytes each), its pieces
-// appended to `file` (whose size grows by their bytes).
+// A record of `kind` for a tensor of `shape` ([rows] or [rows, cols]) and `dtype` (element_bytes
+// each), its pieces appended to `file` (whose size grows by their bytes).
 void AddRecord(Manifest& m, const std::string& name, nf::checkpoint::TensorRecord::Kind kind,
-               const char* dtype, int64_t element_bytes, int64_t rows, int64_t cols, int tp,
+               const char* dtype, int64_t element_bytes, std::vector<int64_t> shape, int tp,
                nf::checkpoint::ShardFile& file) {
   nf::checkpoint::TensorRecord* r = m.add_tensors();
   r->set_name(name);
   r->set_kind(kind);
-  r->add_global_shape(rows);
-  r->add_global_shape(cols);
+  int64_t numel = 1;
+  for (const int64_t dim : shape) {
+    r->add_global_shape(dim);
+    numel *= dim;
+  }
   r->set_dtype(dtype);
   for (int rank = 0; rank < tp; ++rank) {
     nf::checkpoint::Piece* p = r->add_pieces();
-    const int64_t elements = rows * cols / tp;
+    const int64_t elements = numel / tp;
     p->set_file(file.name());
     p->set_offset(file.size());
     p->set_length(elements * element_bytes);
@@ -46,7 +50,14 @@ Manifest Seed(int files, int tp) {
   m.set_consumed_samples(96);
   m.set_data_stream_samples(800);
   m.set_optimizer_updates(12);
-  m.mutable_model()->set_num_layers(1);
+  // A model whose parameters the records below are (decode checks names and shapes).
+  nf::model::ModelConfig& model = *m.mutable_model();
+  model.set_num_layers(1);
+  model.set_d_model(2);
+  model.set_num_heads(1);
+  model.set_ffn_dim(4);
+  model.set_vocab_size(8);
+  model.set_max_seq_len(4);
   m.set_train_config("train { seed: 1 }");
   for (int f = 0; f < files; ++f) {
     nf::checkpoint::ShardFile* file = m.add_files();
@@ -54,10 +65,10 @@ Manifest Seed(int files, int tp) {
     file->set_size(0);
     file->set_world_rank(f);
     using Kind = nf::checkpoint::TensorRecord;
-    AddRecord(m, "decoder.layers.0.fc1.weight", Kind::PARAM, f == 0 ? "f16" : "bf16", 2, 4, 2, tp,
+    AddRecord(m, "decoder.layers.0.fc1.weight", Kind::PARAM, f == 0 ? "f16" : "bf16", 2, {4, 2}, tp,
               *file);
-    AddRecord(m, "decoder.layers.0.fc1.weight", Kind::MASTER, "f32", 4, 4, 2, tp, *file);
-    AddRecord(m, "decoder.layer_norm.weight", Kind::EXP_AVG_SQ, "f32", 4, 1, 3, 1, *file);
+    AddRecord(m, "decoder.layers.0.fc1.weight", Kind::MASTER, "f32", 4, {4, 2}, tp, *file);
+    AddRecord(m, "decoder.layer_norm.weight", Kind::EXP_AVG_SQ, "f32", 4, {2}, 1, *file);
   }
   return m;
 }
@@ -72,8 +83,11 @@ int main(int argc, char** argv) {
   int written = 0;
   for (const auto& [files, tp] : {std::pair{1, 1}, std::pair{2, 2}, std::pair{1, 4}}) {
     const Manifest m = Seed(files, tp);
-    if (!nf::checkpoint::ValidateManifest(m, "seed").ok()) {
-      std::cerr << "make_manifest_seeds: seed " << written << " is not valid\n";
+    // Valid as every reader decodes it: structure, model config, and the tensors it gives.
+    if (const absl::Status valid =
+            nf::checkpoint::DecodeManifest(nf::checkpoint::EncodeManifest(m), "seed").status();
+        !valid.ok()) {
+      std::cerr << "make_manifest_seeds: seed " << written << " is not valid: " << valid << "\n";
       return 1;
     }
     const std::string seed = std::string(argv[1]) + "/seed_" + std::to_string(written++);
