@@ -2,7 +2,6 @@
 
 #include <fcntl.h>
 #include <sys/file.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -32,16 +31,16 @@ absl::Status LockOrName(int fd, const fs::path& run_dir) {
                    "): wait for it to end or choose another --run-dir"));
 }
 
-// Unavailable when `run_dir` could not be created: its nearest existing ancestor is not a
-// directory, or not one this process may create entries in.
+// Unavailable when `run_dir` (not a directory yet) could not be created: something that is not
+// a directory stands where its first missing directory would go, or the nearest directory above
+// it is not one this process may create entries in.
 absl::Status CheckCreatable(const fs::path& run_dir) {
-  fs::path existing = fs::absolute(run_dir);
+  const fs::path existing = NearestExistingDirectory(run_dir);
+  const fs::path first_missing =
+      existing / *fs::absolute(run_dir).lexically_relative(existing).begin();
   std::error_code error;
-  while (!fs::exists(fs::symlink_status(existing, error)) && existing.has_relative_path()) {
-    existing = existing.parent_path();
-  }
   const char* reason = nullptr;
-  if (!fs::is_directory(existing, error)) {
+  if (fs::exists(fs::symlink_status(first_missing, error))) {
     reason = std::strerror(ENOTDIR);
   } else if (::access(existing.c_str(), W_OK | X_OK) != 0) {
     reason = std::strerror(errno);
@@ -59,31 +58,19 @@ absl::StatusOr<RunDirLock> RunDirLock::Check(const fs::path& run_dir) {
     NF_RETURN_IF_ERROR(CheckCreatable(run_dir));
     return RunDirLock(run_dir, -1);
   }
-  // An existing .lock only: opened without O_CREAT or O_TRUNC, so nothing changes yet.
-  const fs::path path = run_dir / ".lock";
-  const int fd = ::open(path.c_str(), O_RDWR | O_NOFOLLOW | O_CLOEXEC);
-  if (fd < 0 && errno == ENOENT) {
+  // An existing .lock only (never through a link): opened without O_CREAT or O_TRUNC, so
+  // nothing changes yet.
+  absl::StatusOr<int> fd = OpenForAppend(run_dir / ".lock", O_RDWR, "lock file", /*create=*/false);
+  if (absl::IsNotFound(fd.status())) {
     if (::access(run_dir.c_str(), W_OK | X_OK) != 0) {
       return absl::UnavailableError(absl::StrCat("cannot write in run directory ", run_dir.string(),
                                                  ": ", std::strerror(errno)));
     }
     return RunDirLock(run_dir, -1);
   }
-  if (fd < 0) {
-    return absl::UnavailableError(
-        absl::StrCat("cannot open ", path.string(), ": ", std::strerror(errno),
-                     errno == ELOOP ? " (a symbolic link: remove it)" : ""));
-  }
-  struct stat st {};
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_nlink != 1) {
-    ::close(fd);
-    return absl::UnavailableError(
-        absl::StrCat(path.string(),
-                     " is not a plain file with one name (a hard link?): the pid written "
-                     "there would change another file; remove it"));
-  }
-  NF_RETURN_IF_ERROR(LockOrName(fd, run_dir));
-  return RunDirLock(run_dir, fd);
+  NF_RETURN_IF_ERROR(fd.status());
+  NF_RETURN_IF_ERROR(LockOrName(*fd, run_dir));
+  return RunDirLock(run_dir, *fd);
 }
 
 absl::StatusOr<RunDirLock> RunDirLock::Acquire(const fs::path& run_dir) {

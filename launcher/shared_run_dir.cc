@@ -46,16 +46,6 @@ absl::StatusOr<std::string> BroadcastFromRankZero(parallel::Communicator& world,
                      static_cast<size_t>(*length.data<int64_t>()));
 }
 
-// `run_dir`, or the nearest directory above it that exists (where it will be created).
-std::filesystem::path NearestExistingDirectory(const std::filesystem::path& run_dir) {
-  std::filesystem::path dir = std::filesystem::absolute(run_dir);
-  std::error_code error;
-  while (!std::filesystem::is_directory(dir, error) && dir.has_relative_path()) {
-    dir = dir.parent_path();
-  }
-  return dir;
-}
-
 }  // namespace
 
 absl::Status CheckRunDirectoryShared(const std::filesystem::path& run_dir,

@@ -84,10 +84,23 @@ std::filesystem::path DirectoryOf(const std::filesystem::path& path) {
   return path.has_parent_path() ? path.parent_path() : std::filesystem::path(".");
 }
 
+std::filesystem::path NearestExistingDirectory(const std::filesystem::path& path) {
+  std::error_code error;
+  std::filesystem::path dir = std::filesystem::absolute(path, error);
+  if (error) dir = path;
+  while (!std::filesystem::is_directory(dir, error) && dir.has_relative_path()) {
+    dir = dir.parent_path();
+  }
+  return dir;
+}
+
 absl::StatusOr<int> OpenForAppend(const std::filesystem::path& path, int access_mode,
-                                  const std::string& what) {
-  const int fd =
-      ::open(path.c_str(), access_mode | O_APPEND | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0644);
+                                  const std::string& what, bool create) {
+  const int fd = ::open(
+      path.c_str(), access_mode | O_APPEND | (create ? O_CREAT : 0) | O_NOFOLLOW | O_CLOEXEC, 0644);
+  if (fd < 0 && errno == ENOENT && !create) {
+    return absl::NotFoundError(absl::StrCat("no ", what, " ", path.string()));
+  }
   if (fd < 0 && errno == ELOOP) {
     return absl::FailedPreconditionError(
         absl::StrCat(what, " ", path.string(),

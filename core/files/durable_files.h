@@ -53,8 +53,14 @@ std::filesystem::path DirectoryOf(const std::filesystem::path& path);
 // symbolic link, a hard link (a second name of another file) or not a regular file, so that
 // appending never reaches a file this path is not the only name of. `what` names the file in errors
 // ("log", "lock file").
+// With `create` false a missing file is NotFound and nothing is created (a check that must
+// change nothing yet: RunDirLock::Check).
 absl::StatusOr<int> OpenForAppend(const std::filesystem::path& path, int access_mode,
-                                  const std::string& what);
+                                  const std::string& what, bool create = true);
+
+// `path` made absolute, or the nearest directory above it that exists: where a directory that
+// is not there yet would be created.
+std::filesystem::path NearestExistingDirectory(const std::filesystem::path& path);
 
 // `length` bytes of `path` from `offset`; OutOfRange naming the file when it is shorter.
 absl::Status ReadRange(const std::filesystem::path& path, int64_t offset, int64_t length,
