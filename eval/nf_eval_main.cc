@@ -443,9 +443,7 @@ int Run(int argc, char** argv) {
   if (!flags.ok()) return UsageError(std::string(flags.status().message()));
   const int tp = flags->tp, pp = flags->pp;
   if (flags->cuda && nf::ops::GpuCount() == 0) {
-    return UsageError(
-        "--device cuda, but this process sees no GPU (a build without nvcc has no CUDA backend; "
-        "else check nvidia-smi and CUDA_VISIBLE_DEVICES)");
+    return UsageError(nf::launcher::NoGpuMessage("--device cuda", nf::ops::GpuCountError()));
   }
   // Before MPI: reading the checkpoint's manifest, the task files and the dataset's index, and
   // tokenizing in a child process. Every rank does the same and meets the same errors.

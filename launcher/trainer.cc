@@ -175,11 +175,20 @@ absl::StatusOr<Device> TrainingDevice(const TrainOptions& train) {
   return Device::Cuda(GpuOfLocalRank(local_rank, gpus));
 }
 
+std::string NoGpuMessage(absl::string_view setting, absl::string_view cuda_error) {
+  if (!cuda_error.empty()) {
+    return absl::StrCat(setting, ", but this process sees no GPU: ", cuda_error,
+                        " (check the driver with nvidia-smi)");
+  }
+  return absl::StrCat(setting,
+                      ", but this process sees no GPU (a build without nvcc has no CUDA backend; "
+                      "else check nvidia-smi and CUDA_VISIBLE_DEVICES)");
+}
+
 absl::Status CheckDeviceAvailable(const TrainOptions& train) {
   if (train.device() == TrainOptions::CPU || ops::GpuCount() > 0) return absl::OkStatus();
-  return absl::FailedPreconditionError(
-      "train.device: CUDA, but this process sees no GPU (a build without nvcc has no CUDA "
-      "backend; else check nvidia-smi and CUDA_VISIBLE_DEVICES), or set train.device: CPU");
+  return absl::FailedPreconditionError(absl::StrCat(
+      NoGpuMessage("train.device: CUDA", ops::GpuCountError()), ", or set train.device: CPU"));
 }
 
 absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainConfig& config,

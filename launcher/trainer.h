@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "checkpoint/training_state.h"
 #include "core/optim/loss_scaler.h"
 #include "core/optim/lr_schedule.h"
@@ -209,6 +210,11 @@ absl::StatusOr<int> MicroBatchesPerRank(const TrainOptions& train, int dp);
 // train.device's GPU is visible to this process (always OK for CPU); nf-launch checks it
 // before touching the run directory.
 absl::Status CheckDeviceAvailable(const TrainOptions& train);
+
+// "<setting>, but this process sees no GPU" and why: CUDA's own error when cudaGetDeviceCount
+// failed (ops::GpuCountError(), e.g. an insufficient driver), else the usual suspects (a build
+// without nvcc, CUDA_VISIBLE_DEVICES). Shared by nf-launch, nf-eval and nf-generate.
+std::string NoGpuMessage(absl::string_view setting, absl::string_view cuda_error);
 
 // train.device resolved for this rank: the CPU, or GPU local rank % visible GPUs.
 absl::StatusOr<Device> TrainingDevice(const TrainOptions& train);

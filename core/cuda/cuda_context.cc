@@ -28,14 +28,21 @@ absl::Status FaultStatus(const DeviceFault& fault) {
 
 }  // namespace
 
-int DeviceCount() {
-  int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess) {
-    cudaGetLastError();  // no driver or no device: not an error for the caller
-    return 0;
-  }
-  return count;
+absl::StatusOr<int> DeviceCountFromResult(cudaError_t result, int count) {
+  if (result == cudaSuccess) return count;
+  if (result == cudaErrorNoDevice) return 0;
+  return absl::FailedPreconditionError(absl::StrCat(
+      "cudaGetDeviceCount failed: ", cudaGetErrorName(result), ": ", cudaGetErrorString(result)));
 }
+
+absl::StatusOr<int> CheckedDeviceCount() {
+  int count = 0;
+  const cudaError_t result = cudaGetDeviceCount(&count);
+  if (result != cudaSuccess) cudaGetLastError();  // not sticky: clear it for the next call
+  return DeviceCountFromResult(result, count);
+}
+
+int DeviceCount() { return CheckedDeviceCount().value_or(0); }
 
 absl::StatusOr<std::string> DeviceUuid(int device) {
   cudaDeviceProp properties;
@@ -63,11 +70,14 @@ absl::StatusOr<CudaContext*> CudaContext::ForDevice(int device) {
   if (device >= 0 && device < kMaxDevices) {
     if (CudaContext* ready = contexts[device].load(std::memory_order_acquire)) return ready;
   }
-  const int count = DeviceCount();
+  const absl::StatusOr<int> counted = CheckedDeviceCount();
+  const int count = counted.value_or(0);
   if (device < 0 || device >= count || device >= kMaxDevices) {
     return absl::FailedPreconditionError(
-        absl::StrCat("cuda:", device, " does not exist: this process sees ", count,
-                     " GPU(s) (check CUDA_VISIBLE_DEVICES and the driver with nvidia-smi)"));
+        absl::StrCat("cuda:", device, " does not exist: this process sees ", count, " GPU(s) (",
+                     counted.ok() ? "check CUDA_VISIBLE_DEVICES and the driver with nvidia-smi"
+                                  : counted.status().message(),
+                     ")"));
   }
   std::lock_guard<std::mutex> lock(mutex);
   if (contexts[device].load(std::memory_order_relaxed) == nullptr) {

@@ -42,6 +42,14 @@ inline constexpr int kMaxDevices = 64;
 // The number of GPUs this process can see (0 without a driver or a device; never an error).
 int DeviceCount();
 
+// cudaGetDeviceCount's answer as a status: the count, 0 for cudaErrorNoDevice (no GPU is the
+// answer, not a failure), else CUDA's own error ("cudaGetDeviceCount failed:
+// cudaErrorInsufficientDriver: CUDA driver version is insufficient for CUDA runtime version"),
+// which callers put in their message instead of guessing at CUDA_VISIBLE_DEVICES. Pure host
+// logic: DeviceCountFromResult(result, count) is the decision, CheckedDeviceCount asks CUDA.
+absl::StatusOr<int> DeviceCountFromResult(cudaError_t result, int count);
+absl::StatusOr<int> CheckedDeviceCount();
+
 // The bytes GPU `device` can still allocate (cudaMemGetInfo's free figure; the other processes
 // on the GPU and this one's own cache already taken out).
 absl::StatusOr<int64_t> FreeMemory(int device);

@@ -96,6 +96,13 @@ absl::StatusOr<Backend*> BackendFor(Device device);
 // GPUs this process can use: 0 in a build without the CUDA backend or on a machine without one.
 int GpuCount();
 
+// Why GpuCount() is 0 when CUDA itself failed to count (its error name and string, e.g.
+// "cudaGetDeviceCount failed: cudaErrorInsufficientDriver: CUDA driver version is insufficient
+// for CUDA runtime version"), for the messages of callers that refuse to start; "" when the
+// count was read (a machine without a GPU, cudaErrorNoDevice, included) or in a build without
+// the CUDA backend.
+std::string GpuCountError();
+
 // The bytes GPU `gpu` can still allocate (cudaMemGetInfo's free figure); Unimplemented in a
 // build without the CUDA backend. Host memory: core/host_memory.h.
 absl::StatusOr<int64_t> FreeGpuMemory(int gpu);

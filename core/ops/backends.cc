@@ -41,6 +41,15 @@ int GpuCount() {
 #endif
 }
 
+std::string GpuCountError() {
+#if NF_WITH_CUDA
+  const absl::StatusOr<int> count = cuda::CheckedDeviceCount();
+  return count.ok() ? std::string() : std::string(count.status().message());
+#else
+  return std::string();
+#endif
+}
+
 absl::StatusOr<int64_t> FreeGpuMemory(int gpu) {
 #if NF_WITH_CUDA
   return cuda::FreeMemory(gpu);

@@ -24,6 +24,29 @@ TEST(CudaWithoutDeviceTest, MissingDeviceIsAClearError) {
                                    std::to_string(count) + " GPU(s)"));
 }
 
+// cudaErrorNoDevice is a count of 0; any other failure is CUDA's own error, never a silent 0
+// that the caller would blame on CUDA_VISIBLE_DEVICES (an old driver is not a missing GPU).
+TEST(CudaWithoutDeviceTest, DeviceCountReportsCudasOwnError) {
+  EXPECT_EQ(*cuda::DeviceCountFromResult(cudaSuccess, 8), 8);
+  EXPECT_EQ(*cuda::DeviceCountFromResult(cudaErrorNoDevice, 0), 0);
+  const absl::StatusOr<int> driver = cuda::DeviceCountFromResult(cudaErrorInsufficientDriver, 0);
+  ASSERT_FALSE(driver.ok());
+  EXPECT_EQ(driver.status().message(),
+            std::string("cudaGetDeviceCount failed: cudaErrorInsufficientDriver: ") +
+                cudaGetErrorString(cudaErrorInsufficientDriver));
+  EXPECT_FALSE(cuda::DeviceCountFromResult(cudaErrorInitializationError, 0).ok());
+  // The process's own answer agrees with DeviceCount() and, on failure, with the op layer's.
+  const absl::StatusOr<int> checked = cuda::CheckedDeviceCount();
+  EXPECT_EQ(checked.value_or(0), cuda::DeviceCount());
+  EXPECT_EQ(ops::GpuCountError(), checked.ok() ? "" : std::string(checked.status().message()));
+  if (!checked.ok()) {
+    const auto allocator = ops::AllocatorFor(Device::Cuda(0));
+    ASSERT_FALSE(allocator.ok());
+    EXPECT_THAT(std::string(allocator.status().message()),
+                ::testing::HasSubstr(std::string(checked.status().message())));
+  }
+}
+
 TEST(CudaWithoutDeviceTest, AllocatorRoundsToSharedSizes) {
   using cuda::CachingAllocator;
   EXPECT_EQ(CachingAllocator::RoundedSize(0), 512u);

@@ -426,6 +426,24 @@ TEST(TrainerTest, CudaDeviceNeedsAGpu) {
   ASSERT_FALSE(trainer.ok());
   EXPECT_THAT(std::string(trainer.status().message()),
               StartsWith("train.device: CUDA, but this process sees no GPU"));
+  // CUDA's own reason when it failed to count (here without a driver: "CUDA driver version is
+  // insufficient ..."), not the CUDA_VISIBLE_DEVICES guess.
+  const std::string cuda_error = nf::ops::GpuCountError();
+  if (!cuda_error.empty()) {
+    EXPECT_THAT(std::string(trainer.status().message()), HasSubstr(cuda_error));
+  }
+}
+
+TEST(TrainerTest, NoGpuMessageCarriesCudasError) {
+  EXPECT_EQ(NoGpuMessage("--device cuda",
+                         "cudaGetDeviceCount failed: cudaErrorInsufficientDriver: CUDA driver "
+                         "version is insufficient for CUDA runtime version"),
+            "--device cuda, but this process sees no GPU: cudaGetDeviceCount failed: "
+            "cudaErrorInsufficientDriver: CUDA driver version is insufficient for CUDA runtime "
+            "version (check the driver with nvidia-smi)");
+  EXPECT_THAT(NoGpuMessage("train.device: CUDA", ""),
+              ::testing::AllOf(StartsWith("train.device: CUDA, but this process sees no GPU ("),
+                               HasSubstr("CUDA_VISIBLE_DEVICES")));
 }
 
 TEST(TrainerTest, CudaWithSeveralRanksNeedsAGpu) {
