@@ -3,7 +3,6 @@
 #include <array>
 #include <cstdint>
 #include <cstring>
-#include <deque>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -13,6 +12,7 @@
 #include "core/trace_range.h"
 #include "parallel/comm_checks.h"
 #include "parallel/flight_recorder.h"
+#include "parallel/settling_queue.h"
 
 namespace nf::parallel {
 namespace {
@@ -143,9 +143,29 @@ struct NcclCommunicator::State {
   ncclComm_t comm = nullptr;
   // Polls every issued operation until it completes; made with the NCCL communicator.
   std::unique_ptr<AsyncWatchdog> in_flight;
+  // The communicator's stats (Communicator::shared_stats), which completed operations add
+  // their time to: shared, so a handle waited for after the communicator is gone writes to
+  // live memory.
+  std::shared_ptr<CommStats> stats;
   // Operations waited for whose time is not yet in the stats, in issue order (the order they
-  // complete in on the one communication stream). Owner thread only.
-  std::deque<std::shared_ptr<NcclOpEvents>> untimed;
+  // complete in on the one communication stream). Owner thread only. Bounded: every Wait()
+  // settles the completed ones first (settling_queue.h), so a process that never reads stats()
+  // (nf-eval, nf-generate) does not keep three events per operation for the whole run.
+  SettlingQueue<std::shared_ptr<NcclOpEvents>> untimed;
+
+  // Adds a completed operation's time to the stats and marks it completed in the flight
+  // recorder: true, or false while it still runs (or failed: the watchdog's to report).
+  bool Settle(const std::shared_ptr<NcclOpEvents>& op_events) const {
+    const NcclOpEvents& events = *op_events;
+    if (cudaEventQuery(events.done) != cudaSuccess) return false;
+    FlightRecorder::Get().Completed(events.flight);
+    float milliseconds = 0.0f;
+    if (stats != nullptr &&
+        cudaEventElapsedTime(&milliseconds, events.started, events.done) == cudaSuccess) {
+      stats->seconds[static_cast<int>(events.op)] += milliseconds / 1000.0 / events.group_size;
+    }
+    return true;
+  }
 };
 
 // One operation: its NCCL arguments, the tensors it touches (kept alive, and named in errors,
@@ -282,7 +302,7 @@ class NcclPendingOp final : public CommHandle {
     if (error != cudaSuccess) {
       return CudaError(error, operation, s.name, "cudaStreamWaitEvent on the compute stream");
     }
-    s.untimed.push_back(events_);
+    s.untimed.Push(events_, [&s](const std::shared_ptr<NcclOpEvents>& e) { return s.Settle(e); });
     return absl::OkStatus();
   }
 
@@ -401,8 +421,20 @@ absl::Status PrepareDevice(NcclCommunicator::State& s) {
           ", not to the communicator's device cuda:", s.device));
     }
   }
-  error = cudaStreamCreateWithFlags(&s.stream, cudaStreamNonBlocking);
-  if (error != cudaSuccess) return CudaError(error, kCreate, s.name, "cudaStreamCreateWithFlags");
+  // The communication stream at the device's greatest priority: a collective overlapped with
+  // the backward (data-parallel buckets, ZeRO's gathers) starts as soon as its inputs are ready
+  // instead of queueing behind the compute stream's kernels for the GPU's SMs.
+  int least_priority = 0, greatest_priority = 0;
+  error = cudaDeviceGetStreamPriorityRange(&least_priority, &greatest_priority);
+  if (error != cudaSuccess) {
+    return CudaError(error, kCreate, s.name, "cudaDeviceGetStreamPriorityRange");
+  }
+  error =
+      cudaStreamCreateWithPriority(&s.stream, cudaStreamNonBlocking,
+                                   internal::CommStreamPriority(least_priority, greatest_priority));
+  if (error != cudaSuccess) {
+    return CudaError(error, kCreate, s.name, "cudaStreamCreateWithPriority");
+  }
   error = cudaMalloc(&s.barrier_value, sizeof(int32_t));
   if (error != cudaSuccess) return CudaError(error, kCreate, s.name, "cudaMalloc of 4 bytes");
   error = cudaMemset(s.barrier_value, 0, sizeof(int32_t));
@@ -473,7 +505,9 @@ absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Create(
                              // NCCL's kernels may wait forever for an absent peer; aborting the
                              // communicator stops them before the job ends.
                              .before_abort = [comm = state->comm] { ncclCommAbort(comm); }});
-  return std::unique_ptr<NcclCommunicator>(new NcclCommunicator(std::move(state)));
+  std::unique_ptr<NcclCommunicator> communicator(new NcclCommunicator(std::move(state)));
+  communicator->state_->stats = communicator->shared_stats();
+  return communicator;
 }
 
 NcclCommunicator::~NcclCommunicator() = default;
@@ -485,6 +519,7 @@ int NcclCommunicator::device() const { return state_->device; }
 cudaStream_t NcclCommunicator::compute_stream() const { return state_->compute; }
 cudaStream_t NcclCommunicator::comm_stream() const { return state_->stream; }
 const std::vector<int>& NcclCommunicator::world_ranks() const { return state_->world_ranks; }
+size_t NcclCommunicator::unsettled_operations() const { return state_->untimed.size(); }
 
 // ---- Operations ---------------------------------------------------------------------------------
 
@@ -629,17 +664,7 @@ absl::Status NcclCommunicator::Barrier() {
 
 void NcclCommunicator::SettleStats() const {
   State& s = *state_;
-  while (!s.untimed.empty()) {
-    const NcclOpEvents& events = *s.untimed.front();
-    if (cudaEventQuery(events.done) != cudaSuccess) return;  // still running, or failed
-    FlightRecorder::Get().Completed(events.flight);
-    float milliseconds = 0.0f;
-    if (cudaEventElapsedTime(&milliseconds, events.started, events.done) == cudaSuccess) {
-      shared_stats()->seconds[static_cast<int>(events.op)] +=
-          milliseconds / 1000.0 / events.group_size;
-    }
-    s.untimed.pop_front();
-  }
+  s.untimed.SettleCompleted([&s](const std::shared_ptr<NcclOpEvents>& e) { return s.Settle(e); });
 }
 
 }  // namespace nf::parallel

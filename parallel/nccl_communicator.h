@@ -3,13 +3,14 @@
 // MpiCommunicator of the same ranks, which carries the NCCL unique id and names the group.
 //
 // Streams. NCCL works on the communicator's own stream (non-blocking with respect to the
-// legacy default stream). Every call first makes that stream wait for everything issued so far
-// on the compute stream given to Create (an event), so a collective reads what the kernels
-// before it wrote. Waiting for an operation (a blocking call, or Wait() on an async call's
-// handle) makes the compute stream wait for it (an event on the communication stream) and
-// returns: the host goes on queueing kernels behind the collective and blocks only where it
-// reads a value back (ops::OnHost, which synchronises the compute stream). Barrier alone also
-// waits on the host, as its meaning is that every rank has reached it.
+// legacy default stream, at the device's greatest stream priority so that an overlapped
+// collective is not queued behind the compute stream's kernels). Every call first makes that stream
+// wait for everything issued so far on the compute stream given to Create (an event), so a
+// collective reads what the kernels before it wrote. Waiting for an operation (a blocking call, or
+// Wait() on an async call's handle) makes the compute stream wait for it (an event on the
+// communication stream) and returns: the host goes on queueing kernels behind the collective and
+// blocks only where it reads a value back (ops::OnHost, which synchronises the compute stream).
+// Barrier alone also waits on the host, as its meaning is that every rank has reached it.
 //
 // The watchdog. No host call waits for a collective, so each communicator has an AsyncWatchdog
 // (async_watchdog.h) whose thread polls every issued operation's completion event and
@@ -17,7 +18,8 @@
 // (a peer's process died, a network error), gets the report line, ncclCommAbort (which stops
 // the kernels still waiting for absent peers) and the end of the job (docs/design.md section 5);
 // a host blocked meanwhile in a read of a value that never comes is ended with it. The time of
-// an operation reaches the stats once it has completed (stats() adds those completed so far).
+// an operation reaches the stats once it has completed (stats() adds those completed so far, and
+// so does every Wait(), which keeps the list of operations not yet added bounded).
 
 // Precision. f32, f64, i32 and i64 reduce natively. fp16 and bf16 are reduced by NCCL in their
 // own precision, rounded at every hop of its ring or tree: unlike the MPI communicator (fp32,
@@ -117,6 +119,10 @@ class NcclCommunicator final : public Communicator {
   cudaStream_t comm_stream() const;
   // The world rank of each member, by rank in this group.
   const std::vector<int>& world_ranks() const;
+  // Operations waited for whose time is not yet in the stats: those still running at their
+  // Wait() or since, never more than SettlingQueue's capacity (settling_queue.h), whether or
+  // not anyone reads stats(). For tests.
+  size_t unsettled_operations() const;
 
   // The NCCL communicator, streams and group description; shared with the handles of async
   // calls, which may outlive the communicator.

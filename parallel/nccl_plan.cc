@@ -29,6 +29,12 @@ absl::Status CheckAliasing(CommOp op, const NcclCaller& caller, absl::string_vie
 
 }  // namespace
 
+int CommStreamPriority(int least_priority, int greatest_priority) {
+  // CUDA's priorities run from least (0) down to greatest (negative); a device without
+  // priorities reports 0 for both.
+  return greatest_priority <= least_priority ? greatest_priority : least_priority;
+}
+
 std::optional<ncclDataType_t> NcclReduceType(DType dtype) {
   switch (dtype) {
     case DType::kF32:

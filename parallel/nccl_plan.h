@@ -41,6 +41,12 @@ struct NcclPlan {
   int64_t bytes = 0;  // what the call counts (communicator.h)
 };
 
+// The priority of the communication stream, given cudaDeviceGetStreamPriorityRange's least and
+// greatest: the greatest (CUDA counts priorities down: greatest is the numerically lowest, -5
+// against 0 on Ampere and Hopper), so that NCCL's kernels are scheduled ahead of the compute
+// stream's queued ones.
+int CommStreamPriority(int least_priority, int greatest_priority);
+
 // The NCCL type that reduces `dtype` in its own precision; nullopt for dtypes that are not
 // reduced (u8, u16).
 std::optional<ncclDataType_t> NcclReduceType(DType dtype);

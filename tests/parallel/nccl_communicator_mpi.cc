@@ -29,6 +29,7 @@
 #include "parallel/local_communicator.h"
 #include "parallel/nccl_communicator.h"
 #include "parallel/nccl_plan.h"
+#include "parallel/settling_queue.h"
 #include "test_util.h"
 
 namespace nf::parallel {
@@ -62,6 +63,13 @@ TEST(NcclHostTest, ReducibleDtypesMapToNcclTypesAndOthersDoNot) {
   EXPECT_EQ(internal::NcclReduceType(DType::kU8), std::nullopt);
   EXPECT_EQ(internal::NcclReduceOp(ReduceOp::kSum), ncclSum);
   EXPECT_EQ(internal::NcclReduceOp(ReduceOp::kMax), ncclMax);
+}
+
+// CUDA counts priorities down: the greatest is the numerically lowest (-5 on Ampere and Hopper).
+TEST(NcclHostTest, CommunicationStreamTakesTheGreatestPriority) {
+  EXPECT_EQ(internal::CommStreamPriority(0, -5), -5);
+  EXPECT_EQ(internal::CommStreamPriority(0, -2), -2);
+  EXPECT_EQ(internal::CommStreamPriority(0, 0), 0);  // a device without priorities
 }
 
 TEST(NcclHostTest, PlansCountElementsForReductionsAndBytesForCopies) {
@@ -320,6 +328,31 @@ TEST_F(NcclCommunicatorGpuTest, DescribesItsGroupAndUsesItsOwnNonBlockingStream)
   unsigned flags = 0;
   ASSERT_EQ(cudaStreamGetFlags(comm_->comm_stream(), &flags), cudaSuccess);
   EXPECT_EQ(flags & cudaStreamNonBlocking, cudaStreamNonBlocking);
+  // At the device's greatest priority, ahead of the compute stream's kernels.
+  int least = 0, greatest = 0, priority = 1;
+  ASSERT_EQ(cudaDeviceGetStreamPriorityRange(&least, &greatest), cudaSuccess);
+  ASSERT_EQ(cudaStreamGetPriority(comm_->comm_stream(), &priority), cudaSuccess);
+  EXPECT_EQ(priority, greatest);
+}
+
+// A process that never reads stats() (nf-generate: an all-reduce per layer and token) keeps at
+// most SettlingQueue's capacity of operations, not one per operation of the run: each Wait()
+// settles the completed ones first.
+TEST_F(NcclCommunicatorGpuTest, WaitedOperationsStayBoundedWithoutStats) {
+  const Tensor t = DeviceOf(DType::kF32, {4}, {1, 2, 3, 4});
+  constexpr int kOperations = 3 * static_cast<int>(SettlingQueue<int>::kDefaultCapacity);
+  for (int i = 0; i < kOperations; ++i) {
+    NF_ASSERT_OK(comm_->AllReduce(t, ReduceOp::kMax));
+    if (i % 512 == 511) {
+      ASSERT_EQ(cudaStreamSynchronize(compute_), cudaSuccess);
+    }
+    ASSERT_LE(comm_->unsettled_operations(), SettlingQueue<int>::kDefaultCapacity);
+  }
+  ASSERT_EQ(cudaStreamSynchronize(compute_), cudaSuccess);
+  NF_ASSERT_OK(comm_->AllReduce(t, ReduceOp::kMax));
+  // Everything before the last synchronisation completed and was settled by a later Wait().
+  EXPECT_LE(comm_->unsettled_operations(), 1u);
+  EXPECT_EQ(Calls(comm_->stats(), CommOp::kAllReduce), kOperations + 1);
 }
 
 TEST_F(NcclCommunicatorGpuTest, AllReduceSumAndMaxInEveryDtype) {
