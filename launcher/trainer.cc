@@ -1,9 +1,11 @@
 #include "launcher/trainer.h"
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <iostream>
 #include <limits>
 #include <string>
 #include <thread>
@@ -130,26 +132,94 @@ absl::Status CheckOneRankPerGpu(const std::vector<std::string>& hosts,
         "train.device: CUDA: ranks ", it->second, " and ", rank, " on ", hosts[rank],
         " would both drive GPU ", gpu_uuids[rank],
         "; run one rank per GPU: at most as many ranks per node as GPUs, each rank seeing all of "
-        "them or only its own (--gpus-per-task=1, or a CUDA_VISIBLE_DEVICES per rank)"));
+        "them (it takes GPU local rank % GPUs; a CUDA_VISIBLE_DEVICES per rank or "
+        "--gpus-per-task=1 also works but hides the peers' GPUs from NCCL)"));
   }
   return absl::OkStatus();
+}
+
+absl::Status CheckDistinctLocalRanks(const std::vector<std::string>& hosts,
+                                     const std::vector<int>& local_ranks,
+                                     absl::string_view source) {
+  absl::flat_hash_map<std::pair<std::string, int>, size_t> first_rank;  // (host, local) -> rank
+  for (size_t rank = 0; rank < local_ranks.size(); ++rank) {
+    const auto [it, inserted] = first_rank.emplace(std::pair(hosts[rank], local_ranks[rank]), rank);
+    if (inserted) continue;
+    return absl::FailedPreconditionError(absl::StrCat(
+        "local rank: ranks ", it->second, " and ", rank, " on ", hosts[rank],
+        " both have local rank ", local_ranks[rank], " (from ", source,
+        "), so they would pick the same GPU; under an mpirun inside sbatch every rank inherits "
+        "SLURM_LOCALID=0: use a launcher that sets its own local rank (Open MPI's "
+        "OMPI_COMM_WORLD_LOCAL_RANK, MPICH's or Intel MPI's MPI_LOCALRANKID, PMI_LOCAL_RANK) "
+        "or srun"));
+  }
+  return absl::OkStatus();
+}
+
+std::string SingleGpuRanksWarning(const std::vector<std::string>& hosts,
+                                  const std::vector<int>& visible_gpus) {
+  // Per node, in order of its lowest rank: its ranks, and whether each sees exactly one GPU.
+  std::vector<std::string> nodes;
+  absl::flat_hash_map<std::string, std::pair<int, bool>> per_node;  // ranks, all see one
+  absl::flat_hash_map<std::string, size_t> lowest;
+  for (size_t rank = 0; rank < hosts.size(); ++rank) {
+    const auto [it, inserted] = per_node.emplace(hosts[rank], std::pair(0, true));
+    if (inserted) {
+      nodes.push_back(hosts[rank]);
+      lowest[hosts[rank]] = rank;
+    }
+    ++it->second.first;
+    it->second.second = it->second.second && visible_gpus[rank] == 1;
+  }
+  for (const std::string& node : nodes) {
+    const auto [ranks, all_one] = per_node[node];
+    if (ranks < 2 || !all_one) continue;
+    return absl::StrCat(
+        "warning: rank ", lowest[node], " sees exactly one GPU, as does each of the ", ranks,
+        " ranks on ", node,
+        " (--gpus-per-task=1 or a CUDA_VISIBLE_DEVICES per rank): NCCL cannot use P2P/NVLink "
+        "to GPUs a process does not see and falls back to slower paths; make every GPU of the "
+        "node visible to every rank (--gpus-per-node, no per-rank CUDA_VISIBLE_DEVICES), and "
+        "each rank takes GPU local rank % GPUs");
+  }
+  return std::string();
 }
 
 absl::Status CheckOneRankPerGpu(const parallel::ProcessGroups& groups, Device device) {
   const int world = groups.topology.world_size();
   if (device.type != DeviceType::kCuda || world == 1) return absl::OkStatus();
+  // Each rank's record: its GPU's UUID, its local rank and how many GPUs it sees.
   constexpr int64_t kUuidBytes = 40;  // "GPU-" + 32 hex digits + 4 dashes
+  constexpr int64_t kRecordBytes = kUuidBytes + 2 * sizeof(int32_t);
   NF_ASSIGN_OR_RETURN(const std::string uuid, ops::GpuUuid(device.index));
-  NF_ASSIGN_OR_RETURN(Tensor mine, Tensor::HostZeros(DType::kU8, {kUuidBytes}));
-  std::memcpy(mine.raw_data(), uuid.data(), std::min<size_t>(uuid.size(), kUuidBytes));
-  NF_ASSIGN_OR_RETURN(Tensor all, Tensor::HostZeros(DType::kU8, {world * kUuidBytes}));
+  NF_ASSIGN_OR_RETURN(const int local_rank, parallel::DiscoverLocalRank());
+  const auto numbers = std::array<int32_t, 2>{local_rank, ops::GpuCount()};
+  NF_ASSIGN_OR_RETURN(Tensor mine, Tensor::HostZeros(DType::kU8, {kRecordBytes}));
+  auto* record = static_cast<char*>(mine.raw_data());
+  std::memcpy(record, uuid.data(), std::min<size_t>(uuid.size(), kUuidBytes));
+  std::memcpy(record + kUuidBytes, numbers.data(), sizeof(numbers));
+  NF_ASSIGN_OR_RETURN(Tensor all, Tensor::HostZeros(DType::kU8, {world * kRecordBytes}));
   NF_RETURN_IF_ERROR(groups.world->AllGather(mine, all));
   std::vector<std::string> uuids;
+  std::vector<int> local_ranks, visible_gpus;
   for (int rank = 0; rank < world; ++rank) {
-    const char* bytes = static_cast<const char*>(all.raw_data()) + rank * kUuidBytes;
+    const char* bytes = static_cast<const char*>(all.raw_data()) + rank * kRecordBytes;
     uuids.emplace_back(bytes, strnlen(bytes, kUuidBytes));
+    std::array<int32_t, 2> theirs;
+    std::memcpy(theirs.data(), bytes + kUuidBytes, sizeof(theirs));
+    local_ranks.push_back(theirs[0]);
+    visible_gpus.push_back(theirs[1]);
   }
-  return CheckOneRankPerGpu(groups.hosts, uuids);
+  // The same verdict on every rank (the same gathered records): the local ranks first, as
+  // two ranks sharing one would also share a GPU.
+  NF_RETURN_IF_ERROR(
+      CheckDistinctLocalRanks(groups.hosts, local_ranks, parallel::LocalRankSource()));
+  NF_RETURN_IF_ERROR(CheckOneRankPerGpu(groups.hosts, uuids));
+  if (groups.topology.world_rank() == 0) {
+    const std::string warning = SingleGpuRanksWarning(groups.hosts, visible_gpus);
+    if (!warning.empty()) std::cerr << warning << "\n";
+  }
+  return absl::OkStatus();
 }
 
 namespace {

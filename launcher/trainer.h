@@ -220,9 +220,11 @@ std::string NoGpuMessage(absl::string_view setting, absl::string_view cuda_error
 absl::StatusOr<Device> TrainingDevice(const TrainOptions& train);
 
 // The GPU of a process: local_rank % gpus (gpus > 0). Every GPU of the node visible to every
-// rank gives rank i GPU i; one visible GPU per rank (Slurm's --gpus-per-task=1, a per-rank
-// CUDA_VISIBLE_DEVICES) gives each rank its own GPU 0. CheckOneRankPerGpu refuses a job where
-// two ranks end up on one physical GPU.
+// rank gives rank i GPU i, and is the recommended setup: NCCL then sees the peers' GPUs and
+// uses P2P/NVLink between them. One visible GPU per rank (Slurm's --gpus-per-task=1, a per-rank
+// CUDA_VISIBLE_DEVICES) gives each rank its own GPU 0, but hides the peers' GPUs under Slurm's
+// device constraints (SingleGpuRanksWarning). CheckOneRankPerGpu refuses a job where two ranks
+// end up on one physical GPU.
 int GpuOfLocalRank(int local_rank, int gpus);
 
 // NCCL refuses two ranks of one communicator on one GPU, and a shared GPU only slows both:
@@ -231,8 +233,23 @@ int GpuOfLocalRank(int local_rank, int gpus);
 absl::Status CheckOneRankPerGpu(const std::vector<std::string>& hosts,
                                 const std::vector<std::string>& gpu_uuids);
 
-// The same over the world (collective): gathers every rank's GPU UUID. OK on the CPU and for a
-// job of one process.
+// Given every world rank's host and local rank (parallel::DiscoverLocalRank, read from
+// `source`), refuses a job in which two ranks of one host have the same local rank (an mpirun
+// inside sbatch whose ranks all inherit SLURM_LOCALID=0): one line naming both ranks, the host
+// and the variable.
+absl::Status CheckDistinctLocalRanks(const std::vector<std::string>& hosts,
+                                     const std::vector<int>& local_ranks, absl::string_view source);
+
+// Given every world rank's host and the number of GPUs it sees, one warning line naming the
+// lowest rank of the first node where several ranks each see exactly one GPU (Slurm's
+// --gpus-per-task=1, a CUDA_VISIBLE_DEVICES per rank), which hides the peers' GPUs from NCCL
+// and so loses P2P/NVLink; "" when no node is so. A node of one rank is never warned about.
+std::string SingleGpuRanksWarning(const std::vector<std::string>& hosts,
+                                  const std::vector<int>& visible_gpus);
+
+// The same over the world (collective): gathers every rank's GPU UUID, local rank and count of
+// visible GPUs, refuses shared local ranks and shared GPUs, and has world rank 0 print
+// SingleGpuRanksWarning's line on stderr. OK on the CPU and for a job of one process.
 absl::Status CheckOneRankPerGpu(const parallel::ProcessGroups& groups, Device device);
 
 // The parallel sizes of a config (dp resolved from the world by the topology).

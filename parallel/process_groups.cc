@@ -103,8 +103,15 @@ absl::StatusOr<MPI_Comm> SplitByNode() {
 
 }  // namespace
 
+const char* LocalRankSource() {
+  for (const char* variable : kLocalRankVariables) {
+    if (std::getenv(variable) != nullptr) return variable;
+  }
+  return "MPI_COMM_TYPE_SHARED";
+}
+
 absl::StatusOr<int> DiscoverLocalRank() {
-  for (const char* variable : {"OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID"}) {
+  for (const char* variable : kLocalRankVariables) {
     const char* value = std::getenv(variable);
     if (value == nullptr) continue;
     int rank = -1;
@@ -118,7 +125,8 @@ absl::StatusOr<int> DiscoverLocalRank() {
   if (!node.ok()) {
     return absl::InternalError(
         absl::StrCat("local rank: ", node.status().message(),
-                     ", and neither OMPI_COMM_WORLD_LOCAL_RANK nor SLURM_LOCALID is set"));
+                     ", and none of OMPI_COMM_WORLD_LOCAL_RANK, MPI_LOCALRANKID, "
+                     "PMI_LOCAL_RANK and SLURM_LOCALID is set"));
   }
   int local_rank = 0;
   MPI_Comm_rank(*node, &local_rank);

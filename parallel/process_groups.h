@@ -36,12 +36,25 @@ absl::StatusOr<ProcessGroups> CreateProcessGroups(ParallelSizes sizes,
 // The groups of a job of one process: every group is a LocalCommunicator (no MPI needed).
 ProcessGroups SingleProcessGroups();
 
-// This process's rank among the job's processes on its node, which picks its GPU:
-// OMPI_COMM_WORLD_LOCAL_RANK (set by Open MPI's mpirun), else SLURM_LOCALID (srun), else the
-// rank in an MPI_Comm_split_type(MPI_COMM_TYPE_SHARED) split of the world, which initialises
-// MPI when needed and is collective over the world (under a launcher that sets neither
-// variable, every rank takes that path).
+// This process's rank among the job's processes on its node, which picks its GPU: the MPI
+// launcher's own variable first, OMPI_COMM_WORLD_LOCAL_RANK (Open MPI's mpirun),
+// MPI_LOCALRANKID (MPICH's and Intel MPI's Hydra mpirun) or PMI_LOCAL_RANK (Cray PMI and other
+// PMI launchers), then SLURM_LOCALID (srun), else the rank in an
+// MPI_Comm_split_type(MPI_COMM_TYPE_SHARED) split of the world, which initialises MPI when
+// needed and is collective over the world (under a launcher that sets none of the variables,
+// every rank takes that path). The launcher's variable wins over SLURM_LOCALID because an
+// mpirun inside sbatch starts its ranks through one Slurm task per node: every rank of a node
+// inherits SLURM_LOCALID=0. launcher::CheckOneRankPerGpu refuses a job whose ranks on one
+// node still share a local rank, naming the variable it came from (LocalRankSource).
 absl::StatusOr<int> DiscoverLocalRank();
+
+// The variables DiscoverLocalRank reads, in the order it prefers them.
+inline constexpr const char* kLocalRankVariables[] = {
+    "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "PMI_LOCAL_RANK", "SLURM_LOCALID"};
+
+// Where DiscoverLocalRank takes the local rank from: the first of kLocalRankVariables that is
+// set, else "MPI_COMM_TYPE_SHARED" (the split of the world by node).
+const char* LocalRankSource();
 
 // The ranks on this rank's node (an MPI_Comm_split_type(MPI_COMM_TYPE_SHARED) split of the
 // world, ordered by world rank), named "node": the ranks that share its host memory.

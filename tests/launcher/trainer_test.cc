@@ -487,6 +487,38 @@ TEST(GpuOfLocalRankTest, TwoRanksOnOnePhysicalGpuAreRefused) {
                         "run one rank per GPU"));
 }
 
+// An mpirun inside sbatch (MPICH, Intel MPI) whose launcher variable is missing: every rank of
+// a node inherits SLURM_LOCALID=0, and would pick GPU 0; refused in one line naming the cause.
+TEST(GpuOfLocalRankTest, RanksOfANodeSharingALocalRankAreRefused) {
+  const std::vector<std::string> hosts = {"node1", "node1", "node2", "node2"};
+  NF_EXPECT_OK(CheckDistinctLocalRanks(hosts, {0, 1, 0, 1}, "MPI_LOCALRANKID"));
+  const absl::Status same = CheckDistinctLocalRanks(hosts, {0, 0, 0, 0}, "SLURM_LOCALID");
+  EXPECT_EQ(same.code(), absl::StatusCode::kFailedPrecondition);
+  const std::string message(same.message());
+  EXPECT_THAT(message, HasSubstr("local rank: ranks 0 and 1 on node1 both have local rank 0 "
+                                 "(from SLURM_LOCALID)"));
+  EXPECT_THAT(message, HasSubstr("MPI_LOCALRANKID"));
+  EXPECT_EQ(message.find('\n'), std::string::npos);
+}
+
+// Slurm's --gpus-per-task=1 (or a CUDA_VISIBLE_DEVICES per rank) on a node of several ranks
+// hides the peers' GPUs from NCCL: one warning line, naming the node's lowest rank.
+TEST(GpuOfLocalRankTest, WarnsWhenTheRanksOfANodeEachSeeOneGpu) {
+  const std::vector<std::string> hosts = {"node1", "node1", "node2", "node2"};
+  EXPECT_EQ(SingleGpuRanksWarning(hosts, {8, 8, 8, 8}), "");  // every GPU visible
+  EXPECT_EQ(SingleGpuRanksWarning(hosts, {2, 2, 2, 2}), "");
+  // One rank per node seeing one GPU loses nothing: no peer on its node.
+  EXPECT_EQ(SingleGpuRanksWarning({"node1", "node2"}, {1, 1}), "");
+  // node1 has all GPUs visible; node2's ranks 2 and 3 each see one.
+  const std::string warning = SingleGpuRanksWarning(hosts, {8, 8, 1, 1});
+  EXPECT_THAT(warning, StartsWith("warning: rank 2 sees exactly one GPU, as does each of the 2 "
+                                  "ranks on node2"));
+  EXPECT_THAT(warning, HasSubstr("P2P/NVLink"));
+  EXPECT_EQ(warning.find('\n'), std::string::npos);
+  // A node where only some ranks see one GPU is not this setup.
+  EXPECT_EQ(SingleGpuRanksWarning(hosts, {8, 8, 1, 8}), "");
+}
+
 // ---- RunTraining ----------------------------------------------------------------------------
 
 TEST(RunTrainingTest, WritesResolvedConfigAndOneRecordPerStep) {

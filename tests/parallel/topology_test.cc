@@ -216,6 +216,35 @@ TEST(LocalRankTest, ReadsOpenMpiThenSlurm) {
     EXPECT_EQ(*rank, 5);
   }
   {
+    // MPICH's and Intel MPI's mpirun inside sbatch: every rank inherits SLURM_LOCALID=0 from
+    // the one Slurm task per node, and Hydra's MPI_LOCALRANKID is the rank's real place.
+    ScopedEnv ompi("OMPI_COMM_WORLD_LOCAL_RANK", nullptr);
+    ScopedEnv hydra("MPI_LOCALRANKID", "6");
+    ScopedEnv pmi("PMI_LOCAL_RANK", nullptr);
+    ScopedEnv slurm("SLURM_LOCALID", "0");
+    auto rank = DiscoverLocalRank();
+    NF_ASSERT_OK(rank);
+    EXPECT_EQ(*rank, 6);
+    EXPECT_STREQ(LocalRankSource(), "MPI_LOCALRANKID");
+  }
+  {
+    ScopedEnv ompi("OMPI_COMM_WORLD_LOCAL_RANK", nullptr);
+    ScopedEnv hydra("MPI_LOCALRANKID", nullptr);
+    ScopedEnv pmi("PMI_LOCAL_RANK", "2");
+    ScopedEnv slurm("SLURM_LOCALID", "0");
+    auto rank = DiscoverLocalRank();
+    NF_ASSERT_OK(rank);
+    EXPECT_EQ(*rank, 2);
+    EXPECT_STREQ(LocalRankSource(), "PMI_LOCAL_RANK");
+  }
+  {
+    ScopedEnv ompi("OMPI_COMM_WORLD_LOCAL_RANK", nullptr);
+    ScopedEnv hydra("MPI_LOCALRANKID", nullptr);
+    ScopedEnv pmi("PMI_LOCAL_RANK", nullptr);
+    ScopedEnv slurm("SLURM_LOCALID", "5");
+    EXPECT_STREQ(LocalRankSource(), "SLURM_LOCALID");
+  }
+  {
     ScopedEnv ompi("OMPI_COMM_WORLD_LOCAL_RANK", "two");
     testing::ExpectInvalidArgument(DiscoverLocalRank().status(),
                                    "OMPI_COMM_WORLD_LOCAL_RANK='two' is not a local rank");
