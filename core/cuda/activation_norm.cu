@@ -106,9 +106,9 @@ absl::Status CudaBackend::ActivationNormForward(const ops::ActivationNormArgs& a
                                     DevicePtr<W>(args.bias),   DevicePtr<T>(args.y),
                                     args.mean.data<float>(),   args.rstd.data<float>(),
                                     DevicePtr<T>(args.scratch)};
-      ActivationNormForwardKernel<<<static_cast<unsigned int>(rows), RowThreads(cols), 0,
-                                    stream()>>>(p, args.act, DropoutMask::Of(args.dropout), cols,
-                                                args.eps);
+      Launch<ActivationNormForwardKernel<T, W>>(
+          {static_cast<unsigned int>(rows), RowThreads(cols), 0, stream()}, p, args.act,
+          DropoutMask::Of(args.dropout), cols, args.eps);
     });
   });
   NF_CUDA_RETURN_IF_LAUNCH_FAILED();
@@ -124,8 +124,9 @@ absl::Status CudaBackend::ActivationNormBackward(const ops::ActivationNormBackwa
                                      DevicePtr<W>(args.weight), args.mean.data<float>(),
                                      args.rstd.data<float>(),   DevicePtr<T>(args.dx),
                                      DevicePtr<T>(args.scratch)};
-      ActivationNormBackwardKernel<<<static_cast<unsigned int>(rows), RowThreads(cols), 0,
-                                     stream()>>>(p, args.act, DropoutMask::Of(args.dropout), cols);
+      Launch<ActivationNormBackwardKernel<T, W>>(
+          {static_cast<unsigned int>(rows), RowThreads(cols), 0, stream()}, p, args.act,
+          DropoutMask::Of(args.dropout), cols);
       NF_CUDA_RETURN_IF_LAUNCH_FAILED();
       // The parameter gradients from dy (untouched) and a (in scratch), after the rows.
       return AddColumnSums<2>(context_, rows, cols,

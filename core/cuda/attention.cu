@@ -111,7 +111,7 @@ __device__ void AccumulateTile(float weight, const float* tile, int64_t dim, flo
 template <typename T, int kChunks>
 __global__ void AttentionForwardKernel(const T* q, const T* k, const T* v, T* out, float* lse,
                                        AttentionShape s) {
-  extern __shared__ float shared[];
+  NF_DYNAMIC_SHARED(float, shared);
   const int64_t pitch = s.dim + 1;
   float* k_tile = shared;                  // [kTile, pitch]
   float* v_tile = k_tile + kTile * pitch;  // [kTile, pitch]
@@ -171,7 +171,7 @@ template <typename T, int kChunks>
 __global__ void AttentionGradQKernel(const T* q, const T* k, const T* v, const T* dout,
                                      const float* lse, const float* row_dot, T* dq,
                                      AttentionShape s) {
-  extern __shared__ float shared[];
+  NF_DYNAMIC_SHARED(float, shared);
   const int64_t pitch = s.dim + 1;
   float* k_tile = shared;
   float* v_tile = k_tile + kTile * pitch;
@@ -217,7 +217,7 @@ template <typename T, int kChunks>
 __global__ void AttentionGradKVKernel(const T* q, const T* k, const T* v, const T* dout,
                                       const float* lse, const float* row_dot, T* dk, T* dv,
                                       AttentionShape s) {
-  extern __shared__ float shared[];
+  NF_DYNAMIC_SHARED(float, shared);
   const int64_t pitch = s.dim + 1;
   float* q_tile = shared;
   float* do_tile = q_tile + kTile * pitch;
@@ -327,7 +327,7 @@ template <typename T>
 __global__ void KvCacheAttentionKernel(const T* q, const T* k_cache, const T* v_cache, T* out,
                                        int64_t fresh, int64_t capacity, int64_t dim, int64_t past,
                                        float scale) {
-  extern __shared__ float shared[];
+  NF_DYNAMIC_SHARED(float, shared);
   __shared__ float scratch[32];
   const int64_t i = blockIdx.x, bh = blockIdx.y, visible = past + i + 1;
   float* query = shared;         // [dim]
@@ -364,8 +364,8 @@ absl::Status CudaBackend::SoftmaxForward(const Tensor& x, const Tensor& y) {
   const int64_t rows = ops::Rows(x);
   if (rows == 0) return absl::OkStatus();
   DispatchFloat(x.dtype(), [&]<typename T>() {
-    SoftmaxForwardKernel<<<static_cast<unsigned int>(rows), kThreads, 0, stream()>>>(
-        DevicePtr<T>(x), DevicePtr<T>(y), ops::Cols(x));
+    Launch<SoftmaxForwardKernel<T>>({static_cast<unsigned int>(rows), kThreads, 0, stream()},
+                                    DevicePtr<T>(x), DevicePtr<T>(y), ops::Cols(x));
   });
   NF_CUDA_RETURN_IF_LAUNCH_FAILED();
   return absl::OkStatus();
@@ -375,8 +375,9 @@ absl::Status CudaBackend::SoftmaxBackward(const Tensor& y, const Tensor& dy, con
   const int64_t rows = ops::Rows(y);
   if (rows == 0) return absl::OkStatus();
   DispatchFloat(y.dtype(), [&]<typename T>() {
-    SoftmaxBackwardKernel<<<static_cast<unsigned int>(rows), kThreads, 0, stream()>>>(
-        DevicePtr<T>(y), DevicePtr<T>(dy), DevicePtr<T>(dx), ops::Cols(y));
+    Launch<SoftmaxBackwardKernel<T>>({static_cast<unsigned int>(rows), kThreads, 0, stream()},
+                                     DevicePtr<T>(y), DevicePtr<T>(dy), DevicePtr<T>(dx),
+                                     ops::Cols(y));
   });
   NF_CUDA_RETURN_IF_LAUNCH_FAILED();
   return absl::OkStatus();
@@ -387,10 +388,10 @@ absl::Status CudaBackend::OwnAttentionForward(const ops::AttentionArgs& args) {
   NF_ASSIGN_OR_RETURN(const dim3 grid, RowGrid(shape.seq, args.q.dim(0) * shape.heads));
   return DispatchHeadDim(shape.dim, [&]<int kChunks>() {
     DispatchFloat(args.q.dtype(), [&]<typename T>() {
-      AttentionForwardKernel<T, kChunks>
-          <<<grid, kRowsPerBlock * 32, SharedBytes(shape.dim), stream()>>>(
-              DevicePtr<T>(args.q), DevicePtr<T>(args.k), DevicePtr<T>(args.v),
-              DevicePtr<T>(args.out), args.lse.data<float>(), shape);
+      Launch<AttentionForwardKernel<T, kChunks>>(
+          {grid, kRowsPerBlock * 32, SharedBytes(shape.dim), stream()}, DevicePtr<T>(args.q),
+          DevicePtr<T>(args.k), DevicePtr<T>(args.v), DevicePtr<T>(args.out),
+          args.lse.data<float>(), shape);
     });
     NF_CUDA_RETURN_IF_LAUNCH_FAILED();
     return absl::OkStatus();
@@ -406,19 +407,18 @@ absl::Status CudaBackend::OwnAttentionBackward(const ops::AttentionBackwardArgs&
   NF_ASSIGN_OR_RETURN(const dim3 row_dot_grid, RowGrid(pairs * shape.seq, 1));
   return DispatchHeadDim(shape.dim, [&]<int kChunks>() {
     DispatchFloat(args.q.dtype(), [&]<typename T>() {
-      RowDotKernel<<<row_dot_grid, kRowsPerBlock * 32, 0, stream()>>>(
-          DevicePtr<T>(args.out), DevicePtr<T>(args.dout), row_dot.data<float>(), pairs * shape.seq,
-          shape.dim);
-      AttentionGradQKernel<T, kChunks>
-          <<<grid, kRowsPerBlock * 32, SharedBytes(shape.dim), stream()>>>(
-              DevicePtr<T>(args.q), DevicePtr<T>(args.k), DevicePtr<T>(args.v),
-              DevicePtr<T>(args.dout), args.lse.data<float>(), row_dot.data<float>(),
-              DevicePtr<T>(args.dq), shape);
-      AttentionGradKVKernel<T, kChunks>
-          <<<grid, kRowsPerBlock * 32, SharedBytes(shape.dim), stream()>>>(
-              DevicePtr<T>(args.q), DevicePtr<T>(args.k), DevicePtr<T>(args.v),
-              DevicePtr<T>(args.dout), args.lse.data<float>(), row_dot.data<float>(),
-              DevicePtr<T>(args.dk), DevicePtr<T>(args.dv), shape);
+      Launch<RowDotKernel<T>>({row_dot_grid, kRowsPerBlock * 32, 0, stream()},
+                              DevicePtr<T>(args.out), DevicePtr<T>(args.dout),
+                              row_dot.data<float>(), pairs * shape.seq, shape.dim);
+      Launch<AttentionGradQKernel<T, kChunks>>(
+          {grid, kRowsPerBlock * 32, SharedBytes(shape.dim), stream()}, DevicePtr<T>(args.q),
+          DevicePtr<T>(args.k), DevicePtr<T>(args.v), DevicePtr<T>(args.dout),
+          args.lse.data<float>(), row_dot.data<float>(), DevicePtr<T>(args.dq), shape);
+      Launch<AttentionGradKVKernel<T, kChunks>>(
+          {grid, kRowsPerBlock * 32, SharedBytes(shape.dim), stream()}, DevicePtr<T>(args.q),
+          DevicePtr<T>(args.k), DevicePtr<T>(args.v), DevicePtr<T>(args.dout),
+          args.lse.data<float>(), row_dot.data<float>(), DevicePtr<T>(args.dk),
+          DevicePtr<T>(args.dv), shape);
     });
     NF_CUDA_RETURN_IF_LAUNCH_FAILED();
     return absl::OkStatus();
@@ -446,12 +446,12 @@ absl::Status CudaBackend::KvCacheAttention(const ops::KvCacheAttentionArgs& args
     const int64_t total = args.k.numel();
     for (const auto& [rows, cache] :
          {std::pair{&args.k, &args.k_cache}, std::pair{&args.v, &args.v_cache}}) {
-      AppendRowsKernel<<<GridFor(total), kThreads, 0, stream()>>>(
-          DevicePtr<T>(*rows), DevicePtr<T>(*cache), fresh, capacity, dim, args.past, total);
+      Launch<AppendRowsKernel<T>>({GridFor(total), kThreads, 0, stream()}, DevicePtr<T>(*rows),
+                                  DevicePtr<T>(*cache), fresh, capacity, dim, args.past, total);
     }
-    KvCacheAttentionKernel<<<dim3(static_cast<unsigned int>(fresh),
-                                  static_cast<unsigned int>(pairs)),
-                             128, shared_bytes, stream()>>>(
+    Launch<KvCacheAttentionKernel<T>>(
+        {dim3(static_cast<unsigned int>(fresh), static_cast<unsigned int>(pairs)), 128,
+         shared_bytes, stream()},
         DevicePtr<T>(args.q), DevicePtr<T>(args.k_cache), DevicePtr<T>(args.v_cache),
         DevicePtr<T>(args.out), fresh, capacity, dim, args.past, args.scale);
   });

@@ -80,11 +80,11 @@ absl::Status AddColumnSums(CudaContext& context, int64_t rows, int64_t cols, Val
   NF_ASSIGN_OR_RETURN(Tensor partial,
                       Tensor::Empty(DType::kF32, {chunks, K, cols}, context.allocator()));
   const dim3 grid(static_cast<unsigned int>(column_blocks), static_cast<unsigned int>(chunks));
-  ColumnPartialSums<K><<<grid, dim3(kColumnTile, kRowLanes), 0, context.stream()>>>(
-      rows, cols, rows_per_chunk, value, partial.data<float>());
+  Launch<ColumnPartialSums<K, ValueFn>>({grid, dim3(kColumnTile, kRowLanes), 0, context.stream()},
+                                        rows, cols, rows_per_chunk, value, partial.data<float>());
   NF_CUDA_RETURN_IF_LAUNCH_FAILED();
-  AddColumnPartials<K><<<GridFor(cols), kThreads, 0, context.stream()>>>(
-      chunks, cols, partial.data<float>(), outputs);
+  Launch<AddColumnPartials<K>>({GridFor(cols), kThreads, 0, context.stream()}, chunks, cols,
+                               partial.data<float>(), outputs);
   NF_CUDA_RETURN_IF_LAUNCH_FAILED();
   return absl::OkStatus();
 }

@@ -75,8 +75,8 @@ absl::Status CudaBackend::AddBias(const Tensor& x, const Tensor& bias) {
   if (n == 0) return absl::OkStatus();
   DispatchFloat(x.dtype(), [&]<typename T>() {
     DispatchFloat(bias.dtype(), [&]<typename B>() {
-      AddBiasKernel<<<GridFor(n), kThreads, 0, stream()>>>(DevicePtr<T>(x), DevicePtr<B>(bias), n,
-                                                           ops::Cols(x));
+      Launch<AddBiasKernel<T, B>>({GridFor(n), kThreads, 0, stream()}, DevicePtr<T>(x),
+                                  DevicePtr<B>(bias), n, ops::Cols(x));
     });
   });
   NF_CUDA_RETURN_IF_LAUNCH_FAILED();
@@ -95,8 +95,8 @@ absl::Status CudaBackend::ActivationForward(ops::Activation act, const Tensor& x
   const int64_t n = x.numel();
   if (n == 0) return absl::OkStatus();
   DispatchFloat(x.dtype(), [&]<typename T>() {
-    ActivationForwardKernel<<<GridFor(n), kThreads, 0, stream()>>>(act, DevicePtr<T>(x),
-                                                                   DevicePtr<T>(y), n);
+    Launch<ActivationForwardKernel<T>>({GridFor(n), kThreads, 0, stream()}, act, DevicePtr<T>(x),
+                                       DevicePtr<T>(y), n);
   });
   NF_CUDA_RETURN_IF_LAUNCH_FAILED();
   return absl::OkStatus();
@@ -107,8 +107,8 @@ absl::Status CudaBackend::ActivationBackward(ops::Activation act, const Tensor& 
   const int64_t n = x.numel();
   if (n == 0) return absl::OkStatus();
   DispatchFloat(x.dtype(), [&]<typename T>() {
-    ActivationBackwardKernel<<<GridFor(n), kThreads, 0, stream()>>>(
-        act, DevicePtr<T>(x), DevicePtr<T>(dy), DevicePtr<T>(dx), n);
+    Launch<ActivationBackwardKernel<T>>({GridFor(n), kThreads, 0, stream()}, act, DevicePtr<T>(x),
+                                        DevicePtr<T>(dy), DevicePtr<T>(dx), n);
   });
   NF_CUDA_RETURN_IF_LAUNCH_FAILED();
   return absl::OkStatus();
@@ -121,8 +121,8 @@ absl::Status CudaBackend::Dropout(const Tensor& x, const Tensor& y, const ops::D
   const DropoutMask mask = DropoutMask::Of(spec);
   const int64_t groups = rows * mask.groups(cols);
   DispatchFloat(x.dtype(), [&]<typename T>() {
-    DropoutKernel<<<GridFor(groups), kThreads, 0, stream()>>>(DevicePtr<T>(x), DevicePtr<T>(y),
-                                                              rows, cols, mask);
+    Launch<DropoutKernel<T>>({GridFor(groups), kThreads, 0, stream()}, DevicePtr<T>(x),
+                             DevicePtr<T>(y), rows, cols, mask);
   });
   NF_CUDA_RETURN_IF_LAUNCH_FAILED();
   return absl::OkStatus();
@@ -139,7 +139,8 @@ absl::Status CudaBackend::Cast(const Tensor& src, const Tensor& dst) {
   }
   DispatchFloat(src.dtype(), [&]<typename S>() {
     DispatchFloat(dst.dtype(), [&]<typename D>() {
-      CastKernel<<<GridFor(n), kThreads, 0, stream()>>>(DevicePtr<S>(src), DevicePtr<D>(dst), n);
+      Launch<CastKernel<S, D>>({GridFor(n), kThreads, 0, stream()}, DevicePtr<S>(src),
+                               DevicePtr<D>(dst), n);
     });
   });
   NF_CUDA_RETURN_IF_LAUNCH_FAILED();
@@ -150,7 +151,7 @@ absl::Status CudaBackend::Fill(const Tensor& x, float value) {
   const int64_t n = x.numel();
   if (n == 0) return absl::OkStatus();
   auto fill = [&]<typename T>(T v) {
-    FillKernel<<<GridFor(n), kThreads, 0, stream()>>>(static_cast<T*>(x.raw_data()), v, n);
+    Launch<FillKernel<T>>({GridFor(n), kThreads, 0, stream()}, static_cast<T*>(x.raw_data()), v, n);
   };
   switch (x.dtype()) {
     case DType::kF32:
@@ -186,7 +187,7 @@ absl::Status CudaBackend::Scale(const Tensor& x, float alpha) {
   const int64_t n = x.numel();
   if (n == 0) return absl::OkStatus();
   DispatchFloat(x.dtype(), [&]<typename T>() {
-    ScaleKernel<<<GridFor(n), kThreads, 0, stream()>>>(DevicePtr<T>(x), alpha, n);
+    Launch<ScaleKernel<T>>({GridFor(n), kThreads, 0, stream()}, DevicePtr<T>(x), alpha, n);
   });
   NF_CUDA_RETURN_IF_LAUNCH_FAILED();
   return absl::OkStatus();
@@ -197,7 +198,8 @@ absl::Status CudaBackend::Axpy(float alpha, const Tensor& x, const Tensor& y) {
   if (n == 0) return absl::OkStatus();
   DispatchFloat(x.dtype(), [&]<typename X>() {
     DispatchFloat(y.dtype(), [&]<typename Y>() {
-      AxpyKernel<<<GridFor(n), kThreads, 0, stream()>>>(alpha, DevicePtr<X>(x), DevicePtr<Y>(y), n);
+      Launch<AxpyKernel<X, Y>>({GridFor(n), kThreads, 0, stream()}, alpha, DevicePtr<X>(x),
+                               DevicePtr<Y>(y), n);
     });
   });
   NF_CUDA_RETURN_IF_LAUNCH_FAILED();

@@ -171,9 +171,10 @@ absl::Status CudaBackend::EmbeddingForward(const ops::EmbeddingArgs& args) {
   const int64_t tokens = args.ids.numel(), width = args.table.dim(1);
   if (tokens * width == 0) return absl::OkStatus();
   DispatchFloat(args.table.dtype(), [&]<typename T>() {
-    EmbeddingForwardKernel<<<GridFor(tokens * width), kThreads, 0, stream()>>>(
-        args.ids.data<int32_t>(), DevicePtr<T>(args.table), DevicePtr<T>(args.out), tokens, width,
-        args.vocab_offset, args.table.dim(0), args.global_vocab, context_.fault_record());
+    Launch<EmbeddingForwardKernel<T>>(
+        {GridFor(tokens * width), kThreads, 0, stream()}, args.ids.data<int32_t>(),
+        DevicePtr<T>(args.table), DevicePtr<T>(args.out), tokens, width, args.vocab_offset,
+        args.table.dim(0), args.global_vocab, context_.fault_record());
   });
   NF_CUDA_RETURN_IF_LAUNCH_FAILED();
   return absl::OkStatus();
@@ -189,7 +190,7 @@ absl::Status CudaBackend::EmbeddingBackward(const Tensor& ids, const Tensor& dou
   int32_t* iota = scratch.data<int32_t>();
   int32_t* sorted_ids = iota + tokens;
   int32_t* order = sorted_ids + tokens;
-  IotaKernel<<<GridFor(tokens), kThreads, 0, stream()>>>(iota, tokens);
+  Launch<IotaKernel>({GridFor(tokens), kThreads, 0, stream()}, iota, tokens);
   NF_CUDA_RETURN_IF_LAUNCH_FAILED();
   const int n = static_cast<int>(tokens);
   size_t temp_bytes = 0;
@@ -201,9 +202,9 @@ absl::Status CudaBackend::EmbeddingBackward(const Tensor& ids, const Tensor& dou
                                                           ids.data<int32_t>(), sorted_ids, iota,
                                                           order, n, 0, 32, stream()));
   DispatchFloat(dout.dtype(), [&]<typename T>() {
-    EmbeddingBackwardKernel<<<GridFor(tokens * width), kThreads, 0, stream()>>>(
-        sorted_ids, order, DevicePtr<T>(dout), dtable.data<float>(), tokens, width, vocab_offset,
-        dtable.dim(0));
+    Launch<EmbeddingBackwardKernel<T>>({GridFor(tokens * width), kThreads, 0, stream()}, sorted_ids,
+                                       order, DevicePtr<T>(dout), dtable.data<float>(), tokens,
+                                       width, vocab_offset, dtable.dim(0));
   });
   NF_CUDA_RETURN_IF_LAUNCH_FAILED();
   return absl::OkStatus();
@@ -214,8 +215,8 @@ absl::Status CudaBackend::CrossEntropyRowMax(const ops::CrossEntropyArgs& args,
   const int64_t rows = args.logits.dim(0);
   if (rows == 0) return absl::OkStatus();
   DispatchFloat(args.logits.dtype(), [&]<typename T>() {
-    RowMaxKernel<<<static_cast<unsigned int>(rows), kThreads, 0, stream()>>>(
-        DevicePtr<T>(args.logits), row_max.data<float>(), ShapeOf(args));
+    Launch<RowMaxKernel<T>>({static_cast<unsigned int>(rows), kThreads, 0, stream()},
+                            DevicePtr<T>(args.logits), row_max.data<float>(), ShapeOf(args));
   });
   NF_CUDA_RETURN_IF_LAUNCH_FAILED();
   return absl::OkStatus();
@@ -227,10 +228,10 @@ absl::Status CudaBackend::CrossEntropySumExp(const ops::CrossEntropyArgs& args,
   const int64_t rows = args.logits.dim(0);
   if (rows == 0) return absl::OkStatus();
   DispatchFloat(args.logits.dtype(), [&]<typename T>() {
-    SumExpKernel<<<static_cast<unsigned int>(rows), kThreads, 0, stream()>>>(
-        DevicePtr<T>(args.logits), args.targets.data<int32_t>(), row_max.data<float>(),
-        sum_exp.data<float>(), target_logit.data<float>(), ShapeOf(args), args.valid_vocab,
-        context_.fault_record());
+    Launch<SumExpKernel<T>>(
+        {static_cast<unsigned int>(rows), kThreads, 0, stream()}, DevicePtr<T>(args.logits),
+        args.targets.data<int32_t>(), row_max.data<float>(), sum_exp.data<float>(),
+        target_logit.data<float>(), ShapeOf(args), args.valid_vocab, context_.fault_record());
   });
   NF_CUDA_RETURN_IF_LAUNCH_FAILED();
   return absl::OkStatus();
@@ -241,9 +242,9 @@ absl::Status CudaBackend::CrossEntropyLoss(const Tensor& targets, const Tensor& 
                                            const Tensor& loss) {
   const int64_t rows = targets.numel();
   if (rows == 0) return absl::OkStatus();
-  LossKernel<<<GridFor(rows), kThreads, 0, stream()>>>(
-      targets.data<int32_t>(), row_max.data<float>(), sum_exp.data<float>(),
-      target_logit.data<float>(), loss.data<float>(), rows);
+  Launch<LossKernel>({GridFor(rows), kThreads, 0, stream()}, targets.data<int32_t>(),
+                     row_max.data<float>(), sum_exp.data<float>(), target_logit.data<float>(),
+                     loss.data<float>(), rows);
   NF_CUDA_RETURN_IF_LAUNCH_FAILED();
   return absl::OkStatus();
 }
@@ -252,8 +253,8 @@ absl::Status CudaBackend::AccumulateLoss(const Tensor& loss, const Tensor& targe
                                          const Tensor& totals) {
   const int64_t rows = loss.numel();
   if (rows == 0) return absl::OkStatus();
-  AccumulateLossKernel<<<1, kThreads, 0, stream()>>>(loss.data<float>(), targets.data<int32_t>(),
-                                                     rows, totals.data<double>());
+  Launch<AccumulateLossKernel>({1, kThreads, 0, stream()}, loss.data<float>(),
+                               targets.data<int32_t>(), rows, totals.data<double>());
   NF_CUDA_RETURN_IF_LAUNCH_FAILED();
   return absl::OkStatus();
 }
@@ -264,9 +265,10 @@ absl::Status CudaBackend::CrossEntropyBackward(const ops::CrossEntropyArgs& args
   const int64_t rows = args.logits.dim(0);
   if (rows == 0) return absl::OkStatus();
   DispatchFloat(args.logits.dtype(), [&]<typename T>() {
-    CrossEntropyBackwardKernel<<<static_cast<unsigned int>(rows), kThreads, 0, stream()>>>(
-        DevicePtr<T>(args.logits), args.targets.data<int32_t>(), row_max.data<float>(),
-        sum_exp.data<float>(), dloss.data<float>(), DevicePtr<T>(dlogits), ShapeOf(args));
+    Launch<CrossEntropyBackwardKernel<T>>(
+        {static_cast<unsigned int>(rows), kThreads, 0, stream()}, DevicePtr<T>(args.logits),
+        args.targets.data<int32_t>(), row_max.data<float>(), sum_exp.data<float>(),
+        dloss.data<float>(), DevicePtr<T>(dlogits), ShapeOf(args));
   });
   NF_CUDA_RETURN_IF_LAUNCH_FAILED();
   return absl::OkStatus();

@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "core/cuda/cuda_check.h"
+#include "core/cuda/launch.cuh"
 #include "core/dtype.h"
 #include "core/status.h"
 #include "core/tensor.h"

@@ -133,9 +133,10 @@ absl::Status CudaBackend::LayerNormForward(const ops::LayerNormArgs& args) {
   const int64_t rows = ops::Rows(args.x), cols = ops::Cols(args.x);
   if (rows == 0) return absl::OkStatus();
   DispatchLayerNorm(args.x, args.weight, [&]<typename T, typename W>() {
-    LayerNormForwardKernel<<<static_cast<unsigned int>(rows), RowThreads(cols), 0, stream()>>>(
-        DevicePtr<T>(args.x), DevicePtr<W>(args.weight), DevicePtr<W>(args.bias),
-        DevicePtr<T>(args.y), args.mean.data<float>(), args.rstd.data<float>(), cols, args.eps);
+    Launch<LayerNormForwardKernel<T, W>>(
+        {static_cast<unsigned int>(rows), RowThreads(cols), 0, stream()}, DevicePtr<T>(args.x),
+        DevicePtr<W>(args.weight), DevicePtr<W>(args.bias), DevicePtr<T>(args.y),
+        args.mean.data<float>(), args.rstd.data<float>(), cols, args.eps);
   });
   NF_CUDA_RETURN_IF_LAUNCH_FAILED();
   return absl::OkStatus();
@@ -145,8 +146,8 @@ absl::Status CudaBackend::LayerNormPartialStats(const Tensor& x, const Tensor& s
   const int64_t rows = ops::Rows(x), cols = ops::Cols(x);
   if (rows == 0) return absl::OkStatus();
   DispatchFloat(x.dtype(), [&]<typename T>() {
-    PartialStatsKernel<<<static_cast<unsigned int>(rows), RowThreads(cols), 0, stream()>>>(
-        DevicePtr<T>(x), stats.data<double>(), cols);
+    Launch<PartialStatsKernel<T>>({static_cast<unsigned int>(rows), RowThreads(cols), 0, stream()},
+                                  DevicePtr<T>(x), stats.data<double>(), cols);
   });
   NF_CUDA_RETURN_IF_LAUNCH_FAILED();
   return absl::OkStatus();
@@ -157,10 +158,11 @@ absl::Status CudaBackend::LayerNormForwardFromStats(const ops::LayerNormArgs& ar
   const int64_t rows = ops::Rows(args.x), cols = ops::Cols(args.x);
   if (rows == 0) return absl::OkStatus();
   DispatchLayerNorm(args.x, args.weight, [&]<typename T, typename W>() {
-    ForwardFromStatsKernel<<<static_cast<unsigned int>(rows), RowThreads(cols), 0, stream()>>>(
-        DevicePtr<T>(args.x), DevicePtr<W>(args.weight), DevicePtr<W>(args.bias),
-        DevicePtr<T>(args.y), args.mean.data<float>(), args.rstd.data<float>(),
-        stats.data<double>(), cols, total_cols, args.eps);
+    Launch<ForwardFromStatsKernel<T, W>>(
+        {static_cast<unsigned int>(rows), RowThreads(cols), 0, stream()}, DevicePtr<T>(args.x),
+        DevicePtr<W>(args.weight), DevicePtr<W>(args.bias), DevicePtr<T>(args.y),
+        args.mean.data<float>(), args.rstd.data<float>(), stats.data<double>(), cols, total_cols,
+        args.eps);
   });
   NF_CUDA_RETURN_IF_LAUNCH_FAILED();
   return absl::OkStatus();
@@ -172,8 +174,9 @@ absl::Status CudaBackend::LayerNormBackward(const ops::LayerNormBackwardArgs& ar
   return DispatchLayerNorm(args.x, args.weight, [&]<typename T, typename W>() -> absl::Status {
     // Parameter gradients first: dx may overwrite dy.
     NF_RETURN_IF_ERROR(AddParamGrads<T>(context_, args));
-    LayerNormBackwardKernel<<<static_cast<unsigned int>(rows), RowThreads(cols), 0, stream()>>>(
-        PointersOf<T, W>(args), cols);
+    Launch<LayerNormBackwardKernel<T, W>>(
+        {static_cast<unsigned int>(rows), RowThreads(cols), 0, stream()}, PointersOf<T, W>(args),
+        cols);
     NF_CUDA_RETURN_IF_LAUNCH_FAILED();
     return absl::OkStatus();
   });
@@ -184,8 +187,9 @@ absl::Status CudaBackend::LayerNormBackwardPartialSums(const ops::LayerNormBackw
   const int64_t rows = ops::Rows(args.x), cols = ops::Cols(args.x);
   if (rows == 0) return absl::OkStatus();
   DispatchLayerNorm(args.x, args.weight, [&]<typename T, typename W>() {
-    BackwardPartialSumsKernel<<<static_cast<unsigned int>(rows), RowThreads(cols), 0, stream()>>>(
-        PointersOf<T, W>(args), sums.data<float>(), cols);
+    Launch<BackwardPartialSumsKernel<T, W>>(
+        {static_cast<unsigned int>(rows), RowThreads(cols), 0, stream()}, PointersOf<T, W>(args),
+        sums.data<float>(), cols);
   });
   NF_CUDA_RETURN_IF_LAUNCH_FAILED();
   return absl::OkStatus();
@@ -197,8 +201,9 @@ absl::Status CudaBackend::LayerNormBackwardFromSums(const ops::LayerNormBackward
   if (rows == 0) return absl::OkStatus();
   return DispatchLayerNorm(args.x, args.weight, [&]<typename T, typename W>() -> absl::Status {
     NF_RETURN_IF_ERROR(AddParamGrads<T>(context_, args));
-    BackwardFromSumsKernel<<<static_cast<unsigned int>(rows), RowThreads(cols), 0, stream()>>>(
-        PointersOf<T, W>(args), sums.data<float>(), cols, total_cols);
+    Launch<BackwardFromSumsKernel<T, W>>(
+        {static_cast<unsigned int>(rows), RowThreads(cols), 0, stream()}, PointersOf<T, W>(args),
+        sums.data<float>(), cols, total_cols);
     NF_CUDA_RETURN_IF_LAUNCH_FAILED();
     return absl::OkStatus();
   });

@@ -15,9 +15,9 @@ namespace nf::cuda {
 
 // Threads per row: a warp for narrow rows, up to 256 for the widest (d_model 2560 fp32 is 10
 // elements per thread).
-inline int RowThreads(int64_t cols) {
+inline unsigned int RowThreads(int64_t cols) {
   const int64_t warps = (cols + 31) / 32;
-  return static_cast<int>(std::min<int64_t>(8, std::max<int64_t>(1, warps)) * 32);
+  return static_cast<unsigned int>(std::min<int64_t>(8, std::max<int64_t>(1, warps)) * 32);
 }
 
 struct RowStatistics {

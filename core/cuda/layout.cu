@@ -131,8 +131,9 @@ template <typename T>
 absl::Status PermuteScaledHeads(cudaStream_t stream, const Tensor& src, const Tensor& scale,
                                 const Tensor& dst, HeadShape shape, bool to_heads) {
   DispatchFloat(scale.dtype(), [&]<typename S>() {
-    PermuteScaledHeadsKernel<<<GridFor(src.numel()), kThreads, 0, stream>>>(
-        DevicePtr<T>(src), DevicePtr<S>(scale), DevicePtr<T>(dst), shape, to_heads);
+    Launch<PermuteScaledHeadsKernel<T, S>>({GridFor(src.numel()), kThreads, 0, stream},
+                                           DevicePtr<T>(src), DevicePtr<S>(scale),
+                                           DevicePtr<T>(dst), shape, to_heads);
   });
   NF_CUDA_RETURN_IF_LAUNCH_FAILED();
   return absl::OkStatus();
@@ -148,9 +149,10 @@ absl::Status PermuteHeads(cudaStream_t stream, const Tensor& head_side, const T*
   const int64_t n = head_side.numel();
   if (n == 0) return absl::OkStatus();
   const int rank = head_side.rank();  // 5: [groups, batch, heads, seq, dim]; 4: one group
-  PermuteHeadsKernel<<<GridFor(n), kThreads, 0, stream>>>(
-      src, dst, rank == 5 ? head_side.dim(0) : 1, head_side.dim(rank - 4), head_side.dim(rank - 3),
-      head_side.dim(rank - 2), head_side.dim(rank - 1), to_heads);
+  Launch<PermuteHeadsKernel<T>>({GridFor(n), kThreads, 0, stream}, src, dst,
+                                rank == 5 ? head_side.dim(0) : 1, head_side.dim(rank - 4),
+                                head_side.dim(rank - 3), head_side.dim(rank - 2),
+                                head_side.dim(rank - 1), to_heads);
   NF_CUDA_RETURN_IF_LAUNCH_FAILED();
   return absl::OkStatus();
 }
@@ -163,8 +165,9 @@ absl::Status CudaBackend::ScaleChannels(const Tensor& x, const Tensor& scale, in
   if (n == 0) return absl::OkStatus();
   DispatchFloat(x.dtype(), [&]<typename T>() {
     DispatchFloat(scale.dtype(), [&]<typename S>() {
-      ScaleChannelsKernel<<<GridFor(n), kThreads, 0, stream()>>>(
-          DevicePtr<T>(x), DevicePtr<S>(scale), inner, scale.numel(), DevicePtr<T>(y), n);
+      Launch<ScaleChannelsKernel<T, S>>({GridFor(n), kThreads, 0, stream()}, DevicePtr<T>(x),
+                                        DevicePtr<S>(scale), inner, scale.numel(), DevicePtr<T>(y),
+                                        n);
     });
   });
   NF_CUDA_RETURN_IF_LAUNCH_FAILED();
@@ -184,8 +187,9 @@ absl::Status CudaBackend::ScaleChannelsBackward(const Tensor& x, const Tensor& s
                               ProductValue<T>{DevicePtr<T>(x), DevicePtr<T>(dy), channels},
                               Outputs<1>{{dscale.data<float>()}});
     }
-    ChannelGradPerBlock<<<static_cast<unsigned int>(channels), kThreads, 0, stream()>>>(
-        DevicePtr<T>(x), DevicePtr<T>(dy), outer, channels, inner, dscale.data<float>());
+    Launch<ChannelGradPerBlock<T>>({static_cast<unsigned int>(channels), kThreads, 0, stream()},
+                                   DevicePtr<T>(x), DevicePtr<T>(dy), outer, channels, inner,
+                                   dscale.data<float>());
     NF_CUDA_RETURN_IF_LAUNCH_FAILED();
     return absl::OkStatus();
   }));
@@ -225,8 +229,9 @@ absl::Status CudaBackend::MergeScaledHeadsBackward(const Tensor& d_tokens, const
   if (heads.numel() == 0) return absl::OkStatus();
   const HeadShape shape = HeadShapeOf(heads);
   return DispatchFloat(heads.dtype(), [&]<typename T>() -> absl::Status {
-    HeadScaleGradKernel<<<static_cast<unsigned int>(shape.heads), kThreads, 0, stream()>>>(
-        DevicePtr<T>(heads), DevicePtr<T>(d_tokens), shape, dscale.data<float>());
+    Launch<HeadScaleGradKernel<T>>({static_cast<unsigned int>(shape.heads), kThreads, 0, stream()},
+                                   DevicePtr<T>(heads), DevicePtr<T>(d_tokens), shape,
+                                   dscale.data<float>());
     NF_CUDA_RETURN_IF_LAUNCH_FAILED();
     return PermuteScaledHeads<T>(stream(), d_tokens, scale, d_heads, shape, true);
   });

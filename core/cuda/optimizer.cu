@@ -75,9 +75,9 @@ absl::Status CudaBackend::AdamWStep(const ops::AdamWArgs& args) {
   if (n == 0) return absl::OkStatus();
   const AdamWConstants k =
       MakeAdamWConstants(args.lr, args.beta1, args.beta2, args.eps, args.weight_decay, args.step);
-  AdamWKernel<<<GridFor(n), kThreads, 0, stream()>>>(
-      args.params.data<float>(), args.grads.data<float>(), args.exp_avg.data<float>(),
-      args.exp_avg_sq.data<float>(), n, k);
+  Launch<AdamWKernel>({GridFor(n), kThreads, 0, stream()}, args.params.data<float>(),
+                      args.grads.data<float>(), args.exp_avg.data<float>(),
+                      args.exp_avg_sq.data<float>(), n, k);
   NF_CUDA_RETURN_IF_LAUNCH_FAILED();
   return absl::OkStatus();
 }
@@ -88,10 +88,10 @@ absl::Status CudaBackend::AdamWWouldOverflow(const ops::AdamWArgs& args, float g
   if (n == 0) return absl::OkStatus();
   const AdamWConstants k =
       MakeAdamWConstants(args.lr, args.beta1, args.beta2, args.eps, args.weight_decay, args.step);
-  AdamWWouldOverflowKernel<<<GridFor(n), kThreads, 0, stream()>>>(
-      args.params.data<float>(), args.grads.data<float>(), args.exp_avg.data<float>(),
-      args.exp_avg_sq.data<float>(), n, k, grad_scale, AdamWOverflowThreshold(model_dtype),
-      found.data<float>());
+  Launch<AdamWWouldOverflowKernel>({GridFor(n), kThreads, 0, stream()}, args.params.data<float>(),
+                                   args.grads.data<float>(), args.exp_avg.data<float>(),
+                                   args.exp_avg_sq.data<float>(), n, k, grad_scale,
+                                   AdamWOverflowThreshold(model_dtype), found.data<float>());
   NF_CUDA_RETURN_IF_LAUNCH_FAILED();
   return absl::OkStatus();
 }
@@ -100,8 +100,8 @@ absl::Status CudaBackend::UnscaleAndCheck(const Tensor& grads, float inv_scale,
                                           const Tensor& found_nonfinite) {
   const int64_t n = grads.numel();
   if (n == 0) return absl::OkStatus();
-  UnscaleAndCheckKernel<<<GridFor(n), kThreads, 0, stream()>>>(grads.data<float>(), n, inv_scale,
-                                                               found_nonfinite.data<float>());
+  Launch<UnscaleAndCheckKernel>({GridFor(n), kThreads, 0, stream()}, grads.data<float>(), n,
+                                inv_scale, found_nonfinite.data<float>());
   NF_CUDA_RETURN_IF_LAUNCH_FAILED();
   return absl::OkStatus();
 }
@@ -112,11 +112,12 @@ absl::Status CudaBackend::SquaredNorm(const Tensor& x, const Tensor& out) {
   const int blocks = static_cast<int>(std::min<int64_t>(kNormBlocks, GridFor(n)));
   NF_ASSIGN_OR_RETURN(Tensor partial, Tensor::Empty(DType::kF64, {blocks}, context_.allocator()));
   DispatchFloat(x.dtype(), [&]<typename T>() {
-    SquaredNormPartials<<<blocks, kThreads, 0, stream()>>>(DevicePtr<T>(x), n,
-                                                           partial.data<double>());
+    Launch<SquaredNormPartials<T>>({static_cast<unsigned int>(blocks), kThreads, 0, stream()},
+                                   DevicePtr<T>(x), n, partial.data<double>());
   });
   NF_CUDA_RETURN_IF_LAUNCH_FAILED();
-  AddPartials<<<1, kThreads, 0, stream()>>>(partial.data<double>(), blocks, out.data<float>());
+  Launch<AddPartials>({1, kThreads, 0, stream()}, partial.data<double>(), blocks,
+                      out.data<float>());
   NF_CUDA_RETURN_IF_LAUNCH_FAILED();
   return absl::OkStatus();
 }

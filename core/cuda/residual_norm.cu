@@ -165,8 +165,9 @@ absl::Status CudaBackend::ResidualNormForward(const ops::ResidualNormArgs& args)
             DevicePtr<T>(args.scratch),
             ArraysOf<W>(args.weight, args.bias, args.mean, args.rstd),
             ArraysOf<W>(args.branch_weight, args.branch_bias, args.branch_mean, args.branch_rstd)};
-        ResidualNormForwardKernel<<<static_cast<unsigned int>(rows), RowThreads(cols), 0,
-                                    stream()>>>(p, DropoutMask::Of(args.dropout), cols, args.eps);
+        Launch<ResidualNormForwardKernel<T, X, W>>(
+            {static_cast<unsigned int>(rows), RowThreads(cols), 0, stream()}, p,
+            DropoutMask::Of(args.dropout), cols, args.eps);
       });
     });
   });
@@ -189,8 +190,9 @@ absl::Status CudaBackend::ResidualNormBackward(const ops::ResidualNormBackwardAr
           DevicePtr<T>(args.scratch),
           ArraysOf<W>(args.weight, Tensor(), args.mean, args.rstd),
           ArraysOf<W>(args.branch_weight, Tensor(), args.branch_mean, args.branch_rstd)};
-      ResidualNormBackwardKernel<<<static_cast<unsigned int>(rows), RowThreads(cols), 0,
-                                   stream()>>>(p, DropoutMask::Of(args.dropout), cols);
+      Launch<ResidualNormBackwardKernel<T, W>>(
+          {static_cast<unsigned int>(rows), RowThreads(cols), 0, stream()}, p,
+          DropoutMask::Of(args.dropout), cols);
       NF_CUDA_RETURN_IF_LAUNCH_FAILED();
       // The parameter gradients after the rows: dy is untouched and dz is in scratch.
       const LayerNormParamGradValues<T> norm{p.residual, p.dy, p.norm.mean, p.norm.rstd, cols};
