@@ -262,4 +262,48 @@ monitored_end
 ((ended == 0)) && grep -q "a node's Prometheus publisher did not stop" <<<"$said" ||
   fail "a lost node's publisher: ended $ended: $said"
 [[ -z $left ]] || fail "a lost node's publisher left in the targets directory: $left"
-echo "run_requeued: requeues, refusals, launches that trained nothing, plain ends and hostile inputs each end as they should; the targets directory is left empty"
+
+# The batch scripts' launch lines (stand-in mpirun and srun that record their arguments and
+# finish the run). normformer-mpirun.sbatch binds each rank to its --cpus-per-task cores in
+# blocks of the node (ppr:N:node:PE=C), never to one core each (`--map-by core --bind-to core`
+# put a node's 8 ranks on 8 single cores of socket 0, their threads sharing each); neither
+# script hides GPUs from the ranks (--gpus-per-task, a per-rank CUDA_VISIBLE_DEVICES), which
+# would cost NCCL its P2P/NVLink paths.
+cat >"$dir/bin/mpirun" <<'EOF2'
+#!/usr/bin/env bash
+printf '%s\n' "$@" >"$LAUNCH_ARGS"
+echo '{"step":3,"train_iters":3}' >"$RUN_DIR/finished.json"
+EOF2
+cp "$dir/bin/mpirun" "$dir/bin/srun"
+chmod +x "$dir/bin/mpirun" "$dir/bin/srun"
+# launch_line SCRIPT [VAR=VALUE...]: runs the batch script from the repository root as sbatch
+# would (its #SBATCH values as Slurm exports them, overridden by the arguments); sets $line to
+# the launcher's arguments joined by spaces.
+launch_line() {
+  local script=$1
+  shift
+  rm -f "$dir/launch_args"
+  said=$(cd "$repo" && env -u SLURM_NTASKS_PER_NODE -u SLURM_TASKS_PER_NODE -u SLURM_CPUS_PER_TASK \
+    LAUNCH_ARGS="$dir/launch_args" SLURM_JOB_NAME=normformer-2.7b NF_LAUNCH=nf-launch "$@" \
+    bash "deploy/slurm/$script" 2>&1)
+  ended=$?
+  line=$(paste -sd' ' "$dir/launch_args" 2>/dev/null)
+}
+launch_line normformer-mpirun.sbatch SLURM_NTASKS_PER_NODE=8 SLURM_CPUS_PER_TASK=12
+((ended == 0)) || fail "normformer-mpirun.sbatch ended $ended: $said"
+[[ $line == "--map-by ppr:8:node:PE=12 --bind-to core nf-launch --config "* ]] ||
+  fail "normformer-mpirun.sbatch does not bind each rank to its 12 cores: mpirun $line"
+[[ $line != *"--map-by core"* ]] || fail "normformer-mpirun.sbatch still maps by core: mpirun $line"
+# sbatch --ntasks (no --ntasks-per-node): Slurm exports only SLURM_TASKS_PER_NODE, as "4(x2)".
+launch_line normformer-mpirun.sbatch SLURM_TASKS_PER_NODE="4(x2)" SLURM_CPUS_PER_TASK=6
+[[ $line == "--map-by ppr:4:node:PE=6 --bind-to core "* ]] ||
+  fail "normformer-mpirun.sbatch from SLURM_TASKS_PER_NODE=4(x2): mpirun $line"
+for script in normformer-mpirun.sbatch normformer-srun.sbatch; do
+  if grep -nE "^[^#]*(--gpus-per-task|CUDA_VISIBLE_DEVICES|--gpu-bind)" "$repo/deploy/slurm/$script"; then
+    fail "$script hides GPUs from the ranks (NCCL then loses P2P/NVLink between them)"
+  fi
+  grep -q "^#SBATCH --gpus-per-node=" "$repo/deploy/slurm/$script" ||
+    fail "$script does not give the nodes' GPUs to the job with --gpus-per-node"
+done
+
+echo "run_requeued: requeues, refusals, launches that trained nothing, plain ends and hostile inputs each end as they should; the targets directory is left empty; the batch scripts bind each rank to its cores and leave every GPU visible"
