@@ -91,6 +91,8 @@ inline Tensor MakeIds(Shape shape, const std::vector<int32_t>& ids) {
 
 // The tensor's values as doubles (floating dtypes).
 inline std::vector<double> ToDoubles(const Tensor& t) {
+  if (t.dtype() == DType::kF64)
+    return std::vector<double>(t.data<double>(), t.data<double>() + t.numel());
   auto floats = ToFloatVector(t);
   NF_EXPECT_OK(floats);
   return std::vector<double>(floats->begin(), floats->end());

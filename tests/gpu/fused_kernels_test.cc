@@ -169,9 +169,14 @@ TEST_P(FusedKernelsTest, ResidualNormIsTheCompositionBitForBit) {
     for (size_t i = 0; i < fused_outputs.size(); ++i) {
       const std::string& what = fused_outputs[i].first;
       ExpectIdentical(fused_outputs[i].second, composed_outputs[i].second, what);
+      // The branch LayerNorm's fp32 parameter gradients sum dz, the residual gradient after
+      // it was stored in dtype(): where the two backends' fp32 input gradients differ in the
+      // last bit, dz can round to neighbouring 16-bit values, so those sums carry the dtype's
+      // rounding too (the emulated GPU measured 3.3e-5 of the largest for f16, 300 columns).
       const bool stored = fused_outputs[i].second.dtype() == dtype();
+      const bool sums_stored = what.rfind("d_branch_", 0) == 0;
       ExpectCloseToCpu(fused_outputs[i].second, cpu_outputs[i].second,
-                       stored ? Tol(dtype()) : kReduction, what + " vs the CPU");
+                       stored || sums_stored ? Tol(dtype()) : kReduction, what + " vs the CPU");
     }
   }
 }
