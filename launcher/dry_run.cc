@@ -7,6 +7,7 @@
 #include "core/status.h"
 #include "launcher/config.h"
 #include "launcher/gemm_ceiling.h"
+#include "launcher/memory_check.h"
 #include "launcher/memory_estimate.h"
 #include "launcher/trainer.h"
 #include "model/normformer_params.h"
@@ -67,6 +68,12 @@ absl::Status DryRun(const TrainConfig& config, int world_size, std::ostream& out
         Gib(rank.flight_recorder_bytes),
         gpu ? absl::StrCat(Gib(rank.device_bytes()), " | ", Gib(rank.gpu_host_bytes()))
             : Gib(rank.cpu_total_bytes()));
+  }
+  if (gpu) {
+    for (int r = 0; r < pp; ++r) {
+      out << absl::StrFormat("pipeline rank %d's GPU total includes the runtime's %s: %s\n", r,
+                             Gib(ranks[r].runtime_bytes()), RuntimeParts(ranks[r]));
+    }
   }
   out << "(tensor-parallel and data-parallel rank 0 shown: they also hold the replicated\n"
          "parameters and write them; the ops' temporaries and the process's own footprint are\n"

@@ -73,6 +73,20 @@ absl::StatusOr<MemoryDemand> DeviceDemand(double needed, std::string parts, Devi
       .available = {.bytes = free_bytes, .source = "the free memory cudaMemGetInfo reports"}};
 }
 
+}  // namespace
+
+std::string RuntimeParts(const PipelineRankMemory& r) {
+  std::string parts = absl::StrCat("cuBLASLt workspace ", Gib(r.gemm_workspace_bytes),
+                                   ", NCCL buffers ", Gib(r.nccl_buffer_bytes));
+  if (r.attention_workspace_bytes > 0) {
+    absl::StrAppend(&parts, ", cuDNN attention backward workspace ",
+                    Gib(r.attention_workspace_bytes));
+  }
+  return parts;
+}
+
+namespace {
+
 // This rank's verdict: OK, a refusal, or an error finding out (a GPU that cannot be asked).
 // Collective over `node` when there is one, whatever happens on the way.
 absl::Status CheckThisRank(const TrainConfig& config, const PipelineRankMemory& r,
@@ -98,7 +112,11 @@ absl::Status CheckThisRank(const TrainConfig& config, const PipelineRankMemory& 
                  absl::StrCat(host_parts, " (the snapshot twice during a save)"), node));
   NF_RETURN_IF_ERROR(CompareWithAvailable(host));
   NF_ASSIGN_OR_RETURN(const Device device, TrainingDevice(config.train()));
-  NF_ASSIGN_OR_RETURN(const MemoryDemand gpu, DeviceDemand(r.device_bytes(), device_parts, device));
+  NF_ASSIGN_OR_RETURN(const MemoryDemand gpu,
+                      DeviceDemand(r.device_bytes(),
+                                   absl::StrCat(device_parts, ", buffers ", Gib(r.buffer_bytes),
+                                                ", ", RuntimeParts(r)),
+                                   device));
   return CompareWithAvailable(gpu);
 }
 

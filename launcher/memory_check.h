@@ -10,6 +10,7 @@
 
 #include "absl/status/status.h"
 #include "core/host_memory.h"
+#include "launcher/memory_estimate.h"
 #include "launcher/train_config.pb.h"
 #include "parallel/process_groups.h"
 
@@ -23,6 +24,11 @@ struct MemoryDemand {
   std::string parts;        // one rank's estimate in parts, e.g. "parameters 1.20 GiB, ..."
   AvailableMemory available;
 };
+
+// The GPU runtime's parts of a rank's estimate, for messages: "cuBLASLt workspace 0.03 GiB,
+// NCCL buffers 0.57 GiB, cuDNN attention backward workspace 0.50 GiB" (the last only where
+// attention runs on cuDNN).
+std::string RuntimeParts(const PipelineRankMemory& r);
 
 // OK when the demand fits, else ResourceExhausted: one line with the estimate and its parts,
 // what is available and where that figure comes from, the fields to change and the override.

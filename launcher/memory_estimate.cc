@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_format.h"
+#include "core/ops/backend.h"
 #include "core/status.h"
 #include "launcher/config.h"
 #include "launcher/trainer.h"
@@ -39,6 +40,29 @@ std::vector<int> PeakInFlight(const std::vector<parallel::Action>& schedule, int
 }
 
 }  // namespace
+
+int64_t NcclBufferBytes(int communicators) {
+  return communicators * kNcclChannels *
+         (kNcclSimpleBufferBytes + kNcclLl128BufferBytes + kNcclLlBufferBytes);
+}
+
+int NcclCommunicatorCount(int tp, int pp, int dp, int pp_rank) {
+  const bool embedding = pp > 1 && (pp_rank == 0 || pp_rank == pp - 1);
+  return (tp > 1 ? 1 : 0) + (dp > 1 ? 1 : 0) + (pp > 1 ? 1 : 0) + (embedding ? 1 : 0);
+}
+
+int64_t CudnnAttentionWorkspaceBytes(int64_t batch, int64_t local_heads, int64_t seq_len) {
+  return batch * local_heads * seq_len * seq_len * 2;
+}
+
+bool CudnnAttentionCounts(const TrainConfig& config) {
+  const model::ModelConfig& m = config.model();
+  const DType dtype = ModelDType(config.train().precision());
+  if (dtype != DType::kF16 && dtype != DType::kBF16) return false;
+  if (m.num_heads() <= 0 || m.d_model() % m.num_heads() != 0) return false;
+  const int64_t head_dim = m.d_model() / m.num_heads();
+  return head_dim > 0 && head_dim % 8 == 0 && head_dim <= 128;
+}
 
 absl::StatusOr<std::vector<PipelineRankMemory>> EstimateMemory(const TrainConfig& config,
                                                                int world_size) {
@@ -132,9 +156,18 @@ absl::StatusOr<std::vector<PipelineRankMemory>> EstimateMemory(const TrainConfig
                                : params * ((s == 4 ? 0 : 4) + 8);
     rank.activation_bytes = static_cast<double>(activations);
     rank.buffer_bytes = static_cast<double>(buffers);
+    if (train.device() == TrainOptions::CUDA) {
+      rank.gemm_workspace_bytes = static_cast<double>(ops::kGpuGemmWorkspaceBytes);
+      rank.nccl_buffer_bytes =
+          static_cast<double>(NcclBufferBytes(NcclCommunicatorCount(tp, pp, dp, r)));
+      if (CudnnAttentionCounts(config)) {
+        rank.attention_workspace_bytes = static_cast<double>(
+            CudnnAttentionWorkspaceBytes(train.micro_batch_size(), shape.heads, train.seq_len()));
+      }
+    }
     rank.sample_index_bytes = sample_index_bytes;
-    rank.flight_recorder_bytes = static_cast<double>(parallel.flight_recorder_entries()) *
-                                 sizeof(parallel::FlightEntry);
+    rank.flight_recorder_bytes =
+        static_cast<double>(parallel.flight_recorder_entries()) * sizeof(parallel::FlightEntry);
     const auto& checkpoint = config.checkpoint();
     if (checkpoint.save_interval() > 0 || checkpoint.save_at_end()) {
       // Its parameters in the model dtype, and the fp32 master weights and two moments of its

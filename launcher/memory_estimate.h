@@ -27,6 +27,15 @@ struct PipelineRankMemory {
   // Allocated once per model chunk: the layers' scratch, the residual-stream gradients, one
   // layer's activations under full recompute (NormFormerModel::BufferBytes).
   double buffer_bytes = 0;
+  // The GPU runtime's own allocations (train.device CUDA only; 0 on the CPU):
+  // the cuBLASLt workspace (ops::kGpuGemmWorkspaceBytes, 32 MiB),
+  double gemm_workspace_bytes = 0;
+  // NCCL's buffers for this rank's communicators of more than one rank (NcclBufferBytes),
+  double nccl_buffer_bytes = 0;
+  // and, where attention runs on cuDNN, the deterministic backward's dP workspace
+  // (CudnnAttentionWorkspaceBytes), taken from the caching allocator at the first backward and
+  // kept there.
+  double attention_workspace_bytes = 0;
   // In host memory, from the first save on (0 when the run never saves): the snapshot a save
   // copies this rank's share of the checkpoint into, kept for the next save. On a GPU the
   // device buffers are first copied to the host whole, which doubles it during a save.
@@ -39,8 +48,12 @@ struct PipelineRankMemory {
   // entries (parallel/flight_recorder.h).
   double flight_recorder_bytes = 0;
 
+  double runtime_bytes() const {
+    return gemm_workspace_bytes + nccl_buffer_bytes + attention_workspace_bytes;
+  }
   double device_bytes() const {
-    return parameter_bytes + gradient_bytes + optimizer_bytes + activation_bytes + buffer_bytes;
+    return parameter_bytes + gradient_bytes + optimizer_bytes + activation_bytes + buffer_bytes +
+           runtime_bytes();
   }
   // All of it, for a run on the CPU, where device and host memory are one.
   double cpu_total_bytes() const { return device_bytes() + host_bytes(); }
@@ -51,6 +64,37 @@ struct PipelineRankMemory {
  private:
   double host_bytes() const { return snapshot_bytes + sample_index_bytes + flight_recorder_bytes; }
 };
+
+// NCCL's device buffers for one communicator of more than one rank, at NCCL's default sizes:
+// per channel, one connection's buffers for each of its three protocols, Simple
+// (NCCL_BUFFSIZE, documented default 4 MiB), LL128 (NCCL_LL128_BUFFSIZE, default
+// 120 x 640 x 8 steps x 8 bytes = 4.6875 MiB) and LL (NCCL_LL_BUFFSIZE, default
+// 8 x 512 x 8 steps x 16 bytes = 512 KiB), 9,633,792 bytes, on 32 channels (NCCL's MAXCHANNELS
+// of the CUDA 12 releases, which it opens on NVLink machines): 294 MiB. A communicator of one
+// rank is no NCCL communicator (parallel/device_groups.h). NCCL_BUFFSIZE and friends set in the
+// environment change the real figure, not this one.
+inline constexpr int64_t kNcclChannels = 32;
+inline constexpr int64_t kNcclSimpleBufferBytes = int64_t{4} << 20;
+inline constexpr int64_t kNcclLl128BufferBytes = int64_t{120} * 640 * 8 * 8;
+inline constexpr int64_t kNcclLlBufferBytes = int64_t{8} * 512 * 8 * 16;
+int64_t NcclBufferBytes(int communicators);
+
+// The NCCL communicators of more than one rank that pipeline rank `pp_rank` of a layout holds:
+// tp, dp and pp when their size is above 1, and the embedding group (the first and last
+// pipeline stages, pp > 1).
+int NcclCommunicatorCount(int tp, int pp, int dp, int pp_rank);
+
+// The dP workspace of cuDNN's deterministic attention backward (the algorithm the CUDA backend
+// asks for, core/cuda/cudnn_attention.cc), on Hopper: fp16 dP for every (query, key) pair of
+// one call, batch x local heads x seq^2 x 2 bytes (1.5 GiB for the 125M config's micro-batch 16,
+// 512 MiB for the 2.7B at tp 2). Counted on any GPU (the estimate does not know the
+// architecture), for calls cuDNN takes (CudnnAttentionCounts), NF_ATTENTION=own aside.
+int64_t CudnnAttentionWorkspaceBytes(int64_t batch, int64_t local_heads, int64_t seq_len);
+
+// Whether the CUDA backend runs a layer's attention on cuDNN (core/cuda/attention_dispatch.h's
+// CudnnAttentionRefusal, with the model's storage): fp16 or bf16 storage and head_dim a
+// multiple of 8 up to 128.
+bool CudnnAttentionCounts(const TrainConfig& config);
 
 // One entry per pipeline rank of `config` on `world_size` ranks; InvalidArgument, naming what
 // does not fit, for a layout that cannot run.

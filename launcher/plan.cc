@@ -231,8 +231,12 @@ absl::StatusOr<std::vector<PlannedLayout>> PlanLayouts(const TrainConfig& base,
                   if (valid.ok()) valid = ApplyOverride(o, &layout.config);
                 }
                 if (valid.ok()) valid = ValidateTrainConfig(layout.config);
+                // Estimated as the GPU run it plans: with the CUDA runtime's own memory (the
+                // cuBLASLt workspace, NCCL's buffers, cuDNN attention's backward workspace).
+                TrainConfig on_gpus = layout.config;
+                on_gpus.mutable_train()->set_device(TrainOptions::CUDA);
                 absl::StatusOr<std::vector<PipelineRankMemory>> memory =
-                    valid.ok() ? EstimateMemory(layout.config, world)
+                    valid.ok() ? EstimateMemory(on_gpus, world)
                                : absl::StatusOr<std::vector<PipelineRankMemory>>(valid);
                 if (!memory.ok()) {
                   if (first_refusal.ok()) first_refusal = memory.status();

@@ -20,6 +20,7 @@
 #include "absl/status/statusor.h"
 #include "core/cuda/caching_allocator.h"
 #include "core/cuda/pinned_staging.h"
+#include "core/ops/backend.h"
 
 namespace nf::cuda {
 
@@ -81,8 +82,9 @@ class CudaContext {
   absl::Status Synchronize();
 
  private:
-  // cuBLASLt's recommended workspace for Hopper (32 MiB) also covers Ampere's.
-  static constexpr size_t kGemmWorkspaceBytes = size_t{32} << 20;
+  // cuBLASLt's recommended workspace for Hopper (32 MiB) also covers Ampere's; the memory
+  // estimate counts the same figure.
+  static constexpr size_t kGemmWorkspaceBytes = ops::kGpuGemmWorkspaceBytes;
 
   explicit CudaContext(int device) : device_(device), allocator_(device), staging_(device) {}
   absl::Status Init();

@@ -93,6 +93,11 @@ class Backend {
 // The backend for tensors on `device`, or an error naming the device when none is built in.
 absl::StatusOr<Backend*> BackendFor(Device device);
 
+// The CUDA backend's cuBLASLt workspace, allocated once per GPU (core/cuda/cuda_context.h):
+// cuBLASLt's recommended size for Hopper, which also covers Ampere's. The memory estimate
+// (launcher/memory_estimate.h) counts it.
+inline constexpr int64_t kGpuGemmWorkspaceBytes = int64_t{32} << 20;
+
 // GPUs this process can use: 0 in a build without the CUDA backend or on a machine without one.
 int GpuCount();
 
