@@ -10,11 +10,25 @@
 //
 // NF_ATTENTION=own forces the own kernel for every call (cross-checks, bisecting a numerical
 // difference, layout-independent dropout); unset, empty or "auto" lets eligible calls use cuDNN.
+//
+// One path for both directions. The forward decides, per call key (device, dtype, shape, scale,
+// dropout probability: AttentionCallKey), and the backward of that key follows it
+// (BackwardAttentionPath): cuDNN's dropout mask is not the own kernel's, so an own backward
+// after a cuDNN forward with dropout would compute the gradients of another mask, silently. A
+// forward with dropout therefore takes cuDNN only when cuDNN also builds the backward graph of
+// its key (else both run the own kernel), and a backward that still cannot follow a cuDNN
+// forward with dropout (NF_ATTENTION=own set in between, a tensor of the backward not 16-byte
+// aligned, cuDNN failing at run time) is an error, never a switch. Without dropout the two
+// kernels agree (the same lse), and a backward refused by cuDNN runs the own kernel.
 // Each call notes its path and the reason in the per-op timing (NF_OP_TIMING=1, nf-bench
 // --op-times): "AttentionForward (cudnn)", "AttentionForward (own): fp32 storage ...".
 #pragma once
 
 #include <cstdint>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <string>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -55,5 +69,59 @@ int64_t CudnnDropoutSeed(const ops::DropoutSpec& dropout);
 // Attention calls (forward and backward each count one) that cuDNN ran in this process, so that
 // tests can check which path a call took.
 int64_t CudnnAttentionCalls();
+
+enum class AttentionPath { kOwn, kCudnn };
+
+// The calls of each direction and path in this process (monotonic), so that a test can assert
+// the path a call took (the difference across it), and compare with the path it expected.
+struct AttentionPathCounts {
+  int64_t forward_cudnn = 0, forward_own = 0, backward_cudnn = 0, backward_own = 0;
+};
+AttentionPathCounts AttentionPathsTaken();
+
+// What fixes a call's path: one forward decision per key serves the backwards of that key.
+struct AttentionCallKey {
+  int device = 0;
+  DType dtype = DType::kF32;
+  int64_t batch = 0, heads = 0, seq = 0, dim = 0;
+  uint32_t scale_bits = 0;    // the scale's float bits
+  uint32_t dropout_bits = 0;  // the dropout probability's float bits; 0: no dropout
+  auto operator<=>(const AttentionCallKey&) const = default;
+  bool dropout() const { return dropout_bits != 0; }
+  std::string ToString() const;  // "[batch, heads, seq, dim] fp16, dropout 0.1"
+};
+AttentionCallKey AttentionKeyOf(int device, const Tensor& q, float scale,
+                                const ops::DropoutSpec& dropout);
+
+// The forward's path, before running cuDNN's forward (whose own refusal, kUnimplemented, then
+// still sends it to the own kernel): the own kernel when `refusal` says why cuDNN may not take
+// the call (NF_ATTENTION=own, CudnnAttentionRefusal), or when the call drops out and cuDNN
+// cannot build its backward graph (`backward_graph` not OK: the backward could not redraw
+// cuDNN's mask); else cuDNN. Pure host logic.
+AttentionPath ForwardAttentionPath(const char* refusal, bool dropout,
+                                   const absl::Status& backward_graph);
+
+// The backward's path, given the path the forward of its key took (nullopt: none seen, e.g. a
+// backward run alone), and why cuDNN may not or cannot take this backward (`refusal`, nullptr
+// when it can): follows the forward; after a cuDNN forward it takes cuDNN, or, refused, the own
+// kernel without dropout and FailedPrecondition with dropout, naming the key and the refusal.
+// Pure host logic.
+absl::StatusOr<AttentionPath> BackwardAttentionPath(const AttentionCallKey& key,
+                                                    std::optional<AttentionPath> forward,
+                                                    const char* refusal);
+
+// The path each key's latest forward took, which its backwards follow. Thread-safe.
+class AttentionPathTable {
+ public:
+  void NoteForward(const AttentionCallKey& key, AttentionPath path);
+  std::optional<AttentionPath> ForwardPath(const AttentionCallKey& key) const;
+  void Clear();
+
+ private:
+  mutable std::mutex mutex_;
+  std::map<AttentionCallKey, AttentionPath> paths_;
+};
+// The process's table, used by CudaBackend's attention (keys carry the device).
+AttentionPathTable& AttentionPaths();
 
 }  // namespace nf::cuda

@@ -242,6 +242,17 @@ BuiltGraph Build(const GraphKey& key, cudnnHandle_t handle, const cudaDeviceProp
   return built;
 }
 
+// The graph of `key`, built on first use and kept (a graph cuDNN rejects is kept as its
+// status). Holds state.mutex.
+const BuiltGraph& GraphLocked(CudnnState& state, cudnnHandle_t handle, const CudaContext& context,
+                              const GraphKey& key) {
+  auto it = state.graphs.find(key);
+  if (it == state.graphs.end()) {
+    it = state.graphs.emplace(key, Build(key, handle, context.properties())).first;
+  }
+  return it->second;
+}
+
 // Runs the graph of `key` on the tensors of `pack` (uid -> device address); with dropout, writes
 // the call's seed and offset (0) to the device first, on the same stream.
 absl::Status Run(CudaContext& context, const GraphKey& key, const ops::DropoutSpec& dropout,
@@ -249,11 +260,7 @@ absl::Status Run(CudaContext& context, const GraphKey& key, const ops::DropoutSp
   CudnnState& state = State();
   std::lock_guard<std::mutex> lock(state.mutex);
   NF_ASSIGN_OR_RETURN(cudnnHandle_t handle, HandleLocked(state, context));
-  auto it = state.graphs.find(key);
-  if (it == state.graphs.end()) {
-    it = state.graphs.emplace(key, Build(key, handle, context.properties())).first;
-  }
-  const BuiltGraph& built = it->second;
+  const BuiltGraph& built = GraphLocked(state, handle, context, key);
   NF_RETURN_IF_ERROR(built.status);
   // Per call from the caching allocator (no cudaMalloc after the first): freed at return while
   // cuDNN's kernels may still run, which is safe because every user of the block runs on the
@@ -315,6 +322,14 @@ absl::Status CudnnAttentionForward(CudaContext& context, const ops::AttentionArg
                                              {kO, args.out.raw_data()},
                                              {kStats, args.lse.raw_data()}};
   return Run(context, KeyOf(context, false, args.q, args.scale, args.dropout), args.dropout, pack);
+}
+
+absl::Status CudnnAttentionBackwardSupported(CudaContext& context, const ops::AttentionArgs& args) {
+  CudnnState& state = State();
+  std::lock_guard<std::mutex> lock(state.mutex);
+  NF_ASSIGN_OR_RETURN(cudnnHandle_t handle, HandleLocked(state, context));
+  return GraphLocked(state, handle, context, KeyOf(context, true, args.q, args.scale, args.dropout))
+      .status;
 }
 
 absl::Status CudnnAttentionBackward(CudaContext& context, const ops::AttentionBackwardArgs& args) {

@@ -36,4 +36,9 @@ absl::Status CudnnAvailable(CudaContext& context);
 absl::Status CudnnAttentionForward(CudaContext& context, const ops::AttentionArgs& args);
 absl::Status CudnnAttentionBackward(CudaContext& context, const ops::AttentionBackwardArgs& args);
 
+// Builds (or finds) the backward graph of the forward call `args` without running anything: OK
+// when cuDNN can run that call's backward, kUnimplemented saying why not. A forward with dropout
+// asks first, so that it never runs on cuDNN when its backward could not (attention_dispatch.h).
+absl::Status CudnnAttentionBackwardSupported(CudaContext& context, const ops::AttentionArgs& args);
+
 }  // namespace nf::cuda

@@ -94,6 +94,65 @@ TEST(CudaWithoutDeviceTest, CudnnAttentionRefusals) {
 // forward's mask) and differs whenever any coordinate of the call does (no two calls of a run
 // share a mask): the run's seed, the site, the first sample (both halves), the shard's first
 // head and the first token; the probability and the other fields do not enter.
+// One path for both directions of a call (issue 46, 4.3): before, forward and backward chose
+// independently, so a backward refused by cuDNN after a cuDNN forward with dropout ran the own
+// kernel, which redraws another mask: silently wrong gradients.
+TEST(CudaWithoutDeviceTest, TheBackwardFollowsItsForwardsPath) {
+  using cuda::AttentionPath;
+  using cuda::BackwardAttentionPath;
+  using cuda::ForwardAttentionPath;
+  ops::DropoutSpec dropout{.p = 0.1f, .seed = 7};
+  const Tensor q = *Tensor::HostZeros(DType::kF16, {4, 16, 2048, 80});
+  const cuda::AttentionCallKey with_dropout = cuda::AttentionKeyOf(0, q, 0.125f, dropout);
+  const cuda::AttentionCallKey without = cuda::AttentionKeyOf(0, q, 0.125f, {});
+  EXPECT_TRUE(with_dropout.dropout());
+  EXPECT_FALSE(without.dropout());
+  EXPECT_NE(with_dropout, without);
+  EXPECT_EQ(with_dropout.ToString(), "[4, 16, 2048, 80] f16, dropout 0.1 on cuda:0");
+
+  // The forward: cuDNN when eligible; with dropout only if cuDNN builds the backward graph.
+  const absl::Status refused = absl::UnimplementedError("backward graph not supported");
+  EXPECT_EQ(ForwardAttentionPath(nullptr, true, absl::OkStatus()), AttentionPath::kCudnn);
+  EXPECT_EQ(ForwardAttentionPath(nullptr, true, refused), AttentionPath::kOwn);
+  EXPECT_EQ(ForwardAttentionPath(nullptr, false, refused), AttentionPath::kCudnn);
+  EXPECT_EQ(ForwardAttentionPath("NF_ATTENTION=own", false, absl::OkStatus()), AttentionPath::kOwn);
+
+  // The backward follows an own forward even where cuDNN could take it (the own mask).
+  EXPECT_EQ(*BackwardAttentionPath(with_dropout, AttentionPath::kOwn, nullptr),
+            AttentionPath::kOwn);
+  EXPECT_EQ(*BackwardAttentionPath(with_dropout, AttentionPath::kCudnn, nullptr),
+            AttentionPath::kCudnn);
+  // A cuDNN forward with dropout whose backward cuDNN refuses is an error, never a switch.
+  const absl::StatusOr<AttentionPath> mixed =
+      BackwardAttentionPath(with_dropout, AttentionPath::kCudnn,
+                            "a tensor not 16-byte aligned (a view at an odd offset)");
+  ASSERT_FALSE(mixed.ok());
+  EXPECT_EQ(mixed.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(mixed.status().message()),
+              ::testing::AllOf(::testing::HasSubstr("[4, 16, 2048, 80] f16, dropout 0.1"),
+                               ::testing::HasSubstr("a tensor not 16-byte aligned"),
+                               ::testing::HasSubstr("NF_ATTENTION=own")));
+  EXPECT_FALSE(BackwardAttentionPath(with_dropout, AttentionPath::kCudnn, "NF_ATTENTION=own").ok());
+  // Without dropout both kernels compute the same gradients: the own kernel may take over.
+  EXPECT_EQ(*BackwardAttentionPath(without, AttentionPath::kCudnn, "NF_ATTENTION=own"),
+            AttentionPath::kOwn);
+  // No forward seen (a backward run alone): its own eligibility decides.
+  EXPECT_EQ(*BackwardAttentionPath(with_dropout, std::nullopt, nullptr), AttentionPath::kCudnn);
+  EXPECT_EQ(*BackwardAttentionPath(with_dropout, std::nullopt, "NF_ATTENTION=own"),
+            AttentionPath::kOwn);
+
+  // The table keeps each key's latest forward.
+  cuda::AttentionPathTable table;
+  EXPECT_EQ(table.ForwardPath(with_dropout), std::nullopt);
+  table.NoteForward(with_dropout, AttentionPath::kCudnn);
+  table.NoteForward(without, AttentionPath::kOwn);
+  EXPECT_EQ(table.ForwardPath(with_dropout), AttentionPath::kCudnn);
+  EXPECT_EQ(table.ForwardPath(without), AttentionPath::kOwn);
+  dropout.p = 0.2f;
+  EXPECT_EQ(table.ForwardPath(cuda::AttentionKeyOf(0, q, 0.125f, dropout)), std::nullopt);
+  EXPECT_EQ(table.ForwardPath(cuda::AttentionKeyOf(1, q, 0.125f, {.p = 0.1f})), std::nullopt);
+}
+
 TEST(CudaWithoutDeviceTest, CudnnDropoutSeedsDifferByCall) {
   const ops::DropoutSpec base{.p = 0.1f,
                               .seed = 7,
