@@ -444,17 +444,41 @@ absl::Status PrepareDevice(NcclCommunicator::State& s) {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Create(
-    const MpiCommunicator& group, int device, cudaStream_t compute_stream, Options options) {
+std::shared_ptr<NcclCommunicator::State> NcclCommunicator::NewState(Members members, int device,
+                                                                    cudaStream_t compute_stream,
+                                                                    const Options& options) {
   auto state = std::make_shared<State>();
-  state->name = group.name();
-  state->world_ranks = group.world_ranks();
+  state->name = std::move(members.name);
+  state->world_ranks = std::move(members.world_ranks);
   state->others = state->world_ranks;
-  state->others.erase(state->others.begin() + group.rank());
-  state->rank = group.rank();
+  if (members.rank >= 0 && members.rank < static_cast<int>(state->others.size())) {
+    state->others.erase(state->others.begin() + members.rank);
+  }
+  state->rank = members.rank;
   state->device = device;
   state->watchdog = options.watchdog;
   state->compute = compute_stream;
+  return state;
+}
+
+absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::CreateWithId(
+    Members members, const ncclUniqueId& id, int device, cudaStream_t compute_stream,
+    Options options) {
+  if (members.rank < 0 || members.rank >= static_cast<int>(members.world_ranks.size())) {
+    return absl::InvalidArgumentError(absl::StrCat(kCreate, " on group ", members.name, ": rank ",
+                                                   members.rank, " is not one of its ",
+                                                   members.world_ranks.size(), " members"));
+  }
+  std::shared_ptr<State> state = NewState(std::move(members), device, compute_stream, options);
+  NF_RETURN_IF_ERROR(PrepareDevice(*state));
+  return Join(std::move(state), id);
+}
+
+absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Create(
+    const MpiCommunicator& group, int device, cudaStream_t compute_stream, Options options) {
+  std::shared_ptr<State> state =
+      NewState({.name = group.name(), .world_ranks = group.world_ranks(), .rank = group.rank()},
+               device, compute_stream, options);
 
   // Every rank learns whether every rank is ready before any enters ncclCommInitRank, which
   // would wait inside NCCL, beyond the watchdog's reach, for a rank that gave up.
@@ -489,10 +513,16 @@ absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Create(
   }
   ncclUniqueId id;
   std::memcpy(&id, message.data() + 1, sizeof(id));
+  return Join(std::move(state), id);
+}
 
+absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Join(
+    std::shared_ptr<State> state, const ncclUniqueId& id) {
+  const int device = state->device;
   ScopedDevice on_device(device);
   NF_RETURN_IF_ERROR(on_device.status(kCreate, state->name));
-  const ncclResult_t result = ncclCommInitRank(&state->comm, group.size(), id, state->rank);
+  const ncclResult_t result =
+      ncclCommInitRank(&state->comm, static_cast<int>(state->world_ranks.size()), id, state->rank);
   if (result != ncclSuccess) {
     state->comm = nullptr;
     return NcclError(result, kCreate, state->name,

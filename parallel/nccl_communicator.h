@@ -86,6 +86,25 @@ class NcclCommunicator final : public Communicator {
                                                                   cudaStream_t compute_stream,
                                                                   Options options = {});
 
+  // A group's members as NCCL needs them: its name, the world rank of each member by group
+  // rank, and this rank.
+  struct Members {
+    std::string name;
+    std::vector<int> world_ranks;
+    int rank = 0;
+  };
+  // What Create does once its ranks have agreed over MPI: a communicator joining the NCCL
+  // communicator of `id` (made by one member's ncclGetUniqueId and handed to the others by
+  // other means) as rank members.rank. For callers without MPI, such as the lent-GPU check's
+  // test that runs two ranks as two threads of one process, one GPU each
+  // (tests/gpu/nccl_threads_test.cc). Blocks inside ncclCommInitRank until every rank joined:
+  // each rank must call it from its own thread.
+  static absl::StatusOr<std::unique_ptr<NcclCommunicator>> CreateWithId(Members members,
+                                                                        const ncclUniqueId& id,
+                                                                        int device,
+                                                                        cudaStream_t compute_stream,
+                                                                        Options options = {});
+
   ~NcclCommunicator() override;
   NcclCommunicator(const NcclCommunicator&) = delete;
   NcclCommunicator& operator=(const NcclCommunicator&) = delete;
@@ -130,6 +149,13 @@ class NcclCommunicator final : public Communicator {
 
  private:
   explicit NcclCommunicator(std::shared_ptr<State> state) : state_(std::move(state)) {}
+
+  // The state of a communicator over `members`, before its device is prepared.
+  static std::shared_ptr<State> NewState(Members members, int device, cudaStream_t compute_stream,
+                                         const Options& options);
+  // ncclCommInitRank on `id`, then the watchdog: the communicator, ready.
+  static absl::StatusOr<std::unique_ptr<NcclCommunicator>> Join(std::shared_ptr<State> state,
+                                                                const ncclUniqueId& id);
 
   internal::NcclCaller Caller() const;
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Prepares gpu-bundle/ for scripts/gpu-check.sh on a GPU machine that has only the CUDA toolkit
-# (no abseil, protobuf, OpenBLAS or MPI, and no network): the gpu test programs and nf-bench
+# (no abseil, protobuf, OpenBLAS or MPI, and no network): the gpu test programs (NCCL's two
+# ranks as two threads of one process, nccl_threads_test, since there is no mpirun) and nf-bench
 # built here, stripped, with the shared libraries they load from outside glibc and the CUDA
 # toolkit, packed as gpu-bundle/bundle.tar.xz: the device tool's `carry` takes the folder
 # along, and must stay under 64 MiB (OpenBLAS alone is 36 MiB unpacked).
@@ -10,7 +11,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build}
 programs=(tests/cuda_host_test tests/cuda_ops_test tests/fused_kernels_test
-          tests/cudnn_attention_test tests/gpu_training_test bench/nf-bench)
+          tests/cudnn_attention_test tests/gpu_training_test tests/nccl_threads_test
+          bench/nf-bench)
 targets=()
 for p in "${programs[@]}"; do targets+=("$(basename "$p")"); done
 cmake --build "$build" -j "${NF_JOBS:-2}" --target "${targets[@]}"

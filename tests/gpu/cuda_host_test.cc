@@ -8,6 +8,7 @@
 #include "core/cuda/cuda_context.h"
 #include "core/ops/backend.h"
 #include "gmock/gmock.h"
+#include "gpu_test_util.h"
 #include "gtest/gtest.h"
 
 namespace nf {
@@ -151,6 +152,20 @@ TEST(CudaWithoutDeviceTest, TheBackwardFollowsItsForwardsPath) {
   dropout.p = 0.2f;
   EXPECT_EQ(table.ForwardPath(cuda::AttentionKeyOf(0, q, 0.125f, dropout)), std::nullopt);
   EXPECT_EQ(table.ForwardPath(cuda::AttentionKeyOf(1, q, 0.125f, {.p = 0.1f})), std::nullopt);
+}
+
+// What the GPU check expects attention to run on: NF_EXPECT_ATTENTION, else NF_ATTENTION's
+// choice, cuDNN by default; never "whichever ran".
+TEST(CudaWithoutDeviceTest, TheExpectedAttentionPathComesFromTheEnvironment) {
+  using cuda::AttentionPath;
+  using testing::ExpectedAttentionPath;
+  EXPECT_EQ(*ExpectedAttentionPath("cudnn", nullptr), AttentionPath::kCudnn);
+  EXPECT_EQ(*ExpectedAttentionPath("own", nullptr), AttentionPath::kOwn);
+  EXPECT_EQ(*ExpectedAttentionPath("cudnn", "own"), AttentionPath::kCudnn);  // stated wins
+  EXPECT_EQ(*ExpectedAttentionPath(nullptr, nullptr), AttentionPath::kCudnn);
+  EXPECT_EQ(*ExpectedAttentionPath("", "auto"), AttentionPath::kCudnn);
+  EXPECT_EQ(*ExpectedAttentionPath(nullptr, "own"), AttentionPath::kOwn);
+  EXPECT_FALSE(ExpectedAttentionPath("either", nullptr).ok());
 }
 
 TEST(CudaWithoutDeviceTest, CudnnDropoutSeedsDifferByCall) {

@@ -1,6 +1,6 @@
 // cuDNN's fused attention (core/cuda/cudnn_attention.h) against the CPU and against the own
 // kernel, and the dispatch between them (core/cuda/attention_dispatch.h): which calls cuDNN
-// takes is checked with CudnnAttentionCalls().
+// takes is checked with CudnnAttentionCalls() and, per direction, AttentionPathsTaken().
 //
 // Tolerances are relative to the largest magnitude of the reference, as in cuda_ops_test.cc,
 // with u the unit roundoff of the 16-bit storage type (fp16 2^-11, bf16 2^-8):
@@ -348,6 +348,117 @@ TEST_P(CudnnAttentionTest, PerOpTimingNamesThePathAndItsReason) {
   EXPECT_THAT(table, ::testing::HasSubstr("AttentionBackward (cudnn): fp16/bf16"));
   EXPECT_THAT(table, ::testing::HasSubstr("dropout masks drawn by cuDNN"));
   EXPECT_THAT(table, ::testing::HasSubstr("AttentionForward (own): NF_ATTENTION=own"));
+}
+
+// ---- The training shape --------------------------------------------------------------------
+//
+// The 125M config's attention as it trains: micro-batch 16, 12 heads of 64, 2048 tokens, dropout
+// 0.1, forward and backward, so that the deterministic backward runs with its full b h s^2
+// workspace (1.5 GiB on Hopper). Each direction must take the path the check expects
+// (ExpectedAttentionPath: cuDNN on the lent GPU), and the backward must use its forward's mask.
+// That needs no copy of the mask: for a fixed mask, out is linear in v, so
+// <dv, v> = <dout, out> in every (sample, head) slice; a backward drawing another mask of the
+// same p misses that by about 45% of the slice's typical value (the masks differ in 2 p (1 - p)
+// of the places), the 16-bit roundings by about 1%.
+
+// sum over each [seq, dim] slice of a * b, in float64.
+std::vector<double> SliceDots(const std::vector<double>& a, const std::vector<double>& b,
+                              int64_t slices) {
+  std::vector<double> dots(slices, 0.0);
+  const size_t per = a.size() / slices;
+  for (int64_t s = 0; s < slices; ++s) {
+    for (size_t i = s * per; i < (s + 1) * per; ++i) dots[s] += a[i] * b[i];
+  }
+  return dots;
+}
+
+TEST_P(CudnnAttentionTest, TrainingShapeBackwardWithDropoutTakesTheExpectedPathAndItsForwardsMask) {
+  const absl::StatusOr<cuda::AttentionPath> expected = testing::ExpectedAttentionPath(
+      std::getenv("NF_EXPECT_ATTENTION"), std::getenv("NF_ATTENTION"));
+  NF_ASSERT_OK(expected);
+  const Shape shape = {16, 12, 2048, 64};
+  const int64_t n = NumElements(shape), slices = 16 * 12;
+  auto random = [&](uint32_t seed) {
+    return OnGpu(testing::MakeTensor(dtype(), shape, testing::RandomFloats(n, seed)));
+  };
+  auto zeros = [&](Shape s, DType dt) { return OnGpu(testing::MakeZeros(dt, std::move(s))); };
+  const Tensor q = random(11), k = random(12), v = random(13), dout = random(14);
+  const Tensor out = zeros(shape, dtype()), lse = zeros({16, 12, 2048}, DType::kF32);
+  const Tensor dq = zeros(shape, dtype()), dk = zeros(shape, dtype()), dv = zeros(shape, dtype());
+  const ops::DropoutSpec dropout{.p = 0.1f, .seed = 1, .site = 4, .seq_len = 2048};
+  const float scale = 1.0f / 8.0f;
+  const cuda::AttentionPathCounts before = cuda::AttentionPathsTaken();
+  NF_ASSERT_OK(ops::AttentionForward({q, k, v, out, lse, scale, dropout}));
+  NF_ASSERT_OK(ops::AttentionBackward({q, k, v, out, lse, dout, dq, dk, dv, scale, dropout}));
+  NF_ASSERT_OK(ops::Synchronize(kGpu));
+  const cuda::AttentionPathCounts after = cuda::AttentionPathsTaken();
+  const bool want_cudnn = *expected == cuda::AttentionPath::kCudnn;
+  EXPECT_EQ(after.forward_cudnn - before.forward_cudnn, want_cudnn ? 1 : 0)
+      << "the forward did not take the expected " << testing::AttentionPathName(*expected);
+  EXPECT_EQ(after.backward_cudnn - before.backward_cudnn, want_cudnn ? 1 : 0)
+      << "the backward did not take the expected " << testing::AttentionPathName(*expected);
+  EXPECT_EQ(after.forward_own - before.forward_own, want_cudnn ? 0 : 1);
+  EXPECT_EQ(after.backward_own - before.backward_own, want_cudnn ? 0 : 1);
+
+  const std::vector<double> forward =
+      SliceDots(ToDoubles(ToCpu(dout)), ToDoubles(ToCpu(out)), slices);
+  const std::vector<double> backward = SliceDots(ToDoubles(ToCpu(dv)), ToDoubles(ToCpu(v)), slices);
+  double mean_square = 0.0;
+  for (double x : forward) mean_square += x * x / slices;
+  const double typical = std::sqrt(mean_square);
+  ASSERT_GT(typical, 0.0);
+  int misses = 0;
+  for (int64_t s = 0; s < slices; ++s) {
+    if (std::abs(forward[s] - backward[s]) > 0.05 * typical) {
+      if (++misses <= 5) {
+        ADD_FAILURE() << "slice " << s << ": <dout, out> " << forward[s] << " but <dv, v> "
+                      << backward[s] << " (typical " << typical
+                      << "): the backward did not use its forward's dropout mask";
+      }
+    }
+  }
+  EXPECT_EQ(misses, 0);
+  for (const Tensor* t : {&dq, &dk, &dv}) {
+    const std::vector<double> values = ToDoubles(ToCpu(*t));
+    EXPECT_TRUE(
+        std::all_of(values.begin(), values.end(), [](double x) { return std::isfinite(x); }));
+  }
+}
+
+// A backward that cannot follow a cuDNN forward with dropout (here NF_ATTENTION=own set between
+// the two) is an error: the own kernel would compute the gradients of another mask. Without
+// dropout the own kernel may take over (the same gradients).
+TEST(CudnnAttentionDispatchTest, ABackwardThatCannotFollowACudnnForwardWithDropoutIsAnError) {
+  NF_REQUIRE_GPU();
+  Problem p(DType::kF16, kDropoutSeq, kDropoutDim, 90);
+  auto forward = [&](const ops::DropoutSpec& d) {
+    return ops::AttentionForward({p.q.gpu, p.k.gpu, p.v.gpu, p.out.gpu, p.lse.gpu, p.scale, d});
+  };
+  auto backward = [&](const ops::DropoutSpec& d) {
+    return ops::AttentionBackward({p.q.gpu, p.k.gpu, p.v.gpu, p.out.gpu, p.lse.gpu, p.dout.gpu,
+                                   p.dq.gpu, p.dk.gpu, p.dv.gpu, p.scale, d});
+  };
+  {
+    ScopedAttentionPolicy policy(nullptr);
+    const cuda::AttentionPathCounts before = cuda::AttentionPathsTaken();
+    NF_ASSERT_OK(forward(kAttentionDropout));
+    ASSERT_EQ(cuda::AttentionPathsTaken().forward_cudnn, before.forward_cudnn + 1);
+  }
+  {
+    ScopedAttentionPolicy policy("own");
+    const absl::Status status = backward(kAttentionDropout);
+    EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition) << status;
+    EXPECT_THAT(std::string(status.message()), ::testing::HasSubstr("its forward ran on cuDNN"));
+  }
+  {
+    ScopedAttentionPolicy policy(nullptr);
+    NF_ASSERT_OK(forward({}));
+  }
+  ScopedAttentionPolicy policy("own");
+  const cuda::AttentionPathCounts before = cuda::AttentionPathsTaken();
+  NF_ASSERT_OK(backward({}));
+  NF_ASSERT_OK(ops::Synchronize(kGpu));
+  EXPECT_EQ(cuda::AttentionPathsTaken().backward_own, before.backward_own + 1);
 }
 
 TEST(CudnnAttentionDispatchTest, Fp32TakesTheOwnKernel) {

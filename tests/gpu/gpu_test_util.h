@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/statusor.h"
+#include "core/cuda/attention_dispatch.h"
 #include "core/cuda/cuda_context.h"
 #include "core/ops/backend.h"
 #include "core/ops/ops.h"
@@ -75,6 +77,28 @@ inline void ExpectTwinIdentical(const Twin& t, const std::string& what) {
   for (size_t i = 0; i < cpu.size(); ++i) {
     ASSERT_EQ(cpu[i], gpu[i]) << what << ": element " << i;
   }
+}
+
+// The attention path the GPU check expects its calls to take, so that a test fails when
+// another ran (before, `EXPECT_EQ(cudnn, cudnn_status.ok())` passed whichever path ran):
+// NF_EXPECT_ATTENTION (`expect`: "cudnn" or "own"; scripts/gpu-check.sh sets cudnn), else
+// the own kernel under NF_ATTENTION=own (`policy`) and cuDNN otherwise (a GPU machine must run
+// cuDNN's fused attention: CudnnAttentionTest refuses one where it cannot). Any other
+// NF_EXPECT_ATTENTION is an error. Pure: the callers pass getenv's values.
+inline absl::StatusOr<cuda::AttentionPath> ExpectedAttentionPath(const char* expect,
+                                                                 const char* policy) {
+  if (expect != nullptr && expect[0] != '\0') {
+    if (std::string(expect) == "cudnn") return cuda::AttentionPath::kCudnn;
+    if (std::string(expect) == "own") return cuda::AttentionPath::kOwn;
+    return absl::InvalidArgumentError(std::string("NF_EXPECT_ATTENTION=") + expect +
+                                      " is not cudnn or own");
+  }
+  if (policy != nullptr && std::string(policy) == "own") return cuda::AttentionPath::kOwn;
+  return cuda::AttentionPath::kCudnn;
+}
+
+inline const char* AttentionPathName(cuda::AttentionPath path) {
+  return path == cuda::AttentionPath::kCudnn ? "cuDNN fused attention" : "own kernel";
 }
 
 }  // namespace nf::testing

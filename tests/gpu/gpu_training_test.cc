@@ -227,33 +227,55 @@ TEST(GpuTrainingTest, WhereANanBeganOnTheGpu) {
 }
 
 // The attention path of the 2.7B config's layer at tp 8 (bf16, 4 heads of 80 per rank, seq
-// 2048): cuDNN's fused attention with the config's attention dropout 0.1 (its own masks) and
-// without. Recorded, so that a change of dispatch shows.
+// 2048), forward and backward, with the config's attention dropout 0.1 (cuDNN's own masks) and
+// without: each direction must take the path the check expects (ExpectedAttentionPath), which
+// the dispatch reports (AttentionPathsTaken). Before, the test compared the path with
+// CudnnAttentionStatus, and so passed whichever path ran.
 TEST(GpuTrainingTest, TheAttentionPathOfThe27BLayerAtTp8) {
   NF_REQUIRE_GPU();
+  const absl::StatusOr<cuda::AttentionPath> expected = testing::ExpectedAttentionPath(
+      std::getenv("NF_EXPECT_ATTENTION"), std::getenv("NF_ATTENTION"));
+  NF_ASSERT_OK(expected);
   const Shape shape = {1, 4, 2048, 80};
-  auto tensor = [&](Shape s, DType dtype) {
+  auto random = [&](Shape s, uint32_t seed) {
+    return testing::OnGpu(testing::MakeTensor(
+        DType::kBF16, s, testing::RandomFloats(NumElements(s), seed, -1.0f, 1.0f)));
+  };
+  auto zeros = [&](Shape s, DType dtype) {
     return testing::OnGpu(testing::MakeZeros(dtype, std::move(s)));
   };
   auto context = cuda::CudaContext::ForDevice(0);
   NF_ASSERT_OK(context);
   const absl::Status cudnn_status = cuda::CudnnAttentionStatus(**context);
-  if (!cudnn_status.ok())
+  if (!cudnn_status.ok()) {
     std::printf("cuDNN attention unavailable: %s\n", cudnn_status.ToString().c_str());
+  }
+  const Tensor q = random(shape, 1), k = random(shape, 2), v = random(shape, 3),
+               dout = random(shape, 4);
   for (const float dropout : {0.1f, 0.0f}) {
-    const int64_t before = cuda::CudnnAttentionCalls();
-    NF_ASSERT_OK(ops::AttentionForward({.q = tensor(shape, DType::kBF16),
-                                        .k = tensor(shape, DType::kBF16),
-                                        .v = tensor(shape, DType::kBF16),
-                                        .out = tensor(shape, DType::kBF16),
-                                        .lse = tensor({1, 4, 2048}, DType::kF32),
-                                        .scale = 1.0f / std::sqrt(80.0f),
-                                        .dropout = {.p = dropout, .seq_len = 2048}}));
+    const ops::DropoutSpec spec{.p = dropout, .seed = 5, .site = 3, .seq_len = 2048};
+    const Tensor out = zeros(shape, DType::kBF16), lse = zeros({1, 4, 2048}, DType::kF32);
+    const Tensor dq = zeros(shape, DType::kBF16), dk = zeros(shape, DType::kBF16),
+                 dv = zeros(shape, DType::kBF16);
+    const float scale = 1.0f / std::sqrt(80.0f);
+    const cuda::AttentionPathCounts before = cuda::AttentionPathsTaken();
+    NF_ASSERT_OK(ops::AttentionForward({q, k, v, out, lse, scale, spec}));
+    NF_ASSERT_OK(ops::AttentionBackward({q, k, v, out, lse, dout, dq, dk, dv, scale, spec}));
     NF_ASSERT_OK(ops::Synchronize(testing::kGpu));
-    const bool cudnn = cuda::CudnnAttentionCalls() > before;
-    std::printf("2.7B layer at tp 8, attention dropout %.1f: %s\n", dropout,
-                cudnn ? "cuDNN fused attention" : "own kernel");
-    EXPECT_EQ(cudnn, cudnn_status.ok());
+    const cuda::AttentionPathCounts after = cuda::AttentionPathsTaken();
+    const bool forward_cudnn = after.forward_cudnn == before.forward_cudnn + 1;
+    const bool backward_cudnn = after.backward_cudnn == before.backward_cudnn + 1;
+    std::printf("2.7B layer at tp 8, attention dropout %.1f: forward %s, backward %s\n", dropout,
+                forward_cudnn ? "cuDNN" : "own", backward_cudnn ? "cuDNN" : "own");
+    const bool want_cudnn = *expected == cuda::AttentionPath::kCudnn;
+    EXPECT_EQ(forward_cudnn, want_cudnn)
+        << "the forward did not take the expected " << testing::AttentionPathName(*expected);
+    EXPECT_EQ(backward_cudnn, want_cudnn)
+        << "the backward did not take the expected " << testing::AttentionPathName(*expected);
+    EXPECT_EQ(after.forward_cudnn + after.forward_own,
+              before.forward_cudnn + before.forward_own + 1);
+    EXPECT_EQ(after.backward_cudnn + after.backward_own,
+              before.backward_cudnn + before.backward_own + 1);
   }
 }
 
