@@ -5,15 +5,22 @@
 // the datasheet peak as well.
 #pragma once
 
+#include <cstdint>
+
 #include "absl/status/statusor.h"
 #include "core/device.h"
 #include "core/dtype.h"
 
 namespace nf::launcher {
 
-// FLOP/s of an n x n x n product (n = 512 on the CPU, 8192 on a GPU; the best of three after
-// a warm-up), on `device` with inputs of `dtype` (fp32 on the CPU whatever the model's dtype:
-// the CPU backend computes in fp32).
+// FLOP/s of an n x n x n product (the best of three after a warm-up) on `device` with inputs of
+// `dtype` (fp32 on the CPU whatever the model's dtype: the CPU backend computes in fp32). On the
+// CPU n = 512; on a GPU n doubles from 1024 until one product takes 10 ms or n reaches 8192,
+// where every current GPU is saturated (an H100 needs 1.6 ms for 8192 in bf16, so it is timed
+// at 8192; a slow device, such as the emulated GPU of the tests, stops early).
+inline constexpr int64_t kFirstGpuGemmSize = 1024;
+inline constexpr int64_t kLastGpuGemmSize = 8192;
+inline constexpr double kLongEnoughSeconds = 0.01;
 absl::StatusOr<double> MeasureGemmFlops(Device device, DType dtype);
 
 // Model FLOPs per token of a training step as llm.c counts them: 6 x parameters for the

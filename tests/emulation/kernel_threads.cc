@@ -127,6 +127,12 @@ std::string SourcePlace(const std::source_location& where) {
 
 namespace {
 
+// Two places in the sources are one; file names of one translation unit share their pointer.
+bool SamePlace(const std::source_location& a, const std::source_location& b) {
+  return a.line() == b.line() && a.column() == b.column() &&
+         (a.file_name() == b.file_name() || std::strcmp(a.file_name(), b.file_name()) == 0);
+}
+
 std::string Dim(const dim3& d) { return absl::StrCat("(", d.x, ",", d.y, ",", d.z, ")"); }
 std::string Dim(const uint3& d) { return absl::StrCat("(", d.x, ",", d.y, ",", d.z, ")"); }
 
@@ -166,7 +172,7 @@ class Block {
   std::string Run() {
     const int n = static_cast<int>(threads_.size());
     std::vector<int> order(n);
-    for (int t = 0; t < n; ++t) order[t] = t;
+    for (int t = 0; t < n; ++t) order[t] = order_.order == ThreadOrder::kReverse ? n - 1 - t : t;
     Block* const outer_block = current_block;
     current_block = this;
     while (error_.empty()) {
@@ -226,8 +232,7 @@ class Block {
       w.width = width;
       w.where = where;
       w.arrived = 0;
-    } else if (w.op != op || w.mask != mask || w.where.line() != where.line() ||
-               std::strcmp(w.where.file_name(), where.file_name()) != 0) {
+    } else if (w.op != op || w.mask != mask || !SamePlace(w.where, where)) {
       Fail(absl::StrCat("warp ", warp, ": lane ", lane, " is at ", OpName(op), " (mask 0x",
                         absl::Hex(mask), ") at ", SourcePlace(where), " while lanes 0x",
                         absl::Hex(w.arrived), " wait at ", OpName(w.op), " (mask 0x",
@@ -250,18 +255,9 @@ class Block {
   void* dynamic_shared() const { return dynamic_shared_; }
 
  private:
+  // The order of one round: fixed for forward and reverse, a new shuffle every round.
   void ArrangeRound(std::vector<int>& order) {
-    switch (order_.order) {
-      case ThreadOrder::kForward:
-        std::sort(order.begin(), order.end());
-        break;
-      case ThreadOrder::kReverse:
-        std::sort(order.begin(), order.end(), std::greater<int>());
-        break;
-      case ThreadOrder::kShuffle:
-        std::shuffle(order.begin(), order.end(), rng_);
-        break;
-    }
+    if (order_.order == ThreadOrder::kShuffle) std::shuffle(order.begin(), order.end(), rng_);
   }
 
   void Resume(ThreadSlot& slot) {
@@ -366,9 +362,7 @@ class Block {
         ++at_barrier;
         if (first_at_barrier == nullptr) {
           first_at_barrier = &t;
-        } else if (t.waiting_at.line() != first_at_barrier->waiting_at.line() ||
-                   std::strcmp(t.waiting_at.file_name(),
-                               first_at_barrier->waiting_at.file_name()) != 0) {
+        } else if (!SamePlace(t.waiting_at, first_at_barrier->waiting_at)) {
           Fail(absl::StrCat("threads wait at two different __syncthreads: thread ",
                             first_at_barrier->linear, " at ",
                             SourcePlace(first_at_barrier->waiting_at), ", thread ", t.linear,

@@ -3,6 +3,9 @@
 // (NF_REQUIRE_GPU); nothing else in the suite needs a device.
 #pragma once
 
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -25,6 +28,23 @@ namespace nf::testing {
   } while (false)
 
 inline const Device kGpu = Device::Cuda(0);
+
+// With NF_TEST_RESULT_DIGESTS=<file>, every GPU result a test compares is also written there
+// as "<test>/<what> <FNV-1a of its bytes>": tests/emulation/thread_orders_agree.sh runs a test
+// program under each thread order of the emulated GPU and requires the same bits from all.
+inline void RecordResultDigest(const Tensor& host, const std::string& what) {
+  const char* path = std::getenv("NF_TEST_RESULT_DIGESTS");
+  if (path == nullptr) return;
+  uint64_t hash = 1469598103934665603ull;
+  const auto* bytes = static_cast<const unsigned char*>(host.raw_data());
+  for (size_t i = 0; i < host.nbytes(); ++i) hash = (hash ^ bytes[i]) * 1099511628211ull;
+  const ::testing::TestInfo* test = ::testing::UnitTest::GetInstance()->current_test_info();
+  std::FILE* file = std::fopen(path, "a");
+  ASSERT_NE(file, nullptr) << path;
+  std::fprintf(file, "%s.%s/%s %016llx\n", test->test_suite_name(), test->name(), what.c_str(),
+               static_cast<unsigned long long>(hash));
+  std::fclose(file);
+}
 
 // The same values on the CPU and on GPU 0.
 struct Twin {
@@ -63,16 +83,20 @@ inline Twin ZerosTwin(DType dtype, Shape shape) { return MakeTwin(MakeZeros(dtyp
 inline void ExpectTwinClose(const Twin& t, double tol, const std::string& what) {
   const absl::Status synced = ops::Synchronize(kGpu);
   NF_ASSERT_OK(synced) << what;
+  const Tensor gpu_on_host = ToCpu(t.gpu);
+  RecordResultDigest(gpu_on_host, what);
   const std::vector<double> cpu = ToDoubles(t.cpu);
-  const std::vector<double> gpu = ToDoubles(ToCpu(t.gpu));
+  const std::vector<double> gpu = ToDoubles(gpu_on_host);
   ExpectAllClose(gpu, cpu, tol * std::max(1e-30, MaxAbs(cpu)), 0.0, what);
 }
 
 // Bit-for-bit equality (dropout masks, permutations, copies).
 inline void ExpectTwinIdentical(const Twin& t, const std::string& what) {
   NF_ASSERT_OK(ops::Synchronize(kGpu));
+  const Tensor gpu_on_host = ToCpu(t.gpu);
+  RecordResultDigest(gpu_on_host, what);
   const std::vector<double> cpu = ToDoubles(t.cpu);
-  const std::vector<double> gpu = ToDoubles(ToCpu(t.gpu));
+  const std::vector<double> gpu = ToDoubles(gpu_on_host);
   ASSERT_EQ(cpu.size(), gpu.size());
   for (size_t i = 0; i < cpu.size(); ++i) {
     ASSERT_EQ(cpu[i], gpu[i]) << what << ": element " << i;
