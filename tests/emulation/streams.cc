@@ -627,6 +627,12 @@ size_t AllocatedBytes(int device) {
   return g.devices[device].allocated;
 }
 
+void AddReport(const std::string& report) {
+  std::lock_guard<std::mutex> lock(G().mu);
+  G().reports.push_back(report);
+  std::fprintf(stderr, "nf-emu: %s\n", report.c_str());
+}
+
 void FailDevice(int device, cudaError_t error, const std::string& report) {
   std::lock_guard<std::mutex> lock(G().mu);
   FailDeviceLocked(device, error, report);

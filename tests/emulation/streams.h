@@ -88,6 +88,9 @@ enum class MemoryKind { kDevice, kPinned, kPageable };
 MemoryKind KindOf(const void* ptr, int* device = nullptr);
 size_t AllocatedBytes(int device);
 
+// Prints and records a report that fails nothing (a misuse the program survives).
+void AddReport(const std::string& report);
+
 // Makes every later call on the device return `error` (CUDA's sticky errors) and prints the
 // report; the first report of the process is kept for Reports().
 void FailDevice(int device, cudaError_t error, const std::string& report);
