@@ -200,7 +200,10 @@ absl::Status CudaBackend::Gemm(const ops::GemmArgs& args) {
     NF_RETURN_IF_ERROR(Gemm(args.WithoutBias()));
     return AddBias(c, args.bias);
   }
-  if (k == 0) return Scale(c, args.beta);
+  // An empty product leaves C = beta C. With beta = 0, C is not read (as cuBLASLt and the CPU's
+  // Sgemm do not read it): scaling by 0 would keep a NaN, and turn an inf into NaN, of memory
+  // not yet written, where the CPU writes zeros.
+  if (k == 0) return args.beta == 0.0f ? Fill(c, 0.0f) : Scale(c, args.beta);
   if (staged) {
     NF_ASSIGN_OR_RETURN(Tensor staged, Tensor::Empty(DType::kF32, c.shape(), context_.allocator()));
     if (args.beta != 0.0f) NF_RETURN_IF_ERROR(Cast(c, staged));
