@@ -111,6 +111,9 @@ void PermuteHeads(const Tensor& head_side, const T* src, T* dst, bool to_heads) 
 absl::Status CpuBackend::ScaleChannels(const Tensor& x, const Tensor& scale, int64_t inner,
                                        const Tensor& y) {
   const int64_t channels = scale.numel();
+  // Nothing to scale; inner is 0 when MergeScaledHeads composes this for heads of head_dim 0,
+  // and x.numel() / (channels * inner) would divide by zero.
+  if (x.numel() == 0) return absl::OkStatus();
   if (x.dtype() == DType::kF32 && scale.dtype() == DType::kF32) {
     ScaleChannelsF32(x.data<float>(), scale.data<float>(), x.numel() / (channels * inner), channels,
                      inner, y.data<float>());
@@ -135,6 +138,9 @@ absl::Status CpuBackend::ScaleChannelsBackward(const Tensor& x, const Tensor& sc
                                                const Tensor& dy, const Tensor& dx,
                                                const Tensor& dscale) {
   const int64_t channels = scale.numel();
+  // Nothing to scale and no gradient; inner is 0 when MergeScaledHeadsBackward composes this
+  // for heads of no tokens (seq * head_dim), and the division below would trap.
+  if (x.numel() == 0) return absl::OkStatus();
   const int64_t outer = x.numel() / (channels * inner);
   float* ds = dscale.data<float>();
   if (x.dtype() == DType::kF32 && scale.dtype() == DType::kF32) {
