@@ -280,9 +280,10 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainConfig& conf
   t->device_ = device;
   t->groups_ = &groups;
 #if NF_WITH_CUDA
-  // A multi-process GPU job moves device tensors over NCCL (without the CUDA backend TrainingDevice
-  // never picks a GPU).
-  if (device.type == DeviceType::kCuda && topology.world_size() > 1) {
+  // A GPU job moves device tensors over NCCL, and a group of one rank keeps them where they are
+  // (without the CUDA backend TrainingDevice never picks a GPU). Also under `mpirun -np 1`,
+  // whose groups are MPI communicators of one rank that move host tensors only.
+  if (device.type == DeviceType::kCuda) {
     NF_ASSIGN_OR_RETURN(t->device_groups_, parallel::CreateDeviceGroups(groups, device));
   }
 #endif
