@@ -9,9 +9,9 @@
 #include <string>
 #include <vector>
 
+#include "core/ops/backend.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "core/ops/backend.h"
 #include "launcher/dry_run.h"
 #include "launcher/memory_check.h"
 #include "test_util.h"
