@@ -13,6 +13,7 @@ packages=(
   libopenblas-dev
   libsentencepiece-dev
   libgtest-dev libgmock-dev libbenchmark-dev
+  libboost-context-dev  # the emulated GPU's kernel threads (tests/emulation)
   python3 python3-venv python3-numpy  # + the safetensors wheel in .venv, below
   fortunes  # English text for the demo corpus (scripts/make-demo-corpus.py)
   clang libclang-rt-14-dev  # libFuzzer, for the fuzz pass of scripts/test.sh

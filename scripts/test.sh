@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # The README's second command (and what .ci/run calls): installs what is missing, builds
 # normformer (Release, the configuration users build, with warnings as errors) and runs every
-# test; then builds again with AddressSanitizer + UBSan and runs the tests there too
-# (NF_TEST_SANITIZE=0 skips that second pass); last, short libFuzzer passes over the .idx,
-# manifest.pb and flight-record readers in a clang build (NF_TEST_FUZZ=0 skips them, NF_FUZZ_RUNS
-# sets their length).
+# test; then the CUDA backend's tests on emulated GPUs (NF_TEST_EMULATION=0 skips them); then
+# builds again with AddressSanitizer + UBSan and runs the tests there too (NF_TEST_SANITIZE=0
+# skips that pass); last, short libFuzzer passes over the .idx, manifest.pb and flight-record
+# readers in a clang build (NF_TEST_FUZZ=0 skips them, NF_FUZZ_RUNS sets their length).
 #
 #   scripts/test.sh                 # everything
 #   scripts/test.sh -L core         # extra arguments go to ctest (here: only the core label)
@@ -33,6 +33,17 @@ ctest_args=("$@")
 # Warnings are errors in every pass of this script, never in a user's build (NF_WERROR).
 echo "== build and test (build/, Release)"
 run_suite build -DCMAKE_BUILD_TYPE=Release -DNF_WERROR=ON
+
+# The CUDA backend's own sources on emulated GPUs (tests/emulation, docs/design.md): the GPU
+# tests, the emulator's rules, NCCL across processes and nf-launch itself. NF_TEST_EMULATION=0
+# skips the pass.
+if [[ "${NF_TEST_EMULATION:-1}" != 0 ]]; then
+  echo "== build and test the CUDA backend on emulated GPUs (build-emu/)"
+  cmake -S . -B build-emu -G Ninja -DCMAKE_BUILD_TYPE=Release -DNF_WERROR=ON \
+    -DNF_CUDA_EMULATION=ON -DNF_BUILD_BENCHMARKS=OFF >/dev/null
+  cmake --build build-emu -j "$jobs" --target emulated_tests
+  ctest --test-dir build-emu --output-on-failure -j "$jobs" -L 'gpu|emulation' "${ctest_args[@]}"
+fi
 
 if [[ "${NF_TEST_SANITIZE:-1}" != 0 ]]; then
   echo "== build and test with AddressSanitizer + UBSan (build-asan/)"
