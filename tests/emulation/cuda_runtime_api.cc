@@ -7,10 +7,12 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -51,9 +53,33 @@ cudaError_t RefuseLaunch(const KernelLaunch& launch, cudaError_t error, const st
   return Note(error);
 }
 
+// NF_EMU_KERNEL_LOG=<file>: the names of the kernels this process launched, one per line,
+// appended at exit (docs/design.md's table of kernels covered is made from them).
+class KernelLog {
+ public:
+  ~KernelLog() {
+    const char* path = std::getenv("NF_EMU_KERNEL_LOG");
+    if (path == nullptr || names_.empty()) return;
+    if (std::FILE* file = std::fopen(path, "a")) {
+      for (const std::string& name : names_) std::fprintf(file, "%s\n", name.c_str());
+      std::fclose(file);
+    }
+  }
+  void Add(const std::string& name) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    names_.insert(name);
+  }
+
+ private:
+  std::mutex mutex_;
+  std::set<std::string> names_;
+};
+KernelLog kernel_log;
+
 }  // namespace
 
 cudaError_t SubmitKernel(KernelLaunch launch) {
+  kernel_log.Add(launch.site.kernel);
   const dim3 b = launch.block, g = launch.grid;
   const uint64_t threads = uint64_t{b.x} * b.y * b.z;
   if (threads == 0 || threads > 1024 || b.x > 1024 || b.y > 1024 || b.z > 64) {

@@ -7,6 +7,8 @@
 //   NF_EMU_THREAD_ORDER=reverse      forward (default), reverse, shuffle:<seed>
 //   NF_EMU_STREAM_DELAYS=<seed>      random pauses before stream operations (streams.h)
 //   NF_EMU_SERIAL_KERNELS=1          one kernel at a time per device, in issue order
+//   NF_EMU_NCCL_ABORT_HANGS=1        ncclCommAbort never returns (NCCL issue 992)
+//   NF_EMU_KERNEL_LOG=<file>         the kernels launched, appended at exit
 #pragma once
 
 #include <cstdint>
