@@ -25,6 +25,10 @@ struct Settings {
   OrderSetting thread_order;
   uint64_t stream_delay_seed = 0;  // 0: no delays
   bool serial_kernels = false;
+  // The hazard check between streams (streams.h). It cannot tell atomics from plain writes, so
+  // kernels that share memory across streams only through atomics (legal, and none of
+  // core/cuda's do) need it off.
+  bool hazard_checks = true;
 };
 
 // The current settings (from the environment at the first call, then as set).
@@ -32,6 +36,7 @@ Settings CurrentSettings();
 void SetThreadOrder(const OrderSetting& order);
 void SetStreamDelays(uint64_t seed);
 void SetSerialKernels(bool on);
+void SetHazardChecks(bool on);
 
 // Every rule violation, hazard and deadlock reported so far, one line each.
 std::vector<std::string> Reports();

@@ -2,9 +2,12 @@
 // (or keeps it) through core/cuda's own launch helper and checks what the emulator says.
 #include <cuda_runtime.h>
 
+#include <cstdlib>
+#include <future>
 #include <string>
 #include <vector>
 
+#include "core/cuda/caching_allocator.h"
 #include "core/cuda/launch.cuh"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -78,6 +81,13 @@ __global__ void ReadSum(const float* in, int n, float* out) {
   }
 }
 
+// Takes the next ticket of `counter` into its slot of `order`.
+__global__ void TakeTicket(unsigned* counter, unsigned* order, int slot) {
+  unsigned expected = *counter;
+  while (atomicCAS(counter, expected, expected + 1) != expected) expected = *counter;
+  order[slot] = expected;
+}
+
 // ---- Helpers ----------------------------------------------------------------------------------
 
 template <typename T>
@@ -117,7 +127,8 @@ class KernelRulesTest : public ::testing::Test {
 TEST_F(KernelRulesTest, ABarrierSomeThreadsSkipIsReportedWithKernelAndLines) {
   int* out = DeviceBuffer<int>(64);
   Launch<BarrierSkippedByHalf>({1, 64, 0, nullptr}, out);
-  EXPECT_EQ(cudaGetLastError(), cudaSuccess);  // the launch itself is valid
+  // The launch itself is valid; its failure surfaces asynchronously (at the synchronisation, or
+  // at an earlier call once the kernel has run).
   const std::string report = ExpectOneReport();
   EXPECT_THAT(report, HasSubstr("BarrierSkippedByHalf"));
   EXPECT_THAT(report, HasSubstr("kernel_rules_test.cu:"));
@@ -292,6 +303,101 @@ TEST_F(StreamHazardTest, AHostSynchronisationOrdersLaterWork) {
   Launch<ReadSum>({1, 32, 0, consumer_}, data, 256, sum);
   ASSERT_EQ(cudaStreamSynchronize(consumer_), cudaSuccess);
   EXPECT_TRUE(Reports().empty());
+}
+
+// CUDA's minimum guarantee, enforced by NF_EMU_SERIAL_KERNELS: a device runs its kernels one at
+// a time in the order they were issued, whatever their streams (and however the stream delays
+// would reorder them).
+TEST_F(StreamHazardTest, SerialKernelsRunInIssueOrderAcrossStreams) {
+  unsigned* counter = DeviceBuffer<unsigned>(1);
+  unsigned* order = DeviceBuffer<unsigned>(16);
+  ASSERT_EQ(cudaMemset(counter, 0, sizeof(unsigned)), cudaSuccess);
+  SetHazardChecks(false);  // the kernels share the counter through atomics only
+  SetSerialKernels(true);
+  SetStreamDelays(3);
+  for (int slot = 0; slot < 16; ++slot) {
+    Launch<TakeTicket>({1, 1, 0, slot % 2 == 0 ? producer_ : consumer_}, counter, order, slot);
+  }
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  SetStreamDelays(0);
+  SetSerialKernels(false);
+  SetHazardChecks(true);
+  const std::vector<unsigned> tickets = ToHost(order, 16);
+  for (int slot = 0; slot < 16; ++slot) EXPECT_EQ(tickets[slot], static_cast<unsigned>(slot));
+}
+
+// A pinned source is read when the stream reaches the copy, a pageable one at the call: a pinned
+// buffer the host changes before its copy ran gives the new bytes (the bug pinned_staging.h's
+// events prevent), a pageable one the old.
+TEST_F(StreamHazardTest, APinnedBufferChangedBeforeItsCopyRanGivesTheNewBytes) {
+  std::promise<void> release;
+  std::shared_future<void> released = release.get_future().share();
+  auto* wait = new std::shared_future<void>(released);
+  ASSERT_EQ(cudaLaunchHostFunc(
+                producer_,
+                [](void* data) {
+                  auto* future = static_cast<std::shared_future<void>*>(data);
+                  future->wait();
+                  delete future;
+                },
+                wait),
+            cudaSuccess);
+  float* pinned = nullptr;
+  ASSERT_EQ(cudaHostAlloc(reinterpret_cast<void**>(&pinned), sizeof(float), 0), cudaSuccess);
+  float pageable = 1.0f;
+  *pinned = 1.0f;
+  float* from_pinned = DeviceBuffer<float>(1);
+  float* from_pageable = DeviceBuffer<float>(1);
+  ASSERT_EQ(cudaMemcpyAsync(from_pinned, pinned, sizeof(float), cudaMemcpyHostToDevice, producer_),
+            cudaSuccess);
+  ASSERT_EQ(
+      cudaMemcpyAsync(from_pageable, &pageable, sizeof(float), cudaMemcpyHostToDevice, producer_),
+      cudaSuccess);
+  *pinned = 2.0f;  // the stream has not reached either copy: it waits in the host function
+  pageable = 2.0f;
+  release.set_value();
+  ASSERT_EQ(cudaStreamSynchronize(producer_), cudaSuccess);
+  EXPECT_EQ(ToHost(from_pinned, 1)[0], 2.0f);
+  EXPECT_EQ(ToHost(from_pageable, 1)[0], 1.0f);
+  EXPECT_EQ(cudaFreeHost(pinned), cudaSuccess);
+}
+
+// The caching allocator's rule (caching_allocator.h): a block freed on the host may be handed out
+// at once only because every kernel runs on one stream. A block another stream still reads,
+// handed out and written on the compute stream without an event between, is a hazard.
+TEST_F(StreamHazardTest, ABlockHandedOutWhileAnotherStreamReadsItIsAHazard) {
+  cuda::CachingAllocator allocator(0);
+  auto block = allocator.Allocate(1024);
+  ASSERT_TRUE(block.ok());
+  float* sum = DeviceBuffer<float>(1);
+  Launch<WriteOnes>({1, 64, 0, producer_}, static_cast<float*>(*block), 256);
+  ASSERT_EQ(cudaStreamSynchronize(producer_), cudaSuccess);
+  Launch<ReadSum>({1, 32, 0, consumer_}, static_cast<const float*>(*block), 256, sum);
+  allocator.Deallocate(*block, 1024);  // the consumer may still be reading it
+  auto again = allocator.Allocate(1024);
+  ASSERT_TRUE(again.ok());
+  ASSERT_EQ(*again, *block);  // the same block, from the cache
+  Launch<WriteOnes>({1, 64, 0, producer_}, static_cast<float*>(*again), 256);
+  EXPECT_EQ(cudaGetLastError(), cudaErrorLaunchFailure);
+  ASSERT_EQ(Reports().size(), 1u);
+  EXPECT_THAT(Reports()[0], HasSubstr("hazard (write after read)"));
+  ClearReportsAndErrors();
+  allocator.Deallocate(*again, 1024);
+}
+
+TEST_F(KernelRulesTest, DevicesHaveTheirOwnUuidsInVisibleOrder) {
+  int count = 0;
+  ASSERT_EQ(cudaGetDeviceCount(&count), cudaSuccess);
+  const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
+  // emulation.kernel_rules_test.visible_devices runs this with CUDA_VISIBLE_DEVICES=1,0 of 2.
+  const bool swapped = visible != nullptr && std::string(visible) == "1,0";
+  ASSERT_EQ(count, 2);
+  for (int device = 0; device < count; ++device) {
+    cudaDeviceProp properties;
+    ASSERT_EQ(cudaGetDeviceProperties(&properties, device), cudaSuccess);
+    EXPECT_EQ(static_cast<unsigned char>(properties.uuid.bytes[15]), swapped ? 1 - device : device);
+  }
+  EXPECT_EQ(cudaSetDevice(count), cudaErrorInvalidDevice);
 }
 
 }  // namespace

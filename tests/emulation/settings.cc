@@ -61,4 +61,9 @@ void SetSerialKernels(bool on) {
   Current().serial_kernels = on;
 }
 
+void SetHazardChecks(bool on) {
+  std::lock_guard<std::mutex> lock(mutex);
+  Current().hazard_checks = on;
+}
+
 }  // namespace nf::emu

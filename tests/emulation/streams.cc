@@ -359,8 +359,10 @@ cudaError_t Enqueue(Stream* stream, Operation op) {
   clock.Join(host_clock);
   const uint64_t seq = stream->enqueued + 1;
   clock.Set(stream->id, seq);
-  for (const MemoryAccess& access : accesses) {
-    if (access.address != nullptr) RecordAccessLocked(*stream, seq, clock, described, access);
+  if (CurrentSettings().hazard_checks) {
+    for (const MemoryAccess& access : accesses) {
+      if (access.address != nullptr) RecordAccessLocked(*stream, seq, clock, described, access);
+    }
   }
   DeviceState& device = g.devices[stream->device];
   if (is_kernel && CurrentSettings().serial_kernels) {
