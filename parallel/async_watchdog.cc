@@ -1,5 +1,7 @@
 #include "parallel/async_watchdog.h"
 
+#include <unistd.h>
+
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -13,6 +15,11 @@ std::string FailedInFlightReport(absl::string_view rank_label, const WaitTarget&
                       absl::StrJoin(target.group_ranks, ", "), "]) failed ",
                       step < 0 ? "before the first step" : absl::StrCat("at step ", step), ": ",
                       message, "; aborting the job");
+}
+
+void HardExit(int exit_code, const std::string& line) {
+  WriteReportLine(line);
+  _exit(exit_code);
 }
 
 AsyncWatchdog::AsyncWatchdog(Options options) : options_(std::move(options)) {
@@ -43,6 +50,11 @@ int64_t AsyncWatchdog::in_flight() const {
   return static_cast<int64_t>(entries_.size());
 }
 
+void AsyncWatchdog::AwaitJobEnd() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  wake_.wait(lock, [this] { return ended_; });
+}
+
 void AsyncWatchdog::Run() {
   const auto interval = absl::ToChronoNanoseconds(options_.poll_interval);
   std::unique_lock<std::mutex> lock(mutex_);
@@ -52,11 +64,31 @@ void AsyncWatchdog::Run() {
     lock.unlock();
     const std::string report = PollOldest();
     if (!report.empty()) {
+      aborting_ = true;
       options_.report(report);
+      // Armed before anything that may hang: the dumps, ncclCommAbort (NCCL issue 992) and
+      // MPI_Abort. Detached, as nothing waits for it: it ends the process or outlives a test.
+      const int code = options_.watchdog.exit_code;
+      const absl::Duration grace = options_.abort_grace;
+      std::thread([hard_exit = options_.hard_exit, code, grace,
+                   line = absl::StrCat(RankLabel(), ": the abort did not finish within ",
+                                       absl::FormatDuration(grace),
+                                       " of the watchdog's report (ncclCommAbort or MPI_Abort "
+                                       "hung); exiting with ",
+                                       code)] {
+        std::this_thread::sleep_for(absl::ToChronoNanoseconds(grace));
+        hard_exit(code, line);
+      }).detach();
       RunWatchdogExpiryHook(report);
       options_.before_abort();
-      options_.end_job(options_.watchdog.exit_code);
-      return;  // only a test's end_job returns: the watchdog has done its part
+      options_.end_job(code);
+      // Only a test's end_job returns: the watchdog has done its part.
+      {
+        std::lock_guard<std::mutex> relock(mutex_);
+        ended_ = true;
+      }
+      wake_.notify_all();
+      return;
     }
     lock.lock();
     if (!entries_.empty()) wake_.wait_for(lock, interval, [this] { return stopping_; });

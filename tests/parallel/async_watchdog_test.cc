@@ -2,10 +2,12 @@
 // dropped once complete, and one that fails or outlives its deadline is reported once, the hook
 // runs, and the job ends, in that order. The operations are flags the test sets; every wait is
 // for a state (no sleeps), and deadlines are either far beyond the test (300 s) or already
-// past (0), so a loaded machine changes nothing.
+// past (0), so a loaded machine changes nothing. The hard exit that bounds the abort is armed
+// before the hook runs: a hook that hangs (ncclCommAbort, NCCL issue 992) still ends the job.
 #include "parallel/async_watchdog.h"
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <memory>
 #include <mutex>
@@ -42,6 +44,16 @@ class Outcome {
     std::lock_guard<std::mutex> lock(mutex_);
     return events_;
   }
+  // Blocks until an event starting with `prefix` was added, or `limit` passed: whether it was.
+  bool AwaitEvent(const std::string& prefix, std::chrono::seconds limit) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    return changed_.wait_for(lock, limit, [&] {
+      for (const std::string& e : events_) {
+        if (e.starts_with(prefix)) return true;
+      }
+      return false;
+    });
+  }
 
  private:
   std::mutex mutex_;
@@ -49,11 +61,18 @@ class Outcome {
   std::vector<std::string> events_;
 };
 
+// The hard exit's grace is far beyond the test (its detached timer never fires) unless a test
+// sets it.
 AsyncWatchdog::Options Observed(Outcome& outcome, absl::Duration timeout) {
   return {.watchdog = {.timeout = timeout, .exit_code = 77},
           .report = [&outcome](const std::string& line) { outcome.Add("report: " + line); },
           .before_abort = [&outcome] { outcome.Add("hook"); },
-          .end_job = [&outcome](int code) { outcome.Add("end " + std::to_string(code)); }};
+          .end_job = [&outcome](int code) { outcome.Add("end " + std::to_string(code)); },
+          .abort_grace = absl::Hours(24),
+          .hard_exit =
+              [&outcome](int code, const std::string& line) {
+                outcome.Add("hard exit " + std::to_string(code) + ": " + line);
+              }};
 }
 
 // An operation that completes when the test says so and counts its polls.
@@ -150,6 +169,44 @@ TEST(AsyncWatchdogTest, AFailedOperationIsReportedWithItsErrorBeforeItsDeadline)
   SetCurrentStep(-1);
 }
 
+// The abort may hang (ncclCommAbort, NCCL issue 992): the hard exit is armed before the hook
+// runs, so with no grace it fires while the hook still waits; the hook here waits for it (10 s at
+// most: without the hard exit the events show the hook alone).
+TEST(AsyncWatchdogTest, TheHardExitIsArmedBeforeTheHookRuns) {
+  SetRankLabel("rank 3 (tp=1, dp=1, pp=0)");
+  Outcome outcome;
+  AsyncWatchdog::Options options = Observed(outcome, absl::ZeroDuration());
+  options.abort_grace = absl::ZeroDuration();
+  options.before_abort = [&outcome] {
+    outcome.Add(outcome.AwaitEvent("hard exit", std::chrono::seconds(10)) ? "hook"
+                                                                          : "hook, no hard exit");
+  };
+  AsyncWatchdog watchdog(std::move(options));
+  EXPECT_FALSE(watchdog.aborting());
+  watchdog.Watch(Operation(std::make_shared<Flag>()));
+  const std::vector<std::string> events = outcome.AwaitEnd();
+  ASSERT_EQ(events.size(), 4u) << ::testing::PrintToString(events);
+  EXPECT_THAT(events[0], HasSubstr("report: rank 3"));
+  EXPECT_EQ(events[1],
+            "hard exit 77: rank 3 (tp=1, dp=1, pp=0): the abort did not finish within 0 of the "
+            "watchdog's report (ncclCommAbort or MPI_Abort hung); exiting with 77");
+  EXPECT_EQ(events[2], "hook");
+  EXPECT_EQ(events[3], "end 77");
+  EXPECT_TRUE(watchdog.aborting());
+  watchdog.AwaitJobEnd();  // returns: this end_job returned
+  SetRankLabel("");
+}
+
+// Until the grace passes the hard exit waits: an abort that finishes ends the job itself.
+TEST(AsyncWatchdogTest, AnAbortThatFinishesEndsTheJobBeforeTheHardExit) {
+  Outcome outcome;
+  AsyncWatchdog::Options options = Observed(outcome, absl::ZeroDuration());
+  options.abort_grace = absl::Seconds(30);
+  AsyncWatchdog watchdog(std::move(options));
+  watchdog.Watch(Operation(std::make_shared<Flag>()));
+  EXPECT_THAT(outcome.AwaitEnd(), ElementsAre(HasSubstr("report: "), "hook", "end 77"));
+}
+
 TEST(AsyncWatchdogTest, ReportNamesTheStepOrItsAbsence) {
   const int ranks[] = {0, 1};
   const int peers[] = {1};
@@ -182,6 +239,27 @@ TEST(AsyncWatchdogDeathTest, ByDefaultTheReportGoesToStderrAndTheJobExitsWithThe
       },
       ::testing::ExitedWithCode(kWatchdogExitCode),
       "all_gather on group tp \\(ranks \\[2, 3\\]\\) did not complete within 0s");
+}
+
+// The real hard exit: a hook that never returns (ncclCommAbort under NCCL issue 992) still ends
+// the process with the watchdog's code, saying why, once the grace has passed.
+TEST(AsyncWatchdogDeathTest, AHungAbortEndsTheProcessWithTheCodeAfterTheGrace) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      {
+        AsyncWatchdog watchdog(
+            {.watchdog = {.timeout = absl::ZeroDuration(), .exit_code = kWatchdogExitCode},
+             .before_abort =
+                 [] {
+                   while (true) std::this_thread::sleep_for(std::chrono::hours(1));
+                 },
+             .abort_grace = absl::Milliseconds(200)});
+        watchdog.Watch(Operation(std::make_shared<Flag>(), "all_gather"));
+        while (true) std::this_thread::yield();
+      },
+      ::testing::ExitedWithCode(kWatchdogExitCode),
+      "all_gather on group tp(.|\n)*the abort did not finish within 200ms of the watchdog's "
+      "report \\(ncclCommAbort or MPI_Abort hung\\); exiting with 134");
 }
 
 }  // namespace
