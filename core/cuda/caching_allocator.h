@@ -11,15 +11,29 @@
 // Sizes round up to 512 bytes below 1 MiB and to 2 MiB above, so near-equal requests share
 // blocks. When cudaMalloc fails the cache is released and the request tried once more; a
 // second failure is an error giving the request, the bytes in use and the device's total.
+//
+// Communication in flight. Releasing the cache means cudaFree, which waits for the whole device,
+// NCCL's kernels included, and those may be waiting for a peer (a lost rank, a collective another
+// rank has not issued yet): a clear out-of-memory would become a hang that the collective
+// watchdog reports as a peer hung, and the job be requeued again and again. So while any
+// communication is outstanding on the device (the NCCL communicator counts its operations here,
+// from issue until seen complete), a failed cudaMalloc is ResourceExhausted at once, saying so,
+// without releasing the cache. core may not know the communicators (parallel/ is above it):
+// the count lives here and parallel/ adds to it.
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <map>
 #include <mutex>
 
 #include "core/allocator.h"
 
 namespace nf::cuda {
+
+// Operations of communication libraries issued on `device` and not yet seen complete. Any thread.
+void AddOutstandingCommunication(int device, int64_t delta);
+int64_t OutstandingCommunication(int device);
 
 struct AllocatorStats {
   size_t allocated_bytes = 0;       // held by live tensors (rounded sizes)

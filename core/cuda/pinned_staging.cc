@@ -1,7 +1,10 @@
 #include "core/cuda/pinned_staging.h"
 
 #include <cstring>
+#include <utility>
+#include <vector>
 
+#include "core/cuda/caching_allocator.h"
 #include "core/cuda/cuda_check.h"
 #include "core/status.h"
 
@@ -22,6 +25,7 @@ PinnedStaging::~PinnedStaging() {
     }
     if (b->host != nullptr) cudaFreeHost(b->host);
   }
+  for (void* host : retired_) cudaFreeHost(host);
 }
 
 int PinnedStaging::buffers() const {
@@ -31,7 +35,17 @@ int PinnedStaging::buffers() const {
 
 absl::Status PinnedStaging::Grow(Buffer& buffer, size_t bytes) {
   if (buffer.capacity >= bytes) return absl::OkStatus();
-  if (buffer.host != nullptr) NF_CUDA_RETURN_IF_ERROR(cudaFreeHost(buffer.host));
+  // cudaFreeHost waits for the whole device, NCCL's kernels included, which may wait for peers
+  // (caching_allocator.h): while communication is in flight the small buffer is kept aside and
+  // freed at a later growth with none in flight, or at the end.
+  if (OutstandingCommunication(device_) > 0) {
+    if (buffer.host != nullptr) retired_.push_back(buffer.host);
+  } else {
+    const std::vector<void*> retired = std::move(retired_);
+    retired_.clear();
+    for (void* host : retired) NF_CUDA_RETURN_IF_ERROR(cudaFreeHost(host));
+    if (buffer.host != nullptr) NF_CUDA_RETURN_IF_ERROR(cudaFreeHost(buffer.host));
+  }
   buffer.host = nullptr;
   buffer.capacity = 0;
   const size_t capacity = (bytes + kGranule - 1) / kGranule * kGranule;

@@ -59,6 +59,8 @@ class PinnedStaging {
   const int device_;
   mutable std::mutex mutex_;
   std::vector<std::unique_ptr<Buffer>> buffers_;
+  // Outgrown buffers not yet freed because communication was in flight (Grow).
+  std::vector<void*> retired_;
   uint64_t uses_ = 0;
 };
 
