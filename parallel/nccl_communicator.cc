@@ -1,13 +1,19 @@
 #include "parallel/nccl_communicator.h"
 
+#include <algorithm>
 #include <array>
+#include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <cstring>
+#include <mutex>
+#include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/types/span.h"
+#include "core/cuda/caching_allocator.h"
 #include "core/status.h"
 #include "core/trace_range.h"
 #include "parallel/comm_checks.h"
@@ -101,6 +107,7 @@ std::string DescribeTensors(const std::vector<Tensor>& tensors) {
 struct NcclOpEvents {
   NcclOpEvents(CommOp op, int device) : op(op), device(device) {}
   ~NcclOpEvents() {
+    Uncount();
     for (cudaEvent_t event : {ready, started, done}) {
       if (event != nullptr) cudaEventDestroy(event);
     }
@@ -115,6 +122,17 @@ struct NcclOpEvents {
   cudaEvent_t done = nullptr;     // on the communication stream: the group ended
   int group_size = 1;             // the group's time is shared evenly among its operations
   uint64_t flight = 0;            // the flight recorder's id, completed once `done` passed
+
+  // The operation counts in the device's outstanding communication (caching_allocator.h) from
+  // just before its group is issued until it is seen complete (or never ran and is gone).
+  void Count() {
+    counted.store(true);
+    cuda::AddOutstandingCommunication(device, 1);
+  }
+  void Uncount() const {
+    if (counted.exchange(false)) cuda::AddOutstandingCommunication(device, -1);
+  }
+  mutable std::atomic<bool> counted{false};
 };
 
 struct NcclCommunicator::State {
@@ -124,9 +142,11 @@ struct NcclCommunicator::State {
     // Errors are ignored, as at exit the CUDA runtime may already be unloading.
     ScopedDevice on_device(device);
     if (stream != nullptr) cudaStreamSynchronize(stream);
+    // An aborted NCCL communicator must not be used again, not even destroyed.
+    const bool aborted = in_flight != nullptr && in_flight->aborting();
     in_flight.reset();
     untimed.clear();
-    if (comm != nullptr) ncclCommDestroy(comm);
+    if (comm != nullptr && !aborted) ncclCommDestroy(comm);
     if (barrier_value != nullptr) cudaFree(barrier_value);
     if (stream != nullptr) cudaStreamDestroy(stream);
   }
@@ -137,12 +157,54 @@ struct NcclCommunicator::State {
   int rank = 0;
   int device = 0;
   WatchdogOptions watchdog;
+  NcclCommunicator::Options hooks;  // the watchdog's replaceable end (tests)
   cudaStream_t compute = nullptr;
   cudaStream_t stream = nullptr;     // communication
   int32_t* barrier_value = nullptr;  // one device int, all-reduced by Barrier (max: stays 0)
   ncclComm_t comm = nullptr;
-  // Polls every issued operation until it completes; made with the NCCL communicator.
+  // Polls every issued operation until it completes, and the host calls NCCL blocks in; made
+  // before ncclCommInitRank.
   std::unique_ptr<AsyncWatchdog> in_flight;
+
+  // Aborting. The thread that issues holds `issue_mutex` from its check of
+  // in_flight->aborting() to the end of the NCCL group, so that once the watchdog aborting
+  // holds it no NCCL call is under way or starts. The one exception is a host call NCCL blocks
+  // in (`in_blocking_call`): ncclCommAbort is what makes it return, so the watchdog aborts
+  // without the mutex then. `abortable` is the communicator once ncclCommInitRank returned.
+  std::mutex issue_mutex;
+  std::atomic<bool> in_blocking_call{false};
+  std::atomic<ncclComm_t> abortable{nullptr};
+
+  // The watchdog's before_abort, on its thread, after aborting() became true.
+  void Abort() {
+    std::unique_lock<std::mutex> lock(issue_mutex, std::defer_lock);
+    while (!lock.try_lock()) {
+      if (in_blocking_call.load()) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    if (ncclComm_t c = abortable.load(); c != nullptr) ncclCommAbort(c);
+  }
+
+  // For a thread that found the communicator aborting, or whose NCCL call failed meanwhile:
+  // waits until the watchdog has ended the job (forever, but in tests), so that no error of
+  // this thread ends the process first (exit 1 instead of the watchdog's 134).
+  absl::Status Park(absl::string_view operation, absl::string_view call) const {
+    in_flight->AwaitJobEnd();
+    return absl::AbortedError(absl::StrCat(operation, " on group ", name, ": ", call,
+                                           " not issued: the watchdog is aborting the job"));
+  }
+
+  // Watches a host call NCCL may block in, from now until the returned flag is set.
+  std::shared_ptr<std::atomic<bool>> WatchHostCall(std::string operation,
+                                                   std::vector<int> peers) const {
+    auto returned = std::make_shared<std::atomic<bool>>(false);
+    in_flight->Watch({.operation = std::move(operation),
+                      .group = name,
+                      .group_ranks = world_ranks,
+                      .peers = std::move(peers),
+                      .poll = [returned]() -> absl::StatusOr<bool> { return returned->load(); }});
+    return returned;
+  }
   // The communicator's stats (Communicator::shared_stats), which completed operations add
   // their time to: shared, so a handle waited for after the communicator is gone writes to
   // live memory.
@@ -158,6 +220,7 @@ struct NcclCommunicator::State {
   bool Settle(const std::shared_ptr<NcclOpEvents>& op_events) const {
     const NcclOpEvents& events = *op_events;
     if (cudaEventQuery(events.done) != cudaSuccess) return false;
+    events.Uncount();
     FlightRecorder::Get().Completed(events.flight);
     float milliseconds = 0.0f;
     if (stats != nullptr &&
@@ -335,6 +398,7 @@ class NcclPendingOp final : public CommHandle {
     }
     const cudaError_t error = cudaEventQuery(events.done);
     if (error == cudaSuccess) {
+      events.Uncount();
       FlightRecorder::Get().Completed(events.flight);
       return true;
     }
@@ -369,6 +433,31 @@ absl::Status NcclPendingOp::IssueGroup(NcclCommunicator::State& s,
   NF_RETURN_IF_ERROR(on_device.status(operation, s.name));
   for (NcclPendingOp* op : ops) NF_RETURN_IF_ERROR(op->OrderAfterCompute());
   for (NcclPendingOp* op : ops) NF_RETURN_IF_ERROR(op->RecordStart(ops.size()));
+  const std::string call = absl::StrCat(
+      NcclCallName(last.op_), " of ", last.Describe(),
+      ops.size() > 1 ? absl::StrCat(" (in a group of ", ops.size(), " operations)") : "");
+  std::unique_lock<std::mutex> issuing(s.issue_mutex);
+  if (s.in_flight->aborting()) {
+    issuing.unlock();
+    return s.Park(operation, call);
+  }
+  // ncclGroupEnd blocks the host while NCCL connects to a peer for the first time: watched from
+  // here, naming the peers the group talks to.
+  std::vector<int> peers;
+  for (const NcclPendingOp* op : ops) {
+    if (op->peer_world_rank_ < 0) {
+      peers = s.others;
+      break;
+    }
+    if (std::find(peers.begin(), peers.end(), op->peer_world_rank_) == peers.end()) {
+      peers.push_back(op->peer_world_rank_);
+    }
+  }
+  const auto returned =
+      s.WatchHostCall(absl::StrCat(CommOpName(last.op_), ops.size() > 1 ? " group" : "",
+                                   " (host blocked in ncclGroupEnd)"),
+                      std::move(peers));
+  for (NcclPendingOp* op : ops) op->events_->Count();
   ncclResult_t result = ncclGroupStart();
   const NcclPendingOp* failed = nullptr;
   for (const NcclPendingOp* op : ops) {
@@ -377,9 +466,16 @@ absl::Status NcclPendingOp::IssueGroup(NcclCommunicator::State& s,
     if (result != ncclSuccess) failed = op;
   }
   // Ends the group even after a failed call, which NCCL needs to drop the group's state.
+  s.in_blocking_call = true;
   const ncclResult_t ended = ncclGroupEnd();
+  s.in_blocking_call = false;
+  *returned = true;
+  issuing.unlock();
   if (result == ncclSuccess) result = ended;
+  if (result != ncclSuccess && s.in_flight->aborting()) return s.Park(operation, call);
   if (result != ncclSuccess) {
+    // Never ran: no longer outstanding.
+    for (NcclPendingOp* op : ops) op->events_->Uncount();
     const NcclPendingOp& culprit = failed != nullptr ? *failed : last;
     return NcclError(
         result, CommOpName(culprit.op_), s.name,
@@ -457,6 +553,7 @@ std::shared_ptr<NcclCommunicator::State> NcclCommunicator::NewState(Members memb
   state->rank = members.rank;
   state->device = device;
   state->watchdog = options.watchdog;
+  state->hooks = options;
   state->compute = compute_stream;
   return state;
 }
@@ -521,20 +618,41 @@ absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Join(
   const int device = state->device;
   ScopedDevice on_device(device);
   NF_RETURN_IF_ERROR(on_device.status(kCreate, state->name));
+  // The watchdog first: ncclCommInitRank blocks until every rank joined, and a rank that never
+  // comes must be reported as one that stops later is. `s` outlives the watchdog (it owns it).
+  AsyncWatchdog::Options watchdog{.watchdog = state->watchdog,
+                                  // NCCL's kernels may wait forever for an absent peer; aborting
+                                  // the communicator stops them before the job ends.
+                                  .before_abort = [s = state.get()] { s->Abort(); },
+                                  .abort_grace = state->hooks.abort_grace};
+  if (state->hooks.report) watchdog.report = state->hooks.report;
+  if (state->hooks.end_job) watchdog.end_job = state->hooks.end_job;
+  if (state->hooks.hard_exit) watchdog.hard_exit = state->hooks.hard_exit;
+  state->in_flight = std::make_unique<AsyncWatchdog>(std::move(watchdog));
+  const std::string init_call = absl::StrCat("ncclCommInitRank on cuda:", device);
+  const auto returned = state->WatchHostCall(
+      absl::StrCat(kCreate, " (host blocked in ncclCommInitRank)"), state->others);
+  ncclComm_t comm = nullptr;
+  state->in_blocking_call = true;
   const ncclResult_t result =
-      ncclCommInitRank(&state->comm, static_cast<int>(state->world_ranks.size()), id, state->rank);
+      ncclCommInitRank(&comm, static_cast<int>(state->world_ranks.size()), id, state->rank);
+  state->in_blocking_call = false;
+  *returned = true;
+  if (state->in_flight->aborting()) {
+    // Too late: the watchdog gave up on the wait (and had no communicator to abort).
+    if (result == ncclSuccess) state->comm = comm;
+    return state->Park(kCreate, init_call);
+  }
   if (result != ncclSuccess) {
-    state->comm = nullptr;
-    return NcclError(result, kCreate, state->name,
-                     absl::StrCat("ncclCommInitRank on cuda:", device), nullptr);
+    return NcclError(result, kCreate, state->name, init_call, nullptr);
+  }
+  {
+    std::lock_guard<std::mutex> lock(state->issue_mutex);
+    state->comm = comm;
+    state->abortable = comm;
   }
   FlightRecorder::Get().RegisterGroup(
       {.group = state->name, .backend = "nccl", .world_ranks = state->world_ranks});
-  state->in_flight = std::make_unique<AsyncWatchdog>(
-      AsyncWatchdog::Options{.watchdog = state->watchdog,
-                             // NCCL's kernels may wait forever for an absent peer; aborting the
-                             // communicator stops them before the job ends.
-                             .before_abort = [comm = state->comm] { ncclCommAbort(comm); }});
   std::unique_ptr<NcclCommunicator> communicator(new NcclCommunicator(std::move(state)));
   communicator->state_->stats = communicator->shared_stats();
   return communicator;

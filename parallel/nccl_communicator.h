@@ -17,7 +17,13 @@
 // ncclCommGetAsyncError. An operation that outlives the deadline, or an asynchronous NCCL error
 // (a peer's process died, a network error), gets the report line, ncclCommAbort (which stops
 // the kernels still waiting for absent peers) and the end of the job (docs/design.md section 5);
-// a host blocked meanwhile in a read of a value that never comes is ended with it. The time of
+// a host blocked meanwhile in a read of a value that never comes is ended with it. The host calls
+// that NCCL itself blocks in, ncclCommInitRank (until every rank joined) and ncclGroupEnd (which
+// connects lazily to a peer the first time a group talks to it), are watched the same way from
+// their start, so a peer that died or never came before its first transfer is reported too.
+// Once the watchdog gives up, the communicator is aborting: no NCCL call starts any more, and a
+// call that finds it so, or fails meanwhile, parks its thread until the watchdog has ended the
+// job (exit 134) instead of returning an error that would end it first with exit 1. The time of
 // an operation reaches the stats once it has completed (stats() adds those completed so far, and
 // so does every Wait(), which keeps the list of operations not yet added bounded).
 
@@ -54,6 +60,7 @@
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -69,11 +76,19 @@ namespace nf::parallel {
 
 class NcclPendingOp;
 
+struct NcclCommunicatorOptions {
+  WatchdogOptions watchdog;
+  // The watchdog's end (async_watchdog.h), replaceable by tests that observe it instead of
+  // ending the process; unset, the defaults.
+  std::function<void(const std::string& report)> report = nullptr;
+  std::function<void(int exit_code)> end_job = nullptr;
+  absl::Duration abort_grace = kDefaultAbortGrace;
+  std::function<void(int exit_code, const std::string& line)> hard_exit = nullptr;
+};
+
 class NcclCommunicator final : public Communicator {
  public:
-  struct Options {
-    WatchdogOptions watchdog;
-  };
+  using Options = NcclCommunicatorOptions;
 
   // A communicator over the ranks of `group`, with its name and rank order, moving tensors on
   // CUDA device `device` and ordered after `compute_stream` (a stream of that device; nullptr is
