@@ -80,11 +80,19 @@ absl::StatusOr<InjectedNan> InjectedNanOf() {
                      .tp_rank = static_cast<int>((*fields)[2])};
 }
 
+absl::StatusOr<int> InjectedAbsentRankOf() {
+  NF_ASSIGN_OR_RETURN(const auto fields,
+                      ColonSeparated("NF_INJECT_ABSENT_RANK", {0}, "RANK (world rank >= 0)"));
+  if (!fields) return -1;
+  return static_cast<int>((*fields)[0]);
+}
+
 absl::Status CheckFaultInjection(const TrainConfig& config, int world_size) {
   NF_RETURN_IF_ERROR(InjectedGradSpikeSteps().status());
   NF_ASSIGN_OR_RETURN(const InjectedDesync desync, InjectedDesyncOf());
   NF_ASSIGN_OR_RETURN(const InjectedSlowRank slow, InjectedSlowRankOf());
   NF_ASSIGN_OR_RETURN(const InjectedNan nan, InjectedNanOf());
+  NF_ASSIGN_OR_RETURN(const int absent, InjectedAbsentRankOf());
   const auto beyond = [](absl::string_view variable, absl::string_view what, int64_t value,
                          int64_t count, absl::string_view source) {
     return absl::InvalidArgumentError(absl::StrCat(variable, " names ", what, " ", value, " but ",
@@ -97,6 +105,10 @@ absl::Status CheckFaultInjection(const TrainConfig& config, int world_size) {
   }
   if (slow.world_rank >= world_size) {
     return beyond("NF_INJECT_SLOW_RANK", "world rank", slow.world_rank, world_size,
+                  "the job's world size");
+  }
+  if (absent >= world_size) {
+    return beyond("NF_INJECT_ABSENT_RANK", "world rank", absent, world_size,
                   "the job's world size");
   }
   if (nan.step > 0 && nan.layer >= config.model().num_layers()) {

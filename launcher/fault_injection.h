@@ -16,6 +16,11 @@
 //                               every data-parallel replica), as a corrupted weight would make
 //                               it; the weight is restored after the step (train.nan_origin's
 //                               test).
+//   NF_INJECT_ABSENT_RANK=1     world rank 1 sets up everything (on GPUs: joins every NCCL
+//                               communicator) and then never issues the collectives of its
+//                               first step: it sleeps until the job is ended, as a rank stuck
+//                               before its first collective would (the emulated GPU's failure
+//                               scenarios: the others' watchdogs name it).
 #pragma once
 
 #include <cstdint>
@@ -56,6 +61,10 @@ struct InjectedNan {
 // NF_INJECT_NAN's step, layer and tensor-parallel rank (step 0 when unset); InvalidArgument
 // naming the variable when it is not STEP:LAYER:TP_RANK.
 absl::StatusOr<InjectedNan> InjectedNanOf();
+
+// NF_INJECT_ABSENT_RANK's world rank (-1 when unset); InvalidArgument naming the variable when
+// it is not a rank.
+absl::StatusOr<int> InjectedAbsentRankOf();
 
 // Every NF_INJECT_* variable read and checked against the run before it starts: a rank beyond
 // `world_size` (the job's ranks), a layer beyond model.num_layers or a tensor-parallel rank

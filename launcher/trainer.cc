@@ -4,6 +4,7 @@
 #include <array>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <iostream>
 #include <limits>
@@ -355,6 +356,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainConfig& conf
   NF_ASSIGN_OR_RETURN(t->injected_grad_spikes_, InjectedGradSpikeSteps());
   NF_ASSIGN_OR_RETURN(t->injected_desync_, InjectedDesyncOf());
   NF_ASSIGN_OR_RETURN(t->injected_slow_rank_, InjectedSlowRankOf());
+  NF_ASSIGN_OR_RETURN(t->injected_absent_rank_, InjectedAbsentRankOf());
   NF_ASSIGN_OR_RETURN(t->injected_nan_, InjectedNanOf());
   for (const model::ParamSpec& spec : model::NormFormerParamSpecs(
            config.model(), model::PaddedVocabSize(config.model().vocab_size(), topology.tp()))) {
@@ -654,6 +656,15 @@ absl::StatusOr<StepStats> Trainer::TrainStep(bool block_grad_norms) {
         .spike = std::nullopt,
         .skipped_window = *window,
         .nan_origin = std::nullopt};
+  }
+  if (injected_absent_rank_ == groups_->topology.world_rank()) {
+    // Never arrives at its first step's collectives: the job's watchdogs end it (and this
+    // process).
+    const std::string line = absl::StrCat("rank ", injected_absent_rank_,
+                                          ": NF_INJECT_ABSENT_RANK: this rank never issues the "
+                                          "collectives of its first step\n");
+    std::fwrite(line.data(), 1, line.size(), stderr);
+    while (true) std::this_thread::sleep_for(std::chrono::hours(1));
   }
   if (injected_slow_rank_.world_rank == groups_->topology.world_rank()) {
     std::this_thread::sleep_for(std::chrono::milliseconds(injected_slow_rank_.milliseconds));

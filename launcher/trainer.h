@@ -189,6 +189,7 @@ class Trainer {
   std::vector<int64_t> injected_grad_spikes_;  // NF_INJECT_GRAD_SPIKE (fault_injection.h)
   InjectedDesync injected_desync_;             // NF_INJECT_DESYNC
   InjectedSlowRank injected_slow_rank_;        // NF_INJECT_SLOW_RANK
+  int injected_absent_rank_ = -1;              // NF_INJECT_ABSENT_RANK
   InjectedNan injected_nan_;                   // NF_INJECT_NAN
   Tensor injected_nan_saved_;                  // the poisoned element's value, on the host
 };

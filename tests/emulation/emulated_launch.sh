@@ -11,6 +11,18 @@
 #                                   checkpoint at step 4, resumes: steps 5 to 8 are bit for bit
 #                                   those of an uninterrupted run
 #   precision FP16|BF16             8 steps with every loss finite and no step skipped
+#   fault stop|kill|absent|hung-abort
+#                                   tp 2 x pp 2 on 4 emulated GPUs with a 3 s collective timeout,
+#                                   where world rank 1 is stopped (SIGSTOP) or killed (SIGKILL)
+#                                   after step 2, or never issues the collectives of its first
+#                                   step (NF_INJECT_ABSENT_RANK=1: the others block inside
+#                                   ncclGroupEnd, connecting to it); hung-abort is the stop with
+#                                   every ncclCommAbort hanging (NF_EMU_NCCL_ABORT_HANGS=1, NCCL
+#                                   issue 992), ended by the watchdog's hard exit. The failure is
+#                                   named (a report waiting for peers [1], or rank 1 gone) and
+#                                   the job ends within the watchdog's bound (3 s + the abort's
+#                                   15 s grace + 5 s) of the fault: with 134 (the watchdog's), or
+#                                   for the kill also 137 (mpirun's, see below). Prints the time.
 #
 #   emulated_launch.sh SCENARIO NF_LAUNCH CONFIG MPIRUN... [-- ARGS]
 set -euo pipefail
@@ -77,6 +89,94 @@ case "$scenario" in
     grep -q '"skipped_total":0' <(grep '"step":8,' "$dir/run/log.jsonl") ||
       fail "steps were skipped: $(grep -o '"skipped_total":[0-9]*' "$dir/run/log.jsonl" | tail -1)"
     echo "$precision: 8 steps, every loss finite, none skipped"
+    ;;
+  fault)
+    fault=$1
+    run=$dir/run
+    args=(--config "$config" --set parallel.tensor_parallel=2 --set parallel.pipeline_parallel=2
+          --set parallel.collective_timeout_seconds=3 --set train.train_iters=100000
+          --run-dir "$run")
+    out=$dir/job.out
+    set +e
+    case "$fault" in
+      stop | kill)
+        marker="sending SIG"
+        "$here/../parallel/signal_rank.sh" "${fault^^}" 1 "$run/log.jsonl" 2 -- \
+          "${mpirun[@]}" -np 4 "$nf_launch" "${args[@]}" >"$out" 2>&1 &
+        ;;
+      hung-abort)
+        marker="sending SIG"
+        NF_EMU_NCCL_ABORT_HANGS=1 "$here/../parallel/signal_rank.sh" STOP 1 "$run/log.jsonl" 2 -- \
+          "${mpirun[@]}" -x NF_EMU_NCCL_ABORT_HANGS -np 4 "$nf_launch" "${args[@]}" >"$out" 2>&1 &
+        ;;
+      absent)
+        marker="NF_INJECT_ABSENT_RANK"
+        NF_INJECT_ABSENT_RANK=1 "${mpirun[@]}" -x NF_INJECT_ABSENT_RANK -np 4 "$nf_launch" \
+          "${args[@]}" >"$out" 2>&1 &
+        ;;
+      *) fail "unknown fault $fault" ;;
+    esac
+    job=$!
+    # The fault's time: when signal_rank.sh sends the signal, or rank 1 says it stops.
+    faulted=
+    for _ in $(seq 3000); do
+      grep -q "$marker" "$out" 2>/dev/null && { faulted=$(date +%s.%N); break; }
+      kill -0 "$job" 2>/dev/null || break
+      sleep 0.1
+    done
+    [[ -n $faulted ]] || { wait "$job"; cat "$out"; fail "the fault never happened"; }
+    # A job that outlives the bound by far hangs (as before the host-call deadlines and the hard
+    # exit): ended here, so that the scenario fails instead of waiting for CTest's timeout.
+    for _ in $(seq 600); do
+      kill -0 "$job" 2>/dev/null || break
+      sleep 0.1
+    done
+    if kill -0 "$job" 2>/dev/null; then
+      kill -TERM $(pgrep -P "$job") "$job" 2>/dev/null
+      wait "$job"
+      cat "$out"
+      fail "the job was still running 60 s after the fault"
+    fi
+    wait "$job"
+    status=$?
+    set -e
+    seconds=$(echo "$(date +%s.%N) - $faulted" | bc)
+    reports=$(grep -E "did not complete within 3s|failed at step|exited on signal|the abort did not finish" "$out" || true)
+    echo "$reports"
+    echo "$fault: the job ended with $status ${seconds} s after the fault"
+    (($(echo "$seconds < 23" | bc))) || fail "the job took ${seconds} s to end (bound: 3 + 15 + 5 s)"
+    peer1='waiting for peers \[1( on [^],]*)?\]; aborting the job'
+    case "$fault" in
+      stop)
+        ((status == 134)) || { cat "$out"; fail "the job ended with $status, not the watchdog's 134"; }
+        grep -qE "did not complete within 3s at step [0-9]+; $peer1" <<<"$reports" ||
+          { cat "$out"; fail "no report waits for rank 1"; }
+        ;;
+      kill)
+        # Both ends race: mpirun sees rank 1 die and ends the job (SIGTERM to the others) with the
+        # killed rank's 137, while the survivors' watchdogs see NCCL's asynchronous error (the
+        # double's ncclRemoteError: "rank 1 (process N) is gone") within a poll and abort with
+        # 134. Measured: mpirun first (137), the survivors' reports naming the lost process
+        # printed before it killed them.
+        ((status == 134 || status == 137)) ||
+          { cat "$out"; fail "the job ended with $status, neither 134 nor mpirun's 137"; }
+        grep -qE "process rank 1 .*exited on signal 9|\(process [0-9]+\) is gone\); aborting the job|$peer1" <<<"$reports" ||
+          { cat "$out"; fail "nothing names the killed rank 1"; }
+        ;;
+      hung-abort)
+        ((status == 134)) || { cat "$out"; fail "the job ended with $status, not the watchdog's 134"; }
+        grep -qE "did not complete within 3s at step [0-9]+; $peer1" <<<"$reports" ||
+          { cat "$out"; fail "no report waits for rank 1"; }
+        grep -qE "the abort did not finish within 15s of the watchdog's report \(ncclCommAbort or MPI_Abort hung\); exiting with 134" <<<"$reports" ||
+          { cat "$out"; fail "no rank says its abort hung"; }
+        ;;
+      absent)
+        ((status == 134)) || { cat "$out"; fail "the job ended with $status, not the watchdog's 134"; }
+        grep -qE "\(host blocked in ncclGroupEnd\) on group [a-z]+ \(ranks \[[0-9, ]+\]\) did not complete within 3s at step 1; $peer1" <<<"$reports" ||
+          { cat "$out"; fail "no report of a host blocked in ncclGroupEnd waiting for rank 1"; }
+        compgen -G "$run/flight/rank_*.jsonl" >/dev/null || fail "the watchdog wrote no flight dump"
+        ;;
+    esac
     ;;
   *)
     fail "unknown scenario $scenario"

@@ -102,5 +102,29 @@ TEST(FaultInjectionTest, MalformedValuesAreRefusedNamingTheForm) {
   }
 }
 
+TEST(FaultInjectionTest, AbsentRankIsARankWithinTheJob) {
+  const auto unset = InjectedAbsentRankOf();
+  NF_ASSERT_OK(unset);
+  EXPECT_EQ(*unset, -1);
+  {
+    const Env env("NF_INJECT_ABSENT_RANK", "3");
+    const auto read = InjectedAbsentRankOf();
+    NF_ASSERT_OK(read);
+    EXPECT_EQ(*read, 3);
+    TrainConfig config;
+    NF_EXPECT_OK(CheckFaultInjection(config, 4));
+    EXPECT_THAT(CheckFaultInjection(config, 2).message(),
+                HasSubstr("NF_INJECT_ABSENT_RANK names world rank 3 but the job's world size is "
+                          "2"));
+  }
+  for (const char* value : {"-1", "x", "1:2"}) {
+    const Env env("NF_INJECT_ABSENT_RANK", value);
+    EXPECT_THAT(InjectedAbsentRankOf().status().message(),
+                HasSubstr(std::string("NF_INJECT_ABSENT_RANK='") + value +
+                          "' must be RANK (world rank >= 0)"))
+        << value;
+  }
+}
+
 }  // namespace
 }  // namespace nf::launcher
