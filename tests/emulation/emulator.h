@@ -38,6 +38,12 @@ void SetStreamDelays(uint64_t seed);
 void SetSerialKernels(bool on);
 void SetHazardChecks(bool on);
 
+// Host threads of this process blocked inside ncclGroupEnd, connecting to a peer that has not
+// come yet.
+int NcclHostsConnecting();
+// Streams whose next kernel waits for its turn in the serial-kernels order.
+int SerialTurnWaits();
+
 // Every rule violation, hazard and deadlock reported so far, one line each.
 std::vector<std::string> Reports();
 // Forgets the reports and the devices' sticky errors (a test that provoked one goes on).

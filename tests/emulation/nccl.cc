@@ -227,6 +227,7 @@ void StepCollective(GroupOp& op) {
                        " elements (type ", slot.meta.type, ", op ", slot.meta.op,
                        "): every rank must issue the same collectives in the "
                        "same order"));
+      h.mismatched = 1;
       op.done = true;
       return;
     }
@@ -321,6 +322,7 @@ void StepRecv(GroupOp& op) {
     SetError(&comm, ncclInvalidUsage,
              absl::StrCat("rank ", op.peer, " sends ", ch.message_bytes, " bytes to rank ",
                           comm.rank, ", whose matching receive takes ", op.bytes));
+    comm.fabric->header().mismatched = 1;
     op.done = true;
     return;
   }
@@ -337,6 +339,13 @@ void RunGroup(std::vector<GroupOp>& ops) {
   ncclComm& comm = *ops.front().comm;
   comm.fabric->Lock();
   while (!comm.aborted.load()) {
+    if (comm.fabric->header().mismatched != 0) {
+      if (comm.async_error.load() == ncclSuccess) {
+        SetError(&comm, ncclInvalidUsage,
+                 "another rank's operations do not match this rank's (see its report)");
+      }
+      break;
+    }
     bool all_done = true;
     for (GroupOp& op : ops) {
       if (op.done) continue;
@@ -359,6 +368,8 @@ void RunGroup(std::vector<GroupOp>& ops) {
   comm.fabric->Unlock();
 }
 
+std::atomic<int> hosts_connecting{0};
+
 // Inside ncclGroupEnd: each side marks its half of the connection and waits for the other's.
 ncclResult_t Connect(ncclComm* comm, int peer) {
   if (comm->connected[peer]) return ncclSuccess;
@@ -366,7 +377,9 @@ ncclResult_t Connect(ncclComm* comm, int peer) {
   comm->fabric->Lock();
   h.connect[comm->rank][peer] = 1;
   comm->fabric->Broadcast();
+  ++hosts_connecting;
   while (h.connect[peer][comm->rank] == 0 && !comm->aborted.load()) comm->fabric->Wait();
+  --hosts_connecting;
   comm->fabric->Unlock();
   if (comm->aborted.load()) return ncclInvalidUsage;
   comm->connected[peer] = true;
@@ -486,6 +499,9 @@ void WaitIdle(ncclComm* comm) {
 }
 
 }  // namespace
+
+int NcclHostsConnecting() { return hosts_connecting.load(); }
+
 }  // namespace nf::emu
 
 using nf::emu::CollectiveKind;

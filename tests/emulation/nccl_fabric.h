@@ -64,6 +64,9 @@ struct FabricHeader {
   uint32_t magic;
   int32_t nranks;  // 0 until the first rank joins
   int32_t joined;
+  // A rank found the ranks' operations mismatched (NCCL would hang or corrupt): every rank's
+  // pending operations end with the error instead.
+  int32_t mismatched;
   pid_t pids[kMaxNcclRanks];
   uint8_t connect[kMaxNcclRanks][kMaxNcclRanks];  // [from][to]: from's half of the connection
   CollectiveSlot slot;

@@ -119,6 +119,7 @@ struct Emulator {
   std::map<int, DeviceState> devices;
   std::vector<std::string> reports;
   int next_stream_id = 1;
+  int serial_turn_waits = 0;  // workers whose kernel waits for its turn (serial kernels)
 };
 
 Emulator& G() {
@@ -240,6 +241,7 @@ void Work(Stream* stream) {
       stream->blocked = nullptr;
     }
     if (op.ticket != 0) {
+      ++g.serial_turn_waits;
       g.changed.wait(lock, [&] {
         if (device.running_ticket == op.ticket || device.sticky != cudaSuccess) return true;
         // Waiting for the device's next kernel, on whichever stream it was issued.
@@ -250,6 +252,7 @@ void Work(Stream* stream) {
         CheckDeadlockLocked(*stream);
         return device.sticky != cudaSuccess;
       });
+      --g.serial_turn_waits;
       stream->blocked_on = nullptr;
       stream->blocked = nullptr;
     }
@@ -643,6 +646,11 @@ void FailDevice(int device, cudaError_t error, const std::string& report) {
 cudaError_t StickyError(int device) {
   std::lock_guard<std::mutex> lock(G().mu);
   return G().devices[device].sticky;
+}
+
+int SerialTurnWaits() {
+  std::lock_guard<std::mutex> lock(G().mu);
+  return G().serial_turn_waits;
 }
 
 std::vector<std::string> Reports() {
