@@ -28,27 +28,17 @@ namespace {
 
 using testing::ExpectTwinClose;
 using testing::ExpectTwinIdentical;
+using testing::kElementwise;
 using testing::kGpu;
+using testing::kReduction;
 using testing::MakeIds;
 using testing::MakeTwin;
+using testing::OnBoth;
 using testing::RandomTwin;
+using testing::Tol;
 using testing::Twin;
 using testing::UnitRoundoff;
 using testing::ZerosTwin;
-
-constexpr double kElementwise = 4 * testing::kU32;
-constexpr double kReduction = 2e-5;
-
-double Tol(DType dtype, double fp32_tol) { return fp32_tol + 2 * UnitRoundoff(dtype); }
-
-// Runs `op` once with the CPU tensors and once with the GPU tensors of the twins.
-template <typename Op>
-void OnBoth(Op&& op) {
-  const absl::Status cpu = op([](const Twin& t) { return t.cpu; });
-  NF_ASSERT_OK(cpu);
-  const absl::Status gpu = op([](const Twin& t) { return t.gpu; });
-  NF_ASSERT_OK(gpu);
-}
 
 class CudaOpsTest : public ::testing::TestWithParam<DType> {
  protected:

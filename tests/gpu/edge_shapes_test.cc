@@ -54,19 +54,17 @@ namespace {
 
 using testing::ExpectTwinClose;
 using testing::ExpectTwinIdentical;
+using testing::kElementwise;
 using testing::kGpu;
+using testing::kReduction;
 using testing::MakeIds;
 using testing::MakeTwin;
+using testing::OnBoth;
 using testing::RandomTwin;
+using testing::Tol;
 using testing::Twin;
 using testing::UnitRoundoff;
 using testing::ZerosTwin;
-
-// cuda_ops_test.cc's tolerances (not exported from there).
-constexpr double kElementwise = 4 * testing::kU32;
-constexpr double kReduction = 2e-5;
-
-double Tol(DType dtype, double fp32_tol) { return fp32_tol + 2 * UnitRoundoff(dtype); }
 
 // A lone column, one lane short of a warp, one past it, one past a 256-thread block.
 constexpr int64_t kOddWidths[] = {1, 31, 33, 257};
@@ -74,31 +72,13 @@ constexpr int64_t kOddWidths[] = {1, 31, 33, 257};
 // CUDA's limit on gridDim.y and gridDim.z (attention.cu's kMaxGridY).
 constexpr int64_t kMaxGridY = 65535;
 
-// Runs `op` once with the CPU tensors and once with the GPU tensors of the twins.
-template <typename Op>
-void OnBoth(Op&& op) {
-  const absl::Status cpu = op([](const Twin& t) { return t.cpu; });
-  NF_ASSERT_OK(cpu);
-  const absl::Status gpu = op([](const Twin& t) { return t.gpu; });
-  NF_ASSERT_OK(gpu);
-}
-
-// ExpectTwinClose with the tolerance relative to the larger of the CPU result's largest
-// magnitude and `terms`, the magnitude of the terms the result is computed from. Where those
-// cancel to a result that is 0 in exact arithmetic (the input gradient of a LayerNorm over one
-// column, whose rstd is 1/sqrt(eps) = 316; attention's dq and dk over a single key; a GELU
-// derivative next to its zero), each backend keeps rounding noise of the terms' size, which
-// the result's own magnitude cannot bound. For the shapes where nothing cancels, `terms` is of
-// the result's own magnitude and the check is ExpectTwinClose's.
+// ExpectTwinClose where the result may be 0 in exact arithmetic: the tolerance is relative to
+// the larger of the CPU result's largest magnitude and `terms`, the magnitude of the terms it is
+// computed from (the input gradient of a LayerNorm over one column, whose rstd is
+// 1/sqrt(eps) = 316; attention's dq and dk over a single key; a GELU derivative next to its
+// zero). Where nothing cancels, `terms` is of the result's own magnitude.
 void ExpectCloseToTerms(const Twin& t, double tol, double terms, const std::string& what) {
-  const absl::Status synced = ops::Synchronize(kGpu);
-  NF_ASSERT_OK(synced) << what;
-  const Tensor gpu_on_host = testing::ToCpu(t.gpu);
-  testing::RecordResultDigest(gpu_on_host, what);
-  const std::vector<double> cpu = testing::ToDoubles(t.cpu);
-  const std::vector<double> gpu = testing::ToDoubles(gpu_on_host);
-  testing::ExpectAllClose(gpu, cpu, tol * std::max({1e-30, testing::MaxAbs(cpu), terms}), 0.0,
-                          what);
+  ExpectTwinClose(t, tol, what, terms);
 }
 
 // The largest magnitude of the CPU side's values.

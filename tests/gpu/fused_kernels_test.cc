@@ -21,8 +21,8 @@ using testing::kGpu;
 using testing::OnGpu;
 using testing::ToCpu;
 
-constexpr double kReduction = 2e-5;  // cuda_ops_test.cc's, for results that sum over a row
-double Tol(DType dtype) { return kReduction + 2 * testing::UnitRoundoff(dtype); }
+using testing::kReduction;
+double Tol(DType dtype) { return testing::Tol(dtype, kReduction); }
 
 ops::Backend& GpuBackend() {
   auto backend = ops::BackendFor(kGpu);

@@ -3,6 +3,7 @@
 // (NF_REQUIRE_GPU); nothing else in the suite needs a device.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -76,18 +77,37 @@ inline Twin RandomTwin(DType dtype, Shape shape, uint32_t seed, float lo = -1.0f
 
 inline Twin ZerosTwin(DType dtype, Shape shape) { return MakeTwin(MakeZeros(dtype, shape)); }
 
+// The GPU tests' tolerances, relative to the CPU result's largest magnitude (ExpectTwinClose):
+// one rounded function evaluation per element (4 fp32 units); a sum in another order than the
+// CPU's; and, for a result stored in fp16/bf16, two units of its rounding on top (Tol).
+inline constexpr double kElementwise = 4 * kU32;
+inline constexpr double kReduction = 2e-5;
+inline double Tol(DType dtype, double fp32_tol) { return fp32_tol + 2 * UnitRoundoff(dtype); }
+
+// Runs `op` once with the CPU tensors and once with the GPU tensors of the twins.
+template <typename Op>
+void OnBoth(Op&& op) {
+  const absl::Status cpu = op([](const Twin& t) { return t.cpu; });
+  NF_ASSERT_OK(cpu);
+  const absl::Status gpu = op([](const Twin& t) { return t.gpu; });
+  NF_ASSERT_OK(gpu);
+}
+
 // Expects the GPU result to equal the CPU's within tol * max|CPU| (plus the same for
 // non-finite values): the two backends sum in different orders, so elementwise relative
 // checks would be meaningless for values that cancel. Synchronises the device first and
-// fails on a recorded device fault.
-inline void ExpectTwinClose(const Twin& t, double tol, const std::string& what) {
+// fails on a recorded device fault. `terms`, when larger than max|CPU|, is the scale instead:
+// the magnitude of the terms a result that is 0 in exact arithmetic was computed from, whose
+// rounding noise each backend keeps (a LayerNorm over one column, attention over one key).
+inline void ExpectTwinClose(const Twin& t, double tol, const std::string& what,
+                            double terms = 0.0) {
   const absl::Status synced = ops::Synchronize(kGpu);
   NF_ASSERT_OK(synced) << what;
   const Tensor gpu_on_host = ToCpu(t.gpu);
   RecordResultDigest(gpu_on_host, what);
   const std::vector<double> cpu = ToDoubles(t.cpu);
   const std::vector<double> gpu = ToDoubles(gpu_on_host);
-  ExpectAllClose(gpu, cpu, tol * std::max(1e-30, MaxAbs(cpu)), 0.0, what);
+  ExpectAllClose(gpu, cpu, tol * std::max({1e-30, MaxAbs(cpu), terms}), 0.0, what);
 }
 
 // Bit-for-bit equality (dropout masks, permutations, copies).
