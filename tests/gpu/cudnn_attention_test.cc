@@ -37,6 +37,8 @@
 namespace nf {
 namespace {
 
+using testing::ScopedAttentionPolicy;
+
 using testing::ExpectAllClose;
 using testing::kGpu;
 using testing::MaxAbs;
@@ -48,27 +50,7 @@ using testing::Twin;
 using testing::UnitRoundoff;
 using testing::ZerosTwin;
 
-constexpr double kReduction = 2e-5;
-
-// Sets NF_ATTENTION for a scope (nullptr: unset) and restores the previous value.
-class ScopedAttentionPolicy {
- public:
-  explicit ScopedAttentionPolicy(const char* value) {
-    if (const char* old = std::getenv("NF_ATTENTION"); old != nullptr) previous_ = old;
-    Set(value);
-  }
-  ~ScopedAttentionPolicy() { Set(previous_ ? previous_->c_str() : nullptr); }
-
- private:
-  static void Set(const char* value) {
-    if (value == nullptr) {
-      unsetenv("NF_ATTENTION");
-    } else {
-      setenv("NF_ATTENTION", value, 1);
-    }
-  }
-  std::optional<std::string> previous_;
-};
+using testing::kReduction;
 
 // One causal attention problem [batch, heads, seq, head_dim]: inputs on both sides, outputs
 // zeroed.

@@ -52,6 +52,8 @@
 namespace nf {
 namespace {
 
+using testing::ScopedAttentionPolicy;
+
 using testing::ExpectTwinClose;
 using testing::ExpectTwinIdentical;
 using testing::kElementwise;
@@ -89,26 +91,6 @@ std::string ShapeName(const Shape& shape) {
   for (size_t i = 0; i < shape.size(); ++i) absl::StrAppend(&name, i ? "," : "", shape[i]);
   return name + "]";
 }
-
-// Sets NF_ATTENTION for a scope (nullptr: unset) and restores the previous value.
-class ScopedAttentionPolicy {
- public:
-  explicit ScopedAttentionPolicy(const char* value) {
-    if (const char* old = std::getenv("NF_ATTENTION"); old != nullptr) previous_ = old;
-    Set(value);
-  }
-  ~ScopedAttentionPolicy() { Set(previous_ ? previous_->c_str() : nullptr); }
-
- private:
-  static void Set(const char* value) {
-    if (value == nullptr) {
-      unsetenv("NF_ATTENTION");
-    } else {
-      setenv("NF_ATTENTION", value, 1);
-    }
-  }
-  std::optional<std::string> previous_;
-};
 
 class EdgeShapesTest : public ::testing::TestWithParam<DType> {
  protected:

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -83,6 +84,26 @@ inline Twin ZerosTwin(DType dtype, Shape shape) { return MakeTwin(MakeZeros(dtyp
 inline constexpr double kElementwise = 4 * kU32;
 inline constexpr double kReduction = 2e-5;
 inline double Tol(DType dtype, double fp32_tol) { return fp32_tol + 2 * UnitRoundoff(dtype); }
+
+// Sets NF_ATTENTION for a scope (nullptr: unset) and restores the previous value.
+class ScopedAttentionPolicy {
+ public:
+  explicit ScopedAttentionPolicy(const char* value) {
+    if (const char* old = std::getenv("NF_ATTENTION"); old != nullptr) previous_ = old;
+    Set(value);
+  }
+  ~ScopedAttentionPolicy() { Set(previous_ ? previous_->c_str() : nullptr); }
+
+ private:
+  static void Set(const char* value) {
+    if (value == nullptr) {
+      unsetenv("NF_ATTENTION");
+    } else {
+      setenv("NF_ATTENTION", value, 1);
+    }
+  }
+  std::optional<std::string> previous_;
+};
 
 // Runs `op` once with the CPU tensors and once with the GPU tensors of the twins.
 template <typename Op>
