@@ -2,7 +2,9 @@
 # What both batch scripts do once they have chosen a launcher: run it, pass Slurm's SIGUSR1 (ten
 # minutes before the time limit) to it, and requeue the job when the ranks stopped with a checkpoint
 # (exit code 3). A run the collective watchdog ended (exit code 134: a peer lost or hung, typically
-# a node gone) is requeued as well, at most NF_FAILURE_REQUEUES times in a row (default 3; counted
+# a node gone) is requeued as well, and so is one whose launcher reports a rank killed (137, SIGKILL:
+# mpirun passes on the first rank's death, which comes ahead of the survivors' watchdogs when a
+# rank is killed or its node lost), at most NF_FAILURE_REQUEUES times in a row (default 3; counted
 # in RUN_DIR/.failure-requeues, reset by a run that finished or stopped with 3): srun returns about
 # half a minute after its tasks end, long before Slurm marks a silent node down (SlurmdTimeout, 300
 # s by default) and requeues the job itself, so without this a lost node would end the job. The
@@ -155,6 +157,8 @@ if ((status == 0)) && [[ ! -f $finished ]]; then
   status=1
 elif ((status == 134)); then
   failure="the collective watchdog ended the run"
+elif ((status == 137)); then
+  failure="a rank was killed (exit code 137, SIGKILL: a lost node, or the node's out-of-memory killer)"
 fi
 if ((status == 0 || status == 3)); then  # finished (an unfinished 0 is 1 by now), or stopped
   rm -f -- "$failures_file"

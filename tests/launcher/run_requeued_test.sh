@@ -2,7 +2,7 @@
 # deploy/slurm/run-requeued.sh's decisions after its launcher ends, with stand-ins for the
 # launcher (it exits with a given status) and for scontrol (it records its arguments, and fails
 # when told to): 3 (stopped with a checkpoint) requeues and ends with 0; 134 (the watchdog)
-# requeues at most NF_FAILURE_REQUEUES times in a row; a requeue Slurm refuses ends with the
+# and 137 (a rank killed: mpirun's status) requeue at most NF_FAILURE_REQUEUES times in a row; a requeue Slurm refuses ends with the
 # launcher's status and says what to do, so that a job that stopped short never looks done;
 # 0 is done only with RUN_DIR/finished.json written by this launch (srun can end with 0 for
 # tasks it never launched): without it, 0 is a failure counted like 134 and ends with 1; any
@@ -75,6 +75,15 @@ case_of 134 fails
 ((ended == 134)) || fail "a refused watchdog requeue ended with $ended: $said"
 grep -q "the collective watchdog ended the run, but 'scontrol requeue 42' failed" <<<"$said" ||
   fail "a refused watchdog requeue is not explained: $said"
+# A killed rank (mpirun ends with its 137 before the survivors' watchdogs end with 134): counted
+# with the watchdog's stops, then given up with 137.
+rm -f "$RUN_DIR/.failure-requeues"
+NF_FAILURE_REQUEUES=2 case_of 134
+NF_FAILURE_REQUEUES=2 case_of 137
+((ended == 0)) && [[ $calls == "requeue 42" ]] && grep -q "a rank was killed (exit code 137" <<<"$said" ||
+  fail "a killed rank: ended $ended, scontrol '$calls': $said"
+NF_FAILURE_REQUEUES=2 case_of 137
+((ended == 137)) && [[ -z $calls ]] || fail "a third failure in a row: ended $ended, scontrol '$calls'"
 # 0 without finished.json (srun's "task 0 launch failed"), also when an earlier launch left one:
 # a failure, requeued like the watchdog's, then given up with 1.
 rm -f "$RUN_DIR/.failure-requeues"
