@@ -187,15 +187,18 @@ TEST_F(NcclRulesTest, TwoCommunicatorsInOppositeOrdersDeadlockUnderSerialKernels
   SetSerialKernels(true);
   cudaStream_t other[2];
   float* other_buffer[2];  // its own allocation: the hazard check works per allocation
+  // Rank 0: the first communicator, then the second; rank 1 the other way round.
+  ncclComm_t first[2], then[2];
   OnBoth([&](Rank& rank, int r) {
     ASSERT_EQ(cudaStreamCreateWithFlags(&other[r], cudaStreamNonBlocking), cudaSuccess);
     ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&other_buffer[r]), sizeof(float)), cudaSuccess);
-    // Rank 0: the first communicator, then the second; rank 1 the other way round.
-    ncclComm_t first = r == 0 ? rank.comm : second[r], then = r == 0 ? second[r] : rank.comm;
-    ASSERT_EQ(ncclAllReduce(rank.buffer, rank.buffer, 1, ncclFloat32, ncclSum, first, rank.stream),
-              ncclSuccess);
+    first[r] = r == 0 ? rank.comm : second[r];
+    then[r] = r == 0 ? second[r] : rank.comm;
     ASSERT_EQ(
-        ncclAllReduce(other_buffer[r], other_buffer[r], 1, ncclFloat32, ncclSum, then, other[r]),
+        ncclAllReduce(rank.buffer, rank.buffer, 1, ncclFloat32, ncclSum, first[r], rank.stream),
+        ncclSuccess);
+    ASSERT_EQ(
+        ncclAllReduce(other_buffer[r], other_buffer[r], 1, ncclFloat32, ncclSum, then[r], other[r]),
         ncclSuccess);
   });
   // Each device runs its first kernel, which waits for the peer's kernel of the same
@@ -203,9 +206,12 @@ TEST_F(NcclRulesTest, TwoCommunicatorsInOppositeOrdersDeadlockUnderSerialKernels
   // change (without the serial order the two kernels of a device would run side by side).
   WaitUntil([] { return SerialTurnWaits() == 2; });
   for (int r = 0; r < 2; ++r) EXPECT_EQ(cudaStreamQuery(other[r]), cudaErrorNotReady);
+  // Each rank aborts the communicator of its running kernel first: ncclCommAbort waits for the
+  // communicator's kernels, and one queued behind a kernel of the other communicator would wait
+  // for that kernel's peer, which the peer rank may have aborted already.
   OnBoth([&](Rank& rank, int r) {
-    ncclCommAbort(rank.comm);
-    ncclCommAbort(second[r]);
+    ncclCommAbort(first[r]);
+    ncclCommAbort(then[r]);
     EXPECT_EQ(cudaStreamSynchronize(rank.stream), cudaSuccess);
     EXPECT_EQ(cudaStreamSynchronize(other[r]), cudaSuccess);
   });
