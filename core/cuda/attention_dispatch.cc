@@ -128,7 +128,7 @@ AttentionPathCounts AttentionPathsTaken() {
 std::string AttentionCallKey::ToString() const {
   return absl::StrCat(
       "[", batch, ", ", heads, ", ", seq, ", ", dim, "] ", DTypeName(dtype),
-      dropout() ? absl::StrCat(", dropout ", std::bit_cast<float>(dropout_bits)) : ", no dropout",
+      dropout() ? absl::StrCat(", dropout ", dropout_probability()) : ", no dropout",
       " on cuda:", device);
 }
 

@@ -24,6 +24,7 @@
 // --op-times): "AttentionForward (cudnn)", "AttentionForward (own): fp32 storage ...".
 #pragma once
 
+#include <bit>
 #include <cstdint>
 #include <map>
 #include <mutex>
@@ -88,6 +89,8 @@ struct AttentionCallKey {
   uint32_t dropout_bits = 0;  // the dropout probability's float bits; 0: no dropout
   auto operator<=>(const AttentionCallKey&) const = default;
   bool dropout() const { return dropout_bits != 0; }
+  float dropout_probability() const { return std::bit_cast<float>(dropout_bits); }
+  float scale() const { return std::bit_cast<float>(scale_bits); }
   std::string ToString() const;  // "[batch, heads, seq, dim] fp16, dropout 0.1"
 };
 AttentionCallKey AttentionKeyOf(int device, const Tensor& q, float scale,

@@ -4,7 +4,6 @@
 #include <dlfcn.h>
 
 #include <array>
-#include <bit>
 #include <cstdio>
 #include <exception>
 #include <map>
@@ -68,18 +67,12 @@ const absl::Status& LoadCudnn() {
   return *status;
 }
 
-// Shape, dtype, scale and device of a graph: one forward and one backward graph per key.
-struct GraphKey {
-  int device;
-  bool backward;
-  DType dtype;
-  int64_t batch, heads, seq, dim;
-  uint32_t scale_bits;    // the scale is part of the graph (a pass-by-value scalar)
-  uint32_t dropout_bits;  // so is the dropout probability; 0 (+0.0f): no dropout
+// A call's key and its direction: one forward and one backward graph per call key. The scale
+// and the dropout probability are in the key because a graph holds them as pass-by-value
+// scalars.
+struct GraphKey : AttentionCallKey {
+  bool backward = false;
   auto operator<=>(const GraphKey&) const = default;
-
-  float scale() const { return std::bit_cast<float>(scale_bits); }
-  float dropout() const { return std::bit_cast<float>(dropout_bits); }
 };
 
 // A built graph and its workspace size, or why it could not be built (kept too, so that an
@@ -173,7 +166,7 @@ void AddAttention(fe::graph::Graph& graph, const GraphKey& key) {
   const TensorAttr q = BhsdInput(graph, "q", kQ, key);
   const TensorAttr k = BhsdInput(graph, "k", kK, key);
   const TensorAttr v = BhsdInput(graph, "v", kV, key);
-  const bool dropout = key.dropout() > 0.0f;
+  const bool dropout = key.dropout();
   const TensorAttr seed = dropout ? RngInput(graph, "seed", kSeed) : nullptr;
   const TensorAttr offset = dropout ? RngInput(graph, "offset", kOffset) : nullptr;
   if (!key.backward) {
@@ -183,7 +176,7 @@ void AddAttention(fe::graph::Graph& graph, const GraphKey& key) {
                        .set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT)
                        .set_diagonal_band_right_bound(0)  // causal: key j <= query i
                        .set_attn_scale(key.scale());
-    if (dropout) options.set_dropout(key.dropout(), seed, offset);
+    if (dropout) options.set_dropout(key.dropout_probability(), seed, offset);
     auto [out, stats] = graph.sdpa(q, k, v, options);
     SetBhsd(out->set_output(true).set_uid(kO), key);
     SetStats(stats->set_output(true), key);
@@ -200,7 +193,7 @@ void AddAttention(fe::graph::Graph& graph, const GraphKey& key) {
                      .set_diagonal_band_right_bound(0)
                      .set_attn_scale(key.scale())
                      .set_deterministic_algorithm(true);  // no atomics: runs repeat exactly
-  if (dropout) options.set_dropout(key.dropout(), seed, offset);
+  if (dropout) options.set_dropout(key.dropout_probability(), seed, offset);
   auto [dq, dk, dv] = graph.sdpa_backward(q, k, v, out, dout, stats, options);
   SetBhsd(dq->set_output(true).set_uid(kDQ), key);
   SetBhsd(dk->set_output(true).set_uid(kDK), key);
@@ -212,10 +205,8 @@ BuiltGraph Build(const GraphKey& key, cudnnHandle_t handle, const cudaDeviceProp
   BuiltGraph built;
   auto graph = std::make_shared<fe::graph::Graph>();
   const auto rejected = [&](const char* stage, fe::error_t error) {
-    built.status = Unavailable(absl::StrCat(
-        key.backward ? "backward" : "forward", " graph for [", key.batch, ", ", key.heads, ", ",
-        key.seq, ", ", key.dim, "]", key.dropout() > 0.0f ? " with dropout " : " ", stage, ": ",
-        error.get_message()));
+    built.status = Unavailable(absl::StrCat(key.backward ? "backward" : "forward", " graph for ",
+                                            key.ToString(), " ", stage, ": ", error.get_message()));
     return built;
   };
   try {
@@ -270,7 +261,7 @@ absl::Status Run(CudaContext& context, const GraphKey& key, const ops::DropoutSp
   // Freed at return like the workspace: the kernel that writes it and cuDNN's that read it are
   // on the same stream as every later user of the block.
   Tensor rng;
-  if (key.dropout() > 0.0f) {
+  if (key.dropout()) {
     NF_ASSIGN_OR_RETURN(rng, Tensor::Empty(DType::kI64, {2}, context.allocator()));
     auto* seed_and_offset = static_cast<int64_t*>(rng.raw_data());
     const cudaError_t error =
@@ -296,15 +287,7 @@ absl::Status Run(CudaContext& context, const GraphKey& key, const ops::DropoutSp
 
 GraphKey KeyOf(const CudaContext& context, bool backward, const Tensor& q, float scale,
                const ops::DropoutSpec& dropout) {
-  return {.device = context.device(),
-          .backward = backward,
-          .dtype = q.dtype(),
-          .batch = q.dim(0),
-          .heads = q.dim(1),
-          .seq = q.dim(2),
-          .dim = q.dim(3),
-          .scale_bits = std::bit_cast<uint32_t>(scale),
-          .dropout_bits = std::bit_cast<uint32_t>(dropout.p > 0.0f ? dropout.p : 0.0f)};
+  return {AttentionKeyOf(context.device(), q, scale, dropout), backward};
 }
 
 }  // namespace
