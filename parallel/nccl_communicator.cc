@@ -13,7 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/types/span.h"
-#include "core/cuda/caching_allocator.h"
+#include "core/cuda/outstanding_communication.h"
 #include "core/status.h"
 #include "core/trace_range.h"
 #include "parallel/comm_checks.h"
@@ -123,8 +123,8 @@ struct NcclOpEvents {
   int group_size = 1;             // the group's time is shared evenly among its operations
   uint64_t flight = 0;            // the flight recorder's id, completed once `done` passed
 
-  // The operation counts in the device's outstanding communication (caching_allocator.h) from
-  // just before its group is issued until it is seen complete (or never ran and is gone).
+  // The operation counts in the device's outstanding communication (outstanding_communication.h)
+  // from just before its group is issued until it is seen complete (or never ran and is gone).
   void Count() {
     counted.store(true);
     cuda::AddOutstandingCommunication(device, 1);

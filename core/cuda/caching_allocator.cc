@@ -3,11 +3,10 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <array>
-#include <atomic>
 
 #include "absl/strings/str_cat.h"
 #include "core/cuda/cuda_check.h"
+#include "core/cuda/outstanding_communication.h"
 
 namespace nf::cuda {
 namespace {
@@ -18,25 +17,7 @@ constexpr size_t kLargeRounding = size_t{2} << 20;
 
 std::string MiB(size_t bytes) { return absl::StrCat(bytes / (size_t{1} << 20), " MiB"); }
 
-// Per device; a device beyond the table shares its last slot (never freed: read at exit).
-constexpr int kMaxCountedDevices = 64;
-std::array<std::atomic<int64_t>, kMaxCountedDevices>& Outstanding() {
-  static auto* counts = new std::array<std::atomic<int64_t>, kMaxCountedDevices>();
-  return *counts;
-}
-std::atomic<int64_t>& OutstandingSlot(int device) {
-  return Outstanding()[std::clamp(device, 0, kMaxCountedDevices - 1)];
-}
-
 }  // namespace
-
-void AddOutstandingCommunication(int device, int64_t delta) {
-  OutstandingSlot(device).fetch_add(delta, std::memory_order_acq_rel);
-}
-
-int64_t OutstandingCommunication(int device) {
-  return OutstandingSlot(device).load(std::memory_order_acquire);
-}
 
 size_t CachingAllocator::RoundedSize(size_t bytes) {
   const size_t unit = bytes < kLargeThreshold ? kSmallRounding : kLargeRounding;
@@ -60,16 +41,18 @@ absl::StatusOr<void*> CachingAllocator::Allocate(size_t bytes) {
     cudaError_t error = cudaMalloc(&ptr, size);
     if (error == cudaErrorMemoryAllocation) {
       cudaGetLastError();  // clear the sticky-free error before retrying
-      if (const int64_t outstanding = OutstandingCommunication(device_); outstanding > 0) {
-        // cudaFree would wait for NCCL kernels that may wait for peers (the header says why).
+      // Other threads' allocations wait meanwhile: the memory they would get is what this one
+      // is short of.
+      if (!WaitForNoOutstandingCommunication(device_, kCommunicationDrainLimit)) {
         return absl::ResourceExhaustedError(absl::StrCat(
             "out of memory on cuda:", device_, " allocating ", MiB(size), " (", bytes,
             " bytes): tensors hold ", MiB(stats_.allocated_bytes), ", the cache ",
             MiB(stats_.reserved_bytes - stats_.allocated_bytes),
-            "; the cache was not released because ", outstanding,
-            " communication operation(s) are in flight on the device (cudaFree would wait for "
-            "them, and they may wait for peers); reduce the micro-batch size or raise "
-            "tensor/pipeline parallelism"));
+            "; the cache was not released because ", OutstandingCommunication(device_),
+            " communication operation(s) were still in flight on the device after ",
+            kCommunicationDrainLimit.count() / 1000,
+            " s (cudaFree would wait for them, and they may wait for peers); reduce the "
+            "micro-batch size or raise tensor/pipeline parallelism"));
       }
       ReleaseCacheLocked();
       error = cudaMalloc(&ptr, size);

@@ -12,16 +12,16 @@
 // blocks. When cudaMalloc fails the cache is released and the request tried once more; a
 // second failure is an error giving the request, the bytes in use and the device's total.
 //
-// Communication in flight. Releasing the cache means cudaFree, which waits for the whole device,
-// NCCL's kernels included, and those may be waiting for a peer (a lost rank, a collective another
-// rank has not issued yet): a clear out-of-memory would become a hang that the collective
-// watchdog reports as a peer hung, and the job be requeued again and again. So while any
-// communication is outstanding on the device (the NCCL communicator counts its operations here,
-// from issue until seen complete), a failed cudaMalloc is ResourceExhausted at once, saying so,
-// without releasing the cache. core may not know the communicators (parallel/ is above it):
-// the count lives here and parallel/ adds to it.
+// Communication in flight (outstanding_communication.h): releasing the cache means cudaFree,
+// which waits for the whole device, NCCL's kernels included, and those may wait for peers. So
+// after a failed cudaMalloc the allocator waits for the device's communication to complete, at
+// most kCommunicationDrainLimit: an overlapped collective of a healthy job completes in well
+// under a second, and the cache is then released and the request retried as always. Still
+// outstanding after the limit (an operation waiting for a peer that waits for this rank, or a
+// lost one), the request is ResourceExhausted, saying so, with the cache kept.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <map>
@@ -30,10 +30,6 @@
 #include "core/allocator.h"
 
 namespace nf::cuda {
-
-// Operations of communication libraries issued on `device` and not yet seen complete. Any thread.
-void AddOutstandingCommunication(int device, int64_t delta);
-int64_t OutstandingCommunication(int device);
 
 struct AllocatorStats {
   size_t allocated_bytes = 0;       // held by live tensors (rounded sizes)
@@ -59,6 +55,10 @@ class CachingAllocator final : public Allocator {
   void ReleaseCache();
 
   static size_t RoundedSize(size_t bytes);
+
+  // How long a failed cudaMalloc waits for the device's communication to complete before
+  // releasing the cache (the header says why).
+  static constexpr std::chrono::milliseconds kCommunicationDrainLimit{10'000};
 
  private:
   void ReleaseCacheLocked();

@@ -4,8 +4,8 @@
 #include <utility>
 #include <vector>
 
-#include "core/cuda/caching_allocator.h"
 #include "core/cuda/cuda_check.h"
+#include "core/cuda/outstanding_communication.h"
 #include "core/status.h"
 
 namespace nf::cuda {
@@ -36,8 +36,8 @@ int PinnedStaging::buffers() const {
 absl::Status PinnedStaging::Grow(Buffer& buffer, size_t bytes) {
   if (buffer.capacity >= bytes) return absl::OkStatus();
   // cudaFreeHost waits for the whole device, NCCL's kernels included, which may wait for peers
-  // (caching_allocator.h): while communication is in flight the small buffer is kept aside and
-  // freed at a later growth with none in flight, or at the end.
+  // (outstanding_communication.h): while communication is in flight the small buffer is kept aside
+  // and freed at a later growth with none in flight, or at the end.
   if (OutstandingCommunication(device_) > 0) {
     if (buffer.host != nullptr) retired_.push_back(buffer.host);
   } else {

@@ -10,14 +10,18 @@
 // - plus 2 u(dtype) for 16-bit results: a sum that differs in its last fp32 bits can round to
 //   the neighbouring fp16/bf16 value (one ulp = 2 u, relative).
 // Dropout masks, permutations and copies must be identical bit for bit.
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
 #include <limits>
 #include <mutex>
 #include <thread>
+#include <vector>
 
 #include "core/cuda/caching_allocator.h"
+#include "core/cuda/outstanding_communication.h"
+#include "core/cuda/pinned_staging.h"
 #include "core/status.h"
 #include "gmock/gmock.h"
 #include "gpu_test_util.h"
@@ -424,17 +428,18 @@ TEST(CudaFaultTest, BadTokenIdIsReportedAtSynchronize) {
   NF_EXPECT_OK(ops::Synchronize(kGpu)) << "a reported fault is cleared";
 }
 
-// A gate on the compute stream: work queued after Close() runs only once Open() is called (a
-// host function that the stream must finish first). No test depends on its timing: the
-// watchdog opens it after a minute only so that a copy that waits for the GPU fails the test
-// instead of hanging it.
+// A gate on a stream: work queued after it runs only once Open() is called (a host function
+// that the stream must finish first). No test depends on its timing: the watchdog opens it
+// after `deadline` (a minute) only so that a host call that waits for the stream fails the test
+// instead of hanging it; forced() says it did.
 class StreamGate {
  public:
-  explicit StreamGate(cudaStream_t stream) {
+  explicit StreamGate(cudaStream_t stream,
+                      std::chrono::seconds deadline = std::chrono::seconds(60)) {
     EXPECT_EQ(cudaLaunchHostFunc(stream, &StreamGate::Hold, this), cudaSuccess);
-    watchdog_ = std::thread([this] {
+    watchdog_ = std::thread([this, deadline] {
       std::unique_lock<std::mutex> lock(mutex_);
-      if (!cv_.wait_for(lock, std::chrono::minutes(1), [this] { return open_; })) {
+      if (!cv_.wait_for(lock, deadline, [this] { return open_; })) {
         forced_ = open_ = true;
         cv_.notify_all();
       }
@@ -527,6 +532,63 @@ TEST(CudaCopyTest, HostToDeviceCopiesDoNotWaitForTheGpu) {
   copy_all(many);
   expect_landed(many);
   EXPECT_LE((*context)->staging().buffers(), cuda::PinnedStaging::kMaxBuffers);
+}
+
+// Growing a pinned buffer frees the outgrown one with cudaFreeHost, which waits for every
+// stream of the device, NCCL's kernels waiting for a peer included (outstanding_communication.h).
+// While communication is outstanding (the NCCL communicator's count) the outgrown buffer is set
+// aside instead: the copy returns although another stream is held, as such a kernel would hold it.
+// The control, with nothing outstanding, shows that the growth does wait for the held stream.
+TEST(CudaPinnedStagingTest, GrowingWhileCommunicationIsOutstandingWaitsForNoStream) {
+  NF_REQUIRE_GPU();
+  ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+  cudaStream_t copies = nullptr, held = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&copies, cudaStreamNonBlocking), cudaSuccess);
+  ASSERT_EQ(cudaStreamCreateWithFlags(&held, cudaStreamNonBlocking), cudaSuccess);
+  constexpr size_t kSmall = 4 << 10, kLarger = 128 << 10, kLargest = 256 << 10;
+  void* device = nullptr;
+  ASSERT_EQ(cudaMalloc(&device, kLargest), cudaSuccess);
+  std::vector<uint8_t> source(kLargest), landed(kLargest);
+  for (size_t i = 0; i < kLargest; ++i) source[i] = static_cast<uint8_t>(i * 7 + 3);
+  {
+    cuda::PinnedStaging staging(0);
+    // Every buffer made and small: kMaxBuffers copies in flight at once, then all idle, so a
+    // larger copy has to grow one of them.
+    {
+      StreamGate gate(copies);
+      for (int i = 0; i < cuda::PinnedStaging::kMaxBuffers; ++i) {
+        NF_ASSERT_OK(staging.CopyToDevice(source.data(), device, kSmall, copies));
+      }
+      EXPECT_FALSE(gate.forced());
+    }
+    ASSERT_EQ(cudaStreamSynchronize(copies), cudaSuccess);
+    ASSERT_EQ(staging.buffers(), cuda::PinnedStaging::kMaxBuffers);
+    // Copies `bytes` (a growth) while `held` is gated; true when the copy waited for it.
+    const auto grow_waits_for_held_stream = [&](size_t bytes, std::chrono::seconds deadline) {
+      StreamGate gate(held, deadline);
+      EXPECT_TRUE(staging.CopyToDevice(source.data(), device, bytes, copies).ok());
+      return gate.forced();
+    };
+
+    cuda::AddOutstandingCommunication(0, 1);
+    EXPECT_FALSE(grow_waits_for_held_stream(kLarger, std::chrono::seconds(60)))
+        << "a pinned buffer grown during communication waited for another stream (cudaFreeHost)";
+    cuda::AddOutstandingCommunication(0, -1);
+    ASSERT_EQ(cudaStreamSynchronize(copies), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(landed.data(), device, kLarger, cudaMemcpyDeviceToHost), cudaSuccess);
+    EXPECT_TRUE(std::equal(landed.begin(), landed.begin() + kLarger, source.begin()));
+
+    // The control: a growth with nothing outstanding frees the outgrown buffers, which waits
+    // for the held stream until its gate is forced open (2 s).
+    EXPECT_TRUE(grow_waits_for_held_stream(kLargest, std::chrono::seconds(2)))
+        << "cudaFreeHost no longer waits for the device: the set-aside above proves nothing";
+    ASSERT_EQ(cudaStreamSynchronize(copies), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(landed.data(), device, kLargest, cudaMemcpyDeviceToHost), cudaSuccess);
+    EXPECT_EQ(landed, source);
+  }
+  EXPECT_EQ(cudaFree(device), cudaSuccess);
+  EXPECT_EQ(cudaStreamDestroy(copies), cudaSuccess);
+  EXPECT_EQ(cudaStreamDestroy(held), cudaSuccess);
 }
 
 TEST(CudaAllocatorTest, FreedBlocksAreReusedWithoutCudaMalloc) {

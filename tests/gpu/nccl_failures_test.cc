@@ -7,8 +7,9 @@
 //     and the communicator, aborting, issues nothing more;
 //   - an abort that never returns (NF_EMU_NCCL_ABORT_HANGS=1, NCCL issue 992) still ends the
 //     process with 134 once the abort's grace has passed;
-//   - an allocation beyond the device's memory while an NCCL operation waits for a peer fails at
-//     once with ResourceExhausted instead of hanging in cudaFree (caching_allocator.h).
+//   - an allocation beyond the device's memory while an NCCL operation waits for a peer fails
+//     with ResourceExhausted after the allocator's drain limit instead of hanging in cudaFree,
+//     and succeeds, releasing the cache, once a healthy operation completes (caching_allocator.h).
 // The watchdog's end is observed (report, end_job, hard exit as recorded events) except in the
 // death test. Each case bounds its own wait: where the fix is missing the waiting rank gives
 // up after 20 s, releases the blocked one by doing its part, and the case fails instead of
@@ -30,6 +31,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/cuda/caching_allocator.h"
 #include "core/cuda/cuda_context.h"
+#include "core/cuda/outstanding_communication.h"
 #include "core/ops/backend.h"
 #include "core/ops/ops.h"
 #include "gmock/gmock.h"
@@ -252,14 +254,33 @@ TEST_F(NcclFailuresTest, AHungAbortStillEndsTheProcessWith134WithinTheBound) {
   std::fprintf(stderr, "the child ended after %.1f s (bound: 1 s timeout + 2 s grace)\n", seconds);
 }
 
-// An NCCL all-reduce waits for rank 1 (which has not issued it yet) while rank 0 asks for more
-// memory than its device has, with blocks in its cache: releasing the cache (cudaFree) would
-// wait for the whole device, the all-reduce included, which waits for rank 1. Instead the
-// allocation fails at once, saying why; rank 1 then issues its part and both finish.
-TEST_F(NcclFailuresTest, OutOfMemoryWhileAnOperationWaitsForAPeerFailsAtOnce) {
+// What rank 0's allocation gave in AllocateWhileAnAllReduceWaits.
+struct AllocationOutcome {
+  absl::Status status;
+  double seconds = 0;
+  cuda::AllocatorStats before, after;  // rank 0's allocator around the request
+};
+
+// Rank 0 issues an all-reduce that waits on the GPU for rank 1, puts `cached` bytes into its
+// cache and asks for `requested`, more than its device has left: releasing the cache (cudaFree)
+// would wait for the whole device, the all-reduce included. Rank 1 issues its part when rank 0
+// is about to ask (`peer_answers`: a healthy overlapped collective, which completes while rank 0
+// waits) or only once the request has returned (a peer that waits for this rank); then both
+// finish.
+AllocationOutcome AllocateWhileAnAllReduceWaits(size_t cached, size_t requested,
+                                                bool peer_answers) {
+  enum class Phase { kConnecting, kAsking, kAnswered };
   std::mutex mutex;
   std::condition_variable changed;
-  bool allocated = false;
+  Phase phase = Phase::kConnecting;
+  const auto enter = [&](Phase next) {
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      phase = next;
+    }
+    changed.notify_all();
+  };
+  AllocationOutcome outcome;
   OnTwoThreads([&](Rank& rank, const ncclUniqueId& id) {
     auto comm = Join(rank, id, {.watchdog = {.timeout = absl::Seconds(120)}});
     NF_ASSERT_OK(comm);
@@ -269,30 +290,25 @@ TEST_F(NcclFailuresTest, OutOfMemoryWhileAnOperationWaitsForAPeerFailsAtOnce) {
     if (rank.index == 0) {
       NF_ASSERT_OK((*comm)->AllReduce(t, ReduceOp::kSum));  // waits for rank 1 on the GPU
       EXPECT_GT(cuda::OutstandingCommunication(0), 0);
-      auto allocator = ops::AllocatorFor(Device::Cuda(0));
-      NF_ASSERT_OK(allocator);
-      auto cached = (*allocator)->Allocate(size_t{8} << 20);
-      NF_ASSERT_OK(cached);
-      (*allocator)->Deallocate(*cached, size_t{8} << 20);  // into the cache
+      auto* allocator = static_cast<cuda::CachingAllocator*>(*ops::AllocatorFor(Device::Cuda(0)));
+      auto block = allocator->Allocate(cached);
+      NF_ASSERT_OK(block);
+      allocator->Deallocate(*block, cached);  // into the cache
+      outcome.before = allocator->stats();
+      enter(Phase::kAsking);
       const auto start = std::chrono::steady_clock::now();
-      auto too_much = (*allocator)->Allocate(size_t{300} << 20);
-      const double seconds =
+      auto asked = allocator->Allocate(requested);
+      outcome.seconds =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      EXPECT_EQ(too_much.status().code(), absl::StatusCode::kResourceExhausted)
-          << too_much.status();
-      EXPECT_THAT(too_much.status().message(),
-                  HasSubstr("the cache was not released because 1 communication operation(s) are "
-                            "in flight on the device"));
-      EXPECT_LT(seconds, 5.0);
-      {
-        std::lock_guard<std::mutex> lock(mutex);
-        allocated = true;
-      }
-      changed.notify_all();
+      outcome.status = asked.status();
+      outcome.after = allocator->stats();
+      if (asked.ok()) allocator->Deallocate(*asked, requested);
+      enter(Phase::kAnswered);
     } else {
+      const Phase awaited = peer_answers ? Phase::kAsking : Phase::kAnswered;
       {
         std::unique_lock<std::mutex> lock(mutex);
-        if (!changed.wait_for(lock, kGiveUp, [&] { return allocated; })) {
+        if (!changed.wait_for(lock, kGiveUp, [&] { return phase >= awaited; })) {
           ADD_FAILURE() << "rank 0's allocation did not return within " << kGiveUp.count()
                         << " s; releasing it";
         }
@@ -304,6 +320,33 @@ TEST_F(NcclFailuresTest, OutOfMemoryWhileAnOperationWaitsForAPeerFailsAtOnce) {
   });
   EXPECT_EQ(cuda::OutstandingCommunication(0), 0);
   EXPECT_EQ(cuda::OutstandingCommunication(1), 0);
+  return outcome;
+}
+
+// A peer that never answers while rank 0 runs out of memory: the allocation waits out the drain
+// limit and fails, saying why, with the cache kept, instead of hanging in cudaFree.
+TEST_F(NcclFailuresTest, OutOfMemoryWhileAnOperationWaitsForAPeerFailsAfterTheDrainLimit) {
+  const AllocationOutcome outcome =
+      AllocateWhileAnAllReduceWaits(size_t{8} << 20, size_t{300} << 20, /*peer_answers=*/false);
+  EXPECT_EQ(outcome.status.code(), absl::StatusCode::kResourceExhausted) << outcome.status;
+  EXPECT_THAT(outcome.status.message(),
+              HasSubstr("the cache was not released because 1 communication operation(s) were "
+                        "still in flight on the device after 10 s"));
+  EXPECT_EQ(outcome.after.reserved_bytes, outcome.before.reserved_bytes) << "the cache was freed";
+  const double limit = cuda::CachingAllocator::kCommunicationDrainLimit.count() / 1000.0;
+  EXPECT_GE(outcome.seconds, limit);
+  EXPECT_LT(outcome.seconds, kGiveUp.count()) << "bound: the drain limit, well within it";
+}
+
+// A healthy overlapped collective in flight while rank 0 runs out of memory: the allocation
+// waits for it to complete, releases the cache (200 MiB) and succeeds, as without communication.
+TEST_F(NcclFailuresTest, OutOfMemoryWhileAHealthyOperationRunsReleasesTheCacheOnceItCompletes) {
+  const AllocationOutcome outcome =
+      AllocateWhileAnAllReduceWaits(size_t{200} << 20, size_t{100} << 20, /*peer_answers=*/true);
+  NF_EXPECT_OK(outcome.status);
+  EXPECT_EQ(outcome.after.cuda_mallocs, outcome.before.cuda_mallocs + 1);
+  EXPECT_EQ(outcome.after.reserved_bytes, outcome.before.allocated_bytes + (size_t{100} << 20))
+      << "the whole cache released and 100 MiB obtained";
 }
 
 }  // namespace
