@@ -50,7 +50,7 @@ absl::StatusOr<void*> CachingAllocator::Allocate(size_t bytes) {
             MiB(stats_.reserved_bytes - stats_.allocated_bytes),
             "; the cache was not released because ", OutstandingCommunication(device_),
             " communication operation(s) were still in flight on the device after ",
-            kCommunicationDrainLimit.count() / 1000,
+            std::chrono::duration_cast<std::chrono::seconds>(kCommunicationDrainLimit).count(),
             " s (cudaFree would wait for them, and they may wait for peers); reduce the "
             "micro-batch size or raise tensor/pipeline parallelism"));
       }

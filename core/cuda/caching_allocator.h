@@ -15,8 +15,8 @@
 // Communication in flight (outstanding_communication.h): releasing the cache means cudaFree,
 // which waits for the whole device, NCCL's kernels included, and those may wait for peers. So
 // after a failed cudaMalloc the allocator waits for the device's communication to complete, at
-// most kCommunicationDrainLimit: an overlapped collective of a healthy job completes in well
-// under a second, and the cache is then released and the request retried as always. Still
+// most kCommunicationDrainLimit: an overlapped collective of a healthy job completes as soon as
+// its peers issue it, and the cache is then released and the request retried as always. Still
 // outstanding after the limit (an operation waiting for a peer that waits for this rank, or a
 // lost one), the request is ResourceExhausted, saying so, with the cache kept.
 #pragma once

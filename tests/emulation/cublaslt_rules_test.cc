@@ -53,11 +53,12 @@ class CublasLtRulesTest : public ::testing::Test {
                                              &max_workspace, sizeof(max_workspace)),
         CUBLAS_STATUS_SUCCESS);
   }
-  // The heuristic's status and, when it found one, its algorithm.
+  // The heuristic's status; the algorithms it found (0 or 1) in found_, the one in result_.
   cublasStatus_t Heuristic(cublasLtMatrixLayout_t a, cublasLtMatrixLayout_t b,
-                           cublasLtMatrixLayout_t c, int* found) {
+                           cublasLtMatrixLayout_t c) {
+    found_ = 0;
     return cublasLtMatmulAlgoGetHeuristic(handle_, desc_, a, b, c, c, preference_, 1, &result_,
-                                          found);
+                                          &found_);
   }
   float* Device(const std::vector<float>& host) {
     void* ptr = nullptr;
@@ -81,6 +82,7 @@ class CublasLtRulesTest : public ::testing::Test {
   cublasLtMatmulDesc_t desc_ = nullptr;
   cublasLtMatmulPreference_t preference_ = nullptr;
   cublasLtMatmulHeuristicResult_t result_{};
+  int found_ = 0;
   std::vector<cublasLtMatrixLayout_t> layouts_;
 };
 
@@ -117,9 +119,8 @@ TEST_F(CublasLtRulesTest, ABatchedTransposedProductWithBiasIsComputedAndCIsNotRe
                                                &stride, sizeof(stride)),
               CUBLAS_STATUS_SUCCESS);
   }
-  int found = 0;
-  ASSERT_EQ(Heuristic(la, lb, lc, &found), CUBLAS_STATUS_SUCCESS);
-  ASSERT_EQ(found, 1);
+  ASSERT_EQ(Heuristic(la, lb, lc), CUBLAS_STATUS_SUCCESS);
+  ASSERT_EQ(found_, 1);
   const float alpha = 2.0f, beta = 0.0f;
   ASSERT_EQ(cublasLtMatmul(handle_, desc_, &alpha, da, la, db, lb, &beta, dc, lc, dc, lc,
                            &result_.algo, workspace_, kWorkspace, stream_),
@@ -140,20 +141,18 @@ TEST_F(CublasLtRulesTest, ABatchedTransposedProductWithBiasIsComputedAndCIsNotRe
 
 TEST_F(CublasLtRulesTest, ALeadingDimensionShorterThanAColumnIsInvalid) {
   Describe();
-  int found = 0;
   EXPECT_EQ(Heuristic(Layout(CUDA_R_32F, 4, 4, 3), Layout(CUDA_R_32F, 4, 4, 4),
-                      Layout(CUDA_R_32F, 4, 4, 4), &found),
+                      Layout(CUDA_R_32F, 4, 4, 4)),
             CUBLAS_STATUS_INVALID_VALUE);
-  EXPECT_EQ(found, 0);
+  EXPECT_EQ(found_, 0);
 }
 
 TEST_F(CublasLtRulesTest, Fp32InputsWithA16BitOutputHaveNoAlgorithm) {
   Describe();
-  int found = 0;
   EXPECT_EQ(Heuristic(Layout(CUDA_R_32F, 4, 4, 4), Layout(CUDA_R_32F, 4, 4, 4),
-                      Layout(CUDA_R_16F, 4, 4, 4), &found),
+                      Layout(CUDA_R_16F, 4, 4, 4)),
             CUBLAS_STATUS_NOT_SUPPORTED);
-  EXPECT_EQ(found, 0);
+  EXPECT_EQ(found_, 0);
 }
 
 TEST_F(CublasLtRulesTest, AnAttributeOfTheWrongSizeIsInvalid) {
@@ -167,8 +166,7 @@ TEST_F(CublasLtRulesTest, AnAttributeOfTheWrongSizeIsInvalid) {
 TEST_F(CublasLtRulesTest, LessWorkspaceThanTheAlgorithmAskedForIsInvalid) {
   Describe();
   cublasLtMatrixLayout_t l = Layout(CUDA_R_32F, 4, 4, 4);
-  int found = 0;
-  ASSERT_EQ(Heuristic(l, l, l, &found), CUBLAS_STATUS_SUCCESS);
+  ASSERT_EQ(Heuristic(l, l, l), CUBLAS_STATUS_SUCCESS);
   ASSERT_GT(result_.workspaceSize, 0u);
   float* x = Device(std::vector<float>(16, 1.0f));
   const float alpha = 1.0f, beta = 0.0f;
@@ -182,8 +180,7 @@ TEST_F(CublasLtRulesTest, LessWorkspaceThanTheAlgorithmAskedForIsInvalid) {
 TEST_F(CublasLtRulesTest, AnOperandLessAlignedThanPromisedFaults) {
   Describe();
   cublasLtMatrixLayout_t l = Layout(CUDA_R_32F, 4, 4, 4);
-  int found = 0;
-  ASSERT_EQ(Heuristic(l, l, l, &found), CUBLAS_STATUS_SUCCESS);
+  ASSERT_EQ(Heuristic(l, l, l), CUBLAS_STATUS_SUCCESS);
   float* x = Device(std::vector<float>(20, 1.0f));
   const float alpha = 1.0f, beta = 0.0f;
   EXPECT_EQ(cublasLtMatmul(handle_, desc_, &alpha, x + 1, l, x, l, &beta, x, l, x, l, &result_.algo,
@@ -205,8 +202,7 @@ TEST_F(CublasLtRulesTest, ABiasVectorLessThan16ByteAlignedFaults) {
       cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)),
       CUBLAS_STATUS_SUCCESS);
   cublasLtMatrixLayout_t l = Layout(CUDA_R_32F, 4, 4, 4);
-  int found = 0;
-  ASSERT_EQ(Heuristic(l, l, l, &found), CUBLAS_STATUS_SUCCESS);
+  ASSERT_EQ(Heuristic(l, l, l), CUBLAS_STATUS_SUCCESS);
   const float alpha = 1.0f, beta = 0.0f;
   EXPECT_EQ(cublasLtMatmul(handle_, desc_, &alpha, x, l, x, l, &beta, x, l, x, l, &result_.algo,
                            workspace_, kWorkspace, stream_),
