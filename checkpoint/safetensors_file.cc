@@ -14,6 +14,7 @@
 #include "absl/strings/string_view.h"
 #include "core/files/atomic_file.h"
 #include "core/json_cursor.h"
+#include "core/json_value.h"
 #include "core/status.h"
 
 namespace nf::checkpoint {
@@ -39,21 +40,7 @@ absl::StatusOr<std::string> DTypeCode(DType dtype) {
   }
 }
 
-// JSON string contents: escape what JSON needs.
-std::string JsonEscape(absl::string_view s) {
-  std::string out;
-  for (char c : s) {
-    if (c == '"' || c == '\\') out += '\\';
-    if (static_cast<unsigned char>(c) < 0x20) {
-      out += absl::StrFormat("\\u%04x", static_cast<unsigned char>(c));
-      continue;
-    }
-    out += c;
-  }
-  return out;
-}
-
-std::string Quoted(absl::string_view s) { return absl::StrCat("\"", JsonEscape(s), "\""); }
+std::string Quoted(absl::string_view s) { return JsonQuoted(s); }
 
 // The subset of JSON a safetensors header uses: objects, arrays, strings and non-negative
 // integers. Objects keep their keys in order.

@@ -5,6 +5,7 @@
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "core/status.h"
 
 namespace nf {
@@ -96,6 +97,20 @@ absl::string_view JsonKindName(JsonValue::Kind kind) {
       return "an object";
   }
   return "?";
+}
+
+std::string JsonQuoted(absl::string_view text) {
+  std::string out = "\"";
+  for (char c : text) {
+    if (c == '"' || c == '\\') out += '\\';
+    if (static_cast<unsigned char>(c) < 0x20) {
+      out += absl::StrFormat("\\u%04x", static_cast<unsigned char>(c));
+      continue;
+    }
+    out += c;
+  }
+  out += '"';
+  return out;
 }
 
 }  // namespace nf

@@ -33,6 +33,10 @@ absl::StatusOr<JsonValue> ParseJson(absl::string_view line);
 // that wants one field of an object skips the others without building them).
 absl::Status ReadJsonValue(JsonCursor& cursor, JsonValue* out);
 
+// `text` as a JSON string literal, quotes included: '"' and '\\' escaped, control characters as
+// \u00XX, every other byte as it is (UTF-8 passes through).
+std::string JsonQuoted(absl::string_view text);
+
 // "a string", "a number", ...: for messages that say what a field holds instead.
 absl::string_view JsonKindName(JsonValue::Kind kind);
 

@@ -6,7 +6,9 @@
 // from protobuf's wire format here.
 #pragma once
 
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -41,5 +43,17 @@ absl::StatusOr<SentencePieceModelOptions> ReadModelOptions(absl::string_view mod
 // continues a word cut before it (or, with whitespace as suffix, one that a cut after it
 // continues) without the word boundary the dummy prefix would add there.
 std::string WithoutDummyPrefix(absl::string_view model_proto);
+
+// What a model's vocabulary says about itself, for tools that describe the tokenizer to others
+// (nf-ckpt's Hugging Face export) without loading the library.
+struct SentencePieceVocabulary {
+  std::vector<std::string> pieces;  // ModelProto.pieces (field 1), in id order
+  // TrainerSpec's unk_id (40), bos_id (41), eos_id (42), pad_id (43), with the proto's defaults
+  // 0, 1, 2 and -1; -1 (or an id past the pieces) is "none".
+  std::optional<int32_t> unk_id, bos_id, eos_id, pad_id;
+};
+
+// From ModelProto's bytes; InvalidArgument as ReadModelOptions.
+absl::StatusOr<SentencePieceVocabulary> ReadVocabulary(absl::string_view model_proto);
 
 }  // namespace nf::data

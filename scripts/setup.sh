@@ -57,11 +57,15 @@ fi
 # Hugging Face's safetensors reader (no Debian package), for the test that reads nf-ckpt's
 # export with it: a virtual environment in .venv (git-ignored) over Debian's numpy.
 venv="$(cd "$(dirname "$0")/.." && pwd)/.venv"
-if ! "$venv/bin/python" -c "import numpy, safetensors" 2>/dev/null; then
-  echo "setup: installing safetensors into $venv"
+if ! "$venv/bin/python" -c "import numpy" 2>/dev/null; then
   rm -rf "$venv"
   /usr/bin/python3 -m venv --system-site-packages "$venv"  # Debian's, which sees its numpy
-  "$venv/bin/pip" install -q --disable-pip-version-check "safetensors==0.4.5"
+fi
+# The version transformers (below) needs.
+if ! "$venv/bin/python" -c "import safetensors
+assert safetensors.__version__ == '0.8.0'" 2>/dev/null; then
+  echo "setup: installing safetensors into $venv"
+  "$venv/bin/pip" install -q --disable-pip-version-check --no-deps "safetensors==0.8.0"
 fi
 # Hugging Face's tokenizers, what Megatron's HuggingFaceTokenizer runs GPT-2's BPE with, for the
 # parity test of nf-preprocess's GPT-2 tokenizer (tests/data/hf_tokenizers_parity_test.py).
@@ -92,3 +96,29 @@ assert m.version('nvidia-cudnn-frontend') == '1.32.0'" 2>/dev/null; then
   echo "setup: installing the cuDNN frontend headers into $venv"
   "$venv/bin/pip" install -q --disable-pip-version-check --no-deps "nvidia-cudnn-frontend==1.32.0"
 fi
+# Hugging Face's stack, for the tests of nf-ckpt's Hugging Face export and import against
+# transformers and of nf-eval against lm-evaluation-harness (tests/checkpoint/hf_*,
+# tests/eval/lm_eval_parity_test.py): PyTorch (run on the CPU; PyPI's wheel brings about 3 GB of
+# CUDA libraries, 6 GB installed), transformers and lm-eval. It is installed once per machine,
+# into a virtual environment under ~/.cache/normformer named by its pins (new pins, a new one),
+# which every checkout's .venv reaches through a .pth file; it is built under a temporary name
+# and renamed when complete, so an interrupted install is never taken for a finished one. The
+# packages it shares with .venv have .venv's pins, so either copy is the same.
+hf_pins=(torch==2.15.0 transformers==5.25.0 lm-eval==0.4.13 accelerate==1.16.0
+  safetensors==0.8.0 tokenizers==0.23.3 sentencepiece==0.2.3)
+hf_key=$(printf '%s\n' "${hf_pins[@]}" | sha256sum | cut -c1-12)
+hf_stack="${NF_HF_STACK_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/normformer}/hf-stack-$hf_key"
+if [[ ! -e "$hf_stack/complete" ]]; then
+  echo "setup: installing PyTorch, transformers and lm-eval into $hf_stack (about 3 GB to fetch)"
+  mkdir -p "$(dirname "$hf_stack")"
+  staging="$hf_stack.tmp-$$"
+  rm -rf "$staging"
+  /usr/bin/python3 -m venv --system-site-packages "$staging"
+  "$staging/bin/python" -m pip install -q --disable-pip-version-check "${hf_pins[@]}"
+  touch "$staging/complete"
+  rm -rf "$hf_stack"
+  mv -T "$staging" "$hf_stack"
+fi
+hf_site=$("$hf_stack/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+venv_site=$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+echo "$hf_site" >"$venv_site/normformer-hf-stack.pth"

@@ -3,8 +3,12 @@
 //   nf-ckpt inspect DIR [--tensors]
 //   nf-ckpt verify DIR
 //   nf-ckpt export DIR --format safetensors|fairseq --out FILE [--dtype f32|f16|bf16]
+//   nf-ckpt export DIR --format hf --out DIR [--dtype ...] [--model-type auto|normformer|gpt2]
+//           [--max-shard-size BYTES] [--tokenizer gpt2 --vocab-file F --merges-file F |
+//            --tokenizer sentencepiece --spm-model F]
 //   nf-ckpt import FILE --out OUT [--tp N --pp N --dp N --virtual N --zero1
 //           --bucket-elements N] [--config RUN.pbtxt [--set PATH=VALUE]...] [--step N]
+//   nf-ckpt import HF_DIR --out OUT [--tp N ... as above] [--step N]
 //   nf-ckpt convert DIR --tp N --pp N --dp N [--virtual N] [--zero1] [--bucket-elements N]
 //           --out OUT
 //
@@ -30,6 +34,8 @@
 #include "checkpoint/convert.h"
 #include "checkpoint/fairseq_export.h"
 #include "checkpoint/fairseq_import.h"
+#include "checkpoint/hf_export.h"
+#include "checkpoint/hf_import.h"
 #include "checkpoint/load.h"
 #include "checkpoint/piece_reader.h"
 #include "checkpoint/safetensors_export.h"
@@ -62,6 +68,15 @@ commands:
                             logits: decoder.version, a BEFORE_OUT_PROJ head scale folded into
                             out_proj, the model config and fairseq flags in its metadata;
                             refuses what fairseq cannot represent, naming the field
+  export DIR --format hf --out DIR [--dtype f32|f16|bf16] [--model-type auto|normformer|gpt2]
+         [--max-shard-size BYTES] [--tokenizer gpt2 --vocab-file vocab.json
+         --merges-file merges.txt | --tokenizer sentencepiece --spm-model FILE]
+                            a new directory that Hugging Face transformers loads
+                            (AutoModelForCausalLM, trust_remote_code=True, and AutoTokenizer):
+                            config.json, model.safetensors (sharded with an index above
+                            --max-shard-size, default 50000000000), the model's Python files,
+                            the tokenizer's files; --model-type auto (default) writes a plain
+                            GPT-2 (no remote code) when GPT-2 computes the model exactly
   import FILE --out OUT [--tp N --pp N --dp N --virtual N --zero1 --bucket-elements N]
          [--config RUN.pbtxt [--set PATH=VALUE]...] [--step N]
                             a safetensors file with fairseq names (the fairseq export, or
@@ -69,6 +84,13 @@ commands:
                             layout (default 1 x 1 x 1) with a fresh optimizer; the model
                             config from the file's metadata, else from --config's model
                             section; the step from the file's metadata unless --step
+  import HF_DIR --out OUT [--tp N --pp N --dp N --virtual N --zero1 --bucket-elements N]
+         [--step N]
+                            a Hugging Face model directory (export --format hf's, or a GPT-2
+                            that transformers saved) the same way: the model from its
+                            config.json, the weights from model.safetensors or the shards its
+                            index names; pickles (*.bin, *.pt) are never loaded and no .py is
+                            run; the step from the weights' metadata unless --step, else 0
   convert DIR --tp N --pp N --dp N [--virtual N] [--zero1] [--bucket-elements N] --out OUT
                             the checkpoint rewritten for another layout: one shard file per
                             rank of it, as a run on that layout would write (any layout loads
@@ -208,30 +230,91 @@ absl::Status Verify(const fs::path& dir, const Manifest& m) {
   return absl::OkStatus();
 }
 
-// nf-ckpt import: the model from the file's metadata, or from --config's model section (with
-// --set overrides) for a file without one.
-int Import(const std::string& file, std::map<std::string, std::string>& options,
+// nf-ckpt import: a Hugging Face directory, whose model is its config.json, or a fairseq file,
+// whose model is its metadata's, or --config's model section (with --set overrides) for a file
+// without one.
+int Import(const std::string& source, std::map<std::string, std::string>& options,
            const std::vector<std::string>& overrides, const nf::checkpoint::TargetLayout& layout) {
-  nf::checkpoint::ImportOptions import{
-      .model = std::nullopt, .step = std::nullopt, .layout = layout};
+  std::optional<int64_t> step;
   if (!options["--step"].empty()) {
-    int64_t step = 0;
-    if (!absl::SimpleAtoi(options["--step"], &step) || step < 0) {
+    int64_t value = 0;
+    if (!absl::SimpleAtoi(options["--step"], &value) || value < 0) {
       return UsageError("--step takes an integer >= 0");
     }
-    import.step = step;
+    step = value;
   }
   if (!overrides.empty() && options["--config"].empty()) return UsageError("--set needs --config");
-  if (!options["--config"].empty()) {
-    const auto config = nf::launcher::LoadTrainConfig(options["--config"], overrides);
-    if (!config.ok()) return UsageError(std::string(config.status().message()));
-    import.model = config->model();
+  std::error_code error;
+  absl::Status status;
+  if (fs::is_directory(source, error)) {
+    if (!options["--config"].empty()) {
+      return UsageError(
+          "--config is for a fairseq file without a model config; a Hugging Face directory's "
+          "model is its config.json");
+    }
+    status = nf::checkpoint::ImportHfDirectory(source, {.step = step, .layout = layout},
+                                               options["--out"]);
+  } else {
+    nf::checkpoint::ImportOptions import{.model = std::nullopt, .step = step, .layout = layout};
+    if (!options["--config"].empty()) {
+      const auto config = nf::launcher::LoadTrainConfig(options["--config"], overrides);
+      if (!config.ok()) return UsageError(std::string(config.status().message()));
+      import.model = config->model();
+    }
+    status = nf::checkpoint::ImportFairseqSafetensors(source, import, options["--out"]);
   }
-  const absl::Status status =
-      nf::checkpoint::ImportFairseqSafetensors(file, import, options["--out"]);
   if (!status.ok()) return Fail(status);
   std::cout << "wrote " << options["--out"] << "\n";
   return 0;
+}
+
+// export --format hf's own flags.
+absl::Status ParseHfExportOptions(std::map<std::string, std::string>& options,
+                                  std::optional<nf::DType> dtype,
+                                  nf::checkpoint::HfExportOptions& hf) {
+  hf.dtype = dtype;
+  const std::string& type = options["--model-type"];
+  if (type == "normformer") {
+    hf.model_type = nf::checkpoint::HfModelType::kNormFormer;
+  } else if (type == "gpt2") {
+    hf.model_type = nf::checkpoint::HfModelType::kGpt2;
+  } else if (!type.empty() && type != "auto") {
+    return absl::InvalidArgumentError("--model-type takes auto, normformer or gpt2");
+  }
+  if (!options["--max-shard-size"].empty() &&
+      (!absl::SimpleAtoi(options["--max-shard-size"], &hf.max_shard_bytes) ||
+       hf.max_shard_bytes < 1)) {
+    return absl::InvalidArgumentError("--max-shard-size takes a number of bytes >= 1");
+  }
+  using Kind = nf::checkpoint::HfTokenizerFiles::Kind;
+  const std::string& tokenizer = options["--tokenizer"];
+  const bool bpe_files = !options["--vocab-file"].empty() || !options["--merges-file"].empty();
+  const bool spm_file = !options["--spm-model"].empty();
+  if (tokenizer == "gpt2") {
+    if (options["--vocab-file"].empty() || options["--merges-file"].empty() || spm_file) {
+      return absl::InvalidArgumentError(
+          "--tokenizer gpt2 takes --vocab-file and --merges-file (and no --spm-model)");
+    }
+    hf.tokenizer = {.kind = Kind::kGpt2,
+                    .vocab_file = options["--vocab-file"],
+                    .merges_file = options["--merges-file"],
+                    .spm_model = {}};
+  } else if (tokenizer == "sentencepiece") {
+    if (!spm_file || bpe_files) {
+      return absl::InvalidArgumentError(
+          "--tokenizer sentencepiece takes --spm-model (and no --vocab-file or --merges-file)");
+    }
+    hf.tokenizer = {.kind = Kind::kSentencePiece,
+                    .vocab_file = {},
+                    .merges_file = {},
+                    .spm_model = options["--spm-model"]};
+  } else if (!tokenizer.empty()) {
+    return absl::InvalidArgumentError("--tokenizer takes gpt2 or sentencepiece");
+  } else if (bpe_files || spm_file) {
+    return absl::InvalidArgumentError(
+        "--vocab-file, --merges-file and --spm-model need --tokenizer");
+  }
+  return absl::OkStatus();
 }
 
 int Run(int argc, char** argv) {
@@ -248,10 +331,12 @@ int Run(int argc, char** argv) {
   std::vector<std::string> overrides;  // import's --set, in order
   bool tensors = false, zero1 = false;
   for (size_t i = 2; i < args.size(); ++i) {
-    const bool valued = args[i] == "--format" || args[i] == "--out" || args[i] == "--dtype" ||
-                        args[i] == "--tp" || args[i] == "--pp" || args[i] == "--dp" ||
-                        args[i] == "--virtual" || args[i] == "--bucket-elements" ||
-                        args[i] == "--config" || args[i] == "--step";
+    const bool valued =
+        args[i] == "--format" || args[i] == "--out" || args[i] == "--dtype" || args[i] == "--tp" ||
+        args[i] == "--pp" || args[i] == "--dp" || args[i] == "--virtual" ||
+        args[i] == "--bucket-elements" || args[i] == "--config" || args[i] == "--step" ||
+        args[i] == "--model-type" || args[i] == "--max-shard-size" || args[i] == "--tokenizer" ||
+        args[i] == "--vocab-file" || args[i] == "--merges-file" || args[i] == "--spm-model";
     if (args[i] == "--tensors") {
       tensors = true;
     } else if (args[i] == "--zero1") {
@@ -298,15 +383,26 @@ int Run(int argc, char** argv) {
               .grad_bucket_elements = *bucket};
   }
   std::optional<nf::DType> dtype;
+  nf::checkpoint::HfExportOptions hf;
   if (command == "export") {
-    if (options["--format"] != "safetensors" && options["--format"] != "fairseq") {
-      return UsageError("export needs --format safetensors or --format fairseq");
+    const std::string& format = options["--format"];
+    if (format != "safetensors" && format != "fairseq" && format != "hf") {
+      return UsageError("export needs --format safetensors, fairseq or hf");
     }
     if (options["--out"].empty()) return UsageError("export needs --out FILE");
     if (!options["--dtype"].empty()) {
       const auto parsed = nf::ParseDType(options["--dtype"]);
       if (!parsed.ok()) return UsageError(std::string(parsed.status().message()));
       dtype = *parsed;
+    }
+    if (format == "hf") {
+      const absl::Status parsed = ParseHfExportOptions(options, dtype, hf);
+      if (!parsed.ok()) return UsageError(std::string(parsed.message()));
+    } else {
+      for (const char* flag : {"--model-type", "--max-shard-size", "--tokenizer", "--vocab-file",
+                               "--merges-file", "--spm-model"}) {
+        if (!options[flag].empty()) return UsageError(std::string(flag) + " is for --format hf");
+      }
     }
   }
   if (command == "import") return Import(args[1], options, overrides, target);
@@ -318,10 +414,14 @@ int Run(int argc, char** argv) {
   if (command == "inspect") status = Inspect(*dir, *manifest, tensors);
   if (command == "verify") status = Verify(*dir, *manifest);
   if (command == "export") {
-    status =
-        options["--format"] == "fairseq"
-            ? nf::checkpoint::ExportFairseqSafetensors(*dir, *manifest, options["--out"], dtype)
-            : nf::checkpoint::ExportSafetensors(*dir, *manifest, options["--out"], dtype);
+    const std::string& format = options["--format"];
+    if (format == "hf") {
+      status = nf::checkpoint::ExportHf(*dir, *manifest, options["--out"], hf);
+    } else if (format == "fairseq") {
+      status = nf::checkpoint::ExportFairseqSafetensors(*dir, *manifest, options["--out"], dtype);
+    } else {
+      status = nf::checkpoint::ExportSafetensors(*dir, *manifest, options["--out"], dtype);
+    }
     if (status.ok()) std::cout << "wrote " << options["--out"] << "\n";
   }
   if (command == "convert") {
