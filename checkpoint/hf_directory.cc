@@ -44,8 +44,14 @@ absl::StatusOr<fs::path> FileInside(const fs::path& dir, const std::string& name
   if (error) {
     return absl::NotFoundError(absl::StrCat(path.string(), " leads nowhere: ", error.message()));
   }
-  if (std::mismatch(root.begin(), root.end(), resolved.begin(), resolved.end()).first !=
-      root.end()) {
+  const auto within = [&](const fs::path& top) {
+    return std::mismatch(top.begin(), top.end(), resolved.begin(), resolved.end()).first ==
+           top.end();
+  };
+  // The Hugging Face hub's cache keeps a revision as REPO/snapshots/REV/NAME, each a link to
+  // ../../blobs/HASH: its files may lie in REPO/blobs too.
+  const bool hub_snapshot = root.parent_path().filename() == "snapshots";
+  if (!within(root) && !(hub_snapshot && within(root.parent_path().parent_path() / "blobs"))) {
     return absl::PermissionDeniedError(absl::StrCat(
         path.string(), " is a symbolic link to ", resolved.string(), ", outside ", dir.string(),
         ": an import reads only files inside the directory (copy the file there)"));
@@ -108,7 +114,8 @@ absl::StatusOr<ShardIndex> ParseIndex(const JsonValue& json, const fs::path& fil
   if (index.weight_map.empty()) return bad("\"weight_map\" names no tensor");
   const auto metadata = json.members.find("metadata");
   if (metadata == json.members.end()) return index;
-  if (metadata->second.kind != JsonValue::Kind::kObject) return bad("\"metadata\" is not an object");
+  if (metadata->second.kind != JsonValue::Kind::kObject)
+    return bad("\"metadata\" is not an object");
   const auto total = metadata->second.members.find("total_size");
   if (total == metadata->second.members.end()) return index;
   uint64_t bytes = 0;
@@ -152,9 +159,12 @@ absl::Status OpenShards(const fs::path& dir, const fs::path& index_file, HfDirec
   NF_ASSIGN_OR_RETURN(const ShardIndex index, ParseIndex(*json, index_file));
   std::map<std::string, std::string> first_tensor;  // shard -> the first tensor mapped to it
   for (const auto& [tensor, shard] : index.weight_map) first_tensor.emplace(shard, tensor);
-  std::map<std::string, size_t> file_of;  // shard name -> its place in out.files
+  // Every name is checked before any file is opened.
   for (const auto& [shard, tensor] : first_tensor) {
     NF_RETURN_IF_ERROR(CheckShardName(shard, tensor, index_file));
+  }
+  std::map<std::string, size_t> file_of;  // shard name -> its place in out.files
+  for (const auto& [shard, tensor] : first_tensor) {
     if (!Exists(dir / shard)) {
       return absl::NotFoundError(absl::StrCat((dir / shard).string(), " is missing: ",
                                               index_file.string(), " maps ", tensor, " to it"));
@@ -208,9 +218,9 @@ absl::StatusOr<HfDirectory> OpenHfDirectory(const fs::path& dir) {
   NF_ASSIGN_OR_RETURN(out.config_json, ReadJsonText(out.config_file));
   const bool single = Exists(dir / kSingleName), sharded = Exists(dir / kIndexName);
   if (single && sharded) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        dir.string(), " holds both ", kSingleName, " and ", kIndexName,
-        ": which are the weights is unclear; remove the stale one"));
+    return absl::FailedPreconditionError(
+        absl::StrCat(dir.string(), " holds both ", kSingleName, " and ", kIndexName,
+                     ": which are the weights is unclear; remove the stale one"));
   }
   if (single) {
     out.weights = (dir / kSingleName).string();

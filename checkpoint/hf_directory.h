@@ -5,7 +5,8 @@
 // model from config.json alone.
 //
 // Every file read is a regular file inside the directory: a shard name is a plain file name (no
-// '/', no ".."), and a symbolic link may lead only to a file inside the directory. A directory
+// '/', no ".."), and a symbolic link may lead only to a file inside the directory (or, for a
+// revision in the Hugging Face hub's cache, REPO/snapshots/REV, to REPO/blobs). A directory
 // comes from elsewhere; its links are its author's, and an import must not read what lies
 // elsewhere on this machine (and publish it again as a model).
 #pragma once

@@ -2,8 +2,8 @@
 
 #include <algorithm>
 #include <cstring>
-#include <optional>
 #include <map>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -117,9 +117,9 @@ absl::StatusOr<ModelConfig> ModelOf(const HfDirectory& files, const HfConfig& co
       const HfConfig stated,
       ParseHfConfig(HfConfigJson(recorded, config.type, config.dtype, std::nullopt), recorded_in));
   if (const Difference d = FirstDifference(config.model, stated.model); !d.field.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        files.config_file.string(), " and ", recorded_in, " disagree: model.", d.field, " is ",
-        d.a, " by config.json, ", d.b, " by the metadata"));
+    return absl::InvalidArgumentError(absl::StrCat(files.config_file.string(), " and ", recorded_in,
+                                                   " disagree: model.", d.field, " is ", d.a,
+                                                   " by config.json, ", d.b, " by the metadata"));
   }
   // GPT-2's table starts at position 0: the export left out the rows before first_position,
   // which no token uses.
@@ -134,9 +134,8 @@ std::string KeyFor(const HfConfig& config, const ModelConfig& model, absl::strin
   };
   if (tensor == "lm_head.weight") return flag("tie_word_embeddings", model.tie_embeddings());
   if (config.type == HfModelType::kGpt2) {
-    return absl::StartsWith(tensor, "transformer.h.")
-               ? absl::StrCat("n_layer ", model.num_layers())
-               : std::string("model_type \"gpt2\"");
+    return absl::StartsWith(tensor, "transformer.h.") ? absl::StrCat("n_layer ", model.num_layers())
+                                                      : std::string("model_type \"gpt2\"");
   }
   const model::NormFormerConfig& nf = model.normformer();
   if (absl::StrContains(tensor, "embed_positions")) {
@@ -180,7 +179,8 @@ bool SameBytes(const Tensor& a, const Tensor& b) {
 // compared), as transformers may write it.
 absl::Status MatchTensors(const HfDirectory& files, const HfConfig& config,
                           const ModelConfig& model, const std::vector<HfTensor>& tensors) {
-  const std::string disagree = absl::StrCat(files.config_file.string(), " and the weights disagree: ");
+  const std::string disagree =
+      absl::StrCat(files.config_file.string(), " and the weights disagree: ");
   std::map<std::string, const HfTensor*> expected;
   for (const HfTensor& tensor : tensors) {
     expected[tensor.name] = &tensor;
@@ -205,31 +205,30 @@ absl::Status MatchTensors(const HfDirectory& files, const HfConfig& config,
           ", not ", ShapeText(tensor.shape), " (config.json's ", keys, ")"));
     }
     if (entry.dtype != config.dtype) {
-      return absl::FailedPreconditionError(
-          absl::StrCat(disagree, file.file().string(), " holds ", tensor.name, " as ",
-                       DTypeName(entry.dtype), ", not ", DTypeName(config.dtype),
-                       " (config.json's dtype)"));
+      return absl::FailedPreconditionError(absl::StrCat(
+          disagree, file.file().string(), " holds ", tensor.name, " as ", DTypeName(entry.dtype),
+          ", not ", DTypeName(config.dtype), " (config.json's dtype)"));
     }
   }
   for (const auto& [name, place] : files.tensors) {
     if (expected.count(name) > 0) continue;
     const SafetensorsReader& file = files.files[place];
     if (name == "lm_head.weight" && model.tie_embeddings()) {
-      const HfTensor& embedding = *std::find_if(
-          tensors.begin(), tensors.end(), [](const HfTensor& t) {
+      const HfTensor& embedding =
+          *std::find_if(tensors.begin(), tensors.end(), [](const HfTensor& t) {
             return t.sources == std::vector<std::string>{"decoder.embed_tokens.weight"};
           });
       NF_ASSIGN_OR_RETURN(const Tensor head, file.Read(name));
       NF_ASSIGN_OR_RETURN(const Tensor table,
                           files.files[files.tensors.at(embedding.name)].Read(embedding.name));
       if (file.Find(name)->shape == embedding.shape && SameBytes(head, table)) continue;
-      return absl::FailedPreconditionError(absl::StrCat(
-          disagree, file.file().string(), " holds lm_head.weight, which differs from ",
-          embedding.name, " (config.json's tie_word_embeddings true)"));
+      return absl::FailedPreconditionError(
+          absl::StrCat(disagree, file.file().string(), " holds lm_head.weight, which differs from ",
+                       embedding.name, " (config.json's tie_word_embeddings true)"));
     }
-    return absl::FailedPreconditionError(
-        absl::StrCat(disagree, file.file().string(), " holds ", name,
-                     ", which the model has not (config.json's ", KeyFor(config, model, name), ")"));
+    return absl::FailedPreconditionError(absl::StrCat(
+        disagree, file.file().string(), " holds ", name,
+        ", which the model has not (config.json's ", KeyFor(config, model, name), ")"));
   }
   return absl::OkStatus();
 }
@@ -284,14 +283,17 @@ class HfParams {
 
   absl::StatusOr<Tensor> Read(const std::string& param) {
     const HfTensor& tensor = TensorOf(param);
-    if (tensor.name != read_name_) {
-      read_name_.clear();
+    if (!read_ || tensor.name != read_name_) {
+      read_.reset();
       NF_ASSIGN_OR_RETURN(read_, FileOf(tensor).Read(tensor.name));
       read_name_ = tensor.name;
     }
     std::vector<Shape> source_shapes;
     for (const std::string& source : tensor.sources) source_shapes.push_back(shapes_.at(source));
-    return SourceOfHfTensor(tensor, read_, place_.at(param).second, source_shapes);
+    const size_t index = place_.at(param).second;
+    NF_ASSIGN_OR_RETURN(Tensor source, SourceOfHfTensor(tensor, *read_, index, source_shapes));
+    if (index + 1 == tensor.sources.size()) read_.reset();  // its last part: no longer kept
+    return source;
   }
 
   // The HF tensor, and the parameter when it is only part of it or transposed (the element a
@@ -305,10 +307,10 @@ class HfParams {
 
   const HfDirectory& files_;
   const std::vector<HfTensor>& tensors_;
-  std::map<std::string, Shape> shapes_;                         // parameter -> global shape
-  std::map<std::string, std::pair<size_t, size_t>> place_;      // parameter -> (tensor, source)
-  std::string read_name_;                                       // the HF tensor in read_
-  Tensor read_;
+  std::map<std::string, Shape> shapes_;                     // parameter -> global shape
+  std::map<std::string, std::pair<size_t, size_t>> place_;  // parameter -> (tensor, source)
+  std::string read_name_;                                   // the HF tensor in read_
+  std::optional<Tensor> read_;
 };
 
 }  // namespace
@@ -329,8 +331,8 @@ absl::Status ImportHfDirectory(const fs::path& dir, const HfImportOptions& optio
     absl::StatusOr<std::optional<int64_t>> recorded =
         StepFromMetadata(files.files.front().metadata());
     if (!recorded.ok()) {
-      return absl::DataLossError(absl::StrCat(files.files.front().file().string(), ": ",
-                                              recorded.status().message()));
+      return absl::DataLossError(
+          absl::StrCat(files.files.front().file().string(), ": ", recorded.status().message()));
     }
     step = recorded->value_or(0);
   }

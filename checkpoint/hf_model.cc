@@ -83,6 +83,7 @@ std::vector<std::pair<std::string, std::string>> NormFormerMembers(const ModelCo
       {"architectures", "[\"NormFormerForCausalLM\"]"},
       {"auto_map",
        "{\"AutoConfig\": \"configuration_normformer.NormFormerConfig\", "
+       "\"AutoModel\": \"modeling_normformer.NormFormerModel\", "
        "\"AutoModelForCausalLM\": \"modeling_normformer.NormFormerForCausalLM\"}"},
       {"model_type", Quoted("normformer")},
       {"vocab_size", absl::StrCat(model.vocab_size())},

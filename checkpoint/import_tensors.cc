@@ -63,8 +63,8 @@ class ImportedTensors {
       NF_ASSIGN_OR_RETURN(Tensor read, params_.read(record.name()));
       const NonFinite bad = FindNonFinite(read.raw_data(), read.numel(), read.dtype());
       if (bad.count > 0) {
-        return absl::DataLossError(absl::StrCat(params_.where(record.name()), " holds ",
-                                                bad.count, " non-finite values (the first at element ",
+        return absl::DataLossError(absl::StrCat(params_.where(record.name()), " holds ", bad.count,
+                                                " non-finite values (the first at element ",
                                                 bad.first, ")"));
       }
       name_ = record.name();
@@ -96,8 +96,8 @@ class ImportedTensors {
 
 }  // namespace
 
-absl::Status WriteImportedCheckpoint(const fs::path& source, const ModelConfig& model,
-                                     int64_t step, const std::vector<model::ParamSpec>& specs,
+absl::Status WriteImportedCheckpoint(const fs::path& source, const ModelConfig& model, int64_t step,
+                                     const std::vector<model::ParamSpec>& specs,
                                      const ParamSource& params, const TargetLayout& layout,
                                      const fs::path& out) {
   ImportedTensors tensors(params);

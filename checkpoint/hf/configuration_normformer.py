@@ -91,6 +91,7 @@ class NormFormerConfig(PreTrainedConfig):
 
     def validate_architecture(self):
         """Shapes the layer math needs; the enum strings are checked by their Literal types."""
+        super().validate_architecture()
         for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
                      "intermediate_size", "max_position_embeddings"):
             if getattr(self, name) < 1:

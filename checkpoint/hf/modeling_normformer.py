@@ -8,6 +8,7 @@ new), d hidden_size, H heads, Dh = d / H, F intermediate_size, V vocab_size.
 """
 import math
 from collections.abc import Callable
+from functools import partial
 
 import torch
 from torch import nn
@@ -18,7 +19,11 @@ from transformers.generation import GenerationMixin
 from transformers.masking_utils import create_causal_mask
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
-from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, PreTrainedModel, slice_logits_to_keep
+from transformers.modeling_utils import (
+    ALL_ATTENTION_FUNCTIONS,
+    PreTrainedModel,
+    slice_logits_to_keep,
+)
 from transformers.processing_utils import Unpack
 from transformers.utils import TransformersKwargs, can_return_tuple
 from transformers.utils.deprecation import deprecate_kwarg
@@ -33,8 +38,8 @@ def relu_squared(x: torch.Tensor) -> torch.Tensor:
 
 
 ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
-    "gelu": lambda x: nn.functional.gelu(x, approximate="none"),  # erf form
-    "gelu_tanh": lambda x: nn.functional.gelu(x, approximate="tanh"),
+    "gelu": partial(nn.functional.gelu, approximate="none"),  # erf form
+    "gelu_tanh": partial(nn.functional.gelu, approximate="tanh"),
     "relu_squared": relu_squared,
 }
 
@@ -181,7 +186,7 @@ class NormFormerDecoderLayer(GradientCheckpointingLayer):
 
     def __init__(self, config: NormFormerConfig, layer_idx: int):
         super().__init__()
-        d, eps = config.hidden_size, config.layer_norm_eps
+        d, f, eps = config.hidden_size, config.intermediate_size, config.layer_norm_eps
         self.num_heads = config.num_attention_heads
         self.dropout = config.dropout
         self.activation_dropout = config.activation_dropout
@@ -190,13 +195,13 @@ class NormFormerDecoderLayer(GradientCheckpointingLayer):
 
         self.self_attn_layer_norm = nn.LayerNorm(d, eps=eps)
         self.self_attn = NormFormerAttention(config, layer_idx)
-        self.c_attn = nn.Parameter(torch.ones(config.num_attention_heads)) if config.scale_heads else None
+        self.c_attn = nn.Parameter(torch.ones(self.num_heads)) if config.scale_heads else None
         self.attn_ln = nn.LayerNorm(d, eps=eps) if config.scale_attn else None
         self.final_layer_norm = nn.LayerNorm(d, eps=eps)
-        self.fc1 = NormFormerLinear(d, config.intermediate_size)
+        self.fc1 = NormFormerLinear(d, f)
         # Normalises over all F columns (the project computes its statistics across tensor ranks).
-        self.ffn_layernorm = nn.LayerNorm(config.intermediate_size, eps=eps) if config.scale_fc else None
-        self.fc2 = NormFormerLinear(config.intermediate_size, d)
+        self.ffn_layernorm = nn.LayerNorm(f, eps=eps) if config.scale_fc else None
+        self.fc2 = NormFormerLinear(f, d)
         self.w_resid = nn.Parameter(torch.ones(d)) if config.scale_resids else None
 
     def forward(
@@ -219,7 +224,8 @@ class NormFormerDecoderLayer(GradientCheckpointingLayer):
             attn = (attn.unflatten(-1, (self.num_heads, -1)) * self.c_attn[:, None]).flatten(-2)
         if self.attn_ln is not None:
             attn = self.attn_ln(attn)
-        residual = hidden_states + nn.functional.dropout(attn, p=self.dropout, training=self.training)
+        attn = nn.functional.dropout(attn, p=self.dropout, training=self.training)
+        residual = hidden_states + attn
 
         ffn = self.activation(self.fc1(self.final_layer_norm(residual)))  # [B, S, F]
         ffn = nn.functional.dropout(ffn, p=self.activation_dropout, training=self.training)
@@ -288,7 +294,7 @@ class NormFormerModel(NormFormerPreTrainedModel):
         else:
             self.embed_positions = NormFormerSinusoidalPositions(config)
         self.layers = nn.ModuleList(
-            [NormFormerDecoderLayer(config, layer_idx) for layer_idx in range(config.num_hidden_layers)]
+            [NormFormerDecoderLayer(config, i) for i in range(config.num_hidden_layers)]
         )
         self.layer_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.gradient_checkpointing = False
@@ -325,7 +331,8 @@ class NormFormerModel(NormFormerPreTrainedModel):
                 position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)[:, -length:]
             else:
                 past = cache.get_seq_length() if cache is not None else 0
-                position_ids = torch.arange(past, past + length, device=inputs_embeds.device)[None, :]
+                position_ids = torch.arange(past, past + length, device=inputs_embeds.device)
+                position_ids = position_ids[None, :]
 
         causal_mask = create_causal_mask(
             config=self.config,
@@ -335,9 +342,12 @@ class NormFormerModel(NormFormerPreTrainedModel):
             position_ids=position_ids,
         )
 
-        positions = self.embed_positions(position_ids + self.config.first_position)  # [B or 1, S, d]
+        # [B or 1, S, d]: row position + first_position of the table.
+        positions = self.embed_positions(position_ids + self.config.first_position)
         hidden_states = inputs_embeds * self.embed_scale + positions.to(inputs_embeds.dtype)
-        hidden_states = nn.functional.dropout(hidden_states, p=self.config.dropout, training=self.training)
+        hidden_states = nn.functional.dropout(
+            hidden_states, p=self.config.dropout, training=self.training
+        )
         for layer in self.layers:
             hidden_states = layer(hidden_states, attention_mask=causal_mask, cache=cache, **kwargs)
         hidden_states = self.layer_norm(hidden_states)
@@ -387,7 +397,9 @@ class NormFormerForCausalLM(NormFormerPreTrainedModel, GenerationMixin):
 
         loss = None
         if labels is not None:
-            loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size, **kwargs)
+            loss = self.loss_function(
+                logits=logits, labels=labels, vocab_size=self.config.vocab_size, **kwargs
+            )
         return CausalLMOutputWithPast(
             loss=loss,
             logits=logits,

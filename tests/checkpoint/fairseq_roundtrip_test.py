@@ -102,7 +102,15 @@ def check_command_line(nf_ckpt, work, exported):
          "--set needs --config", 2),
         (["import", exported, "--out", work / "x", "--step", "-1"], "--step takes", 2),
         (["export", work, "--format", "onnx", "--out", work / "x"],
-         "export needs --format safetensors or --format fairseq", 2),
+         "export needs --format safetensors, fairseq or hf", 2),
+        (["export", work, "--format", "hf", "--out", work / "x", "--model-type", "bert"],
+         "--model-type takes auto, normformer or gpt2", 2),
+        (["export", work, "--format", "hf", "--out", work / "x", "--tokenizer", "gpt2",
+          "--vocab-file", work / "vocab.json"], "--tokenizer gpt2 takes --vocab-file and", 2),
+        (["export", work, "--format", "hf", "--out", work / "x", "--spm-model", work / "m"],
+         "need --tokenizer", 2),
+        (["export", work, "--format", "fairseq", "--out", work / "x", "--max-shard-size", "9"],
+         "--max-shard-size is for --format hf", 2),
         (["import", work / "missing.safetensors", "--out", work / "x"], "missing.safetensors", 1),
     ]
     for args, message, code in refusals:
