@@ -1,5 +1,6 @@
 #include "eval/sequences.h"
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 
 namespace nf::eval {
@@ -44,8 +45,9 @@ absl::StatusOr<ScoredSequence> SequenceOf(const std::vector<int32_t>& context_id
 }
 
 int64_t ChoiceCharacters(const Request& request) {
-  const size_t first = request.continuation.find_first_not_of(' ');
-  if (first == std::string::npos) return 0;
+  // The choice is the continuation without its one delimiting space (lm-evaluation-harness's
+  // len(choice)); a space the choice itself begins with counts.
+  const size_t first = absl::StartsWith(request.continuation, " ") ? 1 : 0;
   int64_t characters = 0;
   for (size_t i = first; i < request.continuation.size(); ++i) {
     // Every byte but UTF-8 continuation bytes (10xxxxxx) starts a code point.

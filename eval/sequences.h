@@ -42,7 +42,7 @@ absl::StatusOr<ScoredSequence> SequenceOf(const std::vector<int32_t>& context_id
                                           std::optional<int32_t> end_of_document, int64_t seq_len);
 
 // The characters of a choice, lm-evaluation-harness's acc_norm length: the continuation's
-// Unicode code points (UTF-8 lead bytes) without the spaces that join it to the context.
+// Unicode code points (UTF-8 lead bytes) without the one space that joins it to the context.
 int64_t ChoiceCharacters(const Request& request);
 
 }  // namespace nf::eval

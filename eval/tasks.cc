@@ -72,8 +72,27 @@ std::string CleanHellaSwag(absl::string_view text) {
   return absl::StrReplaceAll(out, {{"  ", " "}});
 }
 
+// Python's str.capitalize() on ASCII: the first character upper case, every other lower case
+// ("then the Man" -> "Then the man"). Bytes outside ASCII are kept as they are, where Python
+// would also change the case of non-ASCII letters.
+std::string Capitalize(absl::string_view text) {
+  std::string out = absl::AsciiStrToLower(text);
+  if (!out.empty()) out[0] = absl::ascii_toupper(static_cast<unsigned char>(out[0]));
+  return out;
+}
+
+// lm-evaluation-harness's context: ctx_a, a space and ctx_b capitalized, where the dataset's own
+// "ctx" has ctx_b as it is (mostly lower case: "... smiles. then"); a line with only "ctx" is
+// taken as it stands.
+absl::StatusOr<std::string> HellaSwagContext(const JsonValue& line) {
+  if (!line.members.contains("ctx_a")) return StringField(line, "ctx");
+  NF_ASSIGN_OR_RETURN(const std::string a, StringField(line, "ctx_a"));
+  NF_ASSIGN_OR_RETURN(const std::string b, StringField(line, "ctx_b"));
+  return absl::StrCat(a, " ", Capitalize(b));
+}
+
 absl::StatusOr<TaskExample> HellaSwag(const JsonValue& line) {
-  NF_ASSIGN_OR_RETURN(std::string context, StringField(line, "ctx"));
+  NF_ASSIGN_OR_RETURN(std::string context, HellaSwagContext(line));
   if (line.members.contains("activity_label")) {
     NF_ASSIGN_OR_RETURN(const std::string activity, StringField(line, "activity_label"));
     context = absl::StrCat(activity, ": ", context);

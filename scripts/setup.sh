@@ -104,8 +104,10 @@ fi
 # which every checkout's .venv reaches through a .pth file; it is built under a temporary name
 # and renamed when complete, so an interrupted install is never taken for a finished one. The
 # packages it shares with .venv have .venv's pins, so either copy is the same.
+# pyarrow: lm-eval's datasets reads its task files with it, and pyarrow 26 refuses the numpy
+# (1.26) that the rest resolves to.
 hf_pins=(torch==2.15.0 transformers==5.25.0 lm-eval==0.4.13 accelerate==1.16.0
-  safetensors==0.8.0 tokenizers==0.23.3 sentencepiece==0.2.3)
+  safetensors==0.8.0 tokenizers==0.23.3 sentencepiece==0.2.3 pyarrow==25.0.1)
 hf_key=$(printf '%s\n' "${hf_pins[@]}" | sha256sum | cut -c1-12)
 hf_stack="${NF_HF_STACK_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/normformer}/hf-stack-$hf_key"
 if [[ ! -e "$hf_stack/complete" ]]; then

@@ -276,7 +276,7 @@ def reference_tasks(model, tok, eod):
             for context, continuation in choices:
                 tokens, scored, truncated = sequence(tok, eod, context, continuation)
                 loglik, margins = reference_score(model, tokens, scored)
-                scored_choices.append((loglik, scored, len(continuation.lstrip(" ")), margins,
+                scored_choices.append((loglik, scored, len(continuation) - continuation.startswith(" "), margins,
                                        truncated))
             examples.append((label, scored_choices))
         out[name] = {"examples": examples}

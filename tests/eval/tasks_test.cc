@@ -34,6 +34,20 @@ TEST(TasksTest, HellaSwagPrefixesTheActivityAndCleansWikiHowMarkup) {
   EXPECT_EQ(e.label, 1);
 }
 
+// The harness builds the context from ctx_a and ctx_b capitalized (Python's str.capitalize),
+// not from the dataset's "ctx", which keeps ctx_b lower case.
+TEST(TasksTest, HellaSwagCapitalizesCtxB) {
+  const TaskExample e =
+      Example(TaskKind::kHellaSwag,
+              R"({"activity_label": "Cooking", "ctx_a": "She smiles.", "ctx_b": "then the Man",)"
+              R"( "ctx": "She smiles. then the Man", "endings": ["a.", "b."], "label": 0})");
+  EXPECT_EQ(e.choices[0].context, "Cooking: She smiles. Then the man");
+  const auto without_b = ParseJson(R"({"ctx_a": "x", "endings": ["a.", "b."], "label": 0})");
+  ASSERT_TRUE(without_b.ok());
+  EXPECT_THAT(ExampleOf(TaskKind::kHellaSwag, *without_b).status().message(),
+              HasSubstr("no \"ctx_b\" field"));
+}
+
 TEST(TasksTest, PiqaAsksAQuestion) {
   const TaskExample e =
       Example(TaskKind::kPiqa, R"({"goal": "Open a jar", "sol1": "Twist.", "sol2": "Kick.",)"
