@@ -12,6 +12,7 @@ trap 'rm -rf "$dir"' EXIT
 ln -s "$build" "$dir/build"
 ln -s "$repo/deploy" "$dir/deploy"
 ln -s "$repo/scripts" "$dir/scripts"
+ln -s "$repo/.venv" "$dir/.venv"  # transformers, for the Hugging Face section
 mkdir -p "$dir/corpora/guide" "$dir/runs"
 # The guide's mpirun lines are written for a user; CI containers run as root and without
 # ptrace between processes.
