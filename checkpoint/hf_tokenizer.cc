@@ -133,7 +133,9 @@ absl::StatusOr<std::optional<int32_t>> WriteSentencePiece(const HfTokenizerFiles
   };
   NF_RETURN_IF_ERROR(Write(dir / "tokenizer.model", model));
   const std::vector<std::pair<std::string, std::optional<std::string>>> tokens = {
-      {"bos_token", piece(vocabulary->bos_id)},
+      // The end-of-document piece, as config.json's bos_token_id: what a context starts after
+      // (lm-eval's add_bos_token), never SentencePiece's own <s>, which training never saw.
+      {"bos_token", piece(vocabulary->eos_id)},
       {"eos_token", piece(vocabulary->eos_id)},
       {"unk_token", piece(vocabulary->unk_id)},
       {"pad_token", piece(vocabulary->pad_id)}};

@@ -9,17 +9,17 @@ namespace {
 // not used by sentencepiece_model.proto and are rejected as malformed.
 enum WireType : uint64_t { kVarint = 0, kFixed64 = 1, kLengthDelimited = 2, kFixed32 = 5 };
 
-constexpr uint64_t kTrainerSpec = 2;                                    // ModelProto
-constexpr uint64_t kNormalizerSpec = 3;                                 // ModelProto
-constexpr uint64_t kTreatWhitespaceAsSuffix = 24;                       // TrainerSpec
-constexpr uint64_t kAddDummyPrefix = 3;                                 // NormalizerSpec
-constexpr uint64_t kRemoveExtraWhitespaces = 4;                         // NormalizerSpec
-constexpr uint64_t kSplitByWhitespace = 22;                             // TrainerSpec
-constexpr uint64_t kModelType = 3;                                      // TrainerSpec
-constexpr uint64_t kUnigram = 1;                                        // TrainerSpec.ModelType
-constexpr uint64_t kPieces = 1;                                         // ModelProto
-constexpr uint64_t kPieceText = 1;                                      // ModelProto.SentencePiece
-constexpr uint64_t kUnkId = 40, kBosId = 41, kEosId = 42, kPadId = 43;  // TrainerSpec
+constexpr uint64_t kTrainerSpec = 2;                       // ModelProto
+constexpr uint64_t kNormalizerSpec = 3;                    // ModelProto
+constexpr uint64_t kTreatWhitespaceAsSuffix = 24;          // TrainerSpec
+constexpr uint64_t kAddDummyPrefix = 3;                    // NormalizerSpec
+constexpr uint64_t kRemoveExtraWhitespaces = 4;            // NormalizerSpec
+constexpr uint64_t kSplitByWhitespace = 22;                // TrainerSpec
+constexpr uint64_t kModelType = 3;                         // TrainerSpec
+constexpr uint64_t kUnigram = 1;                           // TrainerSpec.ModelType
+constexpr uint64_t kPieces = 1;                            // ModelProto
+constexpr uint64_t kPieceText = 1;                         // ModelProto.SentencePiece
+constexpr uint64_t kUnkId = 40, kEosId = 42, kPadId = 43;  // TrainerSpec
 
 // One field of a message: its number and wire type, and its value when a varint or bytes.
 struct Field {
@@ -133,8 +133,8 @@ std::string WithoutDummyPrefix(absl::string_view model_proto) {
 absl::StatusOr<SentencePieceVocabulary> ReadVocabulary(absl::string_view model_proto) {
   SentencePieceVocabulary vocabulary;
   // The ids as varints (int32 -1 is written as the 64-bit two's complement).
-  uint64_t ids[4] = {0, 1, 2, static_cast<uint64_t>(-1)};
-  const uint64_t fields[4] = {kUnkId, kBosId, kEosId, kPadId};
+  uint64_t ids[3] = {0, 2, static_cast<uint64_t>(-1)};
+  const uint64_t fields[3] = {kUnkId, kEosId, kPadId};
   bool well_formed = true;
   const bool top_level_well_formed = ForEachField(model_proto, [&](const Field& field) {
     if (field.wire_type != kLengthDelimited) return;
@@ -145,16 +145,15 @@ absl::StatusOr<SentencePieceVocabulary> ReadVocabulary(absl::string_view model_p
       });
       vocabulary.pieces.push_back(std::move(piece));
     } else if (field.number == kTrainerSpec) {
-      for (int k = 0; k < 4; ++k) well_formed &= ReadVarintField(field.bytes, fields[k], &ids[k]);
+      for (int k = 0; k < 3; ++k) well_formed &= ReadVarintField(field.bytes, fields[k], &ids[k]);
     }
   });
   if (!top_level_well_formed || !well_formed) {
     return absl::InvalidArgumentError(
         "the SentencePiece model's ModelProto is not well-formed protobuf wire format");
   }
-  std::optional<int32_t>* outs[4] = {&vocabulary.unk_id, &vocabulary.bos_id, &vocabulary.eos_id,
-                                     &vocabulary.pad_id};
-  for (int k = 0; k < 4; ++k) {
+  std::optional<int32_t>* outs[3] = {&vocabulary.unk_id, &vocabulary.eos_id, &vocabulary.pad_id};
+  for (int k = 0; k < 3; ++k) {
     const auto id = static_cast<int64_t>(ids[k]);
     if (id >= 0 && id < static_cast<int64_t>(vocabulary.pieces.size())) {
       *outs[k] = static_cast<int32_t>(id);

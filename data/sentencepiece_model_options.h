@@ -48,9 +48,9 @@ std::string WithoutDummyPrefix(absl::string_view model_proto);
 // (nf-ckpt's Hugging Face export) without loading the library.
 struct SentencePieceVocabulary {
   std::vector<std::string> pieces;  // ModelProto.pieces (field 1), in id order
-  // TrainerSpec's unk_id (40), bos_id (41), eos_id (42), pad_id (43), with the proto's defaults
-  // 0, 1, 2 and -1; -1 (or an id past the pieces) is "none".
-  std::optional<int32_t> unk_id, bos_id, eos_id, pad_id;
+  // TrainerSpec's unk_id (40), eos_id (42) and pad_id (43), with the proto's defaults 0, 2 and
+  // -1; -1 (or an id past the pieces) is "none".
+  std::optional<int32_t> unk_id, eos_id, pad_id;
 };
 
 // From ModelProto's bytes; InvalidArgument as ReadModelOptions.
