@@ -6,7 +6,6 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "checkpoint/fairseq_model.h"
 #include "checkpoint/import_tensors.h"
 #include "checkpoint/output_path.h"
@@ -20,10 +19,6 @@ namespace {
 
 namespace fs = std::filesystem;
 using model::ModelConfig;
-
-std::string ShapeText(const Shape& shape) {
-  return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
-}
 
 // The file's model config: its metadata's, or the one given for a file without.
 absl::StatusOr<ModelConfig> ModelOf(const fs::path& file, const SafetensorsMetadata& metadata,
@@ -94,8 +89,8 @@ absl::Status MatchParams(const SafetensorsReader& reader, const ModelConfig& mod
     }
     if (entry->shape != spec.global_shape) {
       return absl::FailedPreconditionError(
-          absl::StrCat(file.string(), ": ", spec.name, " is ", ShapeText(entry->shape),
-                       ", the model's is ", ShapeText(spec.global_shape)));
+          absl::StrCat(file.string(), ": ", spec.name, " is ", ShapeToString(entry->shape),
+                       ", the model's is ", ShapeToString(spec.global_shape)));
     }
   }
   for (const SafetensorsEntry& entry : reader.entries()) {

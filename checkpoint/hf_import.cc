@@ -29,10 +29,6 @@ namespace {
 namespace fs = std::filesystem;
 using model::ModelConfig;
 
-std::string ShapeText(const Shape& shape) {
-  return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
-}
-
 // A gpt2 config.json is run by transformers' own GPT2LMHeadModel, unless an auto_map names code
 // to run instead: what that computes is not known here. (The normformer type's auto_map names
 // the project's model files, whose model config.json describes; they are never run here.)
@@ -200,9 +196,10 @@ absl::Status MatchTensors(const HfDirectory& files, const HfConfig& config,
       }
       const std::string keys =
           dim < tensor.shape.size() ? SizeKeysOf(config, model, tensor.shape[dim]) : "model";
-      return absl::FailedPreconditionError(absl::StrCat(
-          disagree, file.file().string(), " holds ", tensor.name, " as ", ShapeText(entry.shape),
-          ", not ", ShapeText(tensor.shape), " (config.json's ", keys, ")"));
+      return absl::FailedPreconditionError(
+          absl::StrCat(disagree, file.file().string(), " holds ", tensor.name, " as ",
+                       ShapeToString(entry.shape), ", not ", ShapeToString(tensor.shape),
+                       " (config.json's ", keys, ")"));
     }
     if (entry.dtype != config.dtype) {
       return absl::FailedPreconditionError(absl::StrCat(

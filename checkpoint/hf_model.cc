@@ -150,9 +150,15 @@ class ConfigReader {
     return it == root_.members.end() ? nullptr : &it->second;
   }
 
-  absl::StatusOr<int32_t> Int(absl::string_view key) const {
+  // The key's value; null when it is absent and may be (`optional`), refused when it must be there.
+  absl::StatusOr<const JsonValue*> Value(absl::string_view key, bool optional) const {
     const JsonValue* v = Find(key);
-    if (v == nullptr) return Error(key, "is missing");
+    if (v == nullptr && !optional) return Error(key, "is missing");
+    return v;
+  }
+
+  absl::StatusOr<int32_t> Int(absl::string_view key) const {
+    NF_ASSIGN_OR_RETURN(const JsonValue* v, Value(key, false));
     if (v->kind != JsonValue::Kind::kNumber || v->number != static_cast<int32_t>(v->number) ||
         v->text.find_first_of(".eE") != std::string::npos) {
       return Error(key,
@@ -163,11 +169,8 @@ class ConfigReader {
 
   // A float; `fallback` when the key is absent (nullopt: required).
   absl::StatusOr<float> Float(absl::string_view key, std::optional<float> fallback) const {
-    const JsonValue* v = Find(key);
-    if (v == nullptr) {
-      if (fallback) return *fallback;
-      return Error(key, "is missing");
-    }
+    NF_ASSIGN_OR_RETURN(const JsonValue* v, Value(key, fallback.has_value()));
+    if (v == nullptr) return *fallback;
     if (v->kind != JsonValue::Kind::kNumber) {
       return Error(key, absl::StrCat("must be a number, not ", JsonKindName(v->kind)));
     }
@@ -175,11 +178,8 @@ class ConfigReader {
   }
 
   absl::StatusOr<bool> Bool(absl::string_view key, std::optional<bool> fallback) const {
-    const JsonValue* v = Find(key);
-    if (v == nullptr) {
-      if (fallback) return *fallback;
-      return Error(key, "is missing");
-    }
+    NF_ASSIGN_OR_RETURN(const JsonValue* v, Value(key, fallback.has_value()));
+    if (v == nullptr) return *fallback;
     if (v->kind != JsonValue::Kind::kBool) {
       return Error(key, absl::StrCat("must be true or false, not ", JsonKindName(v->kind)));
     }
@@ -189,11 +189,8 @@ class ConfigReader {
   // One of `choices`; `fallback` when absent.
   absl::StatusOr<std::string> Choice(absl::string_view key, const std::vector<std::string>& choices,
                                      std::optional<std::string> fallback) const {
-    const JsonValue* v = Find(key);
-    if (v == nullptr) {
-      if (fallback) return *fallback;
-      return Error(key, "is missing");
-    }
+    NF_ASSIGN_OR_RETURN(const JsonValue* v, Value(key, fallback.has_value()));
+    if (v == nullptr) return *fallback;
     if (v->kind == JsonValue::Kind::kString) {
       for (const std::string& c : choices) {
         if (v->text == c) return c;
