@@ -19,7 +19,6 @@ refused for a directory.
 usage: hf_import_test.py NF_CKPT CHECKPOINT_LOGITS
 """
 import pathlib
-import subprocess
 import sys
 import tempfile
 
@@ -27,16 +26,10 @@ import numpy as np
 import torch
 import transformers
 
+from fairseq_test_util import run  # the checkpoint tests' subprocess runner
+
 TOLERANCE = 2.0 ** -16
 VOCAB, POSITIONS = 64, 16
-
-
-def run(*args, check=True):
-    result = subprocess.run([str(a) for a in args], capture_output=True, text=True)
-    if check and result.returncode != 0:
-        raise AssertionError(f"{' '.join(map(str, args))} exited {result.returncode}:\n"
-                             f"{result.stdout}\n{result.stderr}")
-    return result
 
 
 def random_gpt2(activation, seed):
