@@ -434,8 +434,8 @@ TEST(CudaFaultTest, BadTokenIdIsReportedAtSynchronize) {
 // instead of hanging it; forced() says it did.
 class StreamGate {
  public:
-  explicit StreamGate(cudaStream_t stream,
-                      std::chrono::seconds deadline = std::chrono::seconds(60)) {
+  explicit StreamGate(cudaStream_t stream, std::chrono::seconds deadline = std::chrono::seconds(60))
+      : stream_(stream) {
     EXPECT_EQ(cudaLaunchHostFunc(stream, &StreamGate::Hold, this), cudaSuccess);
     watchdog_ = std::thread([this, deadline] {
       std::unique_lock<std::mutex> lock(mutex_);
@@ -445,8 +445,11 @@ class StreamGate {
       }
     });
   }
+  // Waits for Hold to have run: until then the stream still holds `this` (a gate destroyed before
+  // its stream reached Hold had Hold lock a destroyed mutex: EINVAL, std::terminate).
   ~StreamGate() {
     Open();
+    EXPECT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
     watchdog_.join();
   }
   void Open() {
@@ -465,6 +468,7 @@ class StreamGate {
     std::unique_lock<std::mutex> lock(gate->mutex_);
     gate->cv_.wait(lock, [gate] { return gate->open_; });
   }
+  cudaStream_t stream_;
   std::mutex mutex_;
   std::condition_variable cv_;
   bool open_ = false, forced_ = false;
