@@ -1,10 +1,11 @@
-// Softmax and causal scaled-dot-product attention on the CPU. Attention runs one (batch, head)
-// pair per task: the [seq, seq] score matrix through sgemm, then a masked row softmax, Philox
-// dropout and a second sgemm. The backward recomputes the probabilities from the saved
-// log-sum-exp, as flash attention does, so only O(seq) floats per row are kept between passes.
-// The score rows are fp32 whatever the dtype, so every row softmax (and its backward) runs the
-// vectorised kernels of core/cpu/isa/softmax_kernels.h; only the causal prefix of a row is
-// computed, the rest is zeroed for the following sgemm.
+// Softmax and scaled-dot-product attention (causal or bidirectional) on the CPU. Attention runs
+// one (batch, head) pair per task: the [seq, seq] score matrix through sgemm, then a masked row
+// softmax, Philox dropout and a second sgemm. The backward recomputes the probabilities from
+// the saved log-sum-exp, as flash attention does, so only O(seq) floats per row are kept between
+// passes. The score rows are fp32 whatever the dtype, so every row softmax (and its backward)
+// runs the vectorised kernels of core/cpu/isa/softmax_kernels.h; only the visible part of a row
+// (the causal prefix, or the whole row without the mask) is computed, the rest is zeroed for
+// the following sgemm.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -27,7 +28,7 @@ void MatMul(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float a
   Sgemm(trans_a, trans_b, m, n, k, alpha, a, trans_a ? m : k, b, trans_b ? k : n, 0.0f, c, n);
 }
 
-// Per (batch, head): the dropout multipliers keep / (1 - p) of row i's first i + 1 columns.
+// Per (batch, head): the dropout multipliers keep / (1 - p) of row i's visible columns.
 struct DropoutRow {
   const ops::DropoutSpec& spec;
   uint64_t sample, head;
@@ -63,6 +64,9 @@ const float* LoadHead(const Tensor& t, int64_t bh, int64_t n, std::vector<float>
   return AsFloat(t.data<T>() + bh * n, n, buf);
 }
 
+// The keys query i attends: 0 .. i with the causal mask, all seq without.
+int64_t VisibleKeys(bool causal, int64_t i, int64_t seq) { return causal ? i + 1 : seq; }
+
 template <typename T>
 void AttentionForwardTyped(const ops::AttentionArgs& args) {
   const int64_t batch = args.q.dim(0), heads = args.q.dim(1);
@@ -79,9 +83,10 @@ void AttentionForwardTyped(const ops::AttentionArgs& args) {
       MatMul(false, true, seq, seq, dim, args.scale, q, k, scores.data());
       for (int64_t i = 0; i < seq; ++i) {
         float* row = scores.data() + i * seq;
-        lse[i] = kernels.softmax(row, i + 1, row);
-        std::fill(row + i + 1, row + seq, 0.0f);
-        dropout.Apply(i, row, i + 1);
+        const int64_t visible = VisibleKeys(args.causal, i, seq);
+        lse[i] = kernels.softmax(row, visible, row);
+        std::fill(row + visible, row + seq, 0.0f);
+        dropout.Apply(i, row, visible);
       }
       MatMul(false, false, seq, dim, seq, 1.0f, scores.data(), v, out.data());
       StoreFloats(out.data(), n, args.out.data<T>() + bh * n);
@@ -109,17 +114,19 @@ void AttentionBackwardTyped(const ops::AttentionBackwardArgs& args) {
       const float* o = LoadHead<T>(args.out, bh, n, o_buf);
       const float* d_o = LoadHead<T>(args.dout, bh, n, do_buf);
       const float* lse = args.lse.data<float>() + bh * seq;
-      // P (probabilities) and P' = dropout(P), both [seq, seq], zero above the diagonal.
+      // P (probabilities) and P' = dropout(P), both [seq, seq], zero above the diagonal when
+      // causal.
       float* p = probs.data();
       float* dropped = dropout_on ? dropped_buf.data() : p;
       MatMul(false, true, seq, seq, dim, args.scale, q, k, p);
       for (int64_t i = 0; i < seq; ++i) {
         float* p_row = p + i * seq;
-        kernels.exp_shifted(p_row, i + 1, lse[i], p_row);
-        std::fill(p_row + i + 1, p_row + seq, 0.0f);
+        const int64_t visible = VisibleKeys(args.causal, i, seq);
+        kernels.exp_shifted(p_row, visible, lse[i], p_row);
+        std::fill(p_row + visible, p_row + seq, 0.0f);
         if (dropout_on) {
           std::copy(p_row, p_row + seq, dropped + i * seq);
-          dropout.Apply(i, dropped + i * seq, i + 1);
+          dropout.Apply(i, dropped + i * seq, visible);
         }
         // sum_j P'_ij dP'_ij = sum_d dO_id O_id: the softmax backward's row term.
         row_dot[i] = static_cast<float>(kernels.dot(d_o + i * dim, o + i * dim, dim));
@@ -132,9 +139,10 @@ void AttentionBackwardTyped(const ops::AttentionBackwardArgs& args) {
       MatMul(false, true, seq, seq, dim, 1.0f, d_o, v, grad);
       for (int64_t i = 0; i < seq; ++i) {
         float* g = grad + i * seq;
-        dropout.Apply(i, g, i + 1);
-        kernels.softmax_grad(p + i * seq, g, i + 1, row_dot[i], g);
-        std::fill(g + i + 1, g + seq, 0.0f);
+        const int64_t visible = VisibleKeys(args.causal, i, seq);
+        dropout.Apply(i, g, visible);
+        kernels.softmax_grad(p + i * seq, g, visible, row_dot[i], g);
+        std::fill(g + visible, g + seq, 0.0f);
       }
       // dQ = scale * dS K; dK = scale * dS^T Q.
       MatMul(false, false, seq, dim, seq, args.scale, grad, k, result.data());

@@ -1,9 +1,9 @@
-// Softmax and the project's own causal attention kernels on the GPU (the reference and the
-// fallback for cuDNN's fused attention). The forward is flash-attention style: a warp per query
-// row walks the key tiles with an online softmax, so no [seq, seq] matrix is ever stored; the
-// backward recomputes the probabilities from the saved log-sum-exp in two kernels, one per
-// query row (dQ) and one per key row (dK, dV), so every gradient is a sum in a fixed order
-// without atomics.
+// Softmax and the project's own attention kernels on the GPU, causal or bidirectional (the
+// reference and the fallback for cuDNN's fused attention). The forward is flash-attention style:
+// a warp per query row walks the key tiles with an online softmax, so no [seq, seq] matrix is
+// ever stored; the backward recomputes the probabilities from the saved log-sum-exp in two
+// kernels, one per query row (dQ) and one per key row (dK, dV), so every gradient is a sum in a
+// fixed order without atomics.
 //
 // Within a tile of 32 keys (or queries), lane l owns key (query) l of the tile for the dot
 // products, and dimensions d = lane + 32 k of the rows it accumulates. K, V, Q and dO tiles are
@@ -61,10 +61,22 @@ __global__ void SoftmaxBackwardKernel(const T* y, const T* dy, T* dx, int64_t co
 struct AttentionShape {
   int64_t heads, seq, dim;
   float scale;
+  bool causal;  // query i attends keys 0 .. i; else every key of the sequence
   ops::DropoutSpec dropout;
   uint32_t threshold;  // DropoutThreshold(p)
   float keep_scale;    // 1 / (1 - p)
 };
+
+// Whether query i attends key j (both may lie past seq at the edge of a tile).
+__device__ bool Visible(const AttentionShape& s, int64_t i, int64_t j) {
+  return i < s.seq && j < s.seq && (!s.causal || j <= i);
+}
+
+// The keys a block of query rows [first_row, first_row + kRowsPerBlock) attends end here: the
+// causal mask stops them after the block's last row.
+__device__ int64_t KeyEnd(const AttentionShape& s, int64_t first_row) {
+  return s.causal ? min(first_row + kRowsPerBlock, s.seq) : s.seq;
+}
 
 // The dropout multiplier of probability (i, j) of pair bh: keep_scale or 0 (1 without dropout).
 __device__ float DropoutMultiplier(const AttentionShape& s, int64_t bh, int64_t i, int64_t j) {
@@ -123,14 +135,14 @@ __global__ void AttentionForwardKernel(const T* q, const T* k, const T* v, T* ou
   LoadRows(q + offset, first_row, kRowsPerBlock, s, q_rows);
 
   float running_max = -INFINITY, running_sum = 0.0f, acc[kChunks] = {};
-  const int64_t last_row = min(first_row + kRowsPerBlock, s.seq) - 1;
-  for (int64_t j0 = 0; j0 <= last_row; j0 += kTile) {
+  const int64_t key_end = KeyEnd(s, first_row);
+  for (int64_t j0 = 0; j0 < key_end; j0 += kTile) {
     __syncthreads();  // the previous tile is no longer read
     LoadRows(k + offset, j0, kTile, s, k_tile);
     LoadRows(v + offset, j0, kTile, s, v_tile);
     __syncthreads();
     const int64_t j = j0 + lane;
-    const bool visible = i < s.seq && j <= i;
+    const bool visible = Visible(s, i, j);
     const float score =
         visible ? s.scale * RowDot(q_rows + warp * pitch, k_tile + lane * pitch, s.dim) : -INFINITY;
     const float new_max = fmaxf(running_max, WarpMax(score));
@@ -187,15 +199,15 @@ __global__ void AttentionGradQKernel(const T* q, const T* k, const T* v, const T
   const float dot_i = i < s.seq ? row_dot[bh * s.seq + i] : 0.0f;
 
   float acc[kChunks] = {};
-  const int64_t last_row = min(first_row + kRowsPerBlock, s.seq) - 1;
-  for (int64_t j0 = 0; j0 <= last_row; j0 += kTile) {
+  const int64_t key_end = KeyEnd(s, first_row);
+  for (int64_t j0 = 0; j0 < key_end; j0 += kTile) {
     __syncthreads();
     LoadRows(k + offset, j0, kTile, s, k_tile);
     LoadRows(v + offset, j0, kTile, s, v_tile);
     __syncthreads();
     const int64_t j = j0 + lane;
     float ds = 0.0f;
-    if (i < s.seq && j <= i) {
+    if (Visible(s, i, j)) {
       const float p =
           expf(s.scale * RowDot(q_rows + warp * pitch, k_tile + lane * pitch, s.dim) - row_lse);
       const float dp = DropoutMultiplier(s, bh, i, j) *
@@ -212,7 +224,7 @@ __global__ void AttentionGradQKernel(const T* q, const T* k, const T* v, const T
 }
 
 // dV[j] = sum_i P'[i, j] dO[i] and dK[j] = scale * sum_i dS[i, j] Q[i], a warp per key row j,
-// walking the query tiles at and after j.
+// walking the query tiles at and after j (every query tile without the causal mask).
 template <typename T, int kChunks>
 __global__ void AttentionGradKVKernel(const T* q, const T* k, const T* v, const T* dout,
                                       const float* lse, const float* row_dot, T* dk, T* dv,
@@ -231,15 +243,15 @@ __global__ void AttentionGradKVKernel(const T* q, const T* k, const T* v, const 
   LoadRows(v + offset, first_row, kRowsPerBlock, s, v_rows);
 
   float dk_acc[kChunks] = {}, dv_acc[kChunks] = {};
-  // Queries before the block's first key see none of its keys.
-  for (int64_t i0 = first_row / kTile * kTile; i0 < s.seq; i0 += kTile) {
+  // With the causal mask, queries before the block's first key see none of its keys.
+  for (int64_t i0 = s.causal ? first_row / kTile * kTile : 0; i0 < s.seq; i0 += kTile) {
     __syncthreads();
     LoadRows(q + offset, i0, kTile, s, q_tile);
     LoadRows(dout + offset, i0, kTile, s, do_tile);
     __syncthreads();
     const int64_t i = i0 + lane;
     float dropped = 0.0f, ds = 0.0f;
-    if (j < s.seq && i < s.seq && j <= i) {
+    if (Visible(s, i, j)) {
       const float p = expf(s.scale * RowDot(k_rows + warp * pitch, q_tile + lane * pitch, s.dim) -
                            lse[bh * s.seq + i]);
       const float multiplier = DropoutMultiplier(s, bh, i, j);
@@ -259,11 +271,12 @@ __global__ void AttentionGradKVKernel(const T* q, const T* k, const T* v, const 
   }
 }
 
-AttentionShape ShapeOf(const Tensor& q, float scale, const ops::DropoutSpec& dropout) {
+AttentionShape ShapeOf(const Tensor& q, float scale, bool causal, const ops::DropoutSpec& dropout) {
   return {q.dim(1),
           q.dim(2),
           q.dim(3),
           scale,
+          causal,
           dropout,
           DropoutThreshold(dropout.p),
           1.0f / (1.0f - dropout.p)};
@@ -384,7 +397,7 @@ absl::Status CudaBackend::SoftmaxBackward(const Tensor& y, const Tensor& dy, con
 }
 
 absl::Status CudaBackend::OwnAttentionForward(const ops::AttentionArgs& args) {
-  const AttentionShape shape = ShapeOf(args.q, args.scale, args.dropout);
+  const AttentionShape shape = ShapeOf(args.q, args.scale, args.causal, args.dropout);
   NF_ASSIGN_OR_RETURN(const dim3 grid, RowGrid(shape.seq, args.q.dim(0) * shape.heads));
   return DispatchHeadDim(shape.dim, [&]<int kChunks>() {
     DispatchFloat(args.q.dtype(), [&]<typename T>() {
@@ -399,7 +412,7 @@ absl::Status CudaBackend::OwnAttentionForward(const ops::AttentionArgs& args) {
 }
 
 absl::Status CudaBackend::OwnAttentionBackward(const ops::AttentionBackwardArgs& args) {
-  const AttentionShape shape = ShapeOf(args.q, args.scale, args.dropout);
+  const AttentionShape shape = ShapeOf(args.q, args.scale, args.causal, args.dropout);
   const int64_t pairs = args.q.dim(0) * shape.heads;
   NF_ASSIGN_OR_RETURN(Tensor row_dot,
                       Tensor::Empty(DType::kF32, {pairs * shape.seq}, context_.allocator()));

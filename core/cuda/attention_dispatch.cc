@@ -128,12 +128,13 @@ AttentionPathCounts AttentionPathsTaken() {
 std::string AttentionCallKey::ToString() const {
   return absl::StrCat(
       "[", batch, ", ", heads, ", ", seq, ", ", dim, "] ", DTypeName(dtype),
+      causal ? "" : ", non-causal",
       dropout() ? absl::StrCat(", dropout ", dropout_probability()) : ", no dropout",
       " on cuda:", device);
 }
 
 AttentionCallKey AttentionKeyOf(int device, const Tensor& q, float scale,
-                                const ops::DropoutSpec& dropout) {
+                                const ops::DropoutSpec& dropout, bool causal) {
   return {.device = device,
           .dtype = q.dtype(),
           .batch = q.dim(0),
@@ -141,7 +142,8 @@ AttentionCallKey AttentionKeyOf(int device, const Tensor& q, float scale,
           .seq = q.dim(2),
           .dim = q.dim(3),
           .scale_bits = std::bit_cast<uint32_t>(scale),
-          .dropout_bits = std::bit_cast<uint32_t>(dropout.p > 0.0f ? dropout.p : 0.0f)};
+          .dropout_bits = std::bit_cast<uint32_t>(dropout.p > 0.0f ? dropout.p : 0.0f),
+          .causal = causal};
 }
 
 AttentionPath ForwardAttentionPath(const char* refusal, bool dropout,
@@ -192,7 +194,8 @@ AttentionPathTable& AttentionPaths() {
 
 absl::Status CudaBackend::AttentionForward(const ops::AttentionArgs& args) {
   if (args.q.numel() == 0) return absl::OkStatus();
-  const AttentionCallKey key = AttentionKeyOf(context_.device(), args.q, args.scale, args.dropout);
+  const AttentionCallKey key =
+      AttentionKeyOf(context_.device(), args.q, args.scale, args.dropout, args.causal);
   NF_ASSIGN_OR_RETURN(const char* refusal,
                       PolicyOrEligibilityRefusal(
                           args.q, AddressBits({&args.q, &args.k, &args.v, &args.out, &args.lse})));
@@ -223,7 +226,8 @@ absl::Status CudaBackend::AttentionForward(const ops::AttentionArgs& args) {
 
 absl::Status CudaBackend::AttentionBackward(const ops::AttentionBackwardArgs& args) {
   if (args.q.numel() == 0) return absl::OkStatus();
-  const AttentionCallKey key = AttentionKeyOf(context_.device(), args.q, args.scale, args.dropout);
+  const AttentionCallKey key =
+      AttentionKeyOf(context_.device(), args.q, args.scale, args.dropout, args.causal);
   const std::optional<AttentionPath> forward = AttentionPaths().ForwardPath(key);
   NF_ASSIGN_OR_RETURN(const char* refusal,
                       PolicyOrEligibilityRefusal(

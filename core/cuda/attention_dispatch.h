@@ -1,6 +1,7 @@
-// Which kernel computes a causal attention call on the GPU: cuDNN's fused flash attention
-// (cudnn_attention.h) when the call is eligible and cuDNN runs on the device, else the project's
-// own kernel (attention.cu), which is also the reference the cuDNN path is tested against.
+// Which kernel computes an attention call (causal or not) on the GPU: cuDNN's fused flash
+// attention (cudnn_attention.h) when the call is eligible and cuDNN runs on the device, else the
+// project's own kernel (attention.cu), which is also the reference the cuDNN path is tested
+// against.
 //
 // Attention dropout p > 0 runs on cuDNN too, with masks cuDNN draws (cudnn_attention.h): the
 // 2.7B config trains with attention dropout 0.1, and the own kernel is several times slower.
@@ -11,8 +12,8 @@
 // NF_ATTENTION=own forces the own kernel for every call (cross-checks, bisecting a numerical
 // difference, layout-independent dropout); unset, empty or "auto" lets eligible calls use cuDNN.
 //
-// One path for both directions. The forward decides, per call key (device, dtype, shape, scale,
-// dropout probability: AttentionCallKey), and the backward of that key follows it
+// One path for both directions. The forward decides, per call key (device, dtype, shape, causal
+// mask, scale, dropout probability: AttentionCallKey), and the backward of that key follows it
 // (BackwardAttentionPath): cuDNN's dropout mask is not the own kernel's, so an own backward
 // after a cuDNN forward with dropout would compute the gradients of another mask, silently. A
 // forward with dropout therefore takes cuDNN only when cuDNN also builds the backward graph of
@@ -87,14 +88,19 @@ struct AttentionCallKey {
   int64_t batch = 0, heads = 0, seq = 0, dim = 0;
   uint32_t scale_bits = 0;    // the scale's float bits
   uint32_t dropout_bits = 0;  // the dropout probability's float bits; 0: no dropout
+  // A causal and a bidirectional call of one shape compute different things (and cuDNN builds
+  // different graphs for them): they never share a decision or a graph.
+  bool causal = true;
   auto operator<=>(const AttentionCallKey&) const = default;
   bool dropout() const { return dropout_bits != 0; }
   float dropout_probability() const { return std::bit_cast<float>(dropout_bits); }
   float scale() const { return std::bit_cast<float>(scale_bits); }
-  std::string ToString() const;  // "[batch, heads, seq, dim] fp16, dropout 0.1"
+  // "[batch, heads, seq, dim] f16, dropout 0.1 on cuda:0", with ", non-causal" after the dtype
+  // for a bidirectional call.
+  std::string ToString() const;
 };
 AttentionCallKey AttentionKeyOf(int device, const Tensor& q, float scale,
-                                const ops::DropoutSpec& dropout);
+                                const ops::DropoutSpec& dropout, bool causal = true);
 
 // The forward's path, before running cuDNN's forward (whose own refusal, kUnimplemented, then
 // still sends it to the own kernel): the own kernel when `refusal` says why cuDNN may not take

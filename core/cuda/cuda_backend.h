@@ -94,8 +94,8 @@ class CudaBackend final : public ops::Backend {
  private:
   cudaStream_t stream() const { return context_.stream(); }
 
-  // The project's own causal attention kernels (attention.cu), for the calls cuDNN does not
-  // take (attention_dispatch.h); q non-empty.
+  // The project's own attention kernels, causal or bidirectional (attention.cu), for the calls
+  // cuDNN does not take (attention_dispatch.h); q non-empty.
   absl::Status OwnAttentionForward(const ops::AttentionArgs& args);
   absl::Status OwnAttentionBackward(const ops::AttentionBackwardArgs& args);
 

@@ -69,7 +69,7 @@ const absl::Status& LoadCudnn() {
 
 // A call's key and its direction: one forward and one backward graph per call key. The scale
 // and the dropout probability are in the key because a graph holds them as pass-by-value
-// scalars.
+// scalars, the causal flag because it decides the graph's mask.
 struct GraphKey : AttentionCallKey {
   bool backward = false;
   auto operator<=>(const GraphKey&) const = default;
@@ -160,8 +160,10 @@ TensorAttr RngInput(fe::graph::Graph& graph, const char* name, Uid uid) {
 }
 
 // Adds the forward (out, lse from q, k, v) or backward (dq, dk, dv) operation to `graph`. With
-// dropout, cuDNN drops the probabilities (scaled by 1 / (1 - p)) with a mask it draws from
-// Philox under the seed and offset the call passes; the backward redraws the same mask.
+// key.causal, query i attends keys j <= i (a diagonal band whose right bound is the diagonal,
+// aligned top left); without, no mask: every key. With dropout, cuDNN drops the probabilities
+// (scaled by 1 / (1 - p)) with a mask it draws from Philox under the seed and offset the call
+// passes; the backward redraws the same mask.
 void AddAttention(fe::graph::Graph& graph, const GraphKey& key) {
   const TensorAttr q = BhsdInput(graph, "q", kQ, key);
   const TensorAttr k = BhsdInput(graph, "k", kK, key);
@@ -173,9 +175,11 @@ void AddAttention(fe::graph::Graph& graph, const GraphKey& key) {
     auto options = fe::graph::SDPA_attributes()
                        .set_name("attention")
                        .set_generate_stats(true)  // training: the backward needs lse
-                       .set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT)
-                       .set_diagonal_band_right_bound(0)  // causal: key j <= query i
                        .set_attn_scale(key.scale());
+    if (key.causal) {
+      options.set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT)
+          .set_diagonal_band_right_bound(0);  // key j <= query i
+    }
     if (dropout) options.set_dropout(key.dropout_probability(), seed, offset);
     auto [out, stats] = graph.sdpa(q, k, v, options);
     SetBhsd(out->set_output(true).set_uid(kO), key);
@@ -189,10 +193,12 @@ void AddAttention(fe::graph::Graph& graph, const GraphKey& key) {
   const TensorAttr stats = graph.tensor(SetStats(stats_attr, key));
   auto options = fe::graph::SDPA_backward_attributes()
                      .set_name("attention_backward")
-                     .set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT)
-                     .set_diagonal_band_right_bound(0)
                      .set_attn_scale(key.scale())
                      .set_deterministic_algorithm(true);  // no atomics: runs repeat exactly
+  if (key.causal) {
+    options.set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT)
+        .set_diagonal_band_right_bound(0);
+  }
   if (dropout) options.set_dropout(key.dropout_probability(), seed, offset);
   auto [dq, dk, dv] = graph.sdpa_backward(q, k, v, out, dout, stats, options);
   SetBhsd(dq->set_output(true).set_uid(kDQ), key);
@@ -286,8 +292,8 @@ absl::Status Run(CudaContext& context, const GraphKey& key, const ops::DropoutSp
 }
 
 GraphKey KeyOf(const CudaContext& context, bool backward, const Tensor& q, float scale,
-               const ops::DropoutSpec& dropout) {
-  return {AttentionKeyOf(context.device(), q, scale, dropout), backward};
+               const ops::DropoutSpec& dropout, bool causal) {
+  return {AttentionKeyOf(context.device(), q, scale, dropout, causal), backward};
 }
 
 }  // namespace
@@ -304,14 +310,16 @@ absl::Status CudnnAttentionForward(CudaContext& context, const ops::AttentionArg
                                              {kV, args.v.raw_data()},
                                              {kO, args.out.raw_data()},
                                              {kStats, args.lse.raw_data()}};
-  return Run(context, KeyOf(context, false, args.q, args.scale, args.dropout), args.dropout, pack);
+  return Run(context, KeyOf(context, false, args.q, args.scale, args.dropout, args.causal),
+             args.dropout, pack);
 }
 
 absl::Status CudnnAttentionBackwardSupported(CudaContext& context, const ops::AttentionArgs& args) {
   CudnnState& state = State();
   std::lock_guard<std::mutex> lock(state.mutex);
   NF_ASSIGN_OR_RETURN(cudnnHandle_t handle, HandleLocked(state, context));
-  return GraphLocked(state, handle, context, KeyOf(context, true, args.q, args.scale, args.dropout))
+  return GraphLocked(state, handle, context,
+                     KeyOf(context, true, args.q, args.scale, args.dropout, args.causal))
       .status;
 }
 
@@ -320,7 +328,8 @@ absl::Status CudnnAttentionBackward(CudaContext& context, const ops::AttentionBa
       {kQ, args.q.raw_data()},   {kK, args.k.raw_data()},     {kV, args.v.raw_data()},
       {kO, args.out.raw_data()}, {kDO, args.dout.raw_data()}, {kStats, args.lse.raw_data()},
       {kDQ, args.dq.raw_data()}, {kDK, args.dk.raw_data()},   {kDV, args.dv.raw_data()}};
-  return Run(context, KeyOf(context, true, args.q, args.scale, args.dropout), args.dropout, pack);
+  return Run(context, KeyOf(context, true, args.q, args.scale, args.dropout, args.causal),
+             args.dropout, pack);
 }
 
 }  // namespace nf::cuda

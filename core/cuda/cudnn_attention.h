@@ -1,14 +1,15 @@
-// Causal attention through cuDNN's fused scaled-dot-product attention (flash attention), built
-// with the cuDNN frontend's graph API: one forward and one backward graph per shape, dtype,
-// scale and device, built on first use and kept for the process. Compiled only with the
-// frontend's headers (NF_WITH_CUDNN); attention_dispatch.cc decides when to call it.
+// Attention, causal or bidirectional, through cuDNN's fused scaled-dot-product attention (flash
+// attention), built with the cuDNN frontend's graph API: one forward and one backward graph per
+// shape, dtype, causal mask, scale, dropout probability and device (AttentionCallKey), built on
+// first use and kept for the process. Compiled only with the frontend's headers (NF_WITH_CUDNN);
+// attention_dispatch.cc decides when to call it.
 //
 // Tensors as in ops::AttentionArgs: q, k, v, out, dout, dq, dk, dv contiguous [batch, heads,
 // seq, head_dim] in fp16 or bf16; lse fp32 [batch, heads, seq], which is cuDNN's "Stats" tensor
-// [batch, heads, seq, 1]: the natural-log log-sum-exp of each row of the scaled, causally
-// masked scores, as the own kernel and the CPU define it. Arithmetic and statistics are fp32;
-// as in every flash attention, the probabilities enter the P V and dS K products rounded to the
-// storage type. The backward uses cuDNN's deterministic algorithm, so a run repeats exactly as
+// [batch, heads, seq, 1]: the natural-log log-sum-exp of each row of the scaled scores (causally
+// masked when args.causal), as the own kernel and the CPU define it. Arithmetic and statistics are
+// fp32; as in every flash attention, the probabilities enter the P V and dS K products rounded to
+// the storage type. The backward uses cuDNN's deterministic algorithm, so a run repeats exactly as
 // with the own kernel.
 //
 // Attention dropout (p > 0) is cuDNN's: the probabilities are dropped with a mask cuDNN draws

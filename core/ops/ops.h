@@ -39,7 +39,12 @@ struct GemmArgs {
 
   // The same product without the bias (what a backend runs before adding it itself).
   GemmArgs WithoutBias() const {
-    return {.a = a, .b = b, .c = c, .trans_a = trans_a, .trans_b = trans_b, .alpha = alpha,
+    return {.a = a,
+            .b = b,
+            .c = c,
+            .trans_a = trans_a,
+            .trans_b = trans_b,
+            .alpha = alpha,
             .beta = beta};
   }
 };
@@ -217,24 +222,31 @@ absl::Status SoftmaxForward(const Tensor& x, const Tensor& y);
 // dx = y * (dy - sum(dy * y)) per row.
 absl::Status SoftmaxBackward(const Tensor& y, const Tensor& dy, const Tensor& dx);
 
-// Causal scaled-dot-product attention with dropout on the probabilities:
-//   P = softmax(scale * Q K^T + causal mask), out = dropout(P) V.
+// Scaled-dot-product attention with dropout on the probabilities. causal (the decoder's):
+//   P = softmax(scale * Q K^T + causal mask), out = dropout(P) V, query i attending keys 0 .. i;
+// causal false (an encoder's bidirectional attention): every query attends every key of its
+// sequence, P = softmax(scale * Q K^T), out = dropout(P) V.
 // q, k, v, out [batch, heads, seq, head_dim]; lse fp32 [batch, heads, seq] is the
-// log-sum-exp of each row of scaled scores, saved so the backward recomputes P exactly.
+// log-sum-exp of each row of scaled (masked) scores, saved so the backward recomputes P exactly.
 // Dropout coordinates: sample = first_sample + b, head = head_offset + h, row = query
-// position, col = key position (spec.seq_len and col_offset are unused).
+// position, col = key position (spec.seq_len and col_offset are unused). causal is the last
+// member so that initialisers {q, k, v, out, lse, scale, dropout} keep the causal default.
 struct AttentionArgs {
   Tensor q, k, v, out, lse;
   float scale = 1.0f;
   DropoutSpec dropout;
+  bool causal = true;
 };
 absl::Status AttentionForward(const AttentionArgs& args);
 
+// The backward of the AttentionForward call with the same q, k, v, out, lse, scale, dropout
+// and causal.
 struct AttentionBackwardArgs {
   Tensor q, k, v, out, lse, dout;
   Tensor dq, dk, dv;
   float scale = 1.0f;
   DropoutSpec dropout;
+  bool causal = true;
 };
 absl::Status AttentionBackward(const AttentionBackwardArgs& args);
 
@@ -244,7 +256,7 @@ absl::Status AttentionBackward(const AttentionBackwardArgs& args);
 // capacity, head_dim] hold rows [0, past) from earlier calls. The op first writes k, v into rows
 // [past, past + new) of the caches, then new token i attends keys 0 .. past + i (the causal mask
 // offset by past): out [batch, heads, new, head_dim] = softmax(scale * q K^T + mask) V, the
-// rows AttentionForward gives for the same positions of the whole sequence.
+// rows a causal AttentionForward gives for the same positions of the whole sequence.
 struct KvCacheAttentionArgs {
   Tensor q, k, v, k_cache, v_cache, out;
   int64_t past = 0;

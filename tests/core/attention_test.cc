@@ -1,5 +1,6 @@
-// Softmax and causal attention (with Philox dropout) against float64 references written here,
-// and their backward passes against central finite differences of those references.
+// Softmax and attention, causal and bidirectional (with Philox dropout), against float64
+// references written here, and their backward passes against central finite differences of those
+// references.
 //
 // Error model behind the tolerances: inputs are rounded to their dtype before the test starts
 // and the reference gets the same rounded values, so the only differences are the kernels' fp32
@@ -199,14 +200,18 @@ double DropoutMultiplier(const ops::DropoutSpec& spec, int64_t b, int64_t h, int
   return words[j % 4] >= DropoutThreshold(spec.p) ? 1.0 / (1.0 - static_cast<double>(spec.p)) : 0.0;
 }
 
+// The keys query i attends: 0 .. i with the causal mask, every one of the seq without.
+int64_t VisibleKeys(bool causal, int64_t i, int64_t seq) { return causal ? i + 1 : seq; }
+
 struct RefAttention {
   std::vector<double> out, lse;
 };
 
-// out_i = sum_{j <= i} softmax_j(scale q_i . k_j) m_ij v_j and lse_i = log sum_{j <= i} exp(...).
+// out_i = sum_{j visible} softmax_j(scale q_i . k_j) m_ij v_j and lse_i = log sum_{j visible}
+// exp(...), j visible for j <= i when causal and for every j otherwise.
 RefAttention ReferenceAttention(const std::vector<double>& q, const std::vector<double>& k,
                                 const std::vector<double>& v, const Dims& n, double scale,
-                                const ops::DropoutSpec& spec) {
+                                const ops::DropoutSpec& spec, bool causal) {
   RefAttention ref{std::vector<double>(n.numel(), 0.0),
                    std::vector<double>(n.batch * n.heads * n.seq)};
   std::vector<double> s(n.seq);
@@ -214,8 +219,9 @@ RefAttention ReferenceAttention(const std::vector<double>& q, const std::vector<
     for (int64_t h = 0; h < n.heads; ++h) {
       const int64_t base = (b * n.heads + h) * n.seq;
       for (int64_t i = 0; i < n.seq; ++i) {
+        const int64_t keys = VisibleKeys(causal, i, n.seq);
         double max = -INFINITY;
-        for (int64_t j = 0; j <= i; ++j) {
+        for (int64_t j = 0; j < keys; ++j) {
           double dot = 0.0;
           for (int64_t d = 0; d < n.dim; ++d) {
             dot += q[(base + i) * n.dim + d] * k[(base + j) * n.dim + d];
@@ -224,10 +230,10 @@ RefAttention ReferenceAttention(const std::vector<double>& q, const std::vector<
           max = std::max(max, s[j]);
         }
         double sum = 0.0;
-        for (int64_t j = 0; j <= i; ++j) sum += std::exp(s[j] - max);
+        for (int64_t j = 0; j < keys; ++j) sum += std::exp(s[j] - max);
         const double lse = max + std::log(sum);
         ref.lse[base + i] = lse;
-        for (int64_t j = 0; j <= i; ++j) {
+        for (int64_t j = 0; j < keys; ++j) {
           const double p = std::exp(s[j] - lse) * DropoutMultiplier(spec, b, h, i, j);
           for (int64_t d = 0; d < n.dim; ++d) {
             ref.out[(base + i) * n.dim + d] += p * v[(base + j) * n.dim + d];
@@ -245,7 +251,7 @@ struct AttentionResult {
 
 // Forward then backward of the kernels on the given (already rounded) inputs.
 AttentionResult RunAttention(DType dtype, const Dims& n, float scale, const ops::DropoutSpec& spec,
-                             const std::vector<float>& q, const std::vector<float>& k,
+                             bool causal, const std::vector<float>& q, const std::vector<float>& k,
                              const std::vector<float>& v, const std::vector<float>& dout) {
   ops::AttentionArgs fwd;
   fwd.q = MakeTensor(dtype, n.shape(), q);
@@ -255,6 +261,7 @@ AttentionResult RunAttention(DType dtype, const Dims& n, float scale, const ops:
   fwd.lse = MakeZeros(DType::kF32, {n.batch, n.heads, n.seq});
   fwd.scale = scale;
   fwd.dropout = spec;
+  fwd.causal = causal;
   const absl::Status forward = ops::AttentionForward(fwd);
   NF_EXPECT_OK(forward);
   ops::AttentionBackwardArgs bwd;
@@ -269,6 +276,7 @@ AttentionResult RunAttention(DType dtype, const Dims& n, float scale, const ops:
   bwd.dv = MakeZeros(dtype, n.shape());
   bwd.scale = scale;
   bwd.dropout = spec;
+  bwd.causal = causal;
   const absl::Status backward = ops::AttentionBackward(bwd);
   NF_EXPECT_OK(backward);
   return {ToDoubles(fwd.out), ToDoubles(fwd.lse), ToDoubles(bwd.dq), ToDoubles(bwd.dk),
@@ -286,7 +294,7 @@ struct AttentionBounds {
 AttentionBounds ErrorBounds(const std::vector<double>& q, const std::vector<double>& k,
                             const std::vector<double>& v, const std::vector<double>& dout,
                             const std::vector<double>& out, const Dims& n, double scale,
-                            const ops::DropoutSpec& spec, double p_err, double u_out) {
+                            const ops::DropoutSpec& spec, bool causal, double p_err, double u_out) {
   const int64_t s = n.seq, dim = n.dim;
   AttentionBounds bound{std::vector<double>(n.numel(), 0.0), std::vector<double>(n.numel(), 0.0),
                         std::vector<double>(n.numel(), 0.0), std::vector<double>(n.numel(), 0.0)};
@@ -299,16 +307,17 @@ AttentionBounds ErrorBounds(const std::vector<double>& q, const std::vector<doub
       return t[base + row * dim + d];
     };
     for (int64_t i = 0; i < s; ++i) {
-      std::vector<double> scores(i + 1);
+      const int64_t keys = VisibleKeys(causal, i, s);
+      std::vector<double> scores(keys);
       double max = -INFINITY, sum = 0.0;
-      for (int64_t j = 0; j <= i; ++j) {
+      for (int64_t j = 0; j < keys; ++j) {
         double dot = 0.0;
         for (int64_t d = 0; d < dim; ++d) dot += at(q, i, d) * at(k, j, d);
         scores[j] = scale * dot;
         max = std::max(max, scores[j]);
       }
-      for (int64_t j = 0; j <= i; ++j) sum += std::exp(scores[j] - max);
-      for (int64_t j = 0; j <= i; ++j) {
+      for (int64_t j = 0; j < keys; ++j) sum += std::exp(scores[j] - max);
+      for (int64_t j = 0; j < keys; ++j) {
         p[i * s + j] = std::exp(scores[j] - max) / sum;
         m[i * s + j] = DropoutMultiplier(spec, b, h, i, j);
         for (int64_t d = 0; d < dim; ++d) {
@@ -327,7 +336,7 @@ AttentionBounds ErrorBounds(const std::vector<double>& q, const std::vector<doub
                    (bound.out[base + i * dim + d] + u_out * std::abs(at(out, i, d)));
       }
       row_err += kU32 * row_dot;
-      for (int64_t j = 0; j <= i; ++j) {
+      for (int64_t j = 0; j < VisibleKeys(causal, i, s); ++j) {
         double dp = 0.0;  // |m_ij dO_i . v_j| bound
         for (int64_t d = 0; d < dim; ++d) {
           bound.dv[base + j * dim + d] +=
@@ -381,21 +390,23 @@ void ExpectWithinBounds(const std::vector<double>& actual, const std::vector<dou
 
 // Checks forward and backward of one configuration against the float64 reference and finite
 // differences of sum(out * dout).
-void CheckAttention(DType dtype, const Dims& n, const ops::DropoutSpec& spec, uint32_t seed) {
-  SCOPED_TRACE(::testing::Message() << DTypeName(dtype) << " [" << n.batch << ", " << n.heads
-                                    << ", " << n.seq << ", " << n.dim << "] p=" << spec.p);
+void CheckAttention(DType dtype, const Dims& n, const ops::DropoutSpec& spec, bool causal,
+                    uint32_t seed) {
+  SCOPED_TRACE(::testing::Message()
+               << DTypeName(dtype) << " [" << n.batch << ", " << n.heads << ", " << n.seq << ", "
+               << n.dim << "] p=" << spec.p << (causal ? " causal" : " non-causal"));
   const float scale = 1.0f / std::sqrt(static_cast<float>(n.dim));
   const Input q(dtype, n.numel(), seed), k(dtype, n.numel(), seed + 1),
       v(dtype, n.numel(), seed + 2), dout(dtype, n.numel(), seed + 3);
-  const AttentionResult got = RunAttention(dtype, n, scale, spec, q.f, k.f, v.f, dout.f);
-  const RefAttention ref = ReferenceAttention(q.d, k.d, v.d, n, scale, spec);
+  const AttentionResult got = RunAttention(dtype, n, scale, spec, causal, q.f, k.f, v.f, dout.f);
+  const RefAttention ref = ReferenceAttention(q.d, k.d, v.d, n, scale, spec, causal);
 
   const double u = UnitRoundoff(dtype);
   const double score_bound = ScoreBound(q.d, k.d, n, scale);
   const double p_err = ProbabilityError(score_bound, n);
   // fp16 / bf16: the stored `out` that the backward reads is rounded (u), not just fp32.
-  const AttentionBounds bound = ErrorBounds(q.d, k.d, v.d, dout.d, ref.out, n, scale, spec, p_err,
-                                            dtype == DType::kF32 ? 0.0 : u);
+  const AttentionBounds bound = ErrorBounds(q.d, k.d, v.d, dout.d, ref.out, n, scale, spec, causal,
+                                            p_err, dtype == DType::kF32 ? 0.0 : u);
   ExpectWithinBounds(got.out, ref.out, bound.out, u, "out");
   // lse = max + log(sum) in fp32: the score error (dim u32 of score_bound, twice), the sum's exp
   // error (kExpRel relative, absolute on its log) plus a few roundings of values up to |lse|.
@@ -405,7 +416,7 @@ void CheckAttention(DType dtype, const Dims& n, const ops::DropoutSpec& spec, ui
 
   const auto loss = [&](const std::vector<double>& qq, const std::vector<double>& kk,
                         const std::vector<double>& vv) {
-    const RefAttention r = ReferenceAttention(qq, kk, vv, n, scale, spec);
+    const RefAttention r = ReferenceAttention(qq, kk, vv, n, scale, spec, causal);
     double sum = 0.0;
     for (size_t i = 0; i < r.out.size(); ++i) sum += r.out[i] * dout.d[i];
     return sum;
@@ -423,14 +434,28 @@ void CheckAttention(DType dtype, const Dims& n, const ops::DropoutSpec& spec, ui
 
 TEST(AttentionTest, Float32MatchesReferenceAndFiniteDifferences) {
   for (const Dims& n : {Dims{2, 3, 5, 4}, Dims{1, 1, 1, 8}, Dims{1, 2, 17, 8}}) {
-    CheckAttention(DType::kF32, n, ops::DropoutSpec{}, 10);
+    CheckAttention(DType::kF32, n, ops::DropoutSpec{}, /*causal=*/true, 10);
   }
 }
 
 TEST(AttentionTest, HalfPrecisionMatchesReferenceAndFiniteDifferences) {
   for (DType dtype : {DType::kF16, DType::kBF16}) {
     for (const Dims& n : {Dims{2, 3, 5, 4}, Dims{1, 2, 17, 8}}) {
-      CheckAttention(dtype, n, ops::DropoutSpec{}, 20);
+      CheckAttention(dtype, n, ops::DropoutSpec{}, /*causal=*/true, 20);
+    }
+  }
+}
+
+TEST(AttentionTest, NonCausalFloat32MatchesReferenceAndFiniteDifferences) {
+  for (const Dims& n : {Dims{2, 3, 5, 4}, Dims{1, 1, 1, 8}, Dims{1, 2, 17, 8}}) {
+    CheckAttention(DType::kF32, n, ops::DropoutSpec{}, /*causal=*/false, 11);
+  }
+}
+
+TEST(AttentionTest, NonCausalHalfPrecisionMatchesReferenceAndFiniteDifferences) {
+  for (DType dtype : {DType::kF16, DType::kBF16}) {
+    for (const Dims& n : {Dims{2, 3, 5, 4}, Dims{1, 2, 17, 8}}) {
+      CheckAttention(dtype, n, ops::DropoutSpec{}, /*causal=*/false, 21);
     }
   }
 }
@@ -467,14 +492,86 @@ TEST(AttentionTest, DropoutMatchesReferenceMaskForwardAndBackward) {
   }
   EXPECT_GT(dropped, 0);
   EXPECT_GT(kept, 0);
-  CheckAttention(DType::kF32, n, spec, 30);
-  CheckAttention(DType::kF16, n, spec, 40);
-  CheckAttention(DType::kF32, Dims{1, 1, 17, 8}, TestDropout(0), 50);
+  CheckAttention(DType::kF32, n, spec, /*causal=*/true, 30);
+  CheckAttention(DType::kF16, n, spec, /*causal=*/true, 40);
+  CheckAttention(DType::kF32, Dims{1, 1, 17, 8}, TestDropout(0), /*causal=*/true, 50);
+}
+
+// Without the causal mask the multipliers cover whole rows, keyed by the same (sample, head,
+// query, key) coordinates: the reference draws them for the keys after each query too.
+TEST(AttentionTest, NonCausalDropoutMatchesReferenceMaskForwardAndBackward) {
+  const Dims n{2, 2, 9, 4};
+  const ops::DropoutSpec spec = TestDropout(3);
+  // Some probabilities above the diagonal (key after query) are dropped and some kept, so the
+  // test sees whether the kernels apply the mask there.
+  int64_t kept = 0, dropped = 0;
+  for (int64_t b = 0; b < n.batch; ++b) {
+    for (int64_t h = 0; h < n.heads; ++h) {
+      for (int64_t i = 0; i < n.seq; ++i) {
+        for (int64_t j = i + 1; j < n.seq; ++j) {
+          if (DropoutMultiplier(spec, b, h, i, j) == 0.0) {
+            ++dropped;
+          } else {
+            ++kept;
+          }
+        }
+      }
+    }
+  }
+  EXPECT_GT(dropped, 0);
+  EXPECT_GT(kept, 0);
+  CheckAttention(DType::kF32, n, spec, /*causal=*/false, 31);
+  CheckAttention(DType::kF16, n, spec, /*causal=*/false, 41);
+  CheckAttention(DType::kBF16, n, spec, /*causal=*/false, 45);
+  CheckAttention(DType::kF32, Dims{1, 1, 17, 8}, TestDropout(0), /*causal=*/false, 51);
+}
+
+// The flag is not ignored: on the same inputs (dropout included), the last query attends every
+// key either way, so its output, lse and dq agree, while the first query attends key 0 alone
+// with the mask and all keys without, so its output and lse differ.
+TEST(AttentionTest, NonCausalDiffersFromCausalButForTheLastQuery) {
+  const Dims n{2, 3, 7, 4};
+  const float scale = 0.5f;
+  const std::vector<float> q = RandomFloats(n.numel(), 80), k = RandomFloats(n.numel(), 81),
+                           v = RandomFloats(n.numel(), 82), dout = RandomFloats(n.numel(), 83);
+  const ops::DropoutSpec spec = TestDropout(1);
+  const AttentionResult causal = RunAttention(DType::kF32, n, scale, spec, true, q, k, v, dout);
+  const AttentionResult full = RunAttention(DType::kF32, n, scale, spec, false, q, k, v, dout);
+  // Row `row` of every (batch, head) pair of a [batch, heads, seq, width] result.
+  const auto rows = [&](const std::vector<double>& t, int64_t row, int64_t width) {
+    std::vector<double> picked;
+    for (int64_t bh = 0; bh < n.batch * n.heads; ++bh) {
+      const auto begin = t.begin() + (bh * n.seq + row) * width;
+      picked.insert(picked.end(), begin, begin + width);
+    }
+    return picked;
+  };
+  const int64_t last = n.seq - 1;
+  // The same row from the same code and values: equal to the last bit in practice (the
+  // tolerances of HeadShardMatchesFullCall).
+  ExpectAllClose(rows(full.out, last, n.dim), rows(causal.out, last, n.dim), 1e-12, 2 * kU32,
+                 "last query out");
+  ExpectAllClose(rows(full.lse, last, 1), rows(causal.lse, last, 1), 1e-12, 2 * kU32,
+                 "last query lse");
+  ExpectAllClose(rows(full.dq, last, n.dim), rows(causal.dq, last, n.dim), 1e-12, 2 * kU32,
+                 "last query dq");
+  // The first query: the causal lse is its single score s_0, the bidirectional one
+  // log(exp(s_0) + six more terms), larger by at least log(1 + 6 exp(-4)) > 0.1 since
+  // |score| <= scale dim = 2.
+  const std::vector<double> causal_lse = rows(causal.lse, 0, 1), full_lse = rows(full.lse, 0, 1);
+  for (size_t p = 0; p < causal_lse.size(); ++p) EXPECT_GT(full_lse[p] - causal_lse[p], 0.1) << p;
+  const std::vector<double> causal_out = rows(causal.out, 0, n.dim),
+                            full_out = rows(full.out, 0, n.dim);
+  double diff = 0.0;
+  for (size_t e = 0; e < causal_out.size(); ++e) {
+    diff = std::max(diff, std::abs(full_out[e] - causal_out[e]));
+  }
+  EXPECT_GT(diff, 1e-2);
 }
 
 // Heads [2, 4) of a 4-head input, run alone with head_offset = 2, reproduce the full call's
-// heads 2 and 3 (forward and backward, dropout included): a tensor-parallel rank holding those
-// heads computes exactly what the unsharded model would.
+// heads 2 and 3 (forward and backward, dropout included), with and without the causal mask: a
+// tensor-parallel rank holding those heads computes exactly what the unsharded model would.
 TEST(AttentionTest, HeadShardMatchesFullCall) {
   const Dims full{2, 4, 6, 4}, shard{2, 2, 6, 4};
   const int64_t first_head = 2, per_head = full.seq * full.dim;
@@ -482,8 +579,6 @@ TEST(AttentionTest, HeadShardMatchesFullCall) {
   const std::vector<float> q = RandomFloats(full.numel(), 60), k = RandomFloats(full.numel(), 61),
                            v = RandomFloats(full.numel(), 62),
                            dout = RandomFloats(full.numel(), 63);
-  const AttentionResult all = RunAttention(DType::kF32, full, scale, TestDropout(0), q, k, v, dout);
-
   // Heads [2, 4) of every sample, and the same selection of [.., seq(, dim)] results.
   const auto heads = [&](const auto& t, int64_t per) {
     std::vector<typename std::decay_t<decltype(t)>::value_type> out;
@@ -493,34 +588,40 @@ TEST(AttentionTest, HeadShardMatchesFullCall) {
     }
     return out;
   };
-  const AttentionResult part =
-      RunAttention(DType::kF32, shard, scale, TestDropout(first_head), heads(q, per_head),
-                   heads(k, per_head), heads(v, per_head), heads(dout, per_head));
-  // Each (batch, head) pair is computed on its own by the same code from the same values, so
-  // the results agree to the last bit in practice; 2 u32 relative (plus 1e-12 absolute for
-  // values that cancel to ~0) only allows a BLAS that rounds differently for another memory
-  // alignment. A wrong head coordinate changes the dropout mask and moves values by O(0.1).
-  ExpectAllClose(part.out, heads(all.out, per_head), 1e-12, 2 * kU32, "shard out");
-  ExpectAllClose(part.lse, heads(all.lse, full.seq), 1e-12, 2 * kU32, "shard lse");
-  ExpectAllClose(part.dq, heads(all.dq, per_head), 1e-12, 2 * kU32, "shard dq");
-  ExpectAllClose(part.dk, heads(all.dk, per_head), 1e-12, 2 * kU32, "shard dk");
-  ExpectAllClose(part.dv, heads(all.dv, per_head), 1e-12, 2 * kU32, "shard dv");
-  // And the offset matters: the same shard without head_offset draws other masks.
-  const AttentionResult wrong =
-      RunAttention(DType::kF32, shard, scale, TestDropout(0), heads(q, per_head),
-                   heads(k, per_head), heads(v, per_head), heads(dout, per_head));
-  double diff = 0.0;
-  const std::vector<double> expected = heads(all.out, per_head);
-  for (size_t i = 0; i < expected.size(); ++i) {
-    diff = std::max(diff, std::abs(wrong.out[i] - expected[i]));
+  for (const bool causal : {true, false}) {
+    SCOPED_TRACE(causal ? "causal" : "non-causal");
+    const AttentionResult all =
+        RunAttention(DType::kF32, full, scale, TestDropout(0), causal, q, k, v, dout);
+    const AttentionResult part =
+        RunAttention(DType::kF32, shard, scale, TestDropout(first_head), causal, heads(q, per_head),
+                     heads(k, per_head), heads(v, per_head), heads(dout, per_head));
+    // Each (batch, head) pair is computed on its own by the same code from the same values, so
+    // the results agree to the last bit in practice; 2 u32 relative (plus 1e-12 absolute for
+    // values that cancel to ~0) only allows a BLAS that rounds differently for another memory
+    // alignment. A wrong head coordinate changes the dropout mask and moves values by O(0.1).
+    ExpectAllClose(part.out, heads(all.out, per_head), 1e-12, 2 * kU32, "shard out");
+    ExpectAllClose(part.lse, heads(all.lse, full.seq), 1e-12, 2 * kU32, "shard lse");
+    ExpectAllClose(part.dq, heads(all.dq, per_head), 1e-12, 2 * kU32, "shard dq");
+    ExpectAllClose(part.dk, heads(all.dk, per_head), 1e-12, 2 * kU32, "shard dk");
+    ExpectAllClose(part.dv, heads(all.dv, per_head), 1e-12, 2 * kU32, "shard dv");
+    // And the offset matters: the same shard without head_offset draws other masks.
+    const AttentionResult wrong =
+        RunAttention(DType::kF32, shard, scale, TestDropout(0), causal, heads(q, per_head),
+                     heads(k, per_head), heads(v, per_head), heads(dout, per_head));
+    double diff = 0.0;
+    const std::vector<double> expected = heads(all.out, per_head);
+    for (size_t i = 0; i < expected.size(); ++i) {
+      diff = std::max(diff, std::abs(wrong.out[i] - expected[i]));
+    }
+    EXPECT_GT(diff, 1e-3);
   }
-  EXPECT_GT(diff, 1e-3);
 }
 
 // [2, 4, 32, 16]: each (batch, head) pair is ~65k flops, a thread-pool chunk of its own, so the
 // 8 pairs spread over the threads. The call must equal 8 single-pair calls whose first_sample
 // and head_offset give each pair its original dropout coordinates (every chunk indexes its own
-// pair, and the masks do not depend on the split), and its forward must match the reference.
+// pair, and the masks do not depend on the split), and its forward must match the reference;
+// with and without the causal mask.
 TEST(AttentionTest, ChunkedPairsMatchSinglePairCalls) {
   const Dims full{2, 4, 32, 16}, one{1, 1, 32, 16};
   const int64_t per_pair = one.numel();
@@ -529,42 +630,45 @@ TEST(AttentionTest, ChunkedPairsMatchSinglePairCalls) {
   const std::vector<float> q = RandomFloats(full.numel(), 70), k = RandomFloats(full.numel(), 71),
                            v = RandomFloats(full.numel(), 72),
                            dout = RandomFloats(full.numel(), 73);
-  const AttentionResult all = RunAttention(DType::kF32, full, scale, spec, q, k, v, dout);
+  for (const bool causal : {true, false}) {
+    SCOPED_TRACE(causal ? "causal" : "non-causal");
+    const AttentionResult all = RunAttention(DType::kF32, full, scale, spec, causal, q, k, v, dout);
 
-  AttentionResult pairs;
-  for (int64_t b = 0; b < full.batch; ++b) {
-    for (int64_t h = 0; h < full.heads; ++h) {
-      const int64_t offset = (b * full.heads + h) * per_pair;
-      const auto pair = [&](const std::vector<float>& t) {
-        return std::vector<float>(t.begin() + offset, t.begin() + offset + per_pair);
-      };
-      ops::DropoutSpec pair_spec = spec;
-      pair_spec.first_sample += b;
-      pair_spec.head_offset += h;
-      const AttentionResult r =
-          RunAttention(DType::kF32, one, scale, pair_spec, pair(q), pair(k), pair(v), pair(dout));
-      for (auto [to, from] : {std::pair{&pairs.out, &r.out}, std::pair{&pairs.lse, &r.lse},
-                              std::pair{&pairs.dq, &r.dq}, std::pair{&pairs.dk, &r.dk},
-                              std::pair{&pairs.dv, &r.dv}}) {
-        to->insert(to->end(), from->begin(), from->end());
+    AttentionResult pairs;
+    for (int64_t b = 0; b < full.batch; ++b) {
+      for (int64_t h = 0; h < full.heads; ++h) {
+        const int64_t offset = (b * full.heads + h) * per_pair;
+        const auto pair = [&](const std::vector<float>& t) {
+          return std::vector<float>(t.begin() + offset, t.begin() + offset + per_pair);
+        };
+        ops::DropoutSpec pair_spec = spec;
+        pair_spec.first_sample += b;
+        pair_spec.head_offset += h;
+        const AttentionResult r = RunAttention(DType::kF32, one, scale, pair_spec, causal, pair(q),
+                                               pair(k), pair(v), pair(dout));
+        for (auto [to, from] : {std::pair{&pairs.out, &r.out}, std::pair{&pairs.lse, &r.lse},
+                                std::pair{&pairs.dq, &r.dq}, std::pair{&pairs.dk, &r.dk},
+                                std::pair{&pairs.dv, &r.dv}}) {
+          to->insert(to->end(), from->begin(), from->end());
+        }
       }
     }
-  }
-  // As in HeadShardMatchesFullCall: the same code on the same values.
-  ExpectAllClose(all.out, pairs.out, 1e-12, 2 * kU32, "chunked out");
-  ExpectAllClose(all.lse, pairs.lse, 1e-12, 2 * kU32, "chunked lse");
-  ExpectAllClose(all.dq, pairs.dq, 1e-12, 2 * kU32, "chunked dq");
-  ExpectAllClose(all.dk, pairs.dk, 1e-12, 2 * kU32, "chunked dk");
-  ExpectAllClose(all.dv, pairs.dv, 1e-12, 2 * kU32, "chunked dv");
+    // As in HeadShardMatchesFullCall: the same code on the same values.
+    ExpectAllClose(all.out, pairs.out, 1e-12, 2 * kU32, "chunked out");
+    ExpectAllClose(all.lse, pairs.lse, 1e-12, 2 * kU32, "chunked lse");
+    ExpectAllClose(all.dq, pairs.dq, 1e-12, 2 * kU32, "chunked dq");
+    ExpectAllClose(all.dk, pairs.dk, 1e-12, 2 * kU32, "chunked dk");
+    ExpectAllClose(all.dv, pairs.dv, 1e-12, 2 * kU32, "chunked dv");
 
-  // The forward against the float64 reference, with the bounds of CheckAttention.
-  const std::vector<double> qd(q.begin(), q.end()), kd(k.begin(), k.end()), vd(v.begin(), v.end()),
-      dod(dout.begin(), dout.end());
-  const RefAttention ref = ReferenceAttention(qd, kd, vd, full, scale, spec);
-  const double p_err = ProbabilityError(ScoreBound(qd, kd, full, scale), full);
-  const AttentionBounds bound =
-      ErrorBounds(qd, kd, vd, dod, ref.out, full, scale, spec, p_err, 0.0);
-  ExpectWithinBounds(all.out, ref.out, bound.out, kU32, "chunked out vs reference");
+    // The forward against the float64 reference, with the bounds of CheckAttention.
+    const std::vector<double> qd(q.begin(), q.end()), kd(k.begin(), k.end()),
+        vd(v.begin(), v.end()), dod(dout.begin(), dout.end());
+    const RefAttention ref = ReferenceAttention(qd, kd, vd, full, scale, spec, causal);
+    const double p_err = ProbabilityError(ScoreBound(qd, kd, full, scale), full);
+    const AttentionBounds bound =
+        ErrorBounds(qd, kd, vd, dod, ref.out, full, scale, spec, causal, p_err, 0.0);
+    ExpectWithinBounds(all.out, ref.out, bound.out, kU32, "chunked out vs reference");
+  }
 }
 
 TEST(AttentionTest, RejectsInconsistentArguments) {

@@ -11,7 +11,10 @@
 //   their unnormalised exponentials) to the storage type before P V, an error of at most
 //   u * sum_j P_ij |V_j| <= u max|V| per row; with V in [-1, 1] and row 0's output equal to
 //   V_0, max|V| is within a few percent of max|out|. Add 2 u for each side rounding its
-//   result (the CPU's rounding is one of them) and a margin.
+//   result (the CPU's rounding is one of them) and a margin. Without the causal mask every row
+//   averages all n keys and max|out| is only about 4 / sqrt(3 n) max|V| (0.35 at n = 45), but
+//   the roundings are independent: their sum's standard deviation is about u / sqrt(3 n) max|V|,
+//   so the largest error over a call is about u max|out|, within the same budget.
 // - dq, dk, dv (8 u + kReduction): dS = P (dP - D) and P are rounded to the storage type
 //   before the dS K, dS^T Q and P^T dO products, and D = rowsum(dO * out) uses each side's own
 //   rounded out. The worst case is the column sums of P (up to ln(seq) ~ 5 for dV's first
@@ -52,8 +55,7 @@ using testing::ZerosTwin;
 
 using testing::kReduction;
 
-// One causal attention problem [batch, heads, seq, head_dim]: inputs on both sides, outputs
-// zeroed.
+// One attention problem [batch, heads, seq, head_dim]: inputs on both sides, outputs zeroed.
 struct Problem {
   Problem(DType dtype, int64_t seq, int64_t dim, uint32_t seed)
       : shape{2, 3, seq, dim},
@@ -68,13 +70,20 @@ struct Problem {
         dv(ZerosTwin(dtype, shape)),
         scale(1.0f / std::sqrt(static_cast<float>(dim))) {}
 
-  // Forward then backward on the CPU (gpu = false) or on GPU 0.
-  absl::Status Run(bool gpu, const ops::DropoutSpec& dropout = {}) const {
+  // The forward, or the backward, on the CPU (gpu = false) or on GPU 0.
+  absl::Status Forward(bool gpu, const ops::DropoutSpec& dropout, bool causal) const {
     auto on = [gpu](const Twin& t) { return gpu ? t.gpu : t.cpu; };
-    NF_RETURN_IF_ERROR(
-        ops::AttentionForward({on(q), on(k), on(v), on(out), on(lse), scale, dropout}));
-    NF_RETURN_IF_ERROR(ops::AttentionBackward(
-        {on(q), on(k), on(v), on(out), on(lse), on(dout), on(dq), on(dk), on(dv), scale, dropout}));
+    return ops::AttentionForward({on(q), on(k), on(v), on(out), on(lse), scale, dropout, causal});
+  }
+  absl::Status Backward(bool gpu, const ops::DropoutSpec& dropout, bool causal) const {
+    auto on = [gpu](const Twin& t) { return gpu ? t.gpu : t.cpu; };
+    return ops::AttentionBackward({on(q), on(k), on(v), on(out), on(lse), on(dout), on(dq), on(dk),
+                                   on(dv), scale, dropout, causal});
+  }
+  // Forward then backward on the CPU (gpu = false) or on GPU 0.
+  absl::Status Run(bool gpu, const ops::DropoutSpec& dropout = {}, bool causal = true) const {
+    NF_RETURN_IF_ERROR(Forward(gpu, dropout, causal));
+    NF_RETURN_IF_ERROR(Backward(gpu, dropout, causal));
     return gpu ? ops::Synchronize(kGpu) : absl::OkStatus();
   }
 
@@ -122,58 +131,72 @@ class CudnnAttentionTest : public ::testing::TestWithParam<DType> {
   DType dtype() const { return GetParam(); }
 };
 
+const char* MaskName(bool causal) { return causal ? "causal" : "non-causal"; }
+
+// Causal and bidirectional calls of the same shapes, one after the other: each builds its own
+// graphs (a graph shared between them would apply the other's mask, an O(1) error).
 TEST_P(CudnnAttentionTest, MatchesTheCpu) {
   ScopedAttentionPolicy policy(nullptr);
   // seq 45 ends inside cuDNN's tiles; head_dim 128 is the largest it takes.
   for (int64_t seq : {45, 128}) {
     for (int64_t dim : {64, 128}) {
-      const std::string what = "seq " + std::to_string(seq) + " head_dim " + std::to_string(dim);
-      Problem p(dtype(), seq, dim, 40);
-      NF_ASSERT_OK(p.Run(false));
-      const int64_t calls = cuda::CudnnAttentionCalls();
-      const absl::Status status = p.Run(true);
-      NF_ASSERT_OK(status) << what;
-      EXPECT_EQ(cuda::CudnnAttentionCalls(), calls + 2) << what << ": cuDNN did not run both";
-      ExpectResultsClose(p.GpuResults(), p.CpuResults(), dtype(), "cuDNN vs CPU, " + what);
+      for (const bool causal : {true, false}) {
+        const std::string what = std::string(MaskName(causal)) + " seq " + std::to_string(seq) +
+                                 " head_dim " + std::to_string(dim);
+        Problem p(dtype(), seq, dim, 40);
+        NF_ASSERT_OK(p.Run(false, {}, causal));
+        const int64_t calls = cuda::CudnnAttentionCalls();
+        const absl::Status status = p.Run(true, {}, causal);
+        NF_ASSERT_OK(status) << what;
+        EXPECT_EQ(cuda::CudnnAttentionCalls(), calls + 2) << what << ": cuDNN did not run both";
+        ExpectResultsClose(p.GpuResults(), p.CpuResults(), dtype(), "cuDNN vs CPU, " + what);
+      }
     }
   }
 }
 
 TEST_P(CudnnAttentionTest, MatchesTheOwnKernelAndRepeats) {
-  Problem p(dtype(), 128, 64, 50);
-  {
-    ScopedAttentionPolicy policy("own");
-    const int64_t calls = cuda::CudnnAttentionCalls();
-    NF_ASSERT_OK(p.Run(true));
-    EXPECT_EQ(cuda::CudnnAttentionCalls(), calls) << "NF_ATTENTION=own still used cuDNN";
+  for (const bool causal : {true, false}) {
+    SCOPED_TRACE(MaskName(causal));
+    Problem p(dtype(), 128, 64, 50);
+    {
+      ScopedAttentionPolicy policy("own");
+      const int64_t calls = cuda::CudnnAttentionCalls();
+      NF_ASSERT_OK(p.Run(true, {}, causal));
+      EXPECT_EQ(cuda::CudnnAttentionCalls(), calls) << "NF_ATTENTION=own still used cuDNN";
+    }
+    const auto own = p.GpuResults();
+    ScopedAttentionPolicy policy(nullptr);
+    NF_ASSERT_OK(p.Run(true, {}, causal));
+    const auto cudnn = p.GpuResults();
+    // The own kernel is within kReduction + 2 u of the CPU (cuda_ops_test.cc), so the CPU
+    // tolerances hold between the two GPU paths as well.
+    ExpectResultsClose(cudnn, own, dtype(), "cuDNN vs own kernel");
+    // The deterministic backward: a second run is identical bit for bit.
+    NF_ASSERT_OK(p.Run(true, {}, causal));
+    EXPECT_EQ(p.GpuResults(), cudnn) << "cuDNN attention does not repeat exactly";
   }
-  const auto own = p.GpuResults();
-  ScopedAttentionPolicy policy(nullptr);
-  NF_ASSERT_OK(p.Run(true));
-  const auto cudnn = p.GpuResults();
-  // The own kernel is within kReduction + 2 u of the CPU (cuda_ops_test.cc), so the CPU
-  // tolerances hold between the two GPU paths as well.
-  ExpectResultsClose(cudnn, own, dtype(), "cuDNN vs own kernel");
-  // The deterministic backward: a second run is identical bit for bit.
-  NF_ASSERT_OK(p.Run(true));
-  EXPECT_EQ(p.GpuResults(), cudnn) << "cuDNN attention does not repeat exactly";
 }
 
 // ---- Dropout on cuDNN ---------------------------------------------------------------------------
 //
 // cuDNN draws its own masks, so they are read back from cuDNN itself: with q = k = 0 every
-// allowed key has probability 1 / (i + 1) in row i, and with v's key j the unit vector e_j
-// (head_dim >= seq), out[b, h, i, j] = keep[b, h, i, j] / ((1 - p) (i + 1)). The mask depends
-// on the spec and the shape only, never on the values, so a call on real inputs with the same
-// spec and shape uses it too: its out, lse, dq, dk and dv are then checked against the float64
-// reference with that mask, at the tolerances of the header.
+// allowed key has probability 1 / n_i in row i (n_i = i + 1 causal, seq without the mask), and
+// with v's key j the unit vector e_j (head_dim >= seq), out[b, h, i, j] = keep[b, h, i, j] /
+// ((1 - p) n_i). The mask depends on the spec, the shape and the causal flag only, never on the
+// values, so a call on real inputs with the same spec, shape and flag uses it too: its out, lse,
+// dq, dk and dv are then checked against the float64 reference with that mask, at the
+// tolerances of the header.
 
 constexpr int64_t kDropoutSeq = 45, kDropoutDim = 64;
 const ops::DropoutSpec kAttentionDropout{
     .p = 0.1f, .seed = 3, .site = 9, .first_sample = 7, .seq_len = kDropoutSeq, .head_offset = 2};
 
-// keep[((b * heads + h) * seq + i) * seq + j] for j <= i, as cuDNN draws it for `dropout`.
-std::vector<int> CudnnMask(DType dtype, const ops::DropoutSpec& dropout) {
+// The keys row i attends: i + 1 with the causal mask, seq without.
+int64_t VisibleKeys(bool causal, int64_t i, int64_t seq) { return causal ? i + 1 : seq; }
+
+// keep[b, h, i, j] for the keys j row i attends, row after row, as cuDNN draws it for `dropout`.
+std::vector<int> CudnnMask(DType dtype, const ops::DropoutSpec& dropout, bool causal = true) {
   const Shape shape = {2, 3, kDropoutSeq, kDropoutDim};
   const int64_t rows = 2 * 3 * kDropoutSeq;
   std::vector<float> identity(rows * kDropoutDim, 0.0f);
@@ -184,15 +207,15 @@ std::vector<int> CudnnMask(DType dtype, const ops::DropoutSpec& dropout) {
   const Tensor lse = OnGpu(testing::MakeZeros(DType::kF32, {2, 3, kDropoutSeq}));
   const int64_t calls = cuda::CudnnAttentionCalls();
   NF_EXPECT_OK(ops::AttentionForward(
-      {zeros, zeros, v, out, lse, 1.0f / std::sqrt(float{kDropoutDim}), dropout}));
+      {zeros, zeros, v, out, lse, 1.0f / std::sqrt(float{kDropoutDim}), dropout, causal}));
   NF_EXPECT_OK(ops::Synchronize(kGpu));
   EXPECT_EQ(cuda::CudnnAttentionCalls(), calls + 1) << "the mask was not cuDNN's";
   const std::vector<double> o = ToDoubles(ToCpu(out));
   std::vector<int> keep;
   for (int64_t r = 0; r < rows; ++r) {
-    const int64_t i = r % kDropoutSeq;
-    for (int64_t j = 0; j <= i; ++j) {
-      const double kept = o[r * kDropoutDim + j] * (1.0 - dropout.p) * static_cast<double>(i + 1);
+    const int64_t keys = VisibleKeys(causal, r % kDropoutSeq, kDropoutSeq);
+    for (int64_t j = 0; j < keys; ++j) {
+      const double kept = o[r * kDropoutDim + j] * (1.0 - dropout.p) * static_cast<double>(keys);
       // A clean 0 or 1 (16-bit rounding moves it by 1% at most): anything else is no mask.
       EXPECT_TRUE(std::abs(kept) < 0.05 || std::abs(kept - 1.0) < 0.05)
           << "row " << r << " key " << j << ": " << kept;
@@ -202,10 +225,10 @@ std::vector<int> CudnnMask(DType dtype, const ops::DropoutSpec& dropout) {
   return keep;
 }
 
-// The float64 reference of causal attention with dropout mask `keep` (CudnnMask's order):
-// forward and backward, as out, lse, dq, dk, dv.
+// The float64 reference of attention, causal or not, with dropout mask `keep` (CudnnMask's
+// order): forward and backward, as out, lse, dq, dk, dv.
 std::vector<std::vector<double>> ReferenceWithMask(const Problem& p, const std::vector<int>& keep,
-                                                   float dropout) {
+                                                   float dropout, bool causal) {
   const int64_t bh = p.shape[0] * p.shape[1], n = p.shape[2], d = p.shape[3];
   const std::vector<double> q = ToDoubles(p.q.cpu), k = ToDoubles(p.k.cpu), v = ToDoubles(p.v.cpu),
                             dout = ToDoubles(p.dout.cpu);
@@ -218,9 +241,10 @@ std::vector<std::vector<double>> ReferenceWithMask(const Problem& p, const std::
       return t[(s * n + row) * d + col];
     };
     for (int64_t i = 0; i < n; ++i) {
-      std::vector<double> prob(i + 1), dropped(i + 1);
+      const int64_t keys = VisibleKeys(causal, i, n);
+      std::vector<double> prob(keys), dropped(keys);
       double max = -INFINITY;
-      for (int64_t j = 0; j <= i; ++j) {
+      for (int64_t j = 0; j < keys; ++j) {
         double dot = 0.0;
         for (int64_t c = 0; c < d; ++c) dot += at(q, i, c) * at(k, j, c);
         prob[j] = p.scale * dot;
@@ -229,21 +253,21 @@ std::vector<std::vector<double>> ReferenceWithMask(const Problem& p, const std::
       double sum = 0.0;
       for (double& x : prob) sum += (x = std::exp(x - max));
       lse[s * n + i] = max + std::log(sum);
-      for (int64_t j = 0; j <= i; ++j) {
+      for (int64_t j = 0; j < keys; ++j) {
         prob[j] /= sum;
         dropped[j] = prob[j] * keep[mask_index + j] * kept_scale;
         for (int64_t c = 0; c < d; ++c) out[(s * n + i) * d + c] += dropped[j] * at(v, j, c);
       }
       // dP_j = (dO_i . v_j) keep / (1 - p); D = sum_j P_j dP_j; dS_j = P_j (dP_j - D).
-      std::vector<double> dprob(i + 1);
+      std::vector<double> dprob(keys);
       double row_sum = 0.0;
-      for (int64_t j = 0; j <= i; ++j) {
+      for (int64_t j = 0; j < keys; ++j) {
         double dot = 0.0;
         for (int64_t c = 0; c < d; ++c) dot += at(dout, i, c) * at(v, j, c);
         dprob[j] = dot * keep[mask_index + j] * kept_scale;
         row_sum += prob[j] * dprob[j];
       }
-      for (int64_t j = 0; j <= i; ++j) {
+      for (int64_t j = 0; j < keys; ++j) {
         const double ds = prob[j] * (dprob[j] - row_sum);
         for (int64_t c = 0; c < d; ++c) {
           dq[(s * n + i) * d + c] += p.scale * ds * at(k, j, c);
@@ -251,7 +275,7 @@ std::vector<std::vector<double>> ReferenceWithMask(const Problem& p, const std::
           dv[(s * n + j) * d + c] += dropped[j] * at(dout, i, c);
         }
       }
-      mask_index += i + 1;
+      mask_index += keys;
     }
   }
   return {out, lse, dq, dk, dv};
@@ -288,29 +312,68 @@ TEST_P(CudnnAttentionTest, DropoutMasksAreCudnnsRepeatAndDifferByCall) {
 
 TEST_P(CudnnAttentionTest, DropoutForwardAndBackwardMatchTheReferenceWithCudnnsMask) {
   ScopedAttentionPolicy policy(nullptr);
-  const std::vector<int> keep = CudnnMask(dtype(), kAttentionDropout);
-  Problem p(dtype(), kDropoutSeq, kDropoutDim, 60);
-  const int64_t calls = cuda::CudnnAttentionCalls();
-  NF_ASSERT_OK(p.Run(true, kAttentionDropout));
-  EXPECT_EQ(cuda::CudnnAttentionCalls(), calls + 2) << "attention dropout did not run on cuDNN";
-  ExpectResultsClose(p.GpuResults(), ReferenceWithMask(p, keep, kAttentionDropout.p), dtype(),
-                     "cuDNN dropout vs the float64 reference with cuDNN's mask");
-  // The deterministic backward and a mask that is a function of the spec: bit for bit again.
-  const auto first = p.GpuResults();
-  NF_ASSERT_OK(p.Run(true, kAttentionDropout));
-  EXPECT_EQ(p.GpuResults(), first);
+  for (const bool causal : {true, false}) {
+    SCOPED_TRACE(MaskName(causal));
+    const std::vector<int> keep = CudnnMask(dtype(), kAttentionDropout, causal);
+    // The kept fraction is 1 - p (over 6210 draws causal, 12150 without the mask: 0.02 is over 5
+    // standard deviations).
+    const double kept = static_cast<double>(std::count(keep.begin(), keep.end(), 1)) / keep.size();
+    EXPECT_NEAR(kept, 1.0 - kAttentionDropout.p, 0.02);
+    Problem p(dtype(), kDropoutSeq, kDropoutDim, 60);
+    const int64_t calls = cuda::CudnnAttentionCalls();
+    NF_ASSERT_OK(p.Run(true, kAttentionDropout, causal));
+    EXPECT_EQ(cuda::CudnnAttentionCalls(), calls + 2) << "attention dropout did not run on cuDNN";
+    ExpectResultsClose(p.GpuResults(), ReferenceWithMask(p, keep, kAttentionDropout.p, causal),
+                       dtype(), "cuDNN dropout vs the float64 reference with cuDNN's mask");
+    // The deterministic backward and a mask that is a function of the spec: bit for bit again.
+    const auto first = p.GpuResults();
+    NF_ASSERT_OK(p.Run(true, kAttentionDropout, causal));
+    EXPECT_EQ(p.GpuResults(), first);
+  }
 }
 
 TEST_P(CudnnAttentionTest, DropoutUnderNfAttentionOwnDrawsTheCpusMasks) {
-  Problem p(dtype(), kDropoutSeq, kDropoutDim, 60);
-  NF_ASSERT_OK(p.Run(false, kAttentionDropout));
-  ScopedAttentionPolicy policy("own");
-  const int64_t calls = cuda::CudnnAttentionCalls();
-  NF_ASSERT_OK(p.Run(true, kAttentionDropout));
-  EXPECT_EQ(cuda::CudnnAttentionCalls(), calls);
-  // The own kernel draws the CPU's masks: the results agree as in cuda_ops_test.cc (a wrong
-  // mask would differ by O(1)).
-  ExpectResultsClose(p.GpuResults(), p.CpuResults(), dtype(), "dropout, own kernel vs CPU");
+  for (const bool causal : {true, false}) {
+    SCOPED_TRACE(MaskName(causal));
+    Problem p(dtype(), kDropoutSeq, kDropoutDim, 60);
+    NF_ASSERT_OK(p.Run(false, kAttentionDropout, causal));
+    ScopedAttentionPolicy policy("own");
+    const int64_t calls = cuda::CudnnAttentionCalls();
+    NF_ASSERT_OK(p.Run(true, kAttentionDropout, causal));
+    EXPECT_EQ(cuda::CudnnAttentionCalls(), calls);
+    // The own kernel draws the CPU's masks: the results agree as in cuda_ops_test.cc (a wrong
+    // mask would differ by O(1)).
+    ExpectResultsClose(p.GpuResults(), p.CpuResults(), dtype(), "dropout, own kernel vs CPU");
+  }
+}
+
+// A causal and a bidirectional call of one shape, scale and dropout have different keys, so each
+// backward follows its own forward's path. Here the bidirectional forward runs the own kernel
+// (NF_ATTENTION=own) and the causal one cuDNN after it; with one key for both, the
+// bidirectional backward would follow the causal forward onto cuDNN and compute the gradients
+// of cuDNN's mask instead of the own kernel's (the CPU's).
+TEST_P(CudnnAttentionTest, CausalAndNonCausalCallsOfOneShapeKeepTheirOwnPaths) {
+  ScopedAttentionPolicy policy(nullptr);
+  Problem bidirectional(dtype(), kDropoutSeq, kDropoutDim, 100);
+  Problem causal(dtype(), kDropoutSeq, kDropoutDim, 100);
+  NF_ASSERT_OK(bidirectional.Run(false, kAttentionDropout, /*causal=*/false));
+  const cuda::AttentionPathCounts before = cuda::AttentionPathsTaken();
+  {
+    ScopedAttentionPolicy own("own");
+    NF_ASSERT_OK(bidirectional.Forward(true, kAttentionDropout, /*causal=*/false));
+  }
+  NF_ASSERT_OK(causal.Forward(true, kAttentionDropout, /*causal=*/true));
+  NF_ASSERT_OK(bidirectional.Backward(true, kAttentionDropout, /*causal=*/false));
+  NF_ASSERT_OK(causal.Backward(true, kAttentionDropout, /*causal=*/true));
+  NF_ASSERT_OK(ops::Synchronize(kGpu));
+  const cuda::AttentionPathCounts after = cuda::AttentionPathsTaken();
+  EXPECT_EQ(after.forward_own - before.forward_own, 1);
+  EXPECT_EQ(after.forward_cudnn - before.forward_cudnn, 1);
+  EXPECT_EQ(after.backward_own - before.backward_own, 1) << "the bidirectional backward left "
+                                                            "its forward's own kernel";
+  EXPECT_EQ(after.backward_cudnn - before.backward_cudnn, 1);
+  ExpectResultsClose(bidirectional.GpuResults(), bidirectional.CpuResults(), dtype(),
+                     "bidirectional with dropout, own kernel vs CPU");
 }
 
 // The path each call took, and why, in the per-op timing.
@@ -441,6 +504,28 @@ TEST(CudnnAttentionDispatchTest, ABackwardThatCannotFollowACudnnForwardWithDropo
   NF_ASSERT_OK(backward({}));
   NF_ASSERT_OK(ops::Synchronize(kGpu));
   EXPECT_EQ(cuda::AttentionPathsTaken().backward_own, before.backward_own + 1);
+}
+
+// The call key (which path a call takes, which cuDNN graph it runs) tells a causal call from a
+// bidirectional one of the same shape, scale and dropout. Pure host logic: no GPU needed.
+TEST(CudnnAttentionDispatchTest, TheCallKeyTellsCausalFromNonCausal) {
+  const Tensor q = *Tensor::HostZeros(DType::kF16, {4, 16, 2048, 80});
+  const ops::DropoutSpec dropout{.p = 0.1f, .seed = 7};
+  const cuda::AttentionCallKey causal = cuda::AttentionKeyOf(0, q, 0.125f, dropout, true);
+  const cuda::AttentionCallKey bidirectional = cuda::AttentionKeyOf(0, q, 0.125f, dropout, false);
+  EXPECT_TRUE(causal.causal);
+  EXPECT_FALSE(bidirectional.causal);
+  EXPECT_NE(causal, bidirectional);
+  EXPECT_EQ(cuda::AttentionKeyOf(0, q, 0.125f, dropout), causal);  // causal by default
+  EXPECT_EQ(causal.ToString(), "[4, 16, 2048, 80] f16, dropout 0.1 on cuda:0");
+  EXPECT_EQ(bidirectional.ToString(), "[4, 16, 2048, 80] f16, non-causal, dropout 0.1 on cuda:0");
+  // A forward noted for one is no forward of the other.
+  cuda::AttentionPathTable table;
+  table.NoteForward(causal, cuda::AttentionPath::kCudnn);
+  EXPECT_EQ(table.ForwardPath(bidirectional), std::nullopt);
+  table.NoteForward(bidirectional, cuda::AttentionPath::kOwn);
+  EXPECT_EQ(table.ForwardPath(causal), cuda::AttentionPath::kCudnn);
+  EXPECT_EQ(table.ForwardPath(bidirectional), cuda::AttentionPath::kOwn);
 }
 
 TEST(CudnnAttentionDispatchTest, Fp32TakesTheOwnKernel) {
