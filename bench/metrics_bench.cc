@@ -97,8 +97,8 @@ absl::Status Run(const Flags& flags) {
 
   const Ceilings ceilings = MeasureCeilings();
   const model::ModelConfig& m = config.model();
-  const double flops_per_token = launcher::ModelFlopsPerToken(
-      trainer->num_global_params(), m.num_layers(), m.d_model(), config.train().seq_len());
+  const double flops_per_token =
+      launcher::ModelFlopsPerToken(trainer->num_global_params(), m, config.train().seq_len());
   auto mfu = [&](const launcher::StepStats& s) {
     return static_cast<double>(s.tokens) / s.seconds * flops_per_token /
            (ceilings.sgemm_gflops * 1e9);

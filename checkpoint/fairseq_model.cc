@@ -52,6 +52,10 @@ std::string Refusal(absl::string_view field, absl::string_view why) {
 }  // namespace
 
 absl::Status CheckFairseqRepresents(const ModelConfig& model) {
+  if (model.objective() == ModelConfig::MASKED_LM) {
+    return absl::InvalidArgumentError(
+        Refusal("model.objective", "is MASKED_LM, an encoder (fairseq's RoBERTa holds those)"));
+  }
   if (model.activation() == ModelConfig::RELU_SQUARED) {
     return absl::InvalidArgumentError(
         Refusal("model.activation",

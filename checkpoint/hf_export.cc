@@ -18,6 +18,7 @@
 #include "core/files/atomic_file.h"
 #include "core/json_value.h"
 #include "core/status.h"
+#include "model/model_config_check.h"
 
 namespace nf::checkpoint {
 namespace {
@@ -144,6 +145,7 @@ absl::Status ExportHf(const fs::path& dir, const Manifest& manifest, const fs::p
   }
   NF_RETURN_IF_ERROR(CheckNewOutput(out, "--out", "export writes a new directory", inputs));
   const model::ModelConfig& model = manifest.model();
+  NF_RETURN_IF_ERROR(model::RequireCausalLm(model, "the Hugging Face export"));
   HfModelType type = HfModelType::kNormFormer;
   if (options.model_type == HfModelType::kGpt2) {
     NF_RETURN_IF_ERROR(CheckGpt2Represents(model));

@@ -49,6 +49,7 @@
 #include "google/protobuf/text_format.h"
 #include "launcher/train_config.pb.h"
 #include "launcher/trainer.h"
+#include "model/model_config_check.h"
 #include "parallel/mpi_runtime.h"
 #include "parallel/process_groups.h"
 
@@ -300,6 +301,7 @@ absl::StatusOr<Plan> MakePlan(Flags flags) {
   NF_ASSIGN_OR_RETURN(plan.checkpoint, ResolveCheckpoint(flags.checkpoint));
   NF_ASSIGN_OR_RETURN(plan.manifest, nf::checkpoint::ReadManifest(plan.checkpoint));
   const nf::model::ModelConfig& model = plan.manifest.model();
+  NF_RETURN_IF_ERROR(nf::model::RequireCausalLm(model, "nf-eval"));
   const nf::launcher::TrainConfig recorded = RecordedTrainConfig(plan.manifest);
   // The positions the model was trained on; a checkpoint that records no run (an import) is
   // taken at its word, model.max_seq_len.

@@ -42,6 +42,7 @@
 #include "launcher/jsonl_log.h"
 #include "launcher/train_config.pb.h"
 #include "launcher/trainer.h"
+#include "model/model_config_check.h"
 #include "parallel/mpi_runtime.h"
 #include "parallel/process_groups.h"
 
@@ -213,6 +214,7 @@ absl::StatusOr<Plan> MakePlan(Flags flags) {
     return absl::NotFoundError(absl::StrCat(flags.checkpoint, "/latest names no checkpoint"));
   }
   NF_ASSIGN_OR_RETURN(plan.manifest, nf::checkpoint::ReadManifest(plan.checkpoint));
+  NF_RETURN_IF_ERROR(nf::model::RequireCausalLm(plan.manifest.model(), "nf-generate"));
   plan.prompts = flags.prompts;
   if (!flags.prompt_file.empty()) {
     NF_ASSIGN_OR_RETURN(const std::vector<std::string> more,

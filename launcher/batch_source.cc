@@ -2,6 +2,7 @@
 
 #include <filesystem>
 #include <limits>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -11,8 +12,10 @@
 #include "core/status.h"
 #include "data/batch_loader.h"
 #include "data/indexed_document_source.h"
+#include "data/masked_lm.h"
 #include "data/splits.h"
 #include "data/synthetic_corpus.h"
+#include "model/vocab.h"
 
 namespace nf::launcher {
 namespace {
@@ -71,6 +74,55 @@ class DatasetBatches final : public BatchSource {
   data::BatchLoader loader_;
   std::string names_;
   std::vector<int64_t> epochs_;  // [datasets]: the epochs each dataset's samples span
+};
+
+// A masked LM's batches: the inner source's samples, corrupted by data::MaskSample. An encoder
+// reads the sample itself, so each row's tokens are the inner inputs (the sample's first seq_len
+// tokens; the inner targets, the next tokens, go unused); masks are keyed by the sample's stream
+// index, so a sample is masked alike in every layout and on resume.
+class MaskedLmBatches final : public BatchSource {
+ public:
+  MaskedLmBatches(std::unique_ptr<BatchSource> inner, data::MaskedLmSpec spec, Tensor inputs,
+                  Tensor targets)
+      : inner_(std::move(inner)),
+        spec_(spec),
+        inputs_(std::move(inputs)),
+        targets_(std::move(targets)) {}
+
+  absl::StatusOr<int64_t> Load(int64_t batch_start, int64_t micro_batch) override {
+    NF_ASSIGN_OR_RETURN(const int64_t first, inner_->Load(batch_start, micro_batch));
+    const int64_t batch = inputs_.dim(0), seq = inputs_.dim(1);
+    const int32_t* tokens = inner_->inputs().data<int32_t>();
+    int32_t* inputs = inputs_.data<int32_t>();
+    int32_t* targets = targets_.data<int32_t>();
+    for (int64_t b = 0; b < batch; ++b) {
+      const size_t row = static_cast<size_t>(b * seq), length = static_cast<size_t>(seq);
+      data::MaskSample(spec_, static_cast<uint64_t>(first + b), {tokens + row, length},
+                       {inputs + row, length}, {targets + row, length});
+    }
+    return first;
+  }
+  const Tensor& inputs() const override { return inputs_; }
+  const Tensor& targets() const override { return targets_; }
+  int64_t stream_size() const override { return inner_->stream_size(); }
+  int64_t LossTokens(int64_t first, int64_t samples) const override {
+    int64_t chosen = 0;
+    for (int64_t i = first; i < first + samples; ++i) {
+      chosen += data::MaskedCount(spec_.mask_prob, inputs_.dim(1),
+                                  data::MaskedCountUniform(spec_.seed, static_cast<uint64_t>(i)));
+    }
+    return chosen;
+  }
+  std::string Describe() const override {
+    return absl::StrCat(inner_->Describe(), ", masked as RoBERTa's (mask_prob ", spec_.mask_prob,
+                        ", <mask> id ", spec_.mask_token, ")");
+  }
+  std::vector<int64_t> StreamEpochs() const override { return inner_->StreamEpochs(); }
+
+ private:
+  std::unique_ptr<BatchSource> inner_;
+  data::MaskedLmSpec spec_;
+  Tensor inputs_, targets_;  // i32 [micro_batch_size, seq_len]
 };
 
 absl::StatusOr<std::unique_ptr<BatchSource>> MakeDatasetBatches(const TrainConfig& config,
@@ -161,8 +213,12 @@ int64_t DefaultStreamSize(const TrainConfig& config, DataSplit split) {
   return batches * train.global_batch_size();
 }
 
-absl::StatusOr<std::unique_ptr<BatchSource>> MakeBatchSource(const TrainConfig& config,
-                                                             DataSplit split, int64_t stream_size) {
+namespace {
+
+// The source of a causal LM: samples as they are, targets the next tokens.
+absl::StatusOr<std::unique_ptr<BatchSource>> MakeTokenBatches(const TrainConfig& config,
+                                                              DataSplit split,
+                                                              int64_t stream_size) {
   if (!config.data().path().empty() || config.data().blend_size() > 0) {
     return MakeDatasetBatches(config, split,
                               stream_size > 0 ? stream_size : DefaultStreamSize(config, split));
@@ -179,6 +235,28 @@ absl::StatusOr<std::unique_ptr<BatchSource>> MakeBatchSource(const TrainConfig& 
   const uint64_t first_walk = split == DataSplit::kValidation ? uint64_t{1} << 48 : 0;
   return std::make_unique<SyntheticBatches>(std::move(corpus), first_walk, std::move(inputs),
                                             std::move(targets));
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<BatchSource>> MakeBatchSource(const TrainConfig& config,
+                                                             DataSplit split, int64_t stream_size) {
+  NF_ASSIGN_OR_RETURN(std::unique_ptr<BatchSource> source,
+                      MakeTokenBatches(config, split, stream_size));
+  const nf::model::ModelConfig& model = config.model();
+  if (model.objective() != nf::model::ModelConfig::MASKED_LM) return source;
+  const MaskedLmConfig& masked_lm = config.data().masked_lm();
+  const data::MaskedLmSpec spec{.mask_prob = masked_lm.mask_prob(),
+                                .random_token_prob = masked_lm.random_token_prob(),
+                                .leave_unmasked_prob = masked_lm.leave_unmasked_prob(),
+                                .mask_token = model::MaskTokenId(model),
+                                .vocab_size = model.vocab_size(),
+                                .seed = config.train().seed()};
+  const Shape batch{config.train().micro_batch_size(), config.train().seq_len()};
+  NF_ASSIGN_OR_RETURN(Tensor inputs, Tensor::HostZeros(DType::kI32, batch));
+  NF_ASSIGN_OR_RETURN(Tensor targets, Tensor::HostZeros(DType::kI32, batch));
+  return std::make_unique<MaskedLmBatches>(std::move(source), spec, std::move(inputs),
+                                           std::move(targets));
 }
 
 }  // namespace nf::launcher

@@ -26,6 +26,13 @@ class BatchSource {
   virtual absl::StatusOr<int64_t> Load(int64_t batch_start, int64_t micro_batch) = 0;
   // Samples in the stream (the synthetic corpus: unbounded, INT64_MAX).
   virtual int64_t stream_size() const = 0;
+  // The tokens that carry a loss in stream samples [first, first + samples): what a step's mean
+  // loss divides by, known before its forwards. Every position of a causal LM's samples; a masked
+  // LM's chosen positions, counted from the stream alone (the same on every rank, no
+  // communication).
+  virtual int64_t LossTokens(int64_t /*first*/, int64_t samples) const {
+    return samples * inputs().dim(1);
+  }
   virtual const Tensor& inputs() const = 0;   // i32 [micro_batch_size, seq_len]
   virtual const Tensor& targets() const = 0;  // i32 [micro_batch_size, seq_len]
   // "synthetic" or the dataset prefixes, for the start-up line.
@@ -53,7 +60,10 @@ int64_t DefaultStreamSize(const TrainConfig& config, DataSplit split);
 
 // The source `config.data` describes for `split`, a stream of `stream_size` samples (0: the
 // default). The synthetic corpus has no documents to split and no end: its validation samples
-// are walks of the same chain far from any training sample.
+// are walks of the same chain far from any training sample. For a masked LM
+// (model.objective MASKED_LM) each row is a sample's first seq_len tokens corrupted as
+// data.masked_lm says (data/masked_lm.h), keyed by (train.seed, stream index), and the targets
+// are the originals at the chosen positions, -1 elsewhere.
 absl::StatusOr<std::unique_ptr<BatchSource>> MakeBatchSource(const TrainConfig& config,
                                                              DataSplit split = DataSplit::kTrain,
                                                              int64_t stream_size = 0);

@@ -169,6 +169,28 @@ absl::Status ValidateData(const DataConfig& data, const nf::model::ModelConfig& 
       return Invalid(absl::StrCat("data.split: ", weights.status().message()));
     }
   }
+  // The masking rates, checked whatever model.objective (as the loss scale whatever the
+  // precision): switching a config to a masked LM must not expose settings nobody looked at.
+  // (The synthetic corpus emits every id, <mask> included: that blurs what an input <mask>
+  // means, which costs that corpus some learnability and breaks nothing.)
+  const MaskedLmConfig& masked_lm = data.masked_lm();
+  if (!(masked_lm.mask_prob() > 0 && masked_lm.mask_prob() <= 1)) {
+    return Invalid(absl::StrCat("data.masked_lm.mask_prob must be in (0, 1] (got ",
+                                masked_lm.mask_prob(), "); RoBERTa's is 0.15"));
+  }
+  NF_RETURN_IF_ERROR(
+      RequireNonNegative("data.masked_lm.random_token_prob", masked_lm.random_token_prob()));
+  NF_RETURN_IF_ERROR(
+      RequireNonNegative("data.masked_lm.leave_unmasked_prob", masked_lm.leave_unmasked_prob()));
+  // As data::MaskSample adds them: in double.
+  const double kept_or_random = static_cast<double>(masked_lm.random_token_prob()) +
+                                static_cast<double>(masked_lm.leave_unmasked_prob());
+  if (kept_or_random > 1) {
+    return Invalid(absl::StrCat(
+        "data.masked_lm.random_token_prob (", masked_lm.random_token_prob(),
+        ") + data.masked_lm.leave_unmasked_prob (", masked_lm.leave_unmasked_prob(),
+        ") must be at most 1: they are shares of the chosen tokens, <mask> takes the rest"));
+  }
   for (int k = 0; k < data.blend_size(); ++k) {
     const WeightedDataset& d = data.blend(k);
     if (d.path().empty()) {
@@ -313,6 +335,11 @@ absl::Status ValidateTrainConfig(const TrainConfig& config) {
   NF_RETURN_IF_ERROR(ValidateSequenceParallel(config.parallel(), config.train()));
   NF_RETURN_IF_ERROR(ValidateCheckpointing(config.checkpoint(), config.train()));
   NF_RETURN_IF_ERROR(ValidateMonitoring(config.monitoring()));
+  if (!config.train().samples().prompts().empty()) {
+    const absl::Status causal =
+        model::RequireCausalLm(config.model(), "train.samples (text generated while training)");
+    if (!causal.ok()) return Invalid(causal.message());
+  }
   return absl::OkStatus();
 }
 

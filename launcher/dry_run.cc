@@ -39,8 +39,7 @@ absl::Status DryRun(const TrainConfig& config, int world_size, std::ostream& out
   }
   const int64_t tokens = int64_t{train.global_batch_size()} * train.seq_len();
   const double flops =
-      ModelFlopsPerToken(total_params, m.num_layers(), m.d_model(), train.seq_len()) *
-      static_cast<double>(tokens);
+      ModelFlopsPerToken(total_params, m, train.seq_len()) * static_cast<double>(tokens);
   out << ResolvedConfigText(config);
   out << absl::StrFormat(
       "\ndry run: %d ranks = tensor_parallel %d x pipeline_parallel %d x data_parallel %d, %s "

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 
+#include "absl/strings/str_cat.h"
 #include "core/ops/backend.h"
 #include "core/ops/ops.h"
 #include "core/status.h"
@@ -46,9 +47,22 @@ absl::StatusOr<double> MeasureGemmFlops(Device device, DType dtype) {
   }
 }
 
-double ModelFlopsPerToken(int64_t parameters, int layers, int d_model, int seq_len) {
-  return 6.0 * static_cast<double>(parameters) +
-         6.0 * layers * static_cast<double>(d_model) * seq_len;
+namespace {
+
+// Attention's two [S, S] products per layer, forward and backward, per d_model x seq_len.
+double AttentionFactor(const model::ModelConfig& model) {
+  return model.objective() == model::ModelConfig::MASKED_LM ? 12.0 : 6.0;
+}
+
+}  // namespace
+
+double ModelFlopsPerToken(int64_t parameters, const model::ModelConfig& model, int seq_len) {
+  return 6.0 * static_cast<double>(parameters) + AttentionFactor(model) * model.num_layers() *
+                                                     static_cast<double>(model.d_model()) * seq_len;
+}
+
+std::string ModelFlopsFormula(const model::ModelConfig& model) {
+  return absl::StrCat("6 x params + ", AttentionFactor(model), " x layers x d_model x seq");
 }
 
 }  // namespace nf::launcher

@@ -6,10 +6,12 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "absl/status/statusor.h"
 #include "core/device.h"
 #include "core/dtype.h"
+#include "model/model_config.pb.h"
 
 namespace nf::launcher {
 
@@ -25,8 +27,11 @@ absl::StatusOr<double> MeasureGemmFlops(Device device, DType dtype);
 
 // Model FLOPs per token of a training step as llm.c counts them: 6 x parameters for the
 // matrix products forward and backward, plus 6 x layers x d_model x seq_len for attention's
-// two products (PaLM's 12, halved for the causal mask). The dry run, the progress line's MFU
-// and the benchmarks all use this count.
-double ModelFlopsPerToken(int64_t parameters, int layers, int d_model, int seq_len);
+// two products (PaLM's 12, halved for the causal mask; a masked LM's bidirectional attention
+// computes all of PaLM's 12). The dry run, the progress line's MFU and the benchmarks all use
+// this count.
+double ModelFlopsPerToken(int64_t parameters, const model::ModelConfig& model, int seq_len);
+// "6 x params + 6 x layers x d_model x seq" (12 for a masked LM): the count, for the MFU line.
+std::string ModelFlopsFormula(const model::ModelConfig& model);
 
 }  // namespace nf::launcher

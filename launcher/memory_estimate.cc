@@ -92,11 +92,6 @@ absl::StatusOr<std::vector<PipelineRankMemory>> EstimateMemory(const TrainConfig
                                     .recompute = RecomputeOf(train),
                                     .sequence_parallel = parallel.sequence_parallel()};
   const model::LayerShape shape = model::LayerShapeOf(m, options, 0, tp);
-  const int64_t layer_bytes =
-      model::LayerActivations::Bytes(shape, model::LayerOptionsOf(m, options.recompute));
-  const bool full_recompute = options.recompute == model::Recompute::kFull;
-  // ts: the rows of the hidden states (this rank's 1 / tp of them with sequence parallelism).
-  const int64_t t = shape.tokens(), ts = shape.shard_tokens(), d = m.d_model();
   // Every rank reads its batches from the same streams (data-parallel ranks pick their part).
   double sample_index_bytes = 0;
   if (!config.data().path().empty() || config.data().blend_size() > 0) {
@@ -126,20 +121,10 @@ absl::StatusOr<std::vector<PipelineRankMemory>> EstimateMemory(const TrainConfig
         if (spec.sharding != model::Sharding::kReplicated) n /= tp;
         rank.parameters += n;
       }
-      const int64_t n_layers = placement.layer_end - placement.layer_begin;
-      // Kept per micro-batch in flight: each layer's input and activations (only the inputs
-      // with full recompute, which shares one layer's activations: a buffer), the first stage's
-      // ids, and the last stage's targets, final LayerNorm output and statistics, logits and
-      // loss rows (NormFormerModel::AllocateInFlight).
-      int64_t per_micro_batch = (n_layers + 1) * ts * d * s;
-      if (!full_recompute) per_micro_batch += n_layers * layer_bytes;
-      if (placement.first()) per_micro_batch += t * 4;
-      if (placement.last()) {
-        per_micro_batch += t * (padded_vocab / tp) * s + ts * d * s + ts * 2 * 4 + t * 5 * 4;
-      }
-      activations += peak[c] * per_micro_batch;
       model::ModelOptions chunk_options = options;
       chunk_options.pipeline = placement;
+      // Kept per micro-batch in flight (NormFormerModel::AllocateInFlight).
+      activations += peak[c] * model::NormFormerModel::InFlightBytes(m, chunk_options, tp);
       buffers += model::NormFormerModel::BufferBytes(m, chunk_options, tp);
       rank.layers += absl::StrFormat("%s[%d, %d)", c > 0 ? " " : "", placement.layer_begin,
                                      placement.layer_end);

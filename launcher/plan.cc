@@ -250,9 +250,8 @@ absl::StatusOr<std::vector<PlannedLayout>> PlanLayouts(const TrainConfig& base,
                 if (layout.peak_device_bytes > budget) continue;
                 NF_ASSIGN_OR_RETURN(layout.time, StepTimeOf(layout.config, cluster, params));
                 const TrainOptions& train = layout.config.train();
-                const double model_flops =
-                    ModelFlopsPerToken(params, m.num_layers(), m.d_model(), train.seq_len()) *
-                    train.global_batch_size() * train.seq_len();
+                const double model_flops = ModelFlopsPerToken(params, m, train.seq_len()) *
+                                           train.global_batch_size() * train.seq_len();
                 layout.mfu = model_flops / layout.time.total() / (world * cluster.peak_flops);
                 layouts.push_back(std::move(layout));
               }

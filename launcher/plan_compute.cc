@@ -33,8 +33,7 @@ double GemmSeconds(double m, double n, double k, double batch, double element_by
   return std::max(compute, memory);
 }
 
-double OptimizerSeconds(double local_parameters, double element_bytes,
-                        const ClusterSpec& cluster) {
+double OptimizerSeconds(double local_parameters, double element_bytes, const ClusterSpec& cluster) {
   // Read the fp32 gradient, read and write the fp32 master weight and both moments, write the
   // parameter, zero the gradient: 32 bytes and one parameter's.
   return MemorySeconds(local_parameters * (32 + element_bytes), cluster);
@@ -102,8 +101,7 @@ MicroBatchWork EstimateMicroBatchWork(const TrainConfig& config, const ClusterSp
 
   // The head: logits [T, V / tp] = [T, d] x [d, V / tp], its two backward products, and the
   // loss's passes over fp32 logits (softmax statistics, the loss; the gradient written, read).
-  const double vocab_local =
-      static_cast<double>(model::PaddedVocabSize(m.vocab_size(), tp)) / tp;
+  const double vocab_local = static_cast<double>(model::PaddedVocabSize(m.vocab_size(), tp)) / tp;
   const double logits = 4 * t * vocab_local;
   work.head_forward = gemm(t, vocab_local, d) + MemorySeconds(2 * logits, cluster);
   work.head_backward =

@@ -407,9 +407,10 @@ class TrainingRun {
       }
     }
     console_ << absl::StrFormat(
-        "MFU: model FLOPs (6 x params + 6 x layers x d_model x seq per token) against the GEMM "
-        "ceiling measured now, %.4g TFLOP/s over %d rank(s) on %s\n",
-        job_ceiling_flops_ / 1e12, topology.world_size(), trainer_->device().ToString());
+        "MFU: model FLOPs (%s per token) against the GEMM ceiling measured now, %.4g TFLOP/s "
+        "over %d rank(s) on %s\n",
+        ModelFlopsFormula(config_.model()), job_ceiling_flops_ / 1e12, topology.world_size(),
+        trainer_->device().ToString());
   }
 
   // Every rank measures its device's GEMM throughput at once (ranks sharing a machine share
@@ -423,8 +424,8 @@ class TrainingRun {
     NF_RETURN_IF_ERROR(trainer_->world()->AllReduce(sum, parallel::ReduceOp::kSum));
     job_ceiling_flops_ = sum.data<double>()[0];
     const model::ModelConfig& m = config_.model();
-    flops_per_token_ = ModelFlopsPerToken(trainer_->num_global_params(), m.num_layers(),
-                                          m.d_model(), config_.train().seq_len());
+    flops_per_token_ =
+        ModelFlopsPerToken(trainer_->num_global_params(), m, config_.train().seq_len());
     return absl::OkStatus();
   }
 

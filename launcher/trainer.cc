@@ -674,8 +674,9 @@ absl::StatusOr<StepStats> Trainer::TrainStep(bool block_grad_norms) {
     NF_RETURN_IF_ERROR(groups_->world->Barrier());  // no other rank calls it: a hang
   }
   // Each token's loss enters the gradient with weight loss_scale / tokens: the gradient of the
-  // global batch's mean loss, times the loss scale.
-  const int64_t batch_tokens = global_batch * train.seq_len();
+  // global batch's mean loss (over the tokens that carry one: a masked LM's chosen tokens),
+  // times the loss scale. Every rank counts them from the stream alone.
+  const int64_t batch_tokens = batches_->LossTokens(consumed_samples_, global_batch);
   const bool inject_spike = absl::c_linear_search(injected_grad_spikes_, step_ + 1);
   const PipelineStep step = {
       .step = step_,
@@ -683,7 +684,9 @@ absl::StatusOr<StepStats> Trainer::TrainStep(bool block_grad_norms) {
       .first_micro_batch = int64_t{groups_->topology.dp_rank()} * micro_batches_,
       .micro_batch_size = train.micro_batch_size(),
       .loss_weight =
-          (inject_spike ? kGradSpikeFactor : 1.0f) * loss_scale / static_cast<float>(batch_tokens)};
+          (inject_spike ? kGradSpikeFactor : 1.0f) * loss_scale /
+          // A batch without a chosen token (a masked LM's tiny mask_prob x seq_len) adds nothing.
+          static_cast<float>(std::max<int64_t>(batch_tokens, 1))};
 
   const bool inject_nan = injected_nan_.step == step_ + 1;
   if (inject_nan) NF_RETURN_IF_ERROR(InjectNan(/*poison=*/true));
@@ -716,8 +719,7 @@ absl::StatusOr<StepStats> Trainer::TrainStep(bool block_grad_norms) {
   // before any update. Then the step's loss, before its update: the spike detector needs it.
   NF_RETURN_IF_ERROR(ops::Synchronize(device_));
   NF_ASSIGN_OR_RETURN(const model::NormFormerModel::LossSum global, GlobalLoss());
-  const int64_t tokens = global.tokens;
-  const double loss = tokens > 0 ? global.sum / static_cast<double>(tokens) : 0.0;
+  const double loss = global.tokens > 0 ? global.sum / static_cast<double>(global.tokens) : 0.0;
   std::optional<NanOriginAgreement> nan_origin;
   if (skip_reason == optim::SkipReason::kNonFiniteGradients && train.nan_origin()) {
     NF_ASSIGN_OR_RETURN(nan_origin, FindNanOrigin(step));
@@ -775,7 +777,7 @@ absl::StatusOr<StepStats> Trainer::TrainStep(bool block_grad_norms) {
       .skipped = skipped,
       .skip_reason = skip_reason,
       .skipped_total = skipped_total_,
-      .tokens = tokens,
+      .tokens = global_batch * train.seq_len(),
       .seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
       .data_seconds = run.data_seconds,
       .pipeline_wait_seconds = run.pipeline_wait_seconds,

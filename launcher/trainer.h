@@ -52,7 +52,9 @@ struct StepStats {
   bool skipped = false;     // no update: non-finite gradients, or an overflowing update
   optim::SkipReason skip_reason = optim::SkipReason::kNone;  // why, when skipped
   int64_t skipped_total = 0;
-  int64_t tokens = 0;                  // tokens with a loss in the global batch of this step
+  // Tokens the step computed, global batch x seq_len (what tokens/s and MFU count); the loss is
+  // the mean over those that carry one (all of them in a causal LM, a masked LM's chosen ones).
+  int64_t tokens = 0;
   double seconds = 0.0;                // wall time of the step, of which:
   double data_seconds = 0.0;           // waiting for the data loader
   double pipeline_wait_seconds = 0.0;  // waiting for pipeline peers (sends and receives)

@@ -220,6 +220,11 @@ absl::Status DecoderLayer::AttentionCoreForward(const LayerActivations& acts,
       static_cast<float>(1.0 / std::sqrt(static_cast<double>(shape_.head_dim)));
   if (cache != nullptr) {
     if (step.train) return absl::InvalidArgumentError("a KV-cache forward cannot train");
+    if (!options_.causal) {
+      return absl::InvalidArgumentError(
+          "a KV-cache forward decodes causally, and this layer's attention is bidirectional (a "
+          "masked LM)");
+    }
     NF_RETURN_IF_ERROR(ops::KvCacheAttention({.q = acts.q,
                                               .k = acts.k,
                                               .v = acts.v,
@@ -236,7 +241,8 @@ absl::Status DecoderLayer::AttentionCoreForward(const LayerActivations& acts,
                                .out = core.attn,
                                .lse = core.lse,
                                .scale = attention_scale,
-                               .dropout = Dropout(DropoutKind::kAttentionProbs, step)}));
+                               .dropout = Dropout(DropoutKind::kAttentionProbs, step),
+                               .causal = options_.causal}));
   }
   if (options_.scale_heads && options_.heads_before_out_proj) {
     // Each head's output times its scale on the way to token order.
@@ -468,7 +474,8 @@ absl::Status DecoderLayer::Backward(const Tensor& x, const Tensor& dy, const Ten
        .dk = scratch.dk,
        .dv = scratch.dv,
        .scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(s.head_dim))),
-       .dropout = Dropout(DropoutKind::kAttentionProbs, step)}));
+       .dropout = Dropout(DropoutKind::kAttentionProbs, step),
+       .causal = options_.causal}));
   // [3, B, H, S, Dh] back to [T, 3 H Dh], then the one projection's backward.
   part.Rename("qkv");
   NF_RETURN_IF_ERROR(ops::MergeHeads(scratch.d_qkv, scratch.qkv_tokens));

@@ -2,6 +2,7 @@
 //
 //   r = x;  h = LN_attn_in(x);  q,k,v = h W_{q,k,v}^T + b          column-parallel
 //   o_i = softmax(q_i k_i^T / sqrt(d_head) + causal) v_i           attention dropout on P
+//                                      (no causal mask in a masked LM's encoder layer)
 //   o_i *= gamma_i                     (scale_heads, paper placement: before out_proj)
 //   a = concat(o_i) W_o^T + b_o                                    row-parallel
 //   a = a viewed as heads * gamma      (scale_heads, fairseq placement: after out_proj)
@@ -55,6 +56,9 @@ struct LayerOptions {
   ops::Activation activation = ops::Activation::kGelu;
   float dropout = 0.0f, attention_dropout = 0.0f, activation_dropout = 0.0f;
   float eps = 1e-5f;
+  // False: bidirectional self-attention (the masked LM's encoder), each token attends its whole
+  // sequence.
+  bool causal = true;
   bool scale_attn = false, scale_heads = false, heads_before_out_proj = true;
   bool scale_fc = false, scale_resids = false;
   // Selective activation recompute: the attention core's outputs (the attention output, its

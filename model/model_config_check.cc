@@ -46,10 +46,29 @@ absl::Status ValidateModelConfig(const ModelConfig& model) {
         model.num_heads(), "): e.g. model.d_model=", up, ", or a num_heads that divides ",
         model.d_model()));
   }
+  // -1 stands for the last id; checked whatever the objective, like the dropouts below.
+  if (model.mask_token() < -1 || model.mask_token() >= model.vocab_size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "model.mask_token (", model.mask_token(), ") must be in [-1, model.vocab_size) = [-1, ",
+        model.vocab_size(), "); -1 is the last id, vocab_size - 1"));
+  }
+  if (model.objective() == ModelConfig::MASKED_LM && model.vocab_size() < 2) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model.objective MASKED_LM needs model.vocab_size >= 2 (got ",
+                     model.vocab_size(), "): <mask> and a token to replace it with"));
+  }
   NF_RETURN_IF_ERROR(RequireUnitInterval("model.dropout", model.dropout()));
   NF_RETURN_IF_ERROR(RequireUnitInterval("model.attention_dropout", model.attention_dropout()));
   NF_RETURN_IF_ERROR(RequireUnitInterval("model.activation_dropout", model.activation_dropout()));
   return RequirePositive("model.layer_norm_eps", model.layer_norm_eps());
+}
+
+absl::Status RequireCausalLm(const ModelConfig& model, absl::string_view what) {
+  if (model.objective() != ModelConfig::MASKED_LM) return absl::OkStatus();
+  return absl::FailedPreconditionError(
+      absl::StrCat(what,
+                   " needs a causal LM, and this model is a masked LM (model.objective "
+                   "MASKED_LM: a bidirectional encoder that predicts masked tokens)"));
 }
 
 }  // namespace nf::model

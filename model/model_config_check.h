@@ -7,11 +7,16 @@
 #pragma once
 
 #include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 #include "model/model_config.pb.h"
 
 namespace nf::model {
 
 // InvalidArgument naming the first bad field ("model.max_seq_len must be ...") and its value.
 absl::Status ValidateModelConfig(const ModelConfig& model);
+
+// OK for a causal LM; for a masked LM (model.objective MASKED_LM), FailedPrecondition saying that
+// `what` (e.g. "nf-generate") needs a causal one.
+absl::Status RequireCausalLm(const ModelConfig& model, absl::string_view what);
 
 }  // namespace nf::model

@@ -13,6 +13,11 @@ constexpr int kCachedForwardKey = 0;
 }  // namespace
 
 absl::Status NormFormerModel::StartKvCache(int64_t capacity) {
+  if (masked_lm()) {
+    return absl::FailedPreconditionError(
+        "incremental decoding generates causally, and this model is a masked LM "
+        "(model.objective MASKED_LM: bidirectional attention); it does not generate text");
+  }
   if (capacity < shape_.seq || capacity > config_.max_seq_len()) {
     return absl::InvalidArgumentError(
         absl::StrCat("KV cache capacity ", capacity, " must lie in [seq_len ", shape_.seq,

@@ -7,6 +7,7 @@
 #include "core/ops/nonfinite_trace.h"
 #include "core/ops/ops.h"
 #include "core/status.h"
+#include "model/linear.h"
 #include "model/vocab.h"
 #include "parallel/coalesced_all_reduce.h"
 #include "parallel/local_communicator.h"
@@ -87,6 +88,7 @@ LayerOptions LayerOptionsOf(const ModelConfig& config, Recompute recompute) {
           .attention_dropout = config.attention_dropout(),
           .activation_dropout = config.activation_dropout(),
           .eps = config.layer_norm_eps(),
+          .causal = config.objective() != ModelConfig::MASKED_LM,
           .scale_attn = nf.scale_attn(),
           .scale_heads = nf.scale_heads(),
           .heads_before_out_proj = nf.head_scale_placement() == NormFormerConfig::BEFORE_OUT_PROJ,
@@ -161,10 +163,37 @@ absl::StatusOr<std::unique_ptr<NormFormerModel>> NormFormerModel::Create(
   for (int l = placement.layer_begin; l < placement.layer_end; ++l) {
     model->layer_grad_offsets_.push_back(model->table_.LowestOffset(LayerPrefix(l) + "."));
   }
-  if (placement.last())
+  if (placement.last()) {
+    // The final LayerNorm comes first of the head's parameters (NormFormerParamSpecs), before
+    // the masked LM's lm_head and an untied projection.
     model->head_grad_offset_ = model->table_.LowestOffset("decoder.layer_norm.");
+  }
   NF_RETURN_IF_ERROR(model->AllocateBuffers());
   return model;
+}
+
+// Keep in step with AllocateInFlight.
+int64_t NormFormerModel::InFlightBytes(const ModelConfig& config, const ModelOptions& options,
+                                       int tp_size) {
+  const LayerShape shape = LayerShapeOf(config, options, /*tp_rank=*/0, tp_size);
+  LayerOptions layer_options = LayerOptionsOf(config, options.recompute);
+  layer_options.backward = options.gradients;
+  const PipelineStagePlacement& placement = options.pipeline;
+  const int64_t s = static_cast<int64_t>(SizeOf(options.dtype));
+  const int64_t t = shape.tokens(), ts = shape.shard_tokens(), d = shape.d_model;
+  const int64_t layers = (placement.layer_end == -1 ? config.num_layers() : placement.layer_end) -
+                         placement.layer_begin;
+  int64_t bytes = (layers + 1) * ts * d * s;  // hidden
+  if (options.recompute != Recompute::kFull && options.gradients) {
+    bytes += layers * LayerActivations::Bytes(shape, layer_options);
+  }
+  if (placement.first()) bytes += t * 4;  // ids
+  if (!placement.last()) return bytes;
+  const int64_t padded_vocab = PaddedVocabSize(config.vocab_size(), tp_size);
+  // targets, final_norm and its statistics, logits, row_max, token_loss, loss_sums
+  bytes += t * 4 + ts * d * s + ts * 2 * 4 + t * (padded_vocab / tp_size) * s + t * 4 * 4;
+  if (config.objective() == ModelConfig::MASKED_LM) bytes += 2 * ts * d * s + ts * 2 * 4;
+  return bytes;
 }
 
 // Keep in step with AllocateBuffers.
@@ -248,6 +277,14 @@ absl::StatusOr<std::unique_ptr<NormFormerModel::InFlight>> NormFormerModel::Allo
   NF_ASSIGN_OR_RETURN(mb->loss_sums, Zeros(f32, {2, t}));
   NF_ASSIGN_OR_RETURN(mb->sum_exp, mb->loss_sums.View(0, {t}));
   NF_ASSIGN_OR_RETURN(mb->target_logit, mb->loss_sums.View(t, {t}));
+  if (masked_lm()) {
+    for (Tensor* v : {&mb->head_dense, &mb->head_norm}) {
+      NF_ASSIGN_OR_RETURN(*v, Zeros(dt, {ts, d}));
+    }
+    for (Tensor* v : {&mb->head_mean, &mb->head_rstd}) {
+      NF_ASSIGN_OR_RETURN(*v, Zeros(f32, {ts}));
+    }
+  }
   return mb;
 }
 
@@ -479,9 +516,31 @@ absl::Status NormFormerModel::LogitsForward(InFlight& mb) {
                                             .mean = mb.final_mean,
                                             .rstd = mb.final_rstd,
                                             .eps = config_.layer_norm_eps()}));
+  if (masked_lm()) {
+    // RoBERTa's transform, on this rank's rows: [Ts, d] -> dense -> act -> LayerNorm.
+    label.Rename("lm_head");
+    NF_RETURN_IF_ERROR(LinearForward(mb.final_norm, params_.lm_head_dense_weight,
+                                     params_.lm_head_dense_bias, mb.head_dense));
+    NF_RETURN_IF_ERROR(ops::ActivationNormForward({.act = layer_options_.activation,
+                                                   .dropout = {},  // RoBERTa's head has none
+                                                   .x = mb.head_dense,
+                                                   .weight = params_.lm_head_norm_weight.value,
+                                                   .bias = params_.lm_head_norm_bias.value,
+                                                   .y = mb.head_norm,
+                                                   .mean = mb.head_mean,
+                                                   .rstd = mb.head_rstd,
+                                                   .scratch = scratch_.model_width[0],
+                                                   .eps = config_.layer_norm_eps()}));
+  }
   label.Rename("logits");
-  NF_ASSIGN_OR_RETURN(const Tensor normed, region_.Enter(mb.final_norm, scratch_.region.gathered));
-  return ops::Gemm({.a = normed, .b = HeadWeight().value, .c = mb.logits, .trans_b = true});
+  NF_ASSIGN_OR_RETURN(const Tensor features,
+                      region_.Enter(ProjectionInput(mb), scratch_.region.gathered));
+  // [T, V_pad / tp] = [T, d] [V_pad / tp, d]^T (+ the masked LM's bias slice).
+  return ops::Gemm({.a = features,
+                    .b = HeadWeight().value,
+                    .c = mb.logits,
+                    .trans_b = true,
+                    .bias = params_.lm_head_bias.value});
 }
 
 absl::Status NormFormerModel::HeadForward(InFlight& mb) {
@@ -509,14 +568,39 @@ absl::Status NormFormerModel::HeadBackward(InFlight& mb, float loss_weight) {
       ops::CrossEntropyBackward(LossArgs(mb), mb.row_max, mb.sum_exp, dloss_, mb.logits));
   label.Rename("logits");
   const Param& head = HeadWeight();
+  if (params_.lm_head_bias.defined()) {
+    NF_RETURN_IF_ERROR(ops::BiasBackward(mb.logits, params_.lm_head_bias.grad));
+  }
   // Gathered again under sequence parallelism: later forwards reused the forward's buffer.
-  NF_ASSIGN_OR_RETURN(const Tensor normed, region_.Enter(mb.final_norm, scratch_.region.gathered));
+  NF_ASSIGN_OR_RETURN(const Tensor features,
+                      region_.Enter(ProjectionInput(mb), scratch_.region.gathered));
   NF_RETURN_IF_ERROR(
-      ops::Gemm({.a = mb.logits, .b = normed, .c = head.grad, .trans_a = true, .beta = 1.0f}));
+      ops::Gemm({.a = mb.logits, .b = features, .c = head.grad, .trans_a = true, .beta = 1.0f}));
   // The head is column-parallel over the vocabulary: sum the slices' input gradients.
   const Tensor& partials = region_.PartialsFor(grad_b_, scratch_.region.partials);
   NF_RETURN_IF_ERROR(ops::Gemm({.a = mb.logits, .b = head.value, .c = partials}));
   NF_RETURN_IF_ERROR(region_.Leave(partials, grad_b_));
+  if (masked_lm()) {
+    // grad_b_ [Ts, d] is the transform's output gradient; back through its LayerNorm and
+    // activation into d_dense, then the dense layer back into grad_b_ (the final LayerNorm's
+    // output gradient).
+    label.Rename("lm_head");
+    const Tensor& d_dense = scratch_.model_width[1];
+    NF_RETURN_IF_ERROR(ops::ActivationNormBackward({.act = layer_options_.activation,
+                                                    .dropout = {},
+                                                    .dy = grad_b_,
+                                                    .x = mb.head_dense,
+                                                    .weight = params_.lm_head_norm_weight.value,
+                                                    .mean = mb.head_mean,
+                                                    .rstd = mb.head_rstd,
+                                                    .dx = d_dense,
+                                                    .dweight = params_.lm_head_norm_weight.grad,
+                                                    .dbias = params_.lm_head_norm_bias.grad,
+                                                    .scratch = scratch_.model_width[0]}));
+    NF_RETURN_IF_ERROR(LinearBackward(mb.final_norm, params_.lm_head_dense_weight,
+                                      params_.lm_head_dense_bias, d_dense, grad_b_,
+                                      /*accumulate_dx=*/false));
+  }
   label.Rename("final_norm");
   return ops::LayerNormBackward({.dy = grad_b_,
                                  .x = mb.hidden.back(),
@@ -550,6 +634,10 @@ absl::Status NormFormerModel::EmbedBackward(InFlight& mb) {
   // Every token's gradient, for this rank's vocabulary rows.
   NF_ASSIGN_OR_RETURN(const Tensor all_tokens, region_.Enter(dx, scratch_.region.gathered));
   return ops::EmbeddingBackward(mb.ids, all_tokens, params_.embed_tokens.grad, vocab_offset_);
+}
+
+const Tensor& NormFormerModel::ProjectionInput(const InFlight& mb) const {
+  return masked_lm() ? mb.head_norm : mb.final_norm;
 }
 
 const Param& NormFormerModel::HeadWeight() const {

@@ -2,7 +2,10 @@
 // embedding (scaled by sqrt(d_model)),
 // sinusoidal or learned positions, embedding dropout, the decoder layers, the final
 // LayerNorm, the LM head (tied to the embedding by default) and the cross-entropy loss over
-// the real vocabulary (padding rows are never predicted). Under tensor parallelism the
+// the real vocabulary (padding rows are never predicted). A masked LM (ModelConfig::objective)
+// is the same network with bidirectional attention and RoBERTa's head: dense, activation and
+// LayerNorm before the projection, and a vocab-parallel output bias after it; its targets are
+// -1 except at the tokens the data chose. Under tensor parallelism the
 // embedding and LM head hold a vocabulary slice (vocab-parallel embedding and cross-entropy),
 // the layers their heads and ffn columns (model/tensor_parallel.h); everything else, and the
 // loss, is replicated. With sequence parallelism the hidden states and the work outside the
@@ -96,6 +99,9 @@ class NormFormerModel {
   // residual-stream gradients, one layer's activations under full recompute, the first stage's
   // sinusoidal table, the last stage's loss buffers. For memory plans (launcher/memory_estimate.h).
   static int64_t BufferBytes(const ModelConfig& config, const ModelOptions& options, int tp_size);
+  // The bytes one micro-batch in flight on that stage keeps from its forward to its backward
+  // (each layer's input and activations, the ids, the head's activations, logits and loss rows).
+  static int64_t InFlightBytes(const ModelConfig& config, const ModelOptions& options, int tp_size);
 
   // inputs, targets: i32 [micro_batch, seq_len] (target -1: no loss for that position).
   // first_sample: global index of the micro-batch's first sample (keys its dropout masks).
@@ -216,8 +222,11 @@ class NormFormerModel {
     Tensor ids, targets;                   // i32 [T] copies (first stage, last stage)
     // The last stage's head and loss.
     Tensor final_norm, final_mean, final_rstd;  // [Ts, d], [Ts], [Ts]
-    Tensor logits;                              // [T, V_pad / tp]; dlogits after the backward
-    Tensor row_max, token_loss;                 // [T] fp32
+    // The masked LM's transform: the dense layer's output (the activation's input), the
+    // LayerNorm's output (the projection's input) [Ts, d] and its statistics [Ts].
+    Tensor head_dense, head_norm, head_mean, head_rstd;
+    Tensor logits;               // [T, V_pad / tp]; dlogits after the backward
+    Tensor row_max, token_loss;  // [T] fp32
     // [2, T] fp32: the sums of exponentials and target logits, all-reduced together.
     Tensor loss_sums, sum_exp, target_logit;
     DecoderLayer::Step step;
@@ -249,6 +258,10 @@ class NormFormerModel {
   absl::Status EmbedBackward(InFlight& mb);
   ops::DropoutSpec EmbeddingDropout(const DecoderLayer::Step& step) const;
   const Param& HeadWeight() const;  // the embedding when tied, else output_projection
+  // [Ts, d]: what the projection reads, the final LayerNorm's output or the masked LM's
+  // transform's.
+  const Tensor& ProjectionInput(const InFlight& mb) const;
+  bool masked_lm() const { return config_.objective() == ModelConfig::MASKED_LM; }
   ops::CrossEntropyArgs LossArgs(const InFlight& mb) const;
   // `layer` counts from the stage's first layer.
   LayerActivations& ActivationsOf(InFlight& mb, int layer) {

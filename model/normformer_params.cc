@@ -96,6 +96,23 @@ Param BindAdjacent(const ParamTable& table, const std::vector<std::string>& name
   return {*std::move(value), *std::move(grad)};
 }
 
+// RoBERTa (fairseq's init_bert_params) draws every Linear weight and embedding from N(0, 0.02)
+// and starts every Linear bias at 0.
+constexpr float kBertInitStd = 0.02f;
+constexpr LinearInit kBertLinear{Sharding::kReplicated, Sharding::kReplicated, InitKind::kNormal,
+                                 kBertInitStd,          InitKind::kZeros,      0.0f};
+
+bool IsMaskedLm(const ModelConfig& config) { return config.objective() == ModelConfig::MASKED_LM; }
+
+// `init` with the masked LM's initialisation, sharded as `init` is.
+LinearInit ForObjective(const ModelConfig& config, LinearInit init) {
+  if (!IsMaskedLm(config)) return init;
+  LinearInit bert = kBertLinear;
+  bert.weight_sharding = init.weight_sharding;
+  bert.bias_sharding = init.bias_sharding;
+  return bert;
+}
+
 // The end of `placement`'s layer range, -1 (all) resolved.
 int LayerEnd(const PipelineStagePlacement& placement, const ModelConfig& config) {
   return placement.layer_end == -1 ? config.num_layers() : placement.layer_end;
@@ -104,9 +121,11 @@ int LayerEnd(const PipelineStagePlacement& placement, const ModelConfig& config)
 // The token embedding (also the tied head's copy on a last stage) and learned positions.
 void AddEmbedding(std::vector<ParamSpec>& specs, const ModelConfig& config, int64_t padded_vocab,
                   bool positions) {
-  // fairseq: embeddings N(0, d^-1/2).
+  // fairseq: embeddings N(0, d^-1/2); RoBERTa's init_bert_params: N(0, 0.02).
   const float embed_std =
-      static_cast<float>(1.0 / std::sqrt(static_cast<double>(config.d_model())));
+      IsMaskedLm(config)
+          ? kBertInitStd
+          : static_cast<float>(1.0 / std::sqrt(static_cast<double>(config.d_model())));
   specs.push_back({.name = "decoder.embed_tokens.weight",
                    .global_shape = {padded_vocab, config.d_model()},
                    .sharding = Sharding::kSplitRows,
@@ -139,10 +158,10 @@ void AddLayer(std::vector<ParamSpec>& specs, const ModelConfig& config, int laye
   const std::string p = LayerPrefix(layer);
   AddLayerNorm(specs, p + ".self_attn_layer_norm", d, Sharding::kReplicated);
   AddProjections(specs, {p + ".self_attn.q_proj", p + ".self_attn.k_proj", p + ".self_attn.v_proj"},
-                 d, d, qkv);
+                 d, d, ForObjective(config, qkv));
   AddLinear(specs, p + ".self_attn.out_proj", d, d,
-            {Sharding::kSplitCols, Sharding::kReplicated, InitKind::kXavierUniform, 1.0f,
-             InitKind::kZeros, 0.0f});
+            ForObjective(config, {Sharding::kSplitCols, Sharding::kReplicated,
+                                  InitKind::kXavierUniform, 1.0f, InitKind::kZeros, 0.0f}));
   if (nf.scale_heads()) {
     // Before the output projection each head's scale lives with its head; after it the
     // scale acts on the all-reduced output and is replicated.
@@ -155,28 +174,41 @@ void AddLayer(std::vector<ParamSpec>& specs, const ModelConfig& config, int laye
   if (nf.scale_attn()) AddLayerNorm(specs, p + ".attn_ln", d, Sharding::kReplicated);
   AddLayerNorm(specs, p + ".final_layer_norm", d, Sharding::kReplicated);
   AddLinear(specs, p + ".fc1", ffn, d,
-            {Sharding::kSplitRows, Sharding::kSplitRows, InitKind::kUniform, inv_sqrt_d,
-             InitKind::kUniform, inv_sqrt_d});
+            ForObjective(config, {Sharding::kSplitRows, Sharding::kSplitRows, InitKind::kUniform,
+                                  inv_sqrt_d, InitKind::kUniform, inv_sqrt_d}));
   if (nf.scale_fc()) AddLayerNorm(specs, p + ".ffn_layernorm", ffn, Sharding::kSplitRows);
   AddLinear(specs, p + ".fc2", d, ffn,
-            {Sharding::kSplitCols, Sharding::kReplicated, InitKind::kUniform, inv_sqrt_ffn,
-             InitKind::kUniform, inv_sqrt_ffn});
+            ForObjective(config, {Sharding::kSplitCols, Sharding::kReplicated, InitKind::kUniform,
+                                  inv_sqrt_ffn, InitKind::kUniform, inv_sqrt_ffn}));
   if (nf.scale_resids()) {
     specs.push_back({.name = p + ".w_resid", .global_shape = {d}, .init = InitKind::kOnes});
   }
 }
 
-// The final LayerNorm and the untied head; the tied head is the embedding (AddEmbedding).
+// The final LayerNorm, the masked LM's transform (RoBERTa's lm_head: dense, activation,
+// LayerNorm) and the untied projection; the tied projection is the embedding (AddEmbedding). The
+// masked LM's output bias [padded_vocab] is split with the vocabulary, as the projection is.
 void AddHead(std::vector<ParamSpec>& specs, const ModelConfig& config, int64_t padded_vocab) {
-  AddLayerNorm(specs, "decoder.layer_norm", config.d_model(), Sharding::kReplicated);
+  const int64_t d = config.d_model();
+  AddLayerNorm(specs, "decoder.layer_norm", d, Sharding::kReplicated);
+  if (IsMaskedLm(config)) {
+    AddLinear(specs, "decoder.lm_head.dense", d, d, kBertLinear);
+    AddLayerNorm(specs, "decoder.lm_head.layer_norm", d, Sharding::kReplicated);
+    specs.push_back({.name = "decoder.lm_head.bias",
+                     .global_shape = {padded_vocab},
+                     .sharding = Sharding::kSplitRows,
+                     .init = InitKind::kZeros});
+  }
   if (!config.tie_embeddings()) {
     specs.push_back(
         {.name = "decoder.output_projection.weight",
-         .global_shape = {padded_vocab, config.d_model()},
+         .global_shape = {padded_vocab, d},
          .sharding = Sharding::kSplitRows,
          .weight_decay = true,
          .init = InitKind::kNormal,
-         .init_scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(config.d_model())))});
+         .init_scale = IsMaskedLm(config)
+                           ? kBertInitStd
+                           : static_cast<float>(1.0 / std::sqrt(static_cast<double>(d)))});
   }
 }
 
@@ -288,6 +320,11 @@ ModelParams BindModelParams(const ParamTable& table, const ModelConfig& config,
   m.final_norm_weight = Bind(table, "decoder.layer_norm.weight");
   m.final_norm_bias = Bind(table, "decoder.layer_norm.bias");
   m.output_projection = Bind(table, "decoder.output_projection.weight");
+  m.lm_head_dense_weight = Bind(table, "decoder.lm_head.dense.weight");
+  m.lm_head_dense_bias = Bind(table, "decoder.lm_head.dense.bias");
+  m.lm_head_norm_weight = Bind(table, "decoder.lm_head.layer_norm.weight");
+  m.lm_head_norm_bias = Bind(table, "decoder.lm_head.layer_norm.bias");
+  m.lm_head_bias = Bind(table, "decoder.lm_head.bias");
   return m;
 }
 

@@ -56,7 +56,8 @@ absl::StatusOr<PipelineStagePlacement> ResolvePlacement(const PipelineStagePlace
 std::string LayerPrefix(int layer);
 
 // The blocks per-block gradient norms are reported for: the embedding (token and position
-// tables), each decoder layer, and the head (final LayerNorm and an untied output projection).
+// tables), each decoder layer, and the head (final LayerNorm, the masked LM's lm_head and an
+// untied output projection).
 // kEmbeddingBlock, 0 .. num_layers - 1, kHeadBlock: num_layers + 2 blocks in model order.
 inline constexpr int kEmbeddingBlock = -1;
 int HeadBlock(int num_layers);  // = num_layers
@@ -72,6 +73,11 @@ struct ModelParams {
   std::vector<LayerParams> layers;  // the stage's layers, in order
   Param final_norm_weight, final_norm_bias;
   Param output_projection;  // [vocab_padded / tp, d] when the head is untied
+  // The masked LM's transform before the projection (RoBERTa's lm_head), replicated: dense
+  // [d, d] and [d], LayerNorm [d]; and the output bias [vocab_padded / tp], vocab-parallel.
+  Param lm_head_dense_weight, lm_head_dense_bias;
+  Param lm_head_norm_weight, lm_head_norm_bias;
+  Param lm_head_bias;
 };
 
 // Every parameter of the model (default) or of the pipeline stage `placement` (resolved by

@@ -77,7 +77,8 @@ RankMetrics::RankMetrics(const RankIdentity& id)
   tokens_per_second_ = gauge("normformer_tokens_per_second", "Tokens per second, last step.");
   mfu_ = gauge("normformer_mfu_ratio",
                "Model FLOPs utilisation of the last step against the GEMM ceiling measured at "
-               "start (6 x params + 6 x layers x d_model x seq FLOPs per token).");
+               "start (6 x params + 6 x layers x d_model x seq FLOPs per token, 12 x for a "
+               "masked LM's bidirectional attention).");
   pipeline_idle_ = gauge("normformer_pipeline_idle_ratio",
                          "Share of the last step this rank spent waiting for pipeline peers.");
   checkpoint_save_ = gauge("normformer_checkpoint_save_seconds",

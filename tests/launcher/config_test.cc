@@ -228,7 +228,8 @@ TEST(ApplyOverrideTest, UnknownNamesListWhatExistsThere) {
             "--set model.d_modle=256: no field 'd_modle' in nf.model.ModelConfig (fields: "
             "num_layers, d_model, num_heads, ffn_dim, vocab_size, max_seq_len, positions, "
             "first_position, activation, dropout, attention_dropout, activation_dropout, "
-            "scale_embedding, tie_embeddings, layer_norm_eps, normformer)");
+            "scale_embedding, tie_embeddings, layer_norm_eps, normformer, objective, "
+            "mask_token)");
   ExpectInvalidArgument(ApplyOverride("modle.d_model=256", &config),
                         "--set modle.d_model=256: no field 'modle' in nf.launcher.TrainConfig "
                         "(fields: model, train, data, parallel, checkpoint, monitoring)");
@@ -471,11 +472,11 @@ INSTANTIATE_TEST_SUITE_P(
         ValidationCase{.overrides = {"parallel.collective_timeout_seconds=1e-30"},
                        .mentions = "parallel.collective_timeout_seconds must be in [1, 604800] "
                                    "(got 1e-30)"},
-        ValidationCase{.overrides = {"train.micro_batch_size=1",
-                                     "train.global_batch_size=2147483647"},
-                       .mentions = "train.global_batch_size (2147483647) / "
-                                   "train.micro_batch_size (1) is 2147483647 micro-batches a "
-                                   "step, more than 1048576"}));
+        ValidationCase{
+            .overrides = {"train.micro_batch_size=1", "train.global_batch_size=2147483647"},
+            .mentions = "train.global_batch_size (2147483647) / "
+                        "train.micro_batch_size (1) is 2147483647 micro-batches a "
+                        "step, more than 1048576"}));
 
 TEST(ValidateTrainConfigTest, AcceptsBoundaryValues) {
   TrainConfig config = ValidConfig();

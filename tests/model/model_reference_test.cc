@@ -32,6 +32,7 @@ struct Variant {
   bool tie = true;
   ModelConfig::Activation activation = ModelConfig::GELU;
   int first_position = 2;  // fairseq's numbering; 0 is that of checkpoints before the field
+  ModelConfig::Objective objective = ModelConfig::CAUSAL_LM;
 };
 
 ModelConfig TinyConfig(const Variant& v) {
@@ -49,6 +50,7 @@ ModelConfig TinyConfig(const Variant& v) {
   c.set_attention_dropout(0.1f);
   c.set_activation_dropout(0.1f);
   c.set_tie_embeddings(v.tie);
+  c.set_objective(v.objective);
   NormFormerConfig* nf = c.mutable_normformer();
   nf->set_scale_attn(v.scale_attn);
   nf->set_scale_heads(v.scale_heads);
@@ -99,7 +101,16 @@ INSTANTIATE_TEST_SUITE_P(
                       Variant{"normformer_positions_from_0", true, true, false, true, false,
                               ModelConfig::SINUSOIDAL, true, ModelConfig::GELU, 0},
                       Variant{"baseline_learned_positions_from_5", false, false, false, false,
-                              false, ModelConfig::LEARNED, true, ModelConfig::GELU, 5}),
+                              false, ModelConfig::LEARNED, true, ModelConfig::GELU, 5},
+                      Variant{"masked_lm_normformer", true, true, false, true, true,
+                              ModelConfig::LEARNED, true, ModelConfig::GELU, 2,
+                              ModelConfig::MASKED_LM},
+                      Variant{"masked_lm_baseline_untied", false, false, false, false, false,
+                              ModelConfig::LEARNED, false, ModelConfig::GELU_TANH, 2,
+                              ModelConfig::MASKED_LM},
+                      Variant{"masked_lm_fairseq_heads_sinusoidal", true, true, true, true, false,
+                              ModelConfig::SINUSOIDAL, true, ModelConfig::RELU_SQUARED, 2,
+                              ModelConfig::MASKED_LM}),
     [](const ::testing::TestParamInfo<Variant>& info) { return info.param.name; });
 
 TEST_P(ModelReferenceTest, ForwardMatchesFloat64Reference) {
@@ -150,6 +161,9 @@ TEST_P(ModelReferenceTest, EveryGradientMatchesFiniteDifferences) {
     if (e.spec.name == "decoder.embed_tokens.weight") {
       for (int32_t id : batch.inputs) indices.push_back(id * 8 + 3);
       for (size_t i = 37 * 8; i < n; ++i) ASSERT_EQ(grad[i], 0.0f) << "padding element " << i;
+    }
+    if (e.spec.name == "decoder.lm_head.bias") {
+      for (size_t i = 37; i < n; ++i) ASSERT_EQ(grad[i], 0.0f) << "padding element " << i;
     }
     double grad_scale = 1e-3;
     for (float g : grad) grad_scale = std::max(grad_scale, static_cast<double>(std::abs(g)));

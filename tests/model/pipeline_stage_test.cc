@@ -42,6 +42,7 @@ struct Split {
   ModelConfig::Positions positions;
   bool scale_resids;
   bool recompute = false;
+  ModelConfig::Objective objective = ModelConfig::CAUSAL_LM;
 };
 
 ModelConfig TinyConfig(const Split& s) {
@@ -57,6 +58,7 @@ ModelConfig TinyConfig(const Split& s) {
   c.set_attention_dropout(0.1f);
   c.set_activation_dropout(0.1f);
   c.set_tie_embeddings(s.tie);
+  c.set_objective(s.objective);
   NormFormerConfig* nf = c.mutable_normformer();
   nf->set_scale_attn(true);
   nf->set_scale_heads(true);
@@ -138,7 +140,11 @@ INSTANTIATE_TEST_SUITE_P(
         Split{"three_layers_three_stages_untied_learned", 3, 3, false, ModelConfig::LEARNED, true},
         Split{"four_layers_three_stages_tied_learned", 4, 3, true, ModelConfig::LEARNED, true},
         Split{"four_layers_two_stages_untied_recompute", 4, 2, false, ModelConfig::SINUSOIDAL,
-              false, true}),
+              false, true},
+        Split{"masked_lm_three_layers_three_stages_tied", 3, 3, true, ModelConfig::LEARNED, true,
+              false, ModelConfig::MASKED_LM},
+        Split{"masked_lm_four_layers_two_stages_untied_recompute", 4, 2, false,
+              ModelConfig::LEARNED, false, true, ModelConfig::MASKED_LM}),
     [](const ::testing::TestParamInfo<Split>& info) { return info.param.name; });
 
 TEST_P(PipelineStageTest, StagesHoldTheWholeModelsParametersWithItsInitialValues) {

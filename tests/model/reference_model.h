@@ -53,10 +53,20 @@ class ReferenceModel {
     }
     Dropout(x, d, 0, config_.dropout(), 0);
     for (int layer = 0; layer < config_.num_layers(); ++layer) x = Layer(layer, x);
-    const Matrix h = LayerNorm(x, d, "decoder.layer_norm");
+    Matrix h = LayerNorm(x, d, "decoder.layer_norm");
+    if (masked_lm()) {
+      // RoBERTa's lm_head: dense, activation, LayerNorm; the projection then adds its bias.
+      h = Linear(h, "decoder.lm_head.dense", d, d);
+      for (double& value : h) value = ReferenceActivation(config_.activation(), value);
+      h = LayerNorm(h, d, "decoder.lm_head.layer_norm");
+    }
     const Matrix& head =
         config_.tie_embeddings() ? embed : params.at("decoder.output_projection.weight");
     Matrix logits = MatMulT(h, head, t, d, padded_vocab_);
+    if (masked_lm()) {
+      const Matrix& bias = P("decoder.lm_head.bias");
+      for (size_t i = 0; i < logits.size(); ++i) logits[i] += bias[i % padded_vocab_];
+    }
     double loss = 0.0;
     const int64_t valid = config_.vocab_size();
     for (int64_t i = 0; i < t; ++i) {
@@ -74,6 +84,7 @@ class ReferenceModel {
  private:
   const Matrix& P(const std::string& name) const { return params.at(name); }
   bool Has(const std::string& name) const { return params.count(name) > 0; }
+  bool masked_lm() const { return config_.objective() == model::ModelConfig::MASKED_LM; }
 
   // Token t's position number is t + first_position.
   double Position(int64_t t, int64_t c) const {
@@ -154,9 +165,11 @@ class ReferenceModel {
     for (int64_t b = 0; b < batch_; ++b) {
       for (int64_t hd = 0; hd < heads; ++hd) {
         for (int64_t i = 0; i < seq_; ++i) {
-          std::vector<double> s(i + 1);
+          // Query i attends keys 0 .. i, or every key of its sample in a masked LM's encoder.
+          const int64_t keys = masked_lm() ? seq_ : i + 1;
+          std::vector<double> s(keys);
           double max = -INFINITY;
-          for (int64_t j = 0; j <= i; ++j) {
+          for (int64_t j = 0; j < keys; ++j) {
             double dot = 0.0;
             for (int64_t e = 0; e < dh; ++e) {
               dot += q[(b * seq_ + i) * d + hd * dh + e] * k[(b * seq_ + j) * d + hd * dh + e];
@@ -167,7 +180,7 @@ class ReferenceModel {
           double sum = 0.0;
           for (double& sj : s) sum += (sj = std::exp(sj - max));
           const float pa = train_ ? config_.attention_dropout() : 0.0f;
-          for (int64_t j = 0; j <= i; ++j) {
+          for (int64_t j = 0; j < keys; ++j) {
             double prob = s[j] / sum;
             if (pa > 0.0f) {
               const bool keep = DropoutWords(seed_, site, first_sample_ + b, hd, i, j)[j & 3] >=

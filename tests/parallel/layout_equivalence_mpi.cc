@@ -176,20 +176,25 @@ double MaxParamDifference(const model::NormFormerModel& chunk, const model::Para
   return worst;
 }
 
-TEST(LayoutEquivalenceTest, EveryVariantTrainsLikeTheSingleRankRun) {
+// The variants of `base` to train on a (tp, pp, dp) layout.
+using VariantsFn = std::vector<Variant> (*)(int tp, int pp, int dp);
+
+// Trains `base` alone on every rank, then each variant of this job's layout, and compares the
+// losses and parameters (the tolerances at the top).
+void ExpectVariantsTrainLikeTheSingleRankRun(const TrainConfig& base, VariantsFn variants_of) {
   const int tp = EnvInt("NF_TEST_TP", 1), pp = EnvInt("NF_TEST_PP", 1);
   auto groups = parallel::CreateProcessGroups({.tp = tp, .pp = pp, .dp = 0});
   NF_ASSERT_OK(groups);
   const parallel::Topology& topology = groups->topology;
 
-  const TrainConfig base = TinyConfig();
   NF_ASSERT_OK(ValidateTrainConfig(base));
   auto reference = Trainer::Create(base);
   NF_ASSERT_OK(reference);
   const std::vector<double> expected = Train(**reference);
   const model::ParamTable& reference_params = (*reference)->chunks().front()->params();
+  const bool masked = base.model().objective() == model::ModelConfig::MASKED_LM;
 
-  for (const Variant& variant : VariantsOf(tp, pp, topology.dp())) {
+  for (const Variant& variant : variants_of(tp, pp, topology.dp())) {
     SCOPED_TRACE(variant.name);
     TrainConfig config = base;
     ParallelConfig& parallel = *config.mutable_parallel();
@@ -231,11 +236,37 @@ TEST(LayoutEquivalenceTest, EveryVariantTrainsLikeTheSingleRankRun) {
     worst.data<double>()[0] = param_difference;
     NF_ASSERT_OK(groups->world->AllReduce(worst, parallel::ReduceOp::kMax));
     if (topology.world_rank() == 0) {
-      std::printf("| %d | %d | %d | %s | %.1e | %.1e | %.4f -> %.4f |\n", tp, pp, topology.dp(),
-                  variant.name.c_str(), loss_difference, worst.data<double>()[0], losses.front(),
-                  losses.back());
+      std::printf("| %d | %d | %d | %s%s | %.1e | %.1e | %.4f -> %.4f |\n", tp, pp, topology.dp(),
+                  masked ? "masked LM " : "", variant.name.c_str(), loss_difference,
+                  worst.data<double>()[0], losses.front(), losses.back());
     }
   }
+}
+
+TEST(LayoutEquivalenceTest, EveryVariantTrainsLikeTheSingleRankRun) {
+  ExpectVariantsTrainLikeTheSingleRankRun(TinyConfig(), VariantsOf);
+}
+
+// The masked LM's variants: plain 1F1B, GPipe, and everything the layout allows at once
+// (sequence parallelism with selective recompute, ZeRO-1, interleaving).
+std::vector<Variant> MaskedLmVariantsOf(int tp, int pp, int dp) {
+  std::vector<Variant> variants = {{"1F1B", ParallelConfig::ONE_F_ONE_B, 1, false}};
+  if (pp > 1) variants.push_back({"GPipe", ParallelConfig::GPIPE, 1, false});
+  if (tp > 1 || pp > 1 || dp > 1) {
+    variants.push_back(
+        {"all at once",
+         pp > 1 ? ParallelConfig::INTERLEAVED_ONE_F_ONE_B : ParallelConfig::ONE_F_ONE_B,
+         pp > 1 ? 2 : 1, dp > 1, tp > 1, TrainOptions::SELECTIVE});
+  }
+  return variants;
+}
+
+// The masked LM (bidirectional attention, RoBERTa's head and its vocab-parallel bias, masks keyed
+// by the stream, the mean over the chosen tokens) on the same layout.
+TEST(LayoutEquivalenceTest, TheMaskedLmTrainsLikeTheSingleRankRun) {
+  TrainConfig config = TinyConfig();
+  config.mutable_model()->set_objective(model::ModelConfig::MASKED_LM);
+  ExpectVariantsTrainLikeTheSingleRankRun(config, MaskedLmVariantsOf);
 }
 
 // The overlapped reductions (tensor-parallel input gradients behind the weight gradients, with

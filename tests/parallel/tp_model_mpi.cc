@@ -4,9 +4,9 @@
 // and compares its shard of everything with the matching slice of the whole: logits, loss,
 // every parameter and every gradient, then the losses of 10 optimizer steps, with and without
 // sequence parallelism (whose replicated gradients are summed over the group first: the
-// trainer's job, ReduceSequenceParallelGrads here). Dropout is on in all three places: masks
-// are keyed by global coordinates, so both draw the same ones. With 16 tokens, tp 4's sequence
-// shards of 4 tokens start inside the samples of 8.
+// trainer's job, ReduceSequenceParallelGrads here), for the causal and the masked LM. Dropout is on
+// in all three places: masks are keyed by global coordinates, so both draw the same ones. With 16
+// tokens, tp 4's sequence shards of 4 tokens start inside the samples of 8.
 #include <cmath>
 #include <memory>
 #include <random>
@@ -28,13 +28,15 @@ using ::nf::testing::MakeIds;
 
 constexpr int64_t kBatch = 2, kSeq = 8;
 
-ModelConfig Config(bool fairseq_heads) {
+ModelConfig Config(bool fairseq_heads, bool masked_lm = false) {
   ModelConfig c;
+  // A masked LM: bidirectional attention, and RoBERTa's head with its vocab-parallel bias.
+  if (masked_lm) c.set_objective(ModelConfig::MASKED_LM);
   c.set_num_layers(2);
   c.set_d_model(16);
   c.set_num_heads(4);
   c.set_ffn_dim(32);
-  c.set_vocab_size(300);  // padded to 384 (tp 1, 2) or 512 (tp 4): the slices differ in size
+  c.set_vocab_size(300);  // padded to 384 (tp 1) or 512 (tp 2, 4): the slices differ in size
   c.set_max_seq_len(8);
   c.set_dropout(0.1f);
   c.set_attention_dropout(0.1f);
@@ -75,11 +77,12 @@ std::vector<float> Slice(const ParamTable::Entry& shard, const std::vector<float
   return out;
 }
 
-// (fairseq's head-scale placement, sequence parallelism)
-class TensorParallelModelTest : public ::testing::TestWithParam<std::tuple<bool, bool>> {
+// (fairseq's head-scale placement, sequence parallelism, masked LM)
+class TensorParallelModelTest : public ::testing::TestWithParam<std::tuple<bool, bool, bool>> {
  protected:
   bool fairseq_heads() const { return std::get<0>(GetParam()); }
   bool sequence_parallel() const { return std::get<1>(GetParam()); }
+  ModelConfig TestConfig() const { return Config(fairseq_heads(), std::get<2>(GetParam())); }
   absl::StatusOr<std::unique_ptr<NormFormerModel>> CreateShard(const ModelConfig& config,
                                                                uint32_t seed) const {
     return NormFormerModel::Create(config, {.micro_batch = kBatch,
@@ -90,12 +93,13 @@ class TensorParallelModelTest : public ::testing::TestWithParam<std::tuple<bool,
   }
 };
 
-INSTANTIATE_TEST_SUITE_P(HeadPlacementAndSequenceParallelism, TensorParallelModelTest,
-                         ::testing::Combine(::testing::Bool(), ::testing::Bool()));
+INSTANTIATE_TEST_SUITE_P(HeadPlacementSequenceParallelismAndObjective, TensorParallelModelTest,
+                         ::testing::Combine(::testing::Bool(), ::testing::Bool(),
+                                            ::testing::Bool()));
 
 TEST_P(TensorParallelModelTest, ShardsMatchTheSingleRankModel) {
   parallel::Communicator& tp = ::nf::testing::World();
-  const ModelConfig config = Config(fairseq_heads());
+  const ModelConfig config = TestConfig();
   // The single-rank model pads the vocabulary for tp 1; give it the tp model's padding by
   // comparing only the real vocabulary's rows (padding rows are zero-gradient and never read).
   auto whole = NormFormerModel::Create(config, {.micro_batch = kBatch, .seq_len = kSeq, .seed = 9});
@@ -135,8 +139,11 @@ TEST_P(TensorParallelModelTest, ShardsMatchTheSingleRankModel) {
     SCOPED_TRACE(e.spec.name);
     const ParamTable::Entry& w = (*whole)->params().Get(e.spec.name);
     std::vector<float> whole_value = *ToFloatVector(w.value), whole_grad = *ToFloatVector(w.grad);
-    const bool vocab = e.spec.name == "decoder.embed_tokens.weight";
-    if (vocab) {  // the whole model's table has 384 rows, the tp 4 model's 512: pad it
+    // The vocabulary's tables (the embedding, the masked LM's output bias): the whole model's
+    // have 384 rows, the tp 2 and tp 4 models' 512: pad them.
+    const bool vocab =
+        e.spec.name == "decoder.embed_tokens.weight" || e.spec.name == "decoder.lm_head.bias";
+    if (vocab) {
       whole_value.resize(NumElements(e.spec.global_shape), 0.0f);
       whole_grad.resize(NumElements(e.spec.global_shape), 0.0f);
     }
@@ -169,7 +176,7 @@ TEST_P(TensorParallelModelTest, ShardsMatchTheSingleRankModel) {
 // once: the owned squared norms, summed over the group, equal the single-rank model's.
 TEST_P(TensorParallelModelTest, ReplicatedGradientsAgreeBitwiseAndCountOnceInTheNorm) {
   parallel::Communicator& tp = ::nf::testing::World();
-  const ModelConfig config = Config(fairseq_heads());
+  const ModelConfig config = TestConfig();
   auto whole = NormFormerModel::Create(config, {.micro_batch = kBatch, .seq_len = kSeq, .seed = 4});
   auto shard = CreateShard(config, 4);
   NF_ASSERT_OK(whole);
@@ -208,7 +215,7 @@ TEST_P(TensorParallelModelTest, ReplicatedGradientsAgreeBitwiseAndCountOnceInThe
 // default) reorders independent work only: loss and every gradient bit-identical to the
 // one-after-the-other path.
 TEST_P(TensorParallelModelTest, OverlappedReductionsGiveBitIdenticalGradients) {
-  const ModelConfig config = Config(fairseq_heads());
+  const ModelConfig config = TestConfig();
   std::vector<float> grads[2];
   double losses[2];
   for (const bool overlap : {false, true}) {
@@ -231,7 +238,7 @@ TEST_P(TensorParallelModelTest, OverlappedReductionsGiveBitIdenticalGradients) {
 }
 
 TEST_P(TensorParallelModelTest, TenOptimizerStepsKeepTheLossesTogether) {
-  const ModelConfig config = Config(fairseq_heads());
+  const ModelConfig config = TestConfig();
   auto whole = NormFormerModel::Create(config, {.micro_batch = kBatch, .seq_len = kSeq, .seed = 3});
   auto shard = CreateShard(config, 3);
   NF_ASSERT_OK(whole);
