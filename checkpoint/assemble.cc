@@ -108,12 +108,15 @@ absl::StatusOr<AssembledTensor> AssembleTensor(const fs::path& dir, const Manife
 }
 
 bool IsVocabularyTable(const std::string& name) {
-  return name == "decoder.embed_tokens.weight" || name == "decoder.output_projection.weight";
+  return name == "decoder.embed_tokens.weight" || name == "decoder.output_projection.weight" ||
+         name == "decoder.lm_head.bias";
 }
 
 absl::Status CheckShapeFits(const fs::path& dir, const Shape& shape, const model::ParamSpec& spec) {
   const Shape& want = spec.global_shape;
-  const bool rows_only = want.size() == shape.size() && want.size() == 2 && want[1] == shape[1];
+  // Only the row count may differ: [rows, d] tables, or the [rows] bias.
+  const bool rows_only = want.size() == shape.size() && !want.empty() &&
+                         std::equal(want.begin() + 1, want.end(), shape.begin() + 1);
   if (want != shape && !(IsVocabularyTable(spec.name) && rows_only)) {
     return Corrupt(dir, absl::StrCat(spec.name, " has global shape ", ShapeText(shape),
                                      "; the model needs ", ShapeText(want)));

@@ -37,8 +37,8 @@ absl::StatusOr<AssembledTensor> AssembleTensor(const std::filesystem::path& dir,
                                                const Manifest& manifest,
                                                const TensorRecord& record);
 
-// The token embedding and the untied output projection: [padded vocabulary, d_model] tables
-// whose padding rows depend on the layout.
+// The token embedding, the untied output projection ([padded vocabulary, d_model]) and a masked
+// LM's output bias ([padded vocabulary]): tables whose padding rows depend on the layout.
 bool IsVocabularyTable(const std::string& name);
 
 // The shard of an assembled tensor that tensor-parallel rank tp_rank of tp_size holds of the

@@ -9,6 +9,7 @@
 #include "absl/strings/strip.h"
 #include "checkpoint/assemble.h"
 #include "checkpoint/fairseq_model.h"
+#include "checkpoint/fairseq_roberta.h"
 #include "checkpoint/output_path.h"
 #include "checkpoint/read_ahead.h"
 #include "checkpoint/safetensors_export.h"
@@ -51,17 +52,25 @@ absl::Status ExportFairseqSafetensors(const fs::path& dir, const Manifest& manif
                                       const fs::path& out, std::optional<DType> dtype) {
   NF_RETURN_IF_ERROR(CheckNewOutput(out, "--out", "export writes a new file"));
   const model::ModelConfig& model = manifest.model();
-  NF_RETURN_IF_ERROR(CheckFairseqRepresents(model));
+  // A masked LM is fairseq's RoBERTa: its encoder's and head's names, the same tensors.
+  const bool roberta = model.objective() == model::ModelConfig::MASKED_LM;
+  NF_RETURN_IF_ERROR(roberta ? CheckRobertaRepresents(model) : CheckFairseqRepresents(model));
+  const auto fairseq_name = [&](const std::string& name) {
+    return roberta ? RobertaName(name) : name;
+  };
   std::map<std::string, const TensorRecord*> params;
   for (const TensorRecord& r : manifest.tensors()) {
     if (r.kind() == TensorRecord::PARAM) params[r.name()] = &r;
   }
   // The whole model's parameters in their fixed order (the padded vocabulary does not matter:
-  // only names and order are read), after fairseq's own buffer decoder.version, which its state
-  // dict lists before the modules' parameters.
+  // only names and order are read), after fairseq's own buffer decoder.version (RoBERTa's
+  // encoder.sentence_encoder.version), which its state dict lists before the modules'
+  // parameters.
   std::vector<const TensorRecord*> records;
   std::vector<SafetensorsEntry> entries = {
-      {.name = kFairseqVersionTensor, .dtype = DType::kF32, .shape = {1}}};
+      {.name = roberta ? kRobertaVersionTensor : kFairseqVersionTensor,
+       .dtype = DType::kF32,
+       .shape = {1}}};
   for (const model::ParamSpec& spec :
        model::NormFormerParamSpecs(model, model::PaddedVocabSize(model.vocab_size(), 1))) {
     const auto it = params.find(spec.name);
@@ -71,13 +80,25 @@ absl::Status ExportFairseqSafetensors(const fs::path& dir, const Manifest& manif
     }
     NF_ASSIGN_OR_RETURN(const CheckedRecord checked, CheckRecord(dir, manifest, *it->second));
     records.push_back(it->second);
-    entries.push_back({.name = spec.name,
+    entries.push_back({.name = fairseq_name(spec.name),
                        .dtype = dtype.value_or(checked.dtype),
                        .shape = ExportedShape(manifest, *it->second)});
   }
-  NF_ASSIGN_OR_RETURN(SafetensorsWriter writer,
-                      SafetensorsWriter::Create(out, FairseqExportMetadata(model, manifest.step()),
-                                                std::move(entries)));
+  if (roberta && model.tie_embeddings()) {
+    // RobertaLMHead holds the embedding as its weight: fairseq's state dict lists it twice.
+    const TensorRecord& embedding = *params.at("decoder.embed_tokens.weight");
+    NF_ASSIGN_OR_RETURN(const CheckedRecord checked, CheckRecord(dir, manifest, embedding));
+    records.push_back(&embedding);
+    entries.push_back({.name = kRobertaHeadWeight,
+                       .dtype = dtype.value_or(checked.dtype),
+                       .shape = ExportedShape(manifest, embedding)});
+  }
+  NF_ASSIGN_OR_RETURN(
+      SafetensorsWriter writer,
+      SafetensorsWriter::Create(out,
+                                roberta ? RobertaExportMetadata(model, manifest.step())
+                                        : FairseqExportMetadata(model, manifest.step()),
+                                std::move(entries)));
   NF_ASSIGN_OR_RETURN(
       const Tensor version,
       TensorFromFloats(DType::kF32, {1}, std::vector<float>{kFairseqDecoderVersion}));

@@ -6,7 +6,10 @@
 //   - refuses a model fairseq cannot represent (CheckFairseqRepresents), naming the field;
 //   - records the model config, placement, position numbering and fairseq flags as metadata.
 // Tensors come in the model's parameter order (whatever layout wrote the checkpoint), so the
-// same parameters always give the same bytes.
+// same parameters always give the same bytes. A masked LM exports as fairseq's RoBERTa instead
+// (fairseq_roberta.h): encoder.sentence_encoder.* and encoder.lm_head.* names, the version buffer
+// encoder.sentence_encoder.version, a tied projection listed again as encoder.lm_head.weight, and
+// the RoBERTa arguments as metadata; only the Pre-LN encoder is representable.
 #pragma once
 
 #include <filesystem>

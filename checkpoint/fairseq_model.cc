@@ -16,9 +16,6 @@ namespace {
 using model::ModelConfig;
 using model::NormFormerConfig;
 
-// fairseq's LayerNorm is torch.nn.LayerNorm with its default eps.
-constexpr float kFairseqLayerNormEps = 1e-5f;
-
 const std::string* Find(const SafetensorsMetadata& metadata, absl::string_view key) {
   for (const auto& [k, v] : metadata) {
     if (k == key) return &v;
@@ -53,8 +50,8 @@ std::string Refusal(absl::string_view field, absl::string_view why) {
 
 absl::Status CheckFairseqRepresents(const ModelConfig& model) {
   if (model.objective() == ModelConfig::MASKED_LM) {
-    return absl::InvalidArgumentError(
-        Refusal("model.objective", "is MASKED_LM, an encoder (fairseq's RoBERTa holds those)"));
+    return absl::InvalidArgumentError(Refusal(
+        "model.objective", "is MASKED_LM, an encoder (exported as fairseq's RoBERTa instead)"));
   }
   if (model.activation() == ModelConfig::RELU_SQUARED) {
     return absl::InvalidArgumentError(

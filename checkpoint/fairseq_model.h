@@ -21,6 +21,8 @@
 namespace nf::checkpoint {
 
 inline constexpr int kFairseqFirstPosition = 2;  // padding_idx 1, plus 1
+// fairseq's LayerNorm is torch.nn.LayerNorm with its default eps.
+inline constexpr float kFairseqLayerNormEps = 1e-5f;
 inline constexpr char kFairseqVersionTensor[] = "decoder.version";
 inline constexpr float kFairseqDecoderVersion = 3.0f;
 // The metadata key under which a fairseq export records the model config (text format, every

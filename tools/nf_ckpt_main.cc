@@ -67,7 +67,9 @@ commands:
                             a file fairseq's transformer_lm loads and runs to this model's
                             logits: decoder.version, a BEFORE_OUT_PROJ head scale folded into
                             out_proj, the model config and fairseq flags in its metadata;
-                            refuses what fairseq cannot represent, naming the field
+                            a masked LM as fairseq's RoBERTa (Pre-LN encoder; its arguments
+                            in the metadata); refuses what fairseq cannot represent, naming
+                            the field
   export DIR --format hf --out DIR [--dtype f32|f16|bf16] [--model-type auto|normformer|gpt2]
          [--max-shard-size BYTES] [--tokenizer gpt2 --vocab-file vocab.json
          --merges-file merges.txt | --tokenizer sentencepiece --spm-model FILE]

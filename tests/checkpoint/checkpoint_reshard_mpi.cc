@@ -7,6 +7,8 @@
 //     and into a single process: steps 4-6 match the uninterrupted run within 1e-5 relative,
 //     the layout-equivalence tolerance (docs/parallelism.md), since a reshard moves bytes
 //     exactly and only the continued training reassociates sums.
+// NF_TEST_MASKED_LM=1 makes the model a masked LM, whose output bias is a vocabulary table padded
+// per layout like the embedding.
 #include <unistd.h>
 
 #include <cmath>
@@ -51,6 +53,7 @@ TrainConfig Config(int tp, int pp, int virtual_stages, bool zero) {
   m.set_max_seq_len(16);
   m.set_dropout(0.1f);
   m.set_attention_dropout(0.1f);
+  if (EnvInt("NF_TEST_MASKED_LM", 0) != 0) m.set_objective(model::ModelConfig::MASKED_LM);
   launcher::TrainOptions& t = *config.mutable_train();
   t.set_seq_len(16);
   t.set_micro_batch_size(2);
