@@ -297,6 +297,12 @@ int Run(int argc, char** argv) {
       done->bytes / 1e6 / std::max(done->seconds, 1e-9),
       done->tokens / std::max(done->seconds, 1e-9), flags.workers, flags.output_prefix,
       (*tokenizer)->vocab_size() < 65500 ? "uint16" : "int32", (*tokenizer)->vocab_size());
+  // A masked LM's <mask> is one id past the tokenizer's, where fairseq's dictionary adds it: the
+  // data needs no other change (docs/guide.md "Masked language models").
+  std::cout << absl::StrFormat(
+      "nf-preprocess: train on it with model.vocab_size %d, or %d for a masked LM (<mask> id %d, "
+      "model.mask_token -1)\n",
+      (*tokenizer)->vocab_size(), (*tokenizer)->vocab_size() + 1, (*tokenizer)->vocab_size());
   if (done->inexactly_cut_documents > 0) {
     const int64_t unnamed =
         done->inexactly_cut_documents - static_cast<int64_t>(done->inexactly_cut_names.size());
