@@ -18,7 +18,6 @@
 #include "core/files/atomic_file.h"
 #include "core/json_value.h"
 #include "core/status.h"
-#include "model/model_config_check.h"
 
 namespace nf::checkpoint {
 namespace {
@@ -145,7 +144,6 @@ absl::Status ExportHf(const fs::path& dir, const Manifest& manifest, const fs::p
   }
   NF_RETURN_IF_ERROR(CheckNewOutput(out, "--out", "export writes a new directory", inputs));
   const model::ModelConfig& model = manifest.model();
-  NF_RETURN_IF_ERROR(model::RequireCausalLm(model, "the Hugging Face export"));
   HfModelType type = HfModelType::kNormFormer;
   if (options.model_type == HfModelType::kGpt2) {
     NF_RETURN_IF_ERROR(CheckGpt2Represents(model));
@@ -175,8 +173,11 @@ absl::Status ExportHf(const fs::path& dir, const Manifest& manifest, const fs::p
   const DType dtype = options.dtype.value_or(tensors.empty() ? DType::kF32 : tensors[0].dtype);
   NF_RETURN_IF_ERROR(ReplaceFileAtomically(staging.path() / "config.json",
                                            HfConfigJson(model, type, dtype, end_of_document)));
-  NF_RETURN_IF_ERROR(ReplaceFileAtomically(staging.path() / "generation_config.json",
-                                           HfGenerationConfigJson(end_of_document)));
+  // A masked LM does not generate: transformers reads no generation config for it.
+  if (model.objective() != model::ModelConfig::MASKED_LM) {
+    NF_RETURN_IF_ERROR(ReplaceFileAtomically(staging.path() / "generation_config.json",
+                                             HfGenerationConfigJson(end_of_document)));
+  }
   if (type == HfModelType::kNormFormer) {
     for (const HfModelFile& file : HfModelFiles()) {
       NF_RETURN_IF_ERROR(

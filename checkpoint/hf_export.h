@@ -1,11 +1,11 @@
 // `nf-ckpt export --format hf`: a checkpoint as a Hugging Face transformers directory that
-// AutoModelForCausalLM.from_pretrained(DIR, trust_remote_code=True) and
-// AutoTokenizer.from_pretrained(DIR) load (checkpoint/hf_model.h: the two forms;
-// docs/checkpoints.md "Hugging Face"):
-//   config.json, generation_config.json, the weights as model.safetensors or, above the shard
-//   size, model-0000K-of-0000N.safetensors with model.safetensors.index.json (as transformers'
-//   save_pretrained shards), the model files of checkpoint/hf/ for the "normformer" form, and the
-//   tokenizer's files when given (hf_tokenizer.h).
+// AutoModelForCausalLM.from_pretrained(DIR, trust_remote_code=True) (a masked LM:
+// AutoModelForMaskedLM) and AutoTokenizer.from_pretrained(DIR) load (checkpoint/hf_model.h: the
+// two forms; docs/checkpoints.md "Hugging Face"):
+//   config.json, a causal LM's generation_config.json, the weights as model.safetensors or, above
+//   the shard size, model-0000K-of-0000N.safetensors with model.safetensors.index.json (as
+//   transformers' save_pretrained shards), the model files of checkpoint/hf/ for the "normformer"
+//   form, and the tokenizer's files when given (hf_tokenizer.h).
 // The directory is written under a temporary name and renamed when complete; it must be new and
 // outside any checkpoint. Tensors are read, converted and written one at a time (the next read
 // while one is written), so memory stays that of the largest few tensors, as the other exports.

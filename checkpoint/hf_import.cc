@@ -145,6 +145,11 @@ std::string KeyFor(const HfConfig& config, const ModelConfig& model, absl::strin
   if (absl::StartsWith(tensor, "model.layers.")) {
     return absl::StrCat("num_hidden_layers ", model.num_layers());
   }
+  if (absl::StartsWith(tensor, "lm_head.")) {  // RoBERTa's head: dense, layer_norm, bias
+    return absl::StrCat("objective \"",
+                        model.objective() == ModelConfig::MASKED_LM ? "masked_lm" : "causal_lm",
+                        "\"");
+  }
   return "model_type \"normformer\"";
 }
 

@@ -10,11 +10,13 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
+#include "absl/strings/strip.h"
 #include "checkpoint/manifest_model.h"
 #include "core/json_value.h"
 #include "core/status.h"
 #include "model/model_config_check.h"
 #include "model/normformer_params.h"
+#include "model/vocab.h"
 
 namespace nf::checkpoint {
 namespace {
@@ -77,15 +79,26 @@ std::string JsonObject(const std::vector<std::pair<std::string, std::string>>& m
 
 std::string Quoted(absl::string_view text) { return JsonQuoted(text); }
 
+bool IsMaskedLm(const ModelConfig& model) { return model.objective() == ModelConfig::MASKED_LM; }
+
 std::vector<std::pair<std::string, std::string>> NormFormerMembers(const ModelConfig& model) {
   const NormFormerConfig& nf = model.normformer();
-  return {
-      {"architectures", "[\"NormFormerForCausalLM\"]"},
-      {"auto_map",
-       "{\"AutoConfig\": \"configuration_normformer.NormFormerConfig\", "
-       "\"AutoModel\": \"modeling_normformer.NormFormerModel\", "
-       "\"AutoModelForCausalLM\": \"modeling_normformer.NormFormerForCausalLM\"}"},
+  // The head class: a causal LM's for AutoModelForCausalLM, a masked LM's (RoBERTa's head) for
+  // AutoModelForMaskedLM; AutoModel is the layers either way.
+  const std::string head = IsMaskedLm(model) ? "MaskedLM" : "CausalLM";
+  std::vector<std::pair<std::string, std::string>> members = {
+      {"architectures", absl::StrCat("[\"NormFormerFor", head, "\"]")},
+      {"auto_map", absl::StrCat("{\"AutoConfig\": \"configuration_normformer.NormFormerConfig\", "
+                                "\"AutoModel\": \"modeling_normformer.NormFormerModel\", "
+                                "\"AutoModelFor",
+                                head, "\": \"modeling_normformer.NormFormerFor", head, "\"}")},
       {"model_type", Quoted("normformer")},
+      {"objective", Quoted(IsMaskedLm(model) ? "masked_lm" : "causal_lm")},
+  };
+  if (IsMaskedLm(model)) {
+    members.push_back({"mask_token_id", absl::StrCat(model::MaskTokenId(model))});
+  }
+  std::vector<std::pair<std::string, std::string>> fields = {
       {"vocab_size", absl::StrCat(model.vocab_size())},
       {"hidden_size", absl::StrCat(model.d_model())},
       {"num_hidden_layers", absl::StrCat(model.num_layers())},
@@ -110,6 +123,8 @@ std::vector<std::pair<std::string, std::string>> NormFormerMembers(const ModelCo
       {"attention_dropout", FloatText(model.attention_dropout())},
       {"activation_dropout", FloatText(model.activation_dropout())},
   };
+  members.insert(members.end(), fields.begin(), fields.end());
+  return members;
 }
 
 std::vector<std::pair<std::string, std::string>> Gpt2Members(const ModelConfig& model) {
@@ -208,6 +223,30 @@ class ConfigReader {
   const fs::path& file_;
 };
 
+// "objective" (absent in exports from before masked LMs: causal_lm) and a masked LM's
+// "mask_token_id", into `m`, whose vocab_size is set.
+absl::Status ObjectiveFromConfig(const ConfigReader& c, ModelConfig& m) {
+  NF_ASSIGN_OR_RETURN(const std::string objective,
+                      c.Choice("objective", {"causal_lm", "masked_lm"}, std::string("causal_lm")));
+  const JsonValue* mask = c.Find("mask_token_id");
+  const bool has_mask = mask != nullptr && mask->kind != JsonValue::Kind::kNull;
+  if (objective == "causal_lm") {
+    if (has_mask) return c.Error("mask_token_id", "is only for objective \"masked_lm\"");
+    m.set_objective(ModelConfig::CAUSAL_LM);
+    return absl::OkStatus();
+  }
+  if (!has_mask) return c.Error("mask_token_id", "is missing (objective \"masked_lm\" needs it)");
+  NF_ASSIGN_OR_RETURN(const int32_t mask_token, c.Int("mask_token_id"));
+  if (mask_token < 0 || mask_token >= m.vocab_size()) {
+    return c.Error(
+        "mask_token_id",
+        absl::StrCat("is ", mask_token, ", not an id of [0, vocab_size ", m.vocab_size(), ")"));
+  }
+  m.set_objective(ModelConfig::MASKED_LM);
+  m.set_mask_token(mask_token);
+  return absl::OkStatus();
+}
+
 absl::StatusOr<ModelConfig> NormFormerFromConfig(const ConfigReader& c) {
   ModelConfig m;
   NF_ASSIGN_OR_RETURN(const int32_t vocab, c.Int("vocab_size"));
@@ -258,6 +297,7 @@ absl::StatusOr<ModelConfig> NormFormerFromConfig(const ConfigReader& c) {
                                                              : NormFormerConfig::BEFORE_OUT_PROJ);
   nf->set_scale_fc(scale_fc);
   nf->set_scale_resids(scale_resids);
+  NF_RETURN_IF_ERROR(ObjectiveFromConfig(c, m));
   return m;
 }
 
@@ -326,8 +366,13 @@ absl::StatusOr<ModelConfig> Gpt2FromConfig(const ConfigReader& c) {
 
 // ---- tensors ----
 
+// The checkpoint's name with "decoder." read as "model.", except the head: the untied projection
+// is lm_head.weight, and a masked LM's decoder.lm_head.{dense,layer_norm,bias} lm_head.*, so
+// that NormFormerForMaskedLM's lm_head holds RoBERTa's head whole (its projection, tied or not,
+// lm_head.weight).
 std::string HfName(absl::string_view name) {
   if (name == "decoder.output_projection.weight") return "lm_head.weight";
+  if (absl::ConsumePrefix(&name, "decoder.lm_head.")) return absl::StrCat("lm_head.", name);
   return absl::StrReplaceAll(name, {{"decoder.", "model."}});
 }
 
@@ -453,6 +498,10 @@ absl::string_view HfModelTypeName(HfModelType type) {
 }
 
 absl::Status CheckGpt2Represents(const ModelConfig& model) {
+  if (IsMaskedLm(model)) {
+    return absl::InvalidArgumentError(Refusal(
+        "model.objective", "is MASKED_LM (GPT-2 is a causal decoder without RoBERTa's head)"));
+  }
   const NormFormerConfig& nf = model.normformer();
   if (nf.scale_attn() || nf.scale_heads() || nf.scale_fc() || nf.scale_resids()) {
     return absl::InvalidArgumentError(
@@ -488,7 +537,8 @@ std::string HfConfigJson(const ModelConfig& model, HfModelType type, DType dtype
   members.push_back({"eos_token_id", TokenId(end_of_document)});
   members.push_back({"pad_token_id", "null"});
   members.push_back({"dtype", Quoted(TorchDTypeName(dtype))});
-  members.push_back({"use_cache", "true"});
+  // A masked LM attends both ways and keeps no keys and values.
+  members.push_back({"use_cache", Bool(!IsMaskedLm(model))});
   members.push_back({"transformers_version", Quoted(kTransformersVersion)});
   return JsonObject(members);
 }

@@ -3,8 +3,9 @@
 // as fairseq_model.h is for fairseq). docs/checkpoints.md ("Hugging Face") lists the mapping.
 //   - "normformer": any model config; the project's own model files (checkpoint/hf/) run it, so
 //     loading needs trust_remote_code. Tensors keep the checkpoint's names with "decoder." read
-//     as "model." and an untied head as "lm_head.weight"; a head scale is stored as trained.
-//   - "gpt2": transformers' own GPT2LMHeadModel, no remote code, for a Pre-LN model GPT-2
+//     as "model." and an untied head as "lm_head.weight"; a head scale is stored as trained. A
+//     masked LM is NormFormerForMaskedLM, its RoBERTa head's decoder.lm_head.* as lm_head.*.
+//   - "gpt2": transformers' own GPT2LMHeadModel, no remote code, for a causal Pre-LN model GPT-2
 //     computes exactly (CheckGpt2Represents). GPT-2's Conv1D stores weights [in, out], so q, k
 //     and v are one transposed [d, 3d] tensor, and its position table starts at position 0.
 #pragma once
@@ -30,9 +31,9 @@ enum class HfModelType { kNormFormer, kGpt2 };
 absl::string_view HfModelTypeName(HfModelType type);
 
 // OK when transformers' GPT2LMHeadModel computes what this model computes (and trains it with
-// the same dropouts): all four NormFormer switches off, learned positions, a tied head, no
-// embedding scale, GELU or GELU_TANH, no activation dropout. Otherwise InvalidArgument naming
-// the first field GPT-2 cannot express.
+// the same dropouts): a causal LM, all four NormFormer switches off, learned positions, a tied
+// head, no embedding scale, GELU or GELU_TANH, no activation dropout. Otherwise InvalidArgument
+// naming the first field GPT-2 cannot express.
 absl::Status CheckGpt2Represents(const model::ModelConfig& model);
 
 // config.json for the model in `type`'s form, its parameters stored in `dtype`.
@@ -48,7 +49,8 @@ std::string HfGenerationConfigJson(std::optional<int32_t> end_of_document);
 struct HfConfig {
   HfModelType type = HfModelType::kNormFormer;
   // Every field explicit. A gpt2 config numbers positions from 0 (model.first_position 0);
-  // dropouts it has no key for are 0.
+  // dropouts it has no key for are 0. A normformer config without "objective" (written before
+  // masked LMs) is a causal LM; a masked one's mask_token is config.json's mask_token_id.
   model::ModelConfig model;
   DType dtype = DType::kF32;  // "dtype" (or transformers 4's "torch_dtype"); float32 if absent
 };

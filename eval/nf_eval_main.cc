@@ -1,5 +1,7 @@
 // nf-eval: measures a checkpoint as the NormFormer paper does: validation perplexity on a
-// preprocessed dataset, and zero-shot accuracy on multiple-choice tasks and LAMBADA.
+// preprocessed dataset, and zero-shot accuracy on multiple-choice tasks and LAMBADA. A masked LM
+// (model.objective MASKED_LM) gets its masked-LM perplexity; zero-shot tasks, which score
+// continuations causally, refuse it.
 //
 //   nf-eval --checkpoint DIR [--dataset PREFIX] [--task NAME=FILE.jsonl]... [tokenizer flags]
 //   mpirun -np N nf-eval ... --tp T --pp P   (data parallelism takes the remaining ranks)
@@ -16,6 +18,8 @@
 //   window     perplexity's windows and the longest task sequence: the run's train.seq_len
 //              predictions (positions the model was trained on), model.max_seq_len for a
 //              checkpoint that records no run (an import), or --seq-len
+//   masks      a masked LM's windows are masked as its run's data.masked_lm recorded, keyed by
+//              (--mask-seed, default the run's train.seed; the window's index)
 //
 // Exit codes: 0 done, 1 a runtime error (an unreadable checkpoint, task or dataset file, a
 // failed tokenizer), 2 bad command line.
@@ -38,6 +42,7 @@
 #include "core/files/atomic_file.h"
 #include "core/ops/backend.h"
 #include "core/status.h"
+#include "data/masked_lm.h"
 #include "data/splits.h"
 #include "eval/eval_model.h"
 #include "eval/perplexity.h"
@@ -50,6 +55,7 @@
 #include "launcher/train_config.pb.h"
 #include "launcher/trainer.h"
 #include "model/model_config_check.h"
+#include "model/vocab.h"
 #include "parallel/mpi_runtime.h"
 #include "parallel/process_groups.h"
 
@@ -61,7 +67,8 @@ namespace fs = std::filesystem;
 
 constexpr char kUsage[] =
     R"(usage: nf-eval --checkpoint DIR [--dataset PREFIX [--part NAME] [--split W,W,W]
-               [--max-windows N]] [--task NAME=FILE]... [--max-examples N] [--seq-len N]
+               [--max-windows N] [--mask-seed N]] [--task NAME=FILE]... [--max-examples N]
+               [--seq-len N]
                [--tokenizer gpt2 --vocab-file vocab.json --merges-file merges.txt
                 [--parse-special-tokens] | --tokenizer sentencepiece --spm-model FILE]
                [--tp N] [--pp N] [--dtype f32|bf16|f16] [--device cpu|cuda]
@@ -77,7 +84,13 @@ perplexity (with --dataset):
                      checkpoint's run recorded, else 969,30,1)
   --max-windows N    only the first N windows (default: all)
 
-zero-shot tasks (with --task, repeatable; tokenizer flags required):
+masked-LM perplexity (a checkpoint with model.objective MASKED_LM, with --dataset):
+  the part's whole windows of S tokens (a shorter rest is skipped), window k masked as the
+  run's data.masked_lm masked its samples, keyed by (the mask seed, k); the loss is the mean
+  cross-entropy over the masked tokens
+  --mask-seed N      the masks' seed, 0 to 4294967295 (default: the run's train.seed, else 1)
+
+zero-shot tasks (with --task, repeatable; tokenizer flags required; causal LMs only):
   --task NAME=FILE   NAME hellaswag, piqa, winogrande, storycloze or lambada; FILE JSON Lines
                      with the dataset's fields (docs/guide.md lists them)
   --max-examples N   only the first N examples of each task (default: all)
@@ -102,6 +115,7 @@ struct Flags {
   std::string checkpoint;
   std::string dataset, part = "validation", split;
   int64_t seq_len = 0, max_windows = 0;
+  std::optional<uint32_t> mask_seed;
   std::vector<nf::eval::TaskFile> tasks;
   int64_t max_examples = 0;
   nf::eval::TokenizerFlags tokenizer;
@@ -157,6 +171,13 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
       status = positive(flags.seq_len);
     } else if (arg == "--max-windows") {
       status = positive(flags.max_windows);
+    } else if (arg == "--mask-seed") {
+      uint32_t seed = 0;
+      if (!absl::SimpleAtoi(value, &seed)) {
+        return absl::InvalidArgumentError(
+            "--mask-seed takes an integer from 0 to 4294967295, not '" + value + "'");
+      }
+      flags.mask_seed = seed;
     } else if (arg == "--task") {
       const size_t equals = value.find('=');
       if (equals == std::string::npos) {
@@ -214,8 +235,9 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
   if (flags.tasks.empty() && !flags.tokenizer.tokenizer.empty()) {
     return absl::InvalidArgumentError("tokenizer flags are for --task (perplexity reads tokens)");
   }
-  if (flags.dataset.empty() && (flags.max_windows > 0 || !flags.split.empty())) {
-    return absl::InvalidArgumentError("--max-windows and --split are for --dataset");
+  if (flags.dataset.empty() &&
+      (flags.max_windows > 0 || !flags.split.empty() || flags.mask_seed.has_value())) {
+    return absl::InvalidArgumentError("--max-windows, --split and --mask-seed are for --dataset");
   }
   if (flags.tasks.empty() && (flags.max_examples > 0 || !flags.examples_out.empty())) {
     return absl::InvalidArgumentError("--max-examples and --examples-out are for --task");
@@ -292,7 +314,9 @@ struct Plan {
   nf::checkpoint::Manifest manifest;
   std::string split;
   nf::data::DocumentRange documents;
-  int64_t seq_len = 0;  // the window: predictions per sequence
+  int64_t seq_len = 0;  // the window: predictions per sequence (a masked LM's: tokens)
+  // A masked LM's perplexity: how its windows are masked (absent for a causal LM).
+  std::optional<nf::data::MaskedLmSpec> masking;
   std::vector<nf::eval::PreparedTask> tasks;
 };
 
@@ -301,7 +325,16 @@ absl::StatusOr<Plan> MakePlan(Flags flags) {
   NF_ASSIGN_OR_RETURN(plan.checkpoint, ResolveCheckpoint(flags.checkpoint));
   NF_ASSIGN_OR_RETURN(plan.manifest, nf::checkpoint::ReadManifest(plan.checkpoint));
   const nf::model::ModelConfig& model = plan.manifest.model();
-  NF_RETURN_IF_ERROR(nf::model::RequireCausalLm(model, "nf-eval"));
+  // A zero-shot request scores a continuation from its context alone: a causal LM's question.
+  if (!flags.tasks.empty()) {
+    NF_RETURN_IF_ERROR(
+        nf::model::RequireCausalLm(model, "--task (zero-shot tasks score causally)"));
+  }
+  const bool masked_lm = model.objective() == nf::model::ModelConfig::MASKED_LM;
+  if (flags.mask_seed.has_value() && !masked_lm) {
+    return absl::InvalidArgumentError(
+        "--mask-seed is for a masked LM, and this model is causal (model.objective CAUSAL_LM)");
+  }
   const nf::launcher::TrainConfig recorded = RecordedTrainConfig(plan.manifest);
   // The positions the model was trained on; a checkpoint that records no run (an import) is
   // taken at its word, model.max_seq_len.
@@ -315,6 +348,18 @@ absl::StatusOr<Plan> MakePlan(Flags flags) {
   if (!flags.dataset.empty()) {
     plan.split = !flags.split.empty() ? flags.split : recorded.data().split();
     NF_ASSIGN_OR_RETURN(plan.documents, PartDocuments(flags.dataset, flags.part, plan.split));
+    if (masked_lm) {
+      // As the run masked its samples (launcher/batch_source.cc); a checkpoint that records no
+      // run gets data.masked_lm's defaults and train.seed's (1).
+      const nf::launcher::MaskedLmConfig& rates = recorded.data().masked_lm();
+      plan.masking =
+          nf::data::MaskedLmSpec{.mask_prob = rates.mask_prob(),
+                                 .random_token_prob = rates.random_token_prob(),
+                                 .leave_unmasked_prob = rates.leave_unmasked_prob(),
+                                 .mask_token = nf::model::MaskTokenId(model),
+                                 .vocab_size = model.vocab_size(),
+                                 .seed = flags.mask_seed.value_or(recorded.train().seed())};
+    }
   }
   if (!flags.tasks.empty()) {
     NF_ASSIGN_OR_RETURN(const std::string helper, nf::eval::ProgramBesideThisOne("nf-tokenize"));
@@ -399,8 +444,11 @@ absl::Status Evaluate(const Plan& plan, nf::parallel::ProcessGroups& groups) {
     NF_ASSIGN_OR_RETURN(loaded, model_for(plan.seq_len));
     NF_ASSIGN_OR_RETURN(const nf::eval::DocumentTokens tokens,
                         nf::eval::DocumentTokens::Open(flags.dataset, plan.documents));
-    NF_ASSIGN_OR_RETURN(const nf::eval::PerplexityResult result,
-                        nf::eval::EvaluatePerplexity(*loaded, groups, tokens, flags.max_windows));
+    NF_ASSIGN_OR_RETURN(
+        const nf::eval::PerplexityResult result,
+        plan.masking ? nf::eval::EvaluateMaskedPerplexity(*loaded, groups, tokens, *plan.masking,
+                                                          flags.max_windows)
+                     : nf::eval::EvaluatePerplexity(*loaded, groups, tokens, flags.max_windows));
     report.perplexity = nf::eval::PerplexityReport{.dataset = flags.dataset,
                                                    .part = flags.part,
                                                    .split = flags.part == "all" ? "" : plan.split,

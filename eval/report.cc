@@ -18,17 +18,21 @@ std::string ReportJson(const EvalReport& report) {
       .AddString("dtype", report.dtype);
   if (report.perplexity) {
     const PerplexityReport& p = *report.perplexity;
-    json.AddObject("perplexity", JsonObject()
-                                     .AddString("dataset", p.dataset)
-                                     .AddString("part", p.part)
-                                     .AddString("split", p.split)
-                                     .AddInt("first_document", p.documents.begin)
-                                     .AddInt("end_document", p.documents.end)
-                                     .AddInt("seq_len", p.seq_len)
-                                     .AddInt("windows", p.result.windows)
-                                     .AddInt("tokens", p.result.tokens)
-                                     .AddDouble("loss", p.result.loss)
-                                     .AddDouble("ppl", p.result.ppl));
+    const std::optional<uint32_t>& mask_seed = p.result.mask_seed;
+    JsonObject perplexity;
+    perplexity.AddString("objective", mask_seed ? "masked_lm" : "causal_lm")
+        .AddString("dataset", p.dataset)
+        .AddString("part", p.part)
+        .AddString("split", p.split)
+        .AddInt("first_document", p.documents.begin)
+        .AddInt("end_document", p.documents.end)
+        .AddInt("seq_len", p.seq_len);
+    if (mask_seed) perplexity.AddInt("mask_seed", *mask_seed);
+    perplexity.AddInt("windows", p.result.windows)
+        .AddInt("tokens", p.result.tokens)
+        .AddDouble("loss", p.result.loss)
+        .AddDouble("ppl", p.result.ppl);
+    json.AddObject("perplexity", perplexity);
   }
   if (!report.tasks.empty()) {
     JsonObject tasks;
@@ -61,11 +65,13 @@ std::string ReportTable(const EvalReport& report) {
                       report.pipeline_parallel, report.data_parallel, report.dtype);
   if (report.perplexity) {
     const PerplexityReport& p = *report.perplexity;
+    const std::string masked =
+        p.result.mask_seed ? absl::StrFormat(" masked (seed %d)", *p.result.mask_seed) : "";
     absl::StrAppendFormat(&out,
-                          "perplexity  %s part of %s (documents %d-%d): %d tokens in %d windows "
+                          "perplexity  %s part of %s (documents %d-%d): %d tokens%s in %d windows "
                           "of %d, loss %.4f, ppl %.3f\n",
                           p.part, p.dataset, p.documents.begin, p.documents.end, p.result.tokens,
-                          p.result.windows, p.seq_len, p.result.loss, p.result.ppl);
+                          masked, p.result.windows, p.seq_len, p.result.loss, p.result.ppl);
   }
   if (report.tasks.empty()) return out;
   absl::StrAppendFormat(&out, "%-12s %9s %8s %9s %15s %9s\n", "task", "examples", "acc", "acc_norm",

@@ -2,12 +2,14 @@
 // EvalReport. The JSON, every key always present for what was evaluated:
 //   {"checkpoint": DIR, "step": N, "tensor_parallel": T, "pipeline_parallel": P,
 //    "data_parallel": D, "dtype": "f32",
-//    "perplexity": {"dataset": PREFIX, "part": "validation", "split": "969,30,1",
-//                   "first_document": A, "end_document": B, "seq_len": S, "windows": W,
-//                   "tokens": N, "loss": L, "ppl": exp(L)},                  (with --dataset)
+//    "perplexity": {"objective": "causal_lm", "dataset": PREFIX, "part": "validation",
+//                   "split": "969,30,1", "first_document": A, "end_document": B, "seq_len": S,
+//                   "windows": W, "tokens": N, "loss": L, "ppl": exp(L)},    (with --dataset)
 //    "tasks": {"hellaswag": {"file": F, "examples": N, "truncated": K, "acc": a,
 //                            "acc_norm": b, "acc_token_norm": c},
 //              "lambada": {"file": F, "examples": N, "truncated": K, "acc": a, "ppl": p}}}
+// A masked LM's perplexity has "objective": "masked_lm", "tokens" its masked tokens, and
+// "mask_seed": M after "seq_len" (eval/perplexity.h).
 // "truncated" counts the requests whose context lost tokens to the window (eval/sequences.h).
 // Per-example scores go to a JSON Lines file of their own (ExampleLine).
 #pragma once

@@ -18,6 +18,12 @@ class NormFormerConfig(PreTrainedConfig):
     Configuration of a [`NormFormerModel`] (ModelConfig field in brackets).
 
     Args:
+        objective (`str`, defaults to `"causal_lm"`): `"causal_lm"`, a decoder whose tokens attend
+            the tokens before them ([`NormFormerForCausalLM`]), or `"masked_lm"`, an encoder whose
+            tokens attend every token of the sequence, under RoBERTa's LM head
+            ([`NormFormerForMaskedLM`]) [objective].
+        mask_token_id (`int`, *optional*): a masked LM's <mask> id, in [0, vocab_size)
+            [mask_token, -1 resolved to vocab_size - 1]; none for a causal LM.
         vocab_size (`int`, defaults to 8192): the real vocabulary, without the rows the project pads
             its tables with [vocab_size].
         hidden_size (`int`, defaults to 128): d [d_model].
@@ -55,7 +61,8 @@ class NormFormerConfig(PreTrainedConfig):
             [attention_dropout].
         activation_dropout (`float`, defaults to 0.0): after the feed-forward activation
             [activation_dropout].
-        use_cache (`bool`, defaults to `True`): return the keys and values for generation.
+        use_cache (`bool`, defaults to `True`): return the keys and values for generation (a
+            causal LM's; a masked LM keeps none).
         bos_token_id, eos_token_id (`int`, *optional*): the end-of-document token, if the export
             named a tokenizer.
         pad_token_id (`int`, *optional*): none: the project never trains on padding.
@@ -63,6 +70,8 @@ class NormFormerConfig(PreTrainedConfig):
 
     model_type = "normformer"
 
+    objective: Literal["causal_lm", "masked_lm"] = "causal_lm"
+    mask_token_id: int | None = None
     vocab_size: int = 8192
     hidden_size: int = 128
     num_hidden_layers: int = 4
@@ -103,6 +112,10 @@ class NormFormerConfig(PreTrainedConfig):
             raise ValueError(f"first_position must be 0 or more, got {self.first_position}")
         if not self.layer_norm_eps > 0:
             raise ValueError(f"layer_norm_eps must be positive, got {self.layer_norm_eps}")
+        if self.objective == "masked_lm" and not (
+                self.mask_token_id is not None and 0 <= self.mask_token_id < self.vocab_size):
+            raise ValueError(f"mask_token_id must be an id of [0, vocab_size {self.vocab_size}) "
+                             f"for objective masked_lm, got {self.mask_token_id}")
 
 
 __all__ = ["NormFormerConfig"]

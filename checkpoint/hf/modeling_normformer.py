@@ -3,8 +3,10 @@
 The math is docs/design.md section 4, and the parameter names are the project's fairseq names with
 "decoder." replaced by "model.", so `nf-ckpt export --format hf` copies every tensor as trained:
 the head scales `c_attn` in their placement (never folded into out_proj), `w_resid`, the
-LayerNorms `attn_ln` and `ffn_layernorm`. Shapes below: B batch, S new tokens, K keys (past and
-new), d hidden_size, H heads, Dh = d / H, F intermediate_size, V vocab_size.
+LayerNorms `attn_ln` and `ffn_layernorm`. A masked LM (config.objective "masked_lm", section 4.8)
+is the same layers attending both ways under RoBERTa's head, whose decoder.lm_head.* are lm_head.*
+here. Shapes below: B batch, S new tokens, K keys (past and new), d hidden_size, H heads,
+Dh = d / H, F intermediate_size, V vocab_size.
 """
 import math
 from collections.abc import Callable
@@ -16,9 +18,13 @@ from torch import nn
 from transformers import initialization as init
 from transformers.cache_utils import Cache, DynamicCache
 from transformers.generation import GenerationMixin
-from transformers.masking_utils import create_causal_mask
+from transformers.masking_utils import create_bidirectional_mask, create_causal_mask
 from transformers.modeling_layers import GradientCheckpointingLayer
-from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
+from transformers.modeling_outputs import (
+    BaseModelOutputWithPast,
+    CausalLMOutputWithPast,
+    MaskedLMOutput,
+)
 from transformers.modeling_utils import (
     ALL_ATTENTION_FUNCTIONS,
     PreTrainedModel,
@@ -120,7 +126,8 @@ def eager_attention_forward(
 
 
 class NormFormerAttention(nn.Module):
-    """Causal multi-head self-attention with separate q, k, v projections (fairseq's names).
+    """Multi-head self-attention with separate q, k, v projections (fairseq's names): causal, or
+    bidirectional in a masked LM.
 
     The BEFORE_OUT_PROJ head scale multiplies each head's output here, between the attention and
     out_proj, so the layer passes it in; the AFTER_OUT_PROJ one acts on this module's output."""
@@ -133,7 +140,7 @@ class NormFormerAttention(nn.Module):
         self.head_dim = config.hidden_size // config.num_attention_heads
         self.scaling = self.head_dim**-0.5
         self.attention_dropout = config.attention_dropout
-        self.is_causal = True
+        self.is_causal = config.objective == "causal_lm"
         d = config.hidden_size
         self.q_proj = NormFormerLinear(d, d, xavier_gain=2**-0.5)
         self.k_proj = NormFormerLinear(d, d, xavier_gain=2**-0.5)
@@ -237,6 +244,34 @@ class NormFormerDecoderLayer(GradientCheckpointingLayer):
         return residual + ffn
 
 
+# RoBERTa's initialisation (fairseq's init_bert_params): the standard deviation of every Linear
+# weight and embedding of a masked LM.
+BERT_INIT_STD = 0.02
+
+
+class NormFormerLMHead(nn.Module):
+    """RoBERTa's LM head (fairseq's RobertaLMHead, docs/design.md section 4.8), on the final
+    LayerNorm's output h [B, S, d]:
+
+        logits = layer_norm(act(dense(h))) weight^T + bias            [B, S, V]
+
+    with `weight` [V, d] the token embedding itself when tie_word_embeddings (not stored), else
+    its own matrix, and `bias` [V]."""
+
+    def __init__(self, config: NormFormerConfig):
+        super().__init__()
+        d = config.hidden_size
+        self.dense = NormFormerLinear(d, d)
+        self.activation = ACTIVATIONS[config.hidden_act]
+        self.layer_norm = nn.LayerNorm(d, eps=config.layer_norm_eps)
+        self.weight = nn.Parameter(torch.empty(config.vocab_size, d))
+        self.bias = nn.Parameter(torch.zeros(config.vocab_size))
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        features = self.layer_norm(self.activation(self.dense(hidden_states)))  # [B, S, d]
+        return nn.functional.linear(features, self.weight, self.bias)
+
+
 class NormFormerPreTrainedModel(PreTrainedModel):
     config: NormFormerConfig
     base_model_prefix = "model"
@@ -253,11 +288,19 @@ class NormFormerPreTrainedModel(PreTrainedModel):
 
     @torch.no_grad()
     def _init_weights(self, module: nn.Module):
-        """A fresh model starts as the project's does (docs/design.md section 4.5). transformers
-        calls this on each module that holds parameters of its own, and the `init` functions
-        leave tensors loaded from a checkpoint alone."""
+        """A fresh model starts as the project's does (docs/design.md section 4.5; a masked LM as
+        RoBERTa's init_bert_params, section 4.8). transformers calls this on each module that
+        holds parameters of its own, and the `init` functions leave tensors loaded from a
+        checkpoint alone."""
         d = self.config.hidden_size
-        if isinstance(module, NormFormerLinear):
+        if self.config.objective == "masked_lm" and isinstance(
+                module, (NormFormerLinear, nn.Embedding, NormFormerLMHead)):
+            # init_bert_params: every Linear weight, embedding and the untied projection (the LM
+            # head's weight) N(0, 0.02), biases (the LM head's output bias too) 0.
+            init.normal_(module.weight, std=BERT_INIT_STD)
+            if not isinstance(module, nn.Embedding):
+                init.zeros_(module.bias)
+        elif isinstance(module, NormFormerLinear):
             bound = module.in_features**-0.5
             if module.xavier_gain is None:
                 init.uniform_(module.weight, -bound, bound)
@@ -283,7 +326,8 @@ class NormFormerPreTrainedModel(PreTrainedModel):
 
 
 class NormFormerModel(NormFormerPreTrainedModel):
-    """The decoder: embeddings, layers, final LayerNorm; returns the last hidden states."""
+    """The decoder (a masked LM's encoder): embeddings, layers, final LayerNorm; returns the last
+    hidden states."""
 
     def __init__(self, config: NormFormerConfig):
         super().__init__(config)
@@ -316,12 +360,16 @@ class NormFormerModel(NormFormerPreTrainedModel):
         """input_ids [B, S] or inputs_embeds [B, S, d] (embed_tokens' rows, scaled here either way);
         attention_mask [B, K] with 0 at padding; position_ids [B, S] counted from 0 (first_position
         is added here). Without position_ids a token's position is the number of real tokens
-        before it, so a left-padded prompt is numbered as it would be alone."""
+        before it, so a left-padded prompt is numbered as it would be alone. A masked LM's tokens
+        attend every token that attention_mask does not mark as padding, and it keeps no cache."""
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("Specify exactly one of input_ids and inputs_embeds")
+        causal = self.config.objective == "causal_lm"
+        if not causal and cache is not None:
+            raise ValueError("A masked LM (objective masked_lm) attends both ways: it has no cache")
         if inputs_embeds is None:
             inputs_embeds = self.embed_tokens(input_ids)  # [B, S, d]
-        if use_cache and cache is None:
+        if causal and use_cache and cache is None:
             cache = DynamicCache(config=self.config)
         length = inputs_embeds.shape[1]
 
@@ -334,7 +382,8 @@ class NormFormerModel(NormFormerPreTrainedModel):
                 position_ids = torch.arange(past, past + length, device=inputs_embeds.device)
                 position_ids = position_ids[None, :]
 
-        causal_mask = create_causal_mask(
+        make_mask = create_causal_mask if causal else create_bidirectional_mask
+        mask = make_mask(
             config=self.config,
             inputs_embeds=inputs_embeds,
             attention_mask=attention_mask,
@@ -349,7 +398,7 @@ class NormFormerModel(NormFormerPreTrainedModel):
             hidden_states, p=self.config.dropout, training=self.training
         )
         for layer in self.layers:
-            hidden_states = layer(hidden_states, attention_mask=causal_mask, cache=cache, **kwargs)
+            hidden_states = layer(hidden_states, attention_mask=mask, cache=cache, **kwargs)
         hidden_states = self.layer_norm(hidden_states)
         return BaseModelOutputWithPast(last_hidden_state=hidden_states, cache=cache)
 
@@ -362,6 +411,9 @@ class NormFormerForCausalLM(NormFormerPreTrainedModel, GenerationMixin):
 
     def __init__(self, config: NormFormerConfig):
         super().__init__(config)
+        if config.objective != "causal_lm":
+            raise ValueError(f"NormFormerForCausalLM needs objective causal_lm, not "
+                             f"{config.objective}: use NormFormerForMaskedLM")
         self.model = NormFormerModel(config)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.post_init()
@@ -409,4 +461,61 @@ class NormFormerForCausalLM(NormFormerPreTrainedModel, GenerationMixin):
         )
 
 
-__all__ = ["NormFormerForCausalLM", "NormFormerModel", "NormFormerPreTrainedModel"]
+class NormFormerForMaskedLM(NormFormerPreTrainedModel):
+    """A masked LM (config.objective "masked_lm"): NormFormerModel attending both ways plus
+    RoBERTa's head `lm_head` (NormFormerLMHead), whose projection is the token embedding when
+    tie_word_embeddings (no lm_head.weight stored)."""
+
+    _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
+
+    def __init__(self, config: NormFormerConfig):
+        super().__init__(config)
+        if config.objective != "masked_lm":
+            raise ValueError(f"NormFormerForMaskedLM needs objective masked_lm, not "
+                             f"{config.objective}: use NormFormerForCausalLM")
+        self.model = NormFormerModel(config)
+        self.lm_head = NormFormerLMHead(config)
+        self.post_init()
+
+    @can_return_tuple
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        labels: torch.LongTensor | None = None,
+        **kwargs: Unpack[TransformersKwargs],
+    ) -> MaskedLMOutput:
+        """As NormFormerModel.forward; logits [B, S, V] at every position; labels [B, S] (-100
+        ignored: the tokens not chosen for masking) give the mean cross-entropy of predicting
+        each labelled position's token."""
+        outputs: BaseModelOutputWithPast = self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            inputs_embeds=inputs_embeds,
+            use_cache=False,
+            **kwargs,
+        )
+        logits = self.lm_head(outputs.last_hidden_state)
+
+        loss = None
+        if labels is not None:
+            loss = self.loss_function(
+                logits=logits, labels=labels, vocab_size=self.config.vocab_size, **kwargs
+            )
+        return MaskedLMOutput(
+            loss=loss,
+            logits=logits,
+            hidden_states=outputs.hidden_states,
+            attentions=outputs.attentions,
+        )
+
+
+__all__ = [
+    "NormFormerForCausalLM",
+    "NormFormerForMaskedLM",
+    "NormFormerModel",
+    "NormFormerPreTrainedModel",
+]

@@ -1,7 +1,7 @@
 // checkpoint_logits: the project's own logits of a checkpoint, for tests that compare them with
 // another implementation (tests/checkpoint/fairseq_interop_test.py).
 //
-//   checkpoint_logits CHECKPOINT_DIR TOKENS.txt OUT.npy
+//   checkpoint_logits CHECKPOINT_DIR TOKENS.txt OUT.npy [TARGETS.txt]
 //
 // CHECKPOINT_DIR may be a run's checkpoints directory, meaning the checkpoint `latest` names.
 //
@@ -9,10 +9,16 @@
 // rank) into an fp32 model on one CPU rank, runs the forward of every line of TOKENS.txt (token
 // ids separated by spaces, every line the same length, at most model.max_seq_len) without
 // dropout, and writes the logits of the real vocabulary as a float32 .npy array
-// [sequences, length, vocab_size].
+// [sequences, length, vocab_size]. Any model: a causal LM's logits at token t predict token
+// t + 1, a masked LM's (model.objective MASKED_LM) the token at t.
+//
+// With TARGETS.txt (lines as TOKENS.txt's; -1: no target there) the forward's own loss comes
+// too, as the model computes it in training: "loss_sum S tokens N" on stdout, S the sum of the
+// token losses (%.17g) and N the number of targets.
 #include <cstdio>
 #include <fstream>
 #include <iostream>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -66,7 +72,8 @@ absl::Status WriteNpy(const fs::path& path, const std::vector<float>& values, in
   return absl::OkStatus();
 }
 
-absl::Status Run(fs::path dir, const fs::path& tokens_path, const fs::path& out) {
+absl::Status Run(fs::path dir, const fs::path& tokens_path, const fs::path& out,
+                 const std::optional<fs::path>& targets_path) {
   if (fs::exists(dir / "latest")) {  // a run's checkpoints directory: the checkpoint it names
     NF_ASSIGN_OR_RETURN(dir, nf::checkpoint::LatestCheckpoint(dir));
   }
@@ -95,12 +102,26 @@ absl::Status Run(fs::path dir, const fs::path& tokens_path, const fs::path& out)
   }
   std::vector<int32_t> ids, targets(n * seq, -1);
   for (const auto& line : lines) ids.insert(ids.end(), line.begin(), line.end());
+  if (targets_path) {
+    NF_ASSIGN_OR_RETURN(const auto target_lines, ReadTokens(*targets_path));
+    if (static_cast<int64_t>(target_lines.size()) != n ||
+        target_lines.front().size() != lines.front().size()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          targets_path->string(), " must have the tokens' ", n, " lines of ", seq, " targets"));
+    }
+    targets.clear();
+    for (const auto& line : target_lines) targets.insert(targets.end(), line.begin(), line.end());
+  }
   NF_ASSIGN_OR_RETURN(const nf::Tensor inputs, nf::Tensor::HostZeros(nf::DType::kI32, {n, seq}));
-  NF_ASSIGN_OR_RETURN(const nf::Tensor no_targets,
+  NF_ASSIGN_OR_RETURN(const nf::Tensor target_ids,
                       nf::Tensor::HostZeros(nf::DType::kI32, {n, seq}));
   std::copy(ids.begin(), ids.end(), inputs.data<int32_t>());
-  std::copy(targets.begin(), targets.end(), no_targets.data<int32_t>());
-  NF_RETURN_IF_ERROR(model->Forward(inputs, no_targets, 0, /*train=*/false).status());
+  std::copy(targets.begin(), targets.end(), target_ids.data<int32_t>());
+  NF_ASSIGN_OR_RETURN(const nf::model::NormFormerModel::LossSum loss,
+                      model->Forward(inputs, target_ids, 0, /*train=*/false));
+  if (targets_path) {
+    std::printf("loss_sum %.17g tokens %lld\n", loss.sum, static_cast<long long>(loss.tokens));
+  }
   NF_ASSIGN_OR_RETURN(const std::vector<float> padded, nf::ToFloatVector(model->logits()));
   const int64_t vocab = manifest.model().vocab_size(), width = model->padded_vocab();
   std::vector<float> logits;
@@ -113,11 +134,12 @@ absl::Status Run(fs::path dir, const fs::path& tokens_path, const fs::path& out)
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 4) {
-    std::cerr << "usage: checkpoint_logits CHECKPOINT_DIR TOKENS.txt OUT.npy\n";
+  if (argc != 4 && argc != 5) {
+    std::cerr << "usage: checkpoint_logits CHECKPOINT_DIR TOKENS.txt OUT.npy [TARGETS.txt]\n";
     return 2;
   }
-  const absl::Status status = Run(argv[1], argv[2], argv[3]);
+  const absl::Status status =
+      Run(argv[1], argv[2], argv[3], argc == 5 ? std::optional<fs::path>(argv[4]) : std::nullopt);
   if (!status.ok()) {
     std::cerr << "checkpoint_logits: " << status.message() << "\n";
     return 1;

@@ -26,6 +26,11 @@ mpirun: the same counts and accuracies, every score within LAYOUT_TOLERANCE of t
 run. And refusals: exit 2 for command-line mistakes, 1 for a task file or tokenizer that does not
 fit, each naming what is wrong.
 
+Last, a masked LM (deploy/configs/tiny-mlm.pbtxt shrunk to the corpus, 150 steps): its masked-LM
+perplexity's windows and masked token count exactly as the masks' own count draws predict
+(check_masked_lm), the same on tensor 2 x pipeline 2 and data 2 and on a repeat, another loss for
+another --mask-seed, and its refusals (--task among them).
+
 Tolerances. nf-eval computes the model in fp32 and each token's log-softmax in float64 from the
 fp32 logits. The logits match the float64 reference to ~1e-6 of their scale
 (checkpoint.fairseq_export_test: 2 layers, fp32 rounding amplified by LayerNorm); a
@@ -183,8 +188,8 @@ TASKS = {
 # The fields each line of the JSON output holds, in order.
 TOP_KEYS = ["checkpoint", "step", "tensor_parallel", "pipeline_parallel", "data_parallel", "dtype",
             "perplexity", "tasks"]
-PERPLEXITY_KEYS = ["dataset", "part", "split", "first_document", "end_document", "seq_len",
-                   "windows", "tokens", "loss", "ppl"]
+PERPLEXITY_KEYS = ["objective", "dataset", "part", "split", "first_document", "end_document",
+                   "seq_len", "windows", "tokens", "loss", "ppl"]
 CHOICE_TASK_KEYS = ["file", "examples", "truncated", "acc", "acc_norm", "acc_token_norm"]
 LAMBADA_KEYS = ["file", "examples", "truncated", "acc", "ppl"]
 EXAMPLE_KEYS = ["task", "index", "label", "loglik", "tokens", "characters", "greedy"]
@@ -320,13 +325,19 @@ def read_dataset(prefix):
     return docs
 
 
-def reference_perplexity(model, prefix, split, seq):
+def validation_stream(prefix, split):
+    """(first document, end document, their tokens back to back) of the split's validation
+    part."""
     docs = read_dataset(prefix)
     weights = [float(w) for w in split.split(",")]
     weights = [w / sum(weights) for w in weights]
     begin = round(len(docs) * weights[0])
     end = round(len(docs) * (weights[0] + weights[1]))
-    stream = [t for doc in docs[begin:end] for t in doc]
+    return begin, end, [t for doc in docs[begin:end] for t in doc]
+
+
+def reference_perplexity(model, prefix, split, seq):
+    begin, end, stream = validation_stream(prefix, split)
     nll, count, windows = 0.0, 0, 0
     for start in range(0, len(stream) - 1, seq):
         window = stream[start:start + seq + 1]
@@ -359,6 +370,7 @@ def evaluate(tools, work, name, *layout, ranks=1):
 def check_structure(result, lines):
     assert list(result) == TOP_KEYS, list(result)
     assert list(result["perplexity"]) == PERPLEXITY_KEYS, list(result["perplexity"])
+    assert result["perplexity"]["objective"] == "causal_lm", result["perplexity"]
     assert list(result["tasks"]) == list(TASKS), list(result["tasks"])
     for name, entry in result["tasks"].items():
         assert list(entry) == (LAMBADA_KEYS if name == "lambada" else CHOICE_TASK_KEYS), entry
@@ -524,6 +536,147 @@ def write_tokenizer_with_extra(work, size):
     (work / "merges.txt").write_text("#version: 0.2\n")
 
 
+# ---- the masked LM -------------------------------------------------------------------------------
+
+MLM_SEED = 5  # the masked LM's train.seed: --mask-seed's default
+# Its data.masked_lm.mask_prob, not the default 0.15: nf-eval must mask as the run recorded. A
+# float field, widened to double as the masking reads it.
+MLM_MASK_PROB = float(np.float32(0.2))
+MLM_ITERS = 150
+MASKED_KEYS = ["objective", "dataset", "part", "split", "first_document", "end_document",
+               "seq_len", "mask_seed", "windows", "tokens", "loss", "ppl"]
+MASKED_LM_STREAM = 0xFFFFFFFE  # data/masked_lm.h's kMaskedLmStream, the masks' key word
+
+
+def philox4x32_10(counter, key):
+    """Philox4x32-10 (Salmon et al. 2011), written again from the paper's round function."""
+    m0, m1, w0, w1, mask = 0xD2511F53, 0xCD9E8D57, 0x9E3779B9, 0xBB67AE85, 0xFFFFFFFF
+    c, k = list(counter), list(key)
+    for _ in range(10):
+        p0, p1 = m0 * c[0], m1 * c[2]
+        c = [(p1 >> 32) ^ c[1] ^ k[0], p1 & mask, (p0 >> 32) ^ c[3] ^ k[1], p0 & mask]
+        k = [(k[0] + w0) & mask, (k[1] + w1) & mask]
+    return c
+
+
+def masked_count(seed, window, seq, mask_prob=MLM_MASK_PROB):
+    """How many of window `window`'s `seq` tokens data::MaskSample chooses: fairseq's
+    int(mask_prob * seq + u), u the top 53 of the first two words' 64 bits of Philox at counter
+    {0, window low, window high, 0 (the count draw)} under key {seed, kMaskedLmStream}."""
+    words = philox4x32_10([0, window & 0xFFFFFFFF, window >> 32, 0], [seed, MASKED_LM_STREAM])
+    u = ((words[1] << 32 | words[0]) >> 11) * 2.0 ** -53
+    return min(math.floor(mask_prob * seq + u), seq)
+
+
+def train_masked_lm(tools, work, vocab):
+    """deploy/configs/tiny-mlm.pbtxt shrunk to the corpus: the tokenizer's ids and <mask> (the
+    last id), 4 layers of d 32 (4 heads and 4 layers: tensor 2 x pipeline 2 splits them), no
+    dropout, windows of TRAIN_SEQ, train.seed MLM_SEED, mask_prob MLM_MASK_PROB. Into
+    work/mlm."""
+    config = pathlib.Path(__file__).resolve().parents[2] / "deploy" / "configs" / "tiny-mlm.pbtxt"
+    overrides = {"model.vocab_size": vocab + 1, "model.d_model": 32, "model.ffn_dim": 64,
+                 "model.max_seq_len": SEQ, "model.dropout": 0, "train.seq_len": TRAIN_SEQ,
+                 "train.micro_batch_size": 4, "train.global_batch_size": 8,
+                 "train.train_iters": MLM_ITERS, "train.seed": MLM_SEED,
+                 "train.optimizer.lr": 3e-3, "train.lr_schedule.warmup_iters": 5,
+                 "data.path": work / "corpus", "data.split": "80,20,0",
+                 "data.masked_lm.mask_prob": MLM_MASK_PROB}
+    sets = [arg for key, value in overrides.items() for arg in ("--set", f"{key}={value}")]
+    run(tools["nf_launch"], "--config", config, *sets, "--run-dir", work / "mlm")
+
+
+def evaluate_masked(tools, work, name, *args, ranks=1):
+    out = work / f"{name}.json"
+    command = [tools["nf_eval"], "--checkpoint", work / "mlm" / "checkpoints", "--dataset",
+               work / "corpus", "--out", out, *args]
+    if ranks > 1:
+        command = list(tools["mpirun"]) + ["-np", str(ranks)] + command
+    table = run(*command).stdout
+    result = json.loads(out.read_text())
+    assert list(result) == TOP_KEYS[:-1], list(result)
+    assert list(result["perplexity"]) == MASKED_KEYS, list(result["perplexity"])
+    assert result["perplexity"]["objective"] == "masked_lm", result
+    return result["perplexity"], table
+
+
+def check_masked_lm(tools, work, vocab):
+    """Masked-LM perplexity (issue 48): the validation part's whole windows of TRAIN_SEQ tokens,
+    window k masked by (mask seed, k). Checks the windows, and the masked token count against
+    masked_count above, exactly; the same count and the loss within LAYOUT_TOLERANCE (fp32 sums
+    reassociated: tensor parallel's all-reduce, other micro-batch shapes) on tensor 2 x pipeline 2
+    and data 2 with other micro-batch sizes; the same bits on a repeat; another --mask-seed
+    another loss; the refusals."""
+    # Random123's known answer, so that a miscount is not this file's Philox.
+    assert philox4x32_10([0, 0, 0, 0], [0, 0]) == [0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8]
+    train_masked_lm(tools, work, vocab)
+    begin, end, stream = validation_stream(work / "corpus", "80,20,0")
+    windows = len(stream) // TRAIN_SEQ  # the rest, shorter than a window, is skipped
+
+    def expected(seed):
+        return sum(masked_count(seed, k, TRAIN_SEQ) for k in range(windows))
+
+    base, table = evaluate_masked(tools, work, "mlm_one", "--batch-size", "3")
+    print(table, end="")
+    assert (base["first_document"], base["end_document"], base["seq_len"]) == (
+        begin, end, TRAIN_SEQ), base
+    assert base["mask_seed"] == MLM_SEED and base["windows"] == windows, base
+    assert base["tokens"] == expected(MLM_SEED), (base, expected(MLM_SEED))
+    assert abs(base["ppl"] - math.exp(base["loss"])) <= 1e-12 * base["ppl"], base
+    # Trained: well below the uniform guess's ln(vocab).
+    assert base["loss"] < 0.8 * math.log(vocab + 1), base
+    repeat, _ = evaluate_masked(tools, work, "mlm_repeat", "--batch-size", "3", "--mask-seed",
+                                str(MLM_SEED))
+    assert repeat == base, (repeat, base)
+    worst = 0.0
+    for name, layout, ranks in [("tensor 2 x pipeline 2", ["--tp", "2", "--pp", "2"], 4),
+                                ("data 2", ["--batch-size", "5"], 2)]:
+        result, _ = evaluate_masked(tools, work, "mlm_" + name.replace(" ", "_"), *layout,
+                                    ranks=ranks)
+        assert {k: v for k, v in result.items() if k not in ("loss", "ppl")} == \
+            {k: v for k, v in base.items() if k not in ("loss", "ppl")}, (name, result, base)
+        difference = abs(result["loss"] - base["loss"])
+        assert difference <= LAYOUT_TOLERANCE, (name, result, base)
+        worst = max(worst, difference)
+    other, _ = evaluate_masked(tools, work, "mlm_seed", "--mask-seed", str(MLM_SEED + 1))
+    assert other["mask_seed"] == MLM_SEED + 1 and other["tokens"] == expected(MLM_SEED + 1), other
+    assert abs(other["loss"] - base["loss"]) > 1e-3, (other, base)
+    print(f"masked LM: {base['tokens']} masked tokens in {windows} windows (expected "
+          f"{expected(MLM_SEED)}), loss {base['loss']:.4f}; layouts within {worst:.2e} "
+          f"(tolerance {LAYOUT_TOLERANCE:.0e}); --mask-seed {MLM_SEED + 1}: {other['tokens']} "
+          f"tokens, loss {other['loss']:.4f}")
+
+    checkpoint = work / "mlm" / "checkpoints"
+    # A split whose validation part is one document shorter than a window of SEQ.
+    docs = read_dataset(work / "corpus")
+    short = next(d for d, doc in enumerate(docs) if len(doc) < SEQ)
+    short_split = f"{short},1,{len(docs) - short - 1}"
+    tokenizer = ["--tokenizer", "gpt2", "--vocab-file", work / "vocab.json", "--merges-file",
+                 work / "merges.txt"]
+    cases = [
+        (1, "zero-shot tasks on a masked LM",
+         [checkpoint, "--task", f"piqa={tools['task_files']['piqa']}", *tokenizer],
+         "--task (zero-shot tasks score causally) needs a causal LM, and this model is a masked LM "
+         "(model.objective MASKED_LM"),
+        (2, "--mask-seed on a causal LM",
+         [work / "run" / "checkpoints", "--dataset", work / "corpus", "--mask-seed", "3"],
+         "--mask-seed is for a masked LM"),
+        (2, "--mask-seed without --dataset",
+         [checkpoint, "--task", f"piqa={tools['task_files']['piqa']}", *tokenizer,
+          "--mask-seed", "3"], "--mask-seed are for --dataset"),
+        (2, "a negative --mask-seed", [checkpoint, "--dataset", work / "corpus", "--mask-seed",
+                                       "-1"], "--mask-seed takes an integer from 0 to 4294967295"),
+        (1, "a part shorter than one window",
+         [checkpoint, "--dataset", work / "corpus", "--split", short_split, "--seq-len", SEQ],
+         f"tokens, fewer than one window of {SEQ} (--seq-len)"),
+    ]
+    for code, what, args, message in cases:
+        result = run(tools["nf_eval"], "--checkpoint", *args, check=False)
+        assert result.returncode == code and message in result.stderr, (what, result.returncode,
+                                                                        result.stderr)
+        assert code == 2 or len(result.stderr.splitlines()) == 1, (what, result.stderr)
+    print(f"masked LM: {len(cases)} refusals, each naming the problem")
+
+
 def main():
     nf_launch, nf_ckpt, nf_preprocess, nf_eval = sys.argv[1:5]
     mpirun = sys.argv[5:]
@@ -556,8 +709,8 @@ def main():
             "no LAMBADA word of several tokens predicted greedily: retrain or change the data"
         assert any(not all(m > 0 for m in c[0][3]) for _, c in lambada)
 
-        tools = {"nf_eval": nf_eval, "nf_ckpt": nf_ckpt, "mpirun": mpirun,
-                 "task_files": write_tasks(work)}
+        tools = {"nf_eval": nf_eval, "nf_ckpt": nf_ckpt, "nf_launch": nf_launch,
+                 "mpirun": mpirun, "task_files": write_tasks(work)}
         base, base_lines, table = evaluate(tools, work, "one")
         print(table)
         check_structure(base, base_lines)
@@ -576,6 +729,7 @@ def main():
         check_imported(tools, work, model, exported)
         check_helper(tools, work)
         check_refusals(tools, work)
+        check_masked_lm(tools, work, vocab)
     print("OK")
 
 

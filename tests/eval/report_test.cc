@@ -17,13 +17,14 @@ EvalReport Sample() {
   r.pipeline_parallel = 1;
   r.data_parallel = 3;
   r.dtype = "f32";
-  r.perplexity =
-      PerplexityReport{.dataset = "corpus",
-                       .part = "validation",
-                       .split = "969,30,1",
-                       .documents = {.begin = 97, .end = 100},
-                       .seq_len = 64,
-                       .result = {.windows = 5, .tokens = 300, .loss = 2.5, .ppl = 12.25}};
+  r.perplexity = PerplexityReport{
+      .dataset = "corpus",
+      .part = "validation",
+      .split = "969,30,1",
+      .documents = {.begin = 97, .end = 100},
+      .seq_len = 64,
+      .result = {
+          .windows = 5, .tokens = 300, .loss = 2.5, .ppl = 12.25, .mask_seed = std::nullopt}};
   TaskReport hellaswag;
   hellaswag.kind = TaskKind::kHellaSwag;
   hellaswag.file = "hs.jsonl";
@@ -40,13 +41,28 @@ EvalReport Sample() {
 TEST(ReportTest, JsonHasEveryKeyInOrder) {
   EXPECT_EQ(ReportJson(Sample()),
             R"({"checkpoint":"run/checkpoints/iter_0000010","step":10,"tensor_parallel":2,)"
-            R"("pipeline_parallel":1,"data_parallel":3,"dtype":"f32","perplexity":{"dataset":)"
-            R"("corpus","part":"validation","split":"969,30,1","first_document":97,)"
-            R"("end_document":100,"seq_len":64,"windows":5,"tokens":300,"loss":2.5,"ppl":12.25},)"
-            R"("tasks":{"hellaswag":{"file":"hs.jsonl","examples":4,"truncated":1,"acc":0.5,)"
-            R"("acc_norm":0.75,"acc_token_norm":0.25},"lambada":{"file":"l.jsonl","examples":2,)"
-            R"("truncated":0,"acc":0.5,"ppl":40}}})"
+            R"("pipeline_parallel":1,"data_parallel":3,"dtype":"f32","perplexity":{"objective":)"
+            R"("causal_lm","dataset":"corpus","part":"validation","split":"969,30,1",)"
+            R"("first_document":97,"end_document":100,"seq_len":64,"windows":5,"tokens":300,)"
+            R"("loss":2.5,"ppl":12.25},"tasks":{"hellaswag":{"file":"hs.jsonl","examples":4,)"
+            R"("truncated":1,"acc":0.5,"acc_norm":0.75,"acc_token_norm":0.25},"lambada":{)"
+            R"("file":"l.jsonl","examples":2,"truncated":0,"acc":0.5,"ppl":40}}})"
             "\n");
+}
+
+// A masked LM's perplexity says so, and gives the seed that reproduces its masks.
+TEST(ReportTest, JsonOfMaskedLmPerplexity) {
+  EvalReport r = Sample();
+  r.perplexity->result.mask_seed = 7;
+  r.tasks.clear();
+  EXPECT_EQ(ReportJson(r),
+            R"({"checkpoint":"run/checkpoints/iter_0000010","step":10,"tensor_parallel":2,)"
+            R"("pipeline_parallel":1,"data_parallel":3,"dtype":"f32","perplexity":{"objective":)"
+            R"("masked_lm","dataset":"corpus","part":"validation","split":"969,30,1",)"
+            R"("first_document":97,"end_document":100,"seq_len":64,"mask_seed":7,"windows":5,)"
+            R"("tokens":300,"loss":2.5,"ppl":12.25}})"
+            "\n");
+  EXPECT_THAT(ReportTable(r), HasSubstr("300 tokens masked (seed 7) in 5 windows of 64"));
 }
 
 TEST(ReportTest, JsonLeavesOutWhatWasNotEvaluated) {
