@@ -42,44 +42,46 @@ std::string PositionDescription(const ModelConfig& model) {
   return absl::StrCat("sinusoidal (computed by fairseq, not stored): ", numbering);
 }
 
-std::string Refusal(absl::string_view field, absl::string_view why) {
-  return absl::StrCat("fairseq's transformer_lm cannot represent this model: ", field, " ", why);
-}
-
 }  // namespace
 
-absl::Status CheckFairseqRepresents(const ModelConfig& model) {
-  if (model.objective() == ModelConfig::MASKED_LM) {
-    return absl::InvalidArgumentError(Refusal(
-        "model.objective", "is MASKED_LM, an encoder (exported as fairseq's RoBERTa instead)"));
-  }
+absl::Status CheckFairseqConventions(const ModelConfig& model, absl::string_view architecture) {
+  const auto refusal = [&](absl::string_view field, absl::string_view why) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "fairseq's ", architecture, " cannot represent this model: ", field, " ", why));
+  };
   if (model.activation() == ModelConfig::RELU_SQUARED) {
-    return absl::InvalidArgumentError(
-        Refusal("model.activation",
-                "is RELU_SQUARED, which transformer_lm's --activation-fn choices "
-                "(relu, gelu, gelu_accurate, tanh, linear) leave out"));
+    return refusal("model.activation",
+                   "is RELU_SQUARED, which fairseq's activation functions (relu, gelu, "
+                   "gelu_accurate, tanh, linear) leave out");
   }
   if (model.first_position() != kFairseqFirstPosition) {
-    return absl::InvalidArgumentError(Refusal(
+    return refusal(
         "model.first_position",
         absl::StrCat("is ", model.first_position(),
                      ": fairseq numbers a sequence's positions from ", kFairseqFirstPosition,
                      ", so the model would see other positions there "
                      "(checkpoints from before model.first_position numbered from 0; "
-                     "`--format safetensors` exports them as they are)")));
+                     "`--format safetensors` exports them as they are)"));
   }
   if (model.layer_norm_eps() != kFairseqLayerNormEps) {
-    return absl::InvalidArgumentError(
-        Refusal("model.layer_norm_eps",
-                absl::StrCat("is ", model.layer_norm_eps(), ": fairseq's LayerNorm uses 1e-05")));
+    return refusal("model.layer_norm_eps",
+                   absl::StrCat("is ", model.layer_norm_eps(), ": fairseq's LayerNorm uses 1e-05"));
   }
   if (model.positions() == ModelConfig::SINUSOIDAL && model.d_model() < 4) {
-    return absl::InvalidArgumentError(Refusal(
-        "model.d_model", absl::StrCat("is ", model.d_model(),
-                                      ": fairseq's sinusoidal table divides by d_model / 2 - 1, "
-                                      "which must not be 0")));
+    return refusal("model.d_model", absl::StrCat("is ", model.d_model(),
+                                                 ": fairseq's sinusoidal table divides by "
+                                                 "d_model / 2 - 1, which must not be 0"));
   }
   return absl::OkStatus();
+}
+
+absl::Status CheckFairseqRepresents(const ModelConfig& model) {
+  if (model.objective() == ModelConfig::MASKED_LM) {
+    return absl::InvalidArgumentError(
+        "fairseq's transformer_lm cannot represent this model: model.objective is MASKED_LM, an "
+        "encoder (exported as fairseq's RoBERTa instead)");
+  }
+  return CheckFairseqConventions(model, "transformer_lm");
 }
 
 std::string FairseqFlags(const ModelConfig& model) {

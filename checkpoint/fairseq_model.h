@@ -15,6 +15,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "checkpoint/safetensors_file.h"
 #include "model/model_config.pb.h"
 
@@ -32,6 +33,12 @@ inline constexpr char kModelConfigMetadata[] = "normformer.model_config";
 // OK when fairseq's transformer_lm built with FairseqFlags(model) computes what this model
 // computes; otherwise InvalidArgument naming the first field it cannot represent and why.
 absl::Status CheckFairseqRepresents(const model::ModelConfig& model);
+
+// The conventions fairseq's transformer_lm and RoBERTa share: an activation fairseq has,
+// positions from kFairseqFirstPosition, its LayerNorm's eps, a sinusoidal table's d_model >= 4.
+// InvalidArgument "fairseq's <architecture> cannot represent this model: <field> ..." otherwise.
+absl::Status CheckFairseqConventions(const model::ModelConfig& model,
+                                     absl::string_view architecture);
 
 // "--arch transformer_lm --decoder-layers 4 ...": the flags of fairseq-train (task
 // language_modeling) that build this architecture; the vocabulary comes from fairseq's

@@ -41,27 +41,7 @@ absl::Status CheckRobertaRepresents(const ModelConfig& model) {
                                  "`--format safetensors` exports any)")));
     }
   }
-  if (model.activation() == ModelConfig::RELU_SQUARED) {
-    return absl::InvalidArgumentError(
-        Refusal("model.activation", "is RELU_SQUARED, which fairseq's activation_fn leaves out"));
-  }
-  if (model.first_position() != kFairseqFirstPosition) {
-    return absl::InvalidArgumentError(
-        Refusal("model.first_position",
-                absl::StrCat("is ", model.first_position(), ": fairseq numbers positions from ",
-                             kFairseqFirstPosition)));
-  }
-  if (model.layer_norm_eps() != kFairseqLayerNormEps) {
-    return absl::InvalidArgumentError(
-        Refusal("model.layer_norm_eps",
-                absl::StrCat("is ", model.layer_norm_eps(), ": fairseq's LayerNorm uses 1e-05")));
-  }
-  if (model.positions() == ModelConfig::SINUSOIDAL && model.d_model() < 4) {
-    return absl::InvalidArgumentError(Refusal(
-        "model.d_model", absl::StrCat("is ", model.d_model(),
-                                      ": fairseq's sinusoidal table divides by d_model / 2 - 1")));
-  }
-  return absl::OkStatus();
+  return CheckFairseqConventions(model, "RoBERTa");
 }
 
 std::string RobertaName(absl::string_view name) {

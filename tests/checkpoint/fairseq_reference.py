@@ -62,6 +62,15 @@ class Architecture:
         self.scale_resids = "--scale-resids" in switches
 
 
+def strict_load(expected, names, built_from):
+    """torch's load_state_dict(strict=True): the file's names are exactly the model's."""
+    missing = sorted(expected - names)
+    unexpected = sorted(names - expected)
+    if missing or unexpected:
+        raise ValueError(f"the {built_from} build another model: missing {missing[:4]}, "
+                         f"unexpected {unexpected[:4]}")
+
+
 def make_positions(tokens):
     """utils.make_positions: non-padding tokens numbered from PADDING_IDX + 1 along each row."""
     mask = (tokens != PADDING_IDX).astype(np.int64)
@@ -140,13 +149,7 @@ class TransformerLM:
         return names
 
     def strict_load(self):
-        """torch's load_state_dict(strict=True): the file's names are exactly the model's."""
-        expected = self.expected_names()
-        missing = sorted(expected - self.p.keys())
-        unexpected = sorted(self.p.keys() - expected)
-        if missing or unexpected:
-            raise ValueError(f"the flags build another model: missing {missing[:4]}, "
-                             f"unexpected {unexpected[:4]}")
+        strict_load(self.expected_names(), self.p.keys(), "flags")
         if not self.arch.normalize_before:
             raise ValueError("the flags build a post-LN model (no --decoder-normalize-before); "
                              "this reference computes pre-LN layers only")

@@ -23,7 +23,7 @@ import math
 import numpy as np
 
 from fairseq_reference import (PADDING_IDX, activation, layer_norm, make_positions,
-                               sinusoidal_table)
+                               sinusoidal_table, strict_load)
 
 # roberta/model.py base_architecture: what a checkpoint's args leave out takes these.
 BASE_ARCHITECTURE = {
@@ -84,13 +84,7 @@ class Roberta:
         return names
 
     def strict_load(self):
-        """torch's load_state_dict(strict=True): the file's names are exactly the model's."""
-        expected = self.expected_names()
-        missing = sorted(expected - self.p.keys())
-        unexpected = sorted(self.p.keys() - expected)
-        if missing or unexpected:
-            raise ValueError(f"the args build another model: missing {missing[:4]}, "
-                             f"unexpected {unexpected[:4]}")
+        strict_load(self.expected_names(), self.p.keys(), "args")
         if not self.a["encoder_normalize_before"]:
             raise ValueError("the args build a post-LN encoder (encoder_normalize_before False); "
                              "this reference computes Pre-LN layers only")

@@ -68,3 +68,25 @@ def raw_tensors(path):
     return {name: (entry["dtype"], tuple(entry["shape"]),
                    body[entry["data_offsets"][0]:entry["data_offsets"][1]])
             for name, entry in header.items()}, metadata
+
+
+def project_logits(checkpoint_logits, checkpoints, tokens, work):
+    """The project's own fp32 logits [sequences, length, vocab] of `tokens` (checkpoint_logits,
+    one rank), as float64."""
+    work = pathlib.Path(work)
+    tokens_file = work / "tokens.txt"
+    np.savetxt(tokens_file, tokens, fmt="%d")
+    out = work / "ours.npy"
+    run(checkpoint_logits, checkpoints, tokens_file, out)
+    return np.load(out).astype(np.float64)
+
+
+def expect_refused_export(nf_ckpt, checkpoints, out, field, architecture):
+    """`nf-ckpt export --format fairseq` refuses: exit 1, one line naming `field` and
+    `architecture`, nothing written (nor its temporary). Returns that line."""
+    result = run(nf_ckpt, "export", checkpoints, "--format", "fairseq", "--out", out, check=False)
+    assert result.returncode == 1, (out, result.returncode, result.stderr)
+    assert field in result.stderr and architecture in result.stderr, (out, result.stderr)
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert not out.exists() and not pathlib.Path(str(out) + ".tmp").exists(), out
+    return result.stderr.strip()
