@@ -61,6 +61,9 @@ class Gpt2Bpe final : public Tokenizer {
   int64_t vocab_size() const override { return static_cast<int64_t>(id_bytes_.size()); }
   // The id of "<|endoftext|>" when the vocabulary has it (GPT-2's 50256).
   std::optional<int32_t> end_of_document() const override { return end_of_document_; }
+  // The same "<|endoftext|>": GPT-2 has no other special token, and Megatron's and Hugging
+  // Face's GPT-2 tokenizers (bos_token = eos_token) begin a text with it too.
+  std::optional<int32_t> begin_of_document() const override { return end_of_document_; }
   // Whether Encode reads a literal "<|endoftext|>" in the text as end_of_document() (the text on
   // each side of it encoded on its own) or, by default, as text. Call before sharing the
   // tokenizer between threads. InvalidArgument when enabling it without an "<|endoftext|>" in the

@@ -135,6 +135,12 @@ absl::StatusOr<PreprocessProgress> Preprocess(
     return absl::InvalidArgumentError(
         "the tokenizer has no end-of-document token; pass --no-eod or use a tokenizer with one");
   }
+  const std::optional<int32_t> bod = tokenizer.begin_of_document();
+  if (options.prepend_begin_of_document && !bod.has_value()) {
+    return absl::InvalidArgumentError(
+        "the tokenizer has no begin-of-document token; leave out --prepend-begin-of-document or "
+        "use a tokenizer with one");
+  }
 
   BatchQueue queue(2 * static_cast<size_t>(workers));
   std::vector<std::thread> encoders;
@@ -150,8 +156,10 @@ absl::StatusOr<PreprocessProgress> Preprocess(
             break;
           }
           if (inexact_cuts > 0) batch.inexactly_cut.push_back(batch.tokens.size());
-          // Megatron's rule: a document without ids stays without, end-of-document or not.
+          // Megatron's rule: a document without ids stays without, end-of-document or not (and
+          // begin-of-document or not).
           const bool empty = options.keep_empty_documents && tokens->empty();
+          if (options.prepend_begin_of_document && !empty) tokens->insert(tokens->begin(), *bod);
           if (options.append_end_of_document && !empty) tokens->push_back(*eod);
           batch.tokens.push_back(*std::move(tokens));
         }

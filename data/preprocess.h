@@ -22,11 +22,17 @@ struct PreprocessOptions {
   std::string output_prefix;  // writes PREFIX.bin and PREFIX.idx
   int workers = 1;
   bool append_end_of_document = true;
+  // Puts the tokenizer's begin-of-document token (Tokenizer::begin_of_document) before each
+  // document, so that it reads [begin] + ids + [end]: RoBERTa's `<s> doc </s>` (each text as
+  // its tokenizer wraps it, concatenated into full samples). InvalidArgument, nothing written,
+  // for a tokenizer without one.
+  bool prepend_begin_of_document = false;
   // Megatron's preprocess_data.py: an empty document (an empty JSONL text, a blank line of the
   // lines format, or any document whose text tokenizes to no ids) is kept as a document without
-  // tokens: no sequence and no end-of-document token, one document index entry
+  // tokens: no sequence and no begin- or end-of-document token, one document index entry
   // (IndexedDatasetWriter::AddEmptyDocument). By default the reader skips empty texts and blank
-  // lines (and a document that tokenizes to nothing is written as its end-of-document token).
+  // lines (and a document that tokenizes to nothing is written as its begin- and end-of-document
+  // tokens, those asked for).
   bool keep_empty_documents = false;
   int documents_per_batch = 64;
 };

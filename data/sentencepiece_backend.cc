@@ -45,6 +45,8 @@ Result Model::Decode(const std::vector<int>& ids, std::string* text) const {
 
 int Model::piece_size() const { return processor_->GetPieceSize(); }
 
+int Model::bos_id() const { return processor_->bos_id(); }
+
 int Model::eos_id() const { return processor_->eos_id(); }
 
 int Model::unk_id() const { return processor_->unk_id(); }

@@ -40,6 +40,7 @@ class Model {
   // Ids must be in [0, piece_size()): SentencePiece does not check them.
   Result Decode(const std::vector<int>& ids, std::string* text) const;
   int piece_size() const;
+  int bos_id() const;  // -1 when the model has none
   int eos_id() const;  // -1 when the model has none
   int unk_id() const;
   // The id of `piece`, or unk_id() when the vocabulary has no such piece.

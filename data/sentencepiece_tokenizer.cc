@@ -466,4 +466,10 @@ std::optional<int32_t> SentencePieceTokenizer::end_of_document() const {
   return eos;
 }
 
+std::optional<int32_t> SentencePieceTokenizer::begin_of_document() const {
+  const int bos = model_->bos_id();
+  if (bos < 0) return std::nullopt;
+  return bos;
+}
+
 }  // namespace nf::data

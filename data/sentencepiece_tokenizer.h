@@ -82,6 +82,9 @@ class SentencePieceTokenizer final : public Tokenizer {
   int64_t vocab_size() const override { return model_->piece_size(); }
   // The model's </s> id (2 by SentencePiece's default), unless it was trained without one.
   std::optional<int32_t> end_of_document() const override;
+  // The model's <s> id (1 by SentencePiece's default, and so in the models nf-preprocess
+  // trains), unless it was trained without one (bos_id -1).
+  std::optional<int32_t> begin_of_document() const override;
   // From the model's options: kDropped with a dummy prefix (the default), else the side its
   // pieces keep whitespace on. The ids are those of the whole text when the model was also
   // trained with split_by_whitespace (the default: no piece spans a space) and, without a

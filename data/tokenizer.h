@@ -37,6 +37,12 @@ class Tokenizer {
   // The id appended after each document, when the vocabulary defines one.
   virtual std::optional<int32_t> end_of_document() const = 0;
 
+  // The id put before each document when asked (PreprocessOptions::prepend_begin_of_document,
+  // RoBERTa's `<s> doc </s>`), when the vocabulary defines one: GPT-2's "<|endoftext|>", its one
+  // special token serving as both (as Megatron's and Hugging Face's GPT-2 tokenizers use it);
+  // SentencePiece's bos piece (<s>). None unless the tokenizer says so.
+  virtual std::optional<int32_t> begin_of_document() const { return std::nullopt; }
+
   // The text that Encode reads as a special token rather than as text (GPT-2's "<|endoftext|>"
   // when Gpt2Bpe::ParseSpecialTokens is on), empty when there is none: a text cut into chunks
   // must not be cut inside it.

@@ -33,7 +33,8 @@ constexpr char kUsage[] =
                      --tokenizer gpt2 --vocab-file vocab.json --merges-file merges.txt
                    | --tokenizer sentencepiece (--spm-model FILE | --spm-train-vocab-size N)
                      [--format jsonl|lines|paragraphs] [--json-key KEY] [--workers N] [--no-eod]
-                     [--parse-special-tokens] [--keep-empty-documents]
+                     [--prepend-begin-of-document] [--parse-special-tokens]
+                     [--keep-empty-documents]
 
 Tokenizes documents into PREFIX.bin and PREFIX.idx, byte-compatible with Megatron-LM's and
 fairseq's indexed datasets (uint16 tokens under 65,500 vocabulary entries, else int32). Both
@@ -52,6 +53,11 @@ files appear only when everything succeeded.
   --workers N             tokenizing threads, 1 to 256 (default 1); the output does not depend
                           on it
   --no-eod                do not append the end-of-document token to each document
+  --prepend-begin-of-document   also put the begin-of-document token before each document:
+                          <s> doc </s>, as RoBERTa's tokenizer wraps a text for a masked LM.
+                          sentencepiece: the model's <s> (models --spm-train-vocab-size trains
+                          have one); gpt2: "<|endoftext|>", its one special token, so it is
+                          both the begin and the end token
   --parse-special-tokens  gpt2: read "<|endoftext|>" in the text as the end-of-document token
                           (the document is not split), as Hugging Face tokenizers does and so
                           Megatron-LM's GPT2BPETokenizer from core 0.15 on; by default it is
@@ -81,6 +87,7 @@ struct Flags {
   int spm_train_vocab_size = 0;
   int workers = 1;
   bool eod = true;
+  bool prepend_begin_of_document = false;
   bool parse_special_tokens = false;
   bool keep_empty_documents = false;
 };
@@ -162,6 +169,11 @@ absl::StatusOr<std::unique_ptr<nf::data::Tokenizer>> MakeTokenizer(const Flags& 
     if (absl::Status s = (*bpe)->ParseSpecialTokens(flags.parse_special_tokens); !s.ok()) {
       return absl::InvalidArgumentError(absl::StrCat("--parse-special-tokens: ", s.message()));
     }
+    if (flags.prepend_begin_of_document && !(*bpe)->begin_of_document().has_value()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--prepend-begin-of-document: the GPT-2 vocabulary ", flags.vocab_file,
+                       " has no \"<|endoftext|>\" token to begin documents with"));
+    }
     return bpe;
   }
   if (flags.tokenizer != "sentencepiece") {
@@ -170,7 +182,16 @@ absl::StatusOr<std::unique_ptr<nf::data::Tokenizer>> MakeTokenizer(const Flags& 
   if (flags.parse_special_tokens) {
     return absl::InvalidArgumentError("--parse-special-tokens is for --tokenizer gpt2");
   }
-  if (!flags.spm_model.empty()) return nf::data::SentencePieceTokenizer::Load(flags.spm_model);
+  if (!flags.spm_model.empty()) {
+    auto model = nf::data::SentencePieceTokenizer::Load(flags.spm_model);
+    if (model.ok() && flags.prepend_begin_of_document &&
+        !(*model)->begin_of_document().has_value()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--prepend-begin-of-document: the SentencePiece model ", flags.spm_model,
+                       " has no begin-of-document piece <s> (its bos_id is -1)"));
+    }
+    return model;
+  }
   if (flags.spm_train_vocab_size <= 0) {
     return absl::InvalidArgumentError(
         "--tokenizer sentencepiece needs --spm-model or --spm-train-vocab-size");
@@ -181,7 +202,7 @@ absl::StatusOr<std::unique_ptr<nf::data::Tokenizer>> MakeTokenizer(const Flags& 
           "--spm-train-vocab-size reads the inputs twice and cannot train from standard input");
     }
   }
-  return TrainSentencePiece(flags, format);
+  return TrainSentencePiece(flags, format);  // with <s>: SentencePiece's default bos_id 1
 }
 
 int64_t TotalInputBytes(const std::vector<std::string>& inputs) {
@@ -205,6 +226,10 @@ int Run(int argc, char** argv) {
     }
     if (arg == "--no-eod") {
       flags.eod = false;
+      continue;
+    }
+    if (arg == "--prepend-begin-of-document") {
+      flags.prepend_begin_of_document = true;
       continue;
     }
     if (arg == "--parse-special-tokens") {
@@ -275,14 +300,16 @@ int Run(int argc, char** argv) {
                                  p.documents, p.documents / p.seconds, mb_per_s,
                                  p.tokens / p.seconds, eta);
   };
-  const auto done = nf::data::Preprocess({.inputs = flags.inputs,
-                                          .format = *format,
-                                          .json_key = flags.json_key,
-                                          .output_prefix = flags.output_prefix,
-                                          .workers = flags.workers,
-                                          .append_end_of_document = flags.eod,
-                                          .keep_empty_documents = flags.keep_empty_documents},
-                                         **tokenizer, report);
+  const auto done =
+      nf::data::Preprocess({.inputs = flags.inputs,
+                            .format = *format,
+                            .json_key = flags.json_key,
+                            .output_prefix = flags.output_prefix,
+                            .workers = flags.workers,
+                            .append_end_of_document = flags.eod,
+                            .prepend_begin_of_document = flags.prepend_begin_of_document,
+                            .keep_empty_documents = flags.keep_empty_documents},
+                           **tokenizer, report);
   if (terminal) std::cerr << "\n";
   if (!done.ok()) {
     std::cerr << "nf-preprocess: " << done.status().message() << "\n";

@@ -1,12 +1,14 @@
 // The nf-preprocess command line, running the real binary of this build: --help, usage errors
-// (exit 2, one line naming the problem), a runtime error (exit 1, nothing left behind), and a
-// full run training a SentencePiece model and writing a dataset that reads back.
+// (exit 2, one line naming the problem), a runtime error (exit 1, nothing left behind), a full
+// run training a SentencePiece model and writing a dataset that reads back, and documents with
+// begin- and end-of-document tokens (--prepend-begin-of-document) for both tokenizers.
 #include <unistd.h>
 
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -14,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "cli_util.h"
 #include "data/indexed_dataset.h"
+#include "data/sentencepiece_backend.h"
 #include "data/sentencepiece_tokenizer.h"
 #include "test_util.h"
 #include "tests/data/gpt2_toy_vocab.h"
@@ -54,6 +57,43 @@ class NfPreprocessCliTest : public ::testing::Test {
     }
     return Path("corpus.jsonl");
   }
+  std::vector<std::string> CorpusTexts() const {
+    std::vector<std::string> texts;
+    for (int i = 0; i < 400; ++i) {
+      texts.push_back(
+          absl::StrCat("the quick brown fox ", i % 17, " jumps over the lazy dog ", i % 5));
+    }
+    return texts;
+  }
+
+  // The dataset nf-preprocess writes for `texts` (uint16 tokens), built here from each text's
+  // ids: `begin` (when given), tokenizer.Encode(text), `end`. Its .bin and .idx are the
+  // reference a run's are compared with, byte for byte.
+  std::string WriteExpected(const std::string& name, const Tokenizer& tokenizer,
+                            const std::vector<std::string>& texts, std::optional<int32_t> begin,
+                            int32_t end) {
+    auto writer = IndexedDatasetWriter::Create(Path(name), TokenDType::kU16);
+    NF_EXPECT_OK(writer);
+    for (const std::string& text : texts) {
+      std::vector<int32_t> ids;
+      if (begin.has_value()) ids.push_back(*begin);
+      absl::StatusOr<std::vector<int32_t>> encoded = tokenizer.Encode(text);
+      NF_EXPECT_OK(encoded);
+      ids.insert(ids.end(), encoded->begin(), encoded->end());
+      ids.push_back(end);
+      NF_EXPECT_OK(writer->AddDocument(ids));
+    }
+    NF_EXPECT_OK(writer->Finish());
+    return Path(name);
+  }
+  // Whether the datasets at the two prefixes are the same bytes.
+  void ExpectSameDataset(const std::string& prefix, const std::string& expected) const {
+    for (const char* suffix : {".bin", ".idx"}) {
+      EXPECT_TRUE(::nf::testing::ReadFile(prefix + suffix) ==
+                  ::nf::testing::ReadFile(expected + suffix))
+          << prefix << suffix << " differs from " << expected << suffix;
+    }
+  }
 
   std::filesystem::path dir_;
 };
@@ -64,7 +104,7 @@ TEST_F(NfPreprocessCliTest, HelpDocumentsEveryOption) {
   for (const char* option :
        {"--input", "--format", "--json-key", "--output-prefix", "--tokenizer", "--vocab-file",
         "--merges-file", "--spm-model", "--spm-train-vocab-size", "--workers", "--no-eod",
-        "--parse-special-tokens", "--keep-empty-documents"}) {
+        "--prepend-begin-of-document", "--parse-special-tokens", "--keep-empty-documents"}) {
     EXPECT_THAT(outcome.out, HasSubstr(option));
   }
 }
@@ -128,6 +168,129 @@ TEST_F(NfPreprocessCliTest, KeepsEmptyDocuments) {
   NF_ASSERT_OK(dataset);
   EXPECT_EQ((*dataset)->num_sequences(), 1);
   EXPECT_EQ((*dataset)->document_index(), (std::vector<int64_t>{0, 0, 1, 1}));
+}
+
+// GPT-2 with --prepend-begin-of-document: "<|endoftext|>", its one special token, before and
+// after every document, the same for 1 and 3 workers (400 documents: 7 batches); without the
+// flag, each document's ids and then the token alone, as before.
+TEST_F(NfPreprocessCliTest, Gpt2DocumentsBeginAndEndWithEndOfText) {
+  const ToyFiles toy = MakeToy({"h e", "t h", "th e", "o x", "Ġ t", "Ġt he"}, {"<|endoftext|>"});
+  std::ofstream(Path("vocab.json")) << toy.vocab_json;
+  std::ofstream(Path("merges.txt")) << toy.merges_txt;
+  const std::vector<std::string> gpt2 = {"--input",       WriteCorpus(),     "--tokenizer",
+                                         "gpt2",          "--vocab-file",    Path("vocab.json"),
+                                         "--merges-file", Path("merges.txt")};
+  const std::unique_ptr<Gpt2Bpe> bpe = MakeBpe(toy);
+  const int32_t end_of_text = toy.ids.at("<|endoftext|>");
+  ASSERT_EQ(bpe->begin_of_document(), end_of_text);
+
+  const auto run = [&](const std::string& prefix, const std::vector<std::string>& flags) {
+    std::vector<std::string> args = gpt2;
+    args.insert(args.end(), {"--output-prefix", Path(prefix)});
+    args.insert(args.end(), flags.begin(), flags.end());
+    const Outcome outcome = Run(args);
+    EXPECT_EQ(outcome.exit_code, 0) << outcome.err;
+    return Path(prefix);
+  };
+  const std::string both =
+      WriteExpected("expected_both", *bpe, CorpusTexts(), end_of_text, end_of_text);
+  ExpectSameDataset(run("one", {"--prepend-begin-of-document"}), both);
+  ExpectSameDataset(run("three", {"--prepend-begin-of-document", "--workers", "3"}), both);
+  ExpectSameDataset(
+      run("plain", {"--workers", "3"}),
+      WriteExpected("expected_plain", *bpe, CorpusTexts(), std::nullopt, end_of_text));
+
+  // Read back: document 3 is the token, its text, the token.
+  auto dataset = IndexedDataset::Open(Path("three"));
+  NF_ASSERT_OK(dataset);
+  std::vector<int32_t> tokens((*dataset)->sequence_length(3));
+  (*dataset)->ReadTokens(3, 0, static_cast<int64_t>(tokens.size()), tokens.data());
+  ASSERT_GE(tokens.size(), 2u);
+  EXPECT_EQ(tokens.front(), end_of_text);
+  EXPECT_EQ(tokens.back(), end_of_text);
+  EXPECT_EQ(*bpe->Decode(std::span<const int32_t>(tokens).subspan(1, tokens.size() - 2)),
+            "the quick brown fox 3 jumps over the lazy dog 3");
+}
+
+// SentencePiece with --prepend-begin-of-document: the model nf-preprocess trains has <s> (id 1,
+// SentencePiece's default) and </s> (2), and every document is <s> ids </s>, the same for 1 and
+// 2 workers; without the flag, ids </s> as before.
+TEST_F(NfPreprocessCliTest, SentencePieceDocumentsBeginWithTheBosPiece) {
+  const std::string corpus = WriteCorpus();
+  const Outcome trained =
+      Run({"--input", corpus, "--output-prefix", Path("two"), "--tokenizer", "sentencepiece",
+           "--spm-train-vocab-size", "40", "--workers", "2", "--prepend-begin-of-document"});
+  ASSERT_EQ(trained.exit_code, 0) << trained.err;
+  auto model = SentencePieceTokenizer::Load(Path("two.spm.model"));
+  NF_ASSERT_OK(model);
+  EXPECT_EQ((*model)->begin_of_document(), 1);
+  EXPECT_EQ((*model)->end_of_document(), 2);
+  ExpectSameDataset(Path("two"), WriteExpected("expected_both", **model, CorpusTexts(), 1, 2));
+
+  const std::vector<std::string> given = {"--input",       corpus,        "--tokenizer",
+                                          "sentencepiece", "--spm-model", Path("two.spm.model")};
+  std::vector<std::string> args = given;
+  args.insert(args.end(), {"--output-prefix", Path("one"), "--prepend-begin-of-document"});
+  Outcome outcome = Run(args);
+  ASSERT_EQ(outcome.exit_code, 0) << outcome.err;
+  ExpectSameDataset(Path("one"), Path("two"));
+
+  args = given;
+  args.insert(args.end(), {"--output-prefix", Path("plain"), "--workers", "2"});
+  outcome = Run(args);
+  ASSERT_EQ(outcome.exit_code, 0) << outcome.err;
+  ExpectSameDataset(Path("plain"),
+                    WriteExpected("expected_plain", **model, CorpusTexts(), std::nullopt, 2));
+}
+
+// A tokenizer without a begin-of-document token and --prepend-begin-of-document: exit 2, one line
+// naming the flag and the tokenizer, nothing written. The same tokenizers work without the flag.
+TEST_F(NfPreprocessCliTest, BeginOfDocumentNeedsATokenizerWithOne) {
+  const std::string corpus = WriteCorpus();
+  const ToyFiles toy = MakeToy({"h e"}, {});  // no "<|endoftext|>"
+  std::ofstream(Path("vocab.json")) << toy.vocab_json;
+  std::ofstream(Path("merges.txt")) << toy.merges_txt;
+  // A SentencePiece model trained without <s>, as spm_train --bos_id=-1 trains one.
+  {
+    std::ofstream text(Path("train.txt"));
+    for (const std::string& line : CorpusTexts()) text << line << "\n";
+  }
+  const sentencepiece_backend::Result no_bos =
+      sentencepiece_backend::Train({{"input", Path("train.txt")},
+                                    {"model_prefix", Path("no_bos")},
+                                    {"vocab_size", "40"},
+                                    {"bos_id", "-1"},
+                                    {"num_threads", "1"}});
+  ASSERT_TRUE(no_bos.ok()) << no_bos.message;
+  struct Case {
+    std::vector<std::string> tokenizer;
+    std::string message;
+  };
+  for (const Case& c : std::vector<Case>{
+           {{"gpt2", "--vocab-file", Path("vocab.json"), "--merges-file", Path("merges.txt"),
+             "--no-eod"},
+            "nf-preprocess: --prepend-begin-of-document: the GPT-2 vocabulary " +
+                Path("vocab.json") + " has no \"<|endoftext|>\" token to begin documents with"},
+           {{"sentencepiece", "--spm-model", Path("no_bos.model")},
+            "nf-preprocess: --prepend-begin-of-document: the SentencePiece model " +
+                Path("no_bos.model") + " has no begin-of-document piece <s> (its bos_id is -1)"},
+       }) {
+    std::vector<std::string> args = {"--input", corpus, "--output-prefix", Path("out"),
+                                     "--tokenizer"};
+    args.insert(args.end(), c.tokenizer.begin(), c.tokenizer.end());
+    args.push_back("--prepend-begin-of-document");
+    const Outcome refused = Run(args);
+    EXPECT_EQ(refused.exit_code, 2) << refused.err;
+    EXPECT_EQ(Lines(refused.err), std::vector<std::string>{c.message});
+    EXPECT_FALSE(std::filesystem::exists(Path("out.bin")));
+    EXPECT_FALSE(std::filesystem::exists(Path("out.idx")));
+
+    args.pop_back();
+    const Outcome plain = Run(args);
+    EXPECT_EQ(plain.exit_code, 0) << plain.err;
+    std::filesystem::remove(Path("out.bin"));
+    std::filesystem::remove(Path("out.idx"));
+  }
 }
 
 TEST_F(NfPreprocessCliTest, TrainsATokenizerAndWritesADatasetThatReadsBack) {

@@ -1,10 +1,12 @@
 // nf-preprocess's pipeline with a byte-level toy tokenizer: ordered output for any worker
-// count, the dtype rule, the end-of-document token, empty documents kept as Megatron keeps them,
-// and that a failure or an output without tokens leaves nothing behind.
+// count, the dtype rule, the end-of-document token, the begin-of-document token before it,
+// empty documents kept as Megatron keeps them, and that a failure or an output without tokens
+// leaves nothing behind.
 #include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <new>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -19,11 +21,14 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// Token = byte value; end of document = 256. Documents containing "FAIL" cannot be encoded;
+// Token = byte value; end of document = 256; begin of document = 2 (ASCII's start of text,
+// in no test's text) unless `begin` says none. Documents containing "FAIL" cannot be encoded;
 // "VOID" encodes to no ids (as text a SentencePiece model normalizes away).
+constexpr int32_t kBegin = 2;
 class ByteTokenizer final : public Tokenizer {
  public:
-  explicit ByteTokenizer(int64_t vocab = 257) : vocab_(vocab) {}
+  explicit ByteTokenizer(int64_t vocab = 257, std::optional<int32_t> begin = kBegin)
+      : vocab_(vocab), begin_(begin) {}
   absl::StatusOr<std::vector<int32_t>> Encode(absl::string_view text) const override {
     if (text == "VOID") return std::vector<int32_t>{};
     if (text.find("FAIL") != absl::string_view::npos) {
@@ -38,9 +43,11 @@ class ByteTokenizer final : public Tokenizer {
   }
   int64_t vocab_size() const override { return vocab_; }
   std::optional<int32_t> end_of_document() const override { return 256; }
+  std::optional<int32_t> begin_of_document() const override { return begin_; }
 
  private:
   int64_t vocab_;
+  std::optional<int32_t> begin_;
 };
 
 class PreprocessTest : public ::testing::Test {
@@ -71,7 +78,7 @@ class PreprocessTest : public ::testing::Test {
       std::vector<int32_t> tokens((*dataset)->sequence_length(i));
       (*dataset)->ReadTokens(i, 0, tokens.size(), tokens.data());
       std::string text;
-      for (int32_t t : tokens) text += t == 256 ? '|' : static_cast<char>(t);
+      for (int32_t t : tokens) text += t == 256 ? '|' : t == kBegin ? '^' : static_cast<char>(t);
       docs.push_back(text);
     }
     return docs;
@@ -259,6 +266,98 @@ TEST_F(PreprocessTest, FailuresLeaveNothingBehind) {
       EXPECT_EQ(name.find("out"), std::string::npos) << "left behind: " << name;
     }
   }
+}
+
+// --prepend-begin-of-document: every document reads [begin] + ids + [end] ("^document 7|"), or
+// [begin] + ids without the end token, in input order and byte for byte the same for any worker
+// count; without it, the same tokenizer writes what it wrote before ("document 7|", checked
+// above with the begin token defined but not asked for).
+TEST_F(PreprocessTest, BeginOfDocumentStartsEveryDocumentForAnyWorkerCount) {
+  std::string jsonl;
+  for (int i = 0; i < 1000; ++i) jsonl += "{\"text\": \"document " + std::to_string(i) + "\"}\n";
+  const std::string input = Write("a.jsonl", jsonl);
+  for (const bool eod : {true, false}) {
+    std::vector<std::string> expected;
+    for (int i = 0; i < 1000; ++i) {
+      expected.push_back("^document " + std::to_string(i) + (eod ? "|" : ""));
+    }
+    std::vector<std::vector<uint8_t>> outputs;
+    for (const int workers : {1, 3}) {
+      const std::string prefix = (dir_ / absl::StrCat("out", workers, eod ? "_eod" : "")).string();
+      const auto done = Preprocess({.inputs = {input},
+                                    .output_prefix = prefix,
+                                    .workers = workers,
+                                    .append_end_of_document = eod,
+                                    .prepend_begin_of_document = true,
+                                    .documents_per_batch = 7},
+                                   ByteTokenizer(), {});
+      NF_ASSERT_OK(done);
+      EXPECT_EQ(done->documents, 1000);
+      EXPECT_EQ(Documents(prefix), expected) << workers << " workers";
+      outputs.push_back(Bytes(prefix + ".bin"));
+      const std::vector<uint8_t> idx = Bytes(prefix + ".idx");
+      outputs.back().insert(outputs.back().end(), idx.begin(), idx.end());
+    }
+    EXPECT_EQ(outputs[0], outputs[1]);  // .bin and .idx, whatever the worker count
+  }
+}
+
+// Empty documents keep no tokens with the begin token asked for, as with the end token: for the
+// texts "", "ab", "", "VOID", "c", "" (KeptEmptyDocumentsAreWhatMegatronWrites) two sequences,
+// 2 97 98 256 and 2 99 256, and the same document index. Not kept, "VOID" (no ids) is the two
+// tokens alone.
+TEST_F(PreprocessTest, KeptEmptyDocumentsStayWithoutTheBeginToken) {
+  const std::string input = Write("e.jsonl",
+                                  "{\"text\": \"\"}\n{\"text\": \"ab\"}\n{\"text\": \"\"}\n"
+                                  "{\"text\": \"VOID\"}\n{\"text\": \"c\"}\n{\"text\": \"\"}\n");
+  const std::string kept = (dir_ / "kept").string();
+  const auto done = Preprocess({.inputs = {input},
+                                .output_prefix = kept,
+                                .workers = 2,
+                                .prepend_begin_of_document = true,
+                                .keep_empty_documents = true,
+                                .documents_per_batch = 2},
+                               ByteTokenizer(), {});
+  NF_ASSERT_OK(done);
+  EXPECT_EQ(done->documents, 6);
+  EXPECT_EQ(done->empty_documents, 4);
+  EXPECT_EQ(done->tokens, 7);
+  EXPECT_EQ(Bytes(kept + ".bin"),
+            (std::vector<uint8_t>{2, 0, 97, 0, 98, 0, 0, 1, 2, 0, 99, 0, 0, 1}));
+  auto dataset = IndexedDataset::Open(kept);
+  NF_ASSERT_OK(dataset);
+  EXPECT_EQ((*dataset)->document_index(), (std::vector<int64_t>{0, 0, 1, 1, 1, 2, 2}));
+
+  const std::string skipped = (dir_ / "skipped").string();
+  NF_ASSERT_OK(
+      Preprocess({.inputs = {input}, .output_prefix = skipped, .prepend_begin_of_document = true},
+                 ByteTokenizer(), {}));
+  EXPECT_EQ(Documents(skipped), (std::vector<std::string>{"^ab|", "^|", "^c|"}));
+}
+
+// A tokenizer without a begin-of-document token: refused when the token is asked for, nothing
+// written; without the flag it writes as before.
+TEST_F(PreprocessTest, BeginOfDocumentNeedsATokenizerWithOne) {
+  const std::string input = Write("in.txt", "x\n");
+  const std::string prefix = (dir_ / "out").string();
+  const auto done = Preprocess({.inputs = {input},
+                                .format = InputFormat::kLines,
+                                .output_prefix = prefix,
+                                .prepend_begin_of_document = true},
+                               ByteTokenizer(257, std::nullopt), {});
+  ASSERT_FALSE(done.ok());
+  EXPECT_EQ(done.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(done.status().message(),
+            "the tokenizer has no begin-of-document token; leave out --prepend-begin-of-document "
+            "or use a tokenizer with one");
+  for (const auto& entry : fs::directory_iterator(dir_)) {
+    EXPECT_EQ(entry.path().filename().string().find("out"), std::string::npos)
+        << "left behind: " << entry.path();
+  }
+  NF_ASSERT_OK(
+      Preprocess({.inputs = {input}, .format = InputFormat::kLines, .output_prefix = prefix},
+                 ByteTokenizer(257, std::nullopt), {}));
+  EXPECT_EQ(Documents(prefix), std::vector<std::string>{"x|"});
 }
 
 }  // namespace
