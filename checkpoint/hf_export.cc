@@ -18,6 +18,7 @@
 #include "core/files/atomic_file.h"
 #include "core/json_value.h"
 #include "core/status.h"
+#include "model/vocab.h"
 
 namespace nf::checkpoint {
 namespace {
@@ -156,8 +157,12 @@ absl::Status ExportHf(const fs::path& dir, const Manifest& manifest, const fs::p
   NF_ASSIGN_OR_RETURN(StagingDirectory staging, StagingDirectory::Create(out));
   std::optional<int32_t> end_of_document;
   if (options.tokenizer) {
-    NF_ASSIGN_OR_RETURN(end_of_document, WriteHfTokenizer(*options.tokenizer, staging.path(),
-                                                          model.vocab_size(), model.max_seq_len()));
+    const bool masked = model.objective() == model::ModelConfig::MASKED_LM;
+    NF_ASSIGN_OR_RETURN(
+        end_of_document,
+        WriteHfTokenizer(*options.tokenizer, staging.path(), model.vocab_size(),
+                         model.max_seq_len(),
+                         masked ? std::optional(model::MaskTokenId(model)) : std::nullopt));
   }
   const std::vector<std::vector<size_t>> shards = PlanShards(tensors, options.max_shard_bytes);
   for (size_t s = 0; s < shards.size(); ++s) {

@@ -1,5 +1,6 @@
 #include "checkpoint/hf_tokenizer.h"
 
+#include <algorithm>
 #include <string>
 #include <utility>
 #include <vector>
@@ -21,6 +22,7 @@ namespace {
 namespace fs = std::filesystem;
 
 constexpr char kEndOfText[] = "<|endoftext|>";
+constexpr char kMask[] = "<mask>";
 
 absl::Status Write(const fs::path& file, const std::string& contents) {
   return ReplaceFileAtomically(file, contents);
@@ -46,12 +48,41 @@ std::string Object(const std::vector<std::string>& members) {
   return absl::StrCat("{\n", absl::StrJoin(members, ",\n"), "\n}\n");
 }
 
+// The text of the mask token for the masked LM's <mask> id `mask`, which is in [0, vocab_size):
+// the tokenizer's own token at that id (`token_at_mask`), else "<mask>", which the tokenizer then
+// must not have at another id (`mask_text_id`: the tokenizer's id of "<mask>").
+absl::StatusOr<std::string> MaskTokenText(const fs::path& file, int32_t mask,
+                                          std::optional<int32_t> end_of_document,
+                                          const std::optional<std::string>& token_at_mask,
+                                          std::optional<int32_t> mask_text_id) {
+  const std::string refused =
+      absl::StrCat(file.string(), ": the masked LM's <mask> (model.mask_token) is id ", mask);
+  if (mask == end_of_document) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(refused, ", the tokenizer's end-of-document token ", *token_at_mask));
+  }
+  if (token_at_mask) return *token_at_mask;
+  if (mask_text_id) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(refused, " but the tokenizer's ", kMask, " is id ", *mask_text_id));
+  }
+  return std::string(kMask);
+}
+
+// An entry of tokenizer.json's added_tokens: a special token, `lstrip` taking in the spaces
+// before it.
+std::string AddedTokenJson(int32_t id, absl::string_view content, bool lstrip) {
+  return absl::StrCat("{\"id\": ", id, ", \"content\": ", JsonQuoted(content),
+                      ", \"single_word\": false, \"lstrip\": ", lstrip ? "true" : "false",
+                      ", \"rstrip\": false, \"normalized\": true, \"special\": true}");
+}
+
 // tokenizer.json: GPT-2's byte-level BPE for Hugging Face `tokenizers` (the format of GPT-2's own
-// tokenizer.json), the vocabulary embedded as vocab.json holds it and the merges as pairs.
+// tokenizer.json), the vocabulary embedded as `vocab_json` holds it and the merges as pairs.
 absl::StatusOr<std::string> Gpt2TokenizerJson(const std::string& vocab_json,
                                               const std::string& merges_txt,
                                               const fs::path& merges_file,
-                                              std::optional<int32_t> end_of_text) {
+                                              const std::vector<std::string>& added_tokens) {
   std::vector<std::string> merges;
   int line_number = 0;
   for (absl::string_view line : absl::StrSplit(merges_txt, '\n')) {
@@ -66,15 +97,10 @@ absl::StatusOr<std::string> Gpt2TokenizerJson(const std::string& vocab_json,
   }
   const std::string byte_level =
       R"({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true})";
-  std::string added = "[]";
-  if (end_of_text) {
-    added = absl::StrCat("[{\"id\": ", *end_of_text, ", \"content\": ", JsonQuoted(kEndOfText),
-                         ", \"single_word\": false, \"lstrip\": false, \"rstrip\": false, "
-                         "\"normalized\": true, \"special\": true}]");
-  }
   return absl::StrCat(
-      "{\"version\": \"1.0\", \"truncation\": null, \"padding\": null,\n\"added_tokens\": ", added,
-      ",\n\"normalizer\": null,\n\"pre_tokenizer\": ", byte_level,
+      "{\"version\": \"1.0\", \"truncation\": null, \"padding\": null,\n\"added_tokens\": [",
+      absl::StrJoin(added_tokens, ", "),
+      "],\n\"normalizer\": null,\n\"pre_tokenizer\": ", byte_level,
       ",\n\"post_processor\": ", byte_level, ",\n\"decoder\": ", byte_level,
       ",\n\"model\": {\"type\": \"BPE\", \"dropout\": null, \"unk_token\": null, "
       "\"continuing_subword_prefix\": \"\", \"end_of_word_suffix\": \"\", \"fuse_unk\": false, "
@@ -83,7 +109,8 @@ absl::StatusOr<std::string> Gpt2TokenizerJson(const std::string& vocab_json,
 }
 
 absl::StatusOr<std::optional<int32_t>> WriteGpt2(const HfTokenizerFiles& files, const fs::path& dir,
-                                                 int64_t vocab_size, int64_t max_seq_len) {
+                                                 int64_t vocab_size, int64_t max_seq_len,
+                                                 std::optional<int32_t> mask) {
   NF_ASSIGN_OR_RETURN(const std::string vocab_json, ReadWholeFile(files.vocab_file));
   NF_ASSIGN_OR_RETURN(const std::string merges_txt, ReadWholeFile(files.merges_file));
   NF_ASSIGN_OR_RETURN(const auto vocab,
@@ -92,16 +119,44 @@ absl::StatusOr<std::optional<int32_t>> WriteGpt2(const HfTokenizerFiles& files, 
     return TooManyIds(files.vocab_file, static_cast<int64_t>(vocab.size()), vocab_size);
   }
   std::optional<int32_t> end_of_text;
-  if (const auto it = vocab.find(kEndOfText); it != vocab.end()) end_of_text = it->second;
+  std::vector<std::string> added_tokens;
+  if (const auto it = vocab.find(kEndOfText); it != vocab.end()) {
+    end_of_text = it->second;
+    added_tokens.push_back(AddedTokenJson(it->second, kEndOfText, /*lstrip=*/false));
+  }
+  std::string bpe_vocab = vocab_json;
+  std::optional<std::string> mask_text;
+  if (mask) {
+    std::optional<std::string> token_at_mask;
+    for (const auto& [token, id] : vocab) {
+      if (id == *mask) token_at_mask = token;
+    }
+    const auto own_mask = vocab.find(kMask);
+    NF_ASSIGN_OR_RETURN(
+        mask_text,
+        MaskTokenText(files.vocab_file, *mask, end_of_text, token_at_mask,
+                      own_mask == vocab.end() ? std::nullopt : std::optional(own_mask->second)));
+    if (!token_at_mask) {
+      // `tokenizers` gives an added token the id its BPE vocabulary has for it, else the next id
+      // past the vocabulary, whatever id added_tokens names: "<mask>" joins the vocabulary, so
+      // that it keeps its id even past the next one.
+      bpe_vocab.insert(bpe_vocab.find('{') + 1,
+                       absl::StrCat(JsonQuoted(kMask), ": ", *mask, vocab.empty() ? "" : ", "));
+    }
+    added_tokens.push_back(AddedTokenJson(*mask, *mask_text, /*lstrip=*/true));
+  }
   NF_ASSIGN_OR_RETURN(const std::string tokenizer_json,
-                      Gpt2TokenizerJson(vocab_json, merges_txt, files.merges_file, end_of_text));
+                      Gpt2TokenizerJson(bpe_vocab, merges_txt, files.merges_file, added_tokens));
   NF_RETURN_IF_ERROR(Write(dir / "vocab.json", vocab_json));
   NF_RETURN_IF_ERROR(Write(dir / "merges.txt", merges_txt));
   NF_RETURN_IF_ERROR(Write(dir / "tokenizer.json", tokenizer_json));
   const std::optional<std::string> special =
       end_of_text ? std::optional<std::string>(kEndOfText) : std::nullopt;
   const std::vector<std::pair<std::string, std::optional<std::string>>> tokens = {
-      {"bos_token", special}, {"eos_token", special}, {"unk_token", special}};
+      {"bos_token", special},
+      {"eos_token", special},
+      {"unk_token", special},
+      {"mask_token", mask_text}};
   std::vector<std::string> config = {
       R"(  "tokenizer_class": "GPT2Tokenizer")", R"(  "add_prefix_space": false)",
       R"(  "add_bos_token": false)", R"(  "clean_up_tokenization_spaces": false)",
@@ -114,7 +169,8 @@ absl::StatusOr<std::optional<int32_t>> WriteGpt2(const HfTokenizerFiles& files, 
 
 absl::StatusOr<std::optional<int32_t>> WriteSentencePiece(const HfTokenizerFiles& files,
                                                           const fs::path& dir, int64_t vocab_size,
-                                                          int64_t max_seq_len) {
+                                                          int64_t max_seq_len,
+                                                          std::optional<int32_t> mask) {
   NF_ASSIGN_OR_RETURN(const std::string model, ReadWholeFile(files.spm_model));
   absl::StatusOr<data::SentencePieceVocabulary> vocabulary = data::ReadVocabulary(model);
   if (!vocabulary.ok()) {
@@ -131,6 +187,18 @@ absl::StatusOr<std::optional<int32_t>> WriteSentencePiece(const HfTokenizerFiles
     if (!id) return std::nullopt;
     return vocabulary->pieces[*id];
   };
+  const std::vector<std::string>& pieces = vocabulary->pieces;
+  std::optional<std::string> mask_text;
+  if (mask) {
+    const auto own_mask = std::find(pieces.begin(), pieces.end(), kMask);
+    NF_ASSIGN_OR_RETURN(
+        mask_text,
+        MaskTokenText(files.spm_model, *mask, vocabulary->eos_id,
+                      *mask < ids ? std::optional(pieces[*mask]) : std::nullopt,
+                      own_mask == pieces.end()
+                          ? std::nullopt
+                          : std::optional(static_cast<int32_t>(own_mask - pieces.begin()))));
+  }
   NF_RETURN_IF_ERROR(Write(dir / "tokenizer.model", model));
   const std::vector<std::pair<std::string, std::optional<std::string>>> tokens = {
       // The end-of-document piece, as config.json's bos_token_id: what a context starts after
@@ -138,12 +206,22 @@ absl::StatusOr<std::optional<int32_t>> WriteSentencePiece(const HfTokenizerFiles
       {"bos_token", piece(vocabulary->eos_id)},
       {"eos_token", piece(vocabulary->eos_id)},
       {"unk_token", piece(vocabulary->unk_id)},
-      {"pad_token", piece(vocabulary->pad_id)}};
+      {"pad_token", piece(vocabulary->pad_id)},
+      {"mask_token", mask_text}};
   std::vector<std::string> config = {R"(  "tokenizer_class": "SentencePieceBackend")",
                                      R"(  "add_bos_token": false)", R"(  "add_eos_token": false)",
                                      R"(  "clean_up_tokenization_spaces": false)",
                                      absl::StrCat(R"(  "model_max_length": )", max_seq_len)};
   for (std::string& member : TokenMembers(tokens)) config.push_back(std::move(member));
+  if (mask) {
+    // The mask token with its id: SentencePieceBackend would give a token that is not a piece
+    // the next id past the pieces.
+    config.push_back(absl::StrCat(
+        "  \"added_tokens_decoder\": {", JsonQuoted(absl::StrCat(*mask)),
+        ": {\"content\": ", JsonQuoted(*mask_text),
+        ", \"lstrip\": true, \"normalized\": false, \"rstrip\": false, \"single_word\": false, "
+        "\"special\": true}}"));
+  }
   NF_RETURN_IF_ERROR(Write(dir / "tokenizer_config.json", Object(config)));
   NF_RETURN_IF_ERROR(Write(dir / "special_tokens_map.json", Object(TokenMembers(tokens))));
   return vocabulary->eos_id;
@@ -153,10 +231,16 @@ absl::StatusOr<std::optional<int32_t>> WriteSentencePiece(const HfTokenizerFiles
 
 absl::StatusOr<std::optional<int32_t>> WriteHfTokenizer(const HfTokenizerFiles& files,
                                                         const fs::path& dir, int64_t vocab_size,
-                                                        int64_t max_seq_len) {
+                                                        int64_t max_seq_len,
+                                                        std::optional<int32_t> mask_token) {
+  if (mask_token && (*mask_token < 0 || *mask_token >= vocab_size)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the masked LM's <mask> (model.mask_token) is id ", *mask_token,
+                     ", not an id of the model's vocab_size ", vocab_size));
+  }
   return files.kind == HfTokenizerFiles::Kind::kGpt2
-             ? WriteGpt2(files, dir, vocab_size, max_seq_len)
-             : WriteSentencePiece(files, dir, vocab_size, max_seq_len);
+             ? WriteGpt2(files, dir, vocab_size, max_seq_len, mask_token)
+             : WriteSentencePiece(files, dir, vocab_size, max_seq_len, mask_token);
 }
 
 }  // namespace nf::checkpoint

@@ -32,12 +32,36 @@ and must still come out as the normformer form. Checked:
      sequences: padding is neither attended nor counted in positions.
   4. a fresh model (from_config) starts as RoBERTa's init_bert_params: biases 0, LayerNorms 1 / 0,
      weights and embeddings N(0, 0.02).
+  5. the tokenizer's <mask>: exports with the tokenizer flags of GPT-2 byte-level BPE (vocab.json /
+     merges.txt trained here by tokenizers' BpeTrainer) and of SentencePiece (models trained here
+     by the sentencepiece library), both trained on sentences of 18 words drawn from 18:
+       tokenizer  ids  special tokens                                      exported with
+       plain      36   BPE <|endoftext|> 0; SPM <unk> <s> </s> 0-2         normformer_tied
+                       (<mask> 36: one id past the tokenizer's)
+       small      28   as plain (<mask> 36: eight ids past the tokenizer's) normformer_tied
+       own        37   BPE <|endoftext|> <s> </s> <pad> <sep> <mask> 0-5;  untied_resids
+                       SPM <unk> <s> </s> <pad> <sep> <mask> 0-5           (<mask> 5: its own)
+     AutoTokenizer.from_pretrained(DIR) has mask_token "<mask>" and mask_token_id config.json's
+     mask_token_id; every other special id is the causal export's (a 1-step causal run exported
+     with the same tokenizer files, whose tokenizer knows no mask_token and which
+     hf_export_test.py checks against nf-tokenize); 40 texts without <mask> encode as the causal
+     export's tokenizer encodes them, and 46 with <mask> (words of sentences replaced; <mask>
+     first, last, alone, twice in a row, without spaces, after two) give the mask id for each
+     <mask> and between them the causal ids of the text, the spaces before a <mask> taken into it
+     as RoBERTa's <mask> takes them. fill-mask end to end (plain and own: small leaves model ids
+     that its tokenizer cannot decode): transformers' pipeline("fill-mask") on the export's model
+     and tokenizer gives, at the <mask> of each of 8 texts, the project's FILL_MASK_TOP best tokens
+     for the tokenizer's ids (checkpoint_logits; each within fp32 rounding of the rank's logit)
+     with the project's softmax as scores, the first exactly its argmax where the top two logits
+     differ by more than MIN_MARGIN (at least half the texts; measured: all).
   Round trips: export, import on tp 2 x pp 2, export again give the same weight files byte for
      byte and the same config.json (untied_resids; tp2_pp2 sharded by --max-shard-size 4096).
   Refusals, one line, exit 1, nothing written: --model-type gpt2 naming model.objective; imports
      of a masked directory whose config.json lacks mask_token_id, has one outside the vocabulary,
      says objective causal_lm (the recorded model config disagrees, naming model.objective), or
-     whose weights lack lm_head.bias (naming objective "masked_lm").
+     whose weights lack lm_head.bias (naming objective "masked_lm"); exports, each tokenizer kind,
+     naming model.mask_token, with a tokenizer (30 ids) whose own <mask> is another id than
+     normformer_tied's 36, or whose end-of-document token is untied_resids' <mask> id 5.
 
 Tolerances. Both sides compute in fp32 in different orders (GEMM blocking, fused vs separate ops,
 sdpa's softmax); each operation rounds to a few units of 6e-8 relative, amplified by the
@@ -72,6 +96,16 @@ LOSS_TOLERANCE = 4e-5
 VOCAB = 37
 SEQ = 16
 SHORT = 10  # the padding check's real tokens
+MASK = "<mask>"
+EOT = "<|endoftext|>"
+# fill-mask's top token is compared exactly where the project's top two logits differ by more
+# (~170 times the logits' difference, 6e-7; else the two sides might break a near tie
+# differently), its scores, probabilities of ~0.03, within SCORE_TOLERANCE of the project's
+# softmax (measured: at most 1.5e-8; another position's probabilities differ from the <mask>'s
+# by 3.3e-5 and more).
+MIN_MARGIN = 1e-4
+SCORE_TOLERANCE = 1e-6
+FILL_MASK_TOP = 5
 
 SHRINK = {
     "model.num_layers": 2, "model.d_model": 16, "model.num_heads": 2, "model.ffn_dim": 32,
@@ -281,6 +315,157 @@ def check_variant(tools, work, name, overrides, tp, pp):
     return {"checkpoints": checkpoints, "hf_dir": hf_dir, "config": config}
 
 
+# ---- the tokenizer's <mask> --------------------------------------------------------------------
+
+WORDS = "the cat sat on mat a dog ate hat bat and rat that is fat man ran can".split()
+# name: (BpeTrainer's vocab_size and special tokens (ids 0, 1, ...), sentencepiece's trainer
+# arguments). "refused" has its end-of-document token at id 5, untied_resids' <mask>, and its own
+# <mask> at another id than normformer_tied's 36.
+TOKENIZERS = {
+    "plain": ((36, [EOT]), {"vocab_size": 36}),
+    "small": ((28, [EOT]), {"vocab_size": 28}),
+    "own": ((VOCAB, [EOT, "<s>", "</s>", "<pad>", "<sep>", MASK]),
+            {"vocab_size": VOCAB, "pad_id": 3, "user_defined_symbols": ["<sep>", MASK]}),
+    "refused": ((30, ["<s>", "</s>", "<pad>", "<sep>", MASK, EOT]),
+                {"vocab_size": 30, "eos_id": 5, "user_defined_symbols": [MASK]}),
+}
+# The masked runs exported with each tokenizer (model.mask_token -1: 36; untied_resids: 5), and
+# whether fill-mask runs: not where the model has ids that the tokenizer cannot decode.
+WITH_TOKENIZER = [("normformer_tied", "plain", True), ("normformer_tied", "small", False),
+                  ("untied_resids", "own", True)]
+FILL_MASK_TEXTS = ["the cat <mask> on the mat", "a dog <mask> the hat", "<mask> man ran",
+                   "that fat rat <mask>", "the man <mask> a bat", "is <mask> can",
+                   "a hat and <mask> dog", "the <mask> sat on a mat"]
+
+
+def sentences(count, seed=3):
+    rng = np.random.default_rng(seed)
+    return [" ".join(rng.choice(WORDS, size=18)) for _ in range(count)]
+
+
+def tokenizer_files(work):
+    """{(kind, name): tokenizer flags} for kind "bpe" and "spm" and each of TOKENIZERS."""
+    import sentencepiece
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    texts = sentences(300, seed=0)
+    flags = {}
+    for name, ((bpe_size, specials), spm_arguments) in TOKENIZERS.items():
+        bpe = Tokenizer(models.BPE())
+        bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        bpe.train_from_iterator(texts, trainers.BpeTrainer(
+            vocab_size=bpe_size, special_tokens=specials, show_progress=False))
+        (work / f"bpe_{name}").mkdir()
+        bpe.model.save(str(work / f"bpe_{name}"))
+        flags["bpe", name] = ["--tokenizer", "gpt2", "--vocab-file",
+                              work / f"bpe_{name}" / "vocab.json", "--merges-file",
+                              work / f"bpe_{name}" / "merges.txt"]
+        sentencepiece.SentencePieceTrainer.train(
+            sentence_iterator=iter(texts), model_prefix=str(work / f"spm_{name}"),
+            minloglevel=2, num_threads=1, **spm_arguments)
+        flags["spm", name] = ["--tokenizer", "sentencepiece", "--spm-model",
+                              work / f"spm_{name}.model"]
+    return flags
+
+
+def masked_texts():
+    """Texts with <mask>: words of sentences replaced (about 15%, at least one), and the edges:
+    <mask> first, last, alone, twice in a row, without spaces around it, after two spaces."""
+    rng = np.random.default_rng(5)
+    texts = []
+    for sentence in sentences(40):
+        words = sentence.split()
+        chosen = rng.random(len(words)) < 0.15
+        chosen[rng.integers(len(words))] = True
+        texts.append(" ".join(MASK if c else w for w, c in zip(words, chosen)))
+    return texts + [f"{MASK} cat", f"the {MASK}", MASK, f"a {MASK}{MASK} b", f"the cat{MASK}on",
+                    f"the  {MASK} mat"]
+
+
+def with_masks(causal, text, mask_id):
+    """What a mask token that takes in the spaces before it gives: each part of the text between
+    <mask>s as the causal tokenizer encodes it (a part before a <mask> without its trailing
+    spaces), the mask id between the parts."""
+    parts = text.split(MASK)
+    ids = []
+    for i, part in enumerate(parts):
+        if i:
+            ids.append(mask_id)
+        ids += causal(part if i + 1 == len(parts) else part.rstrip(),
+                      add_special_tokens=False)["input_ids"]
+    return ids
+
+
+def check_fill_mask(tools, work, label, checkpoints, hf_dir, tokenizer):
+    """pipeline("fill-mask") at the <mask> against the project's logits for the tokenizer's ids:
+    its FILL_MASK_TOP tokens are the project's best (within fp32 rounding of its logits), with the
+    project's softmax as scores, the first the project's argmax where no near tie hides it.
+    Returns how many texts compared the argmax exactly."""
+    from transformers import pipeline
+    fill = pipeline("fill-mask", model=load(hf_dir), tokenizer=tokenizer)
+    exact = 0
+    for i, text in enumerate(FILL_MASK_TEXTS):
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        assert len(ids) <= SEQ and ids.count(tokenizer.mask_token_id) == 1, (label, text, ids)
+        ours, _ = project(tools, checkpoints, np.array([ids]), work, f"{label}.fill{i}")
+        logits = ours[0, ids.index(tokenizer.mask_token_id)]
+        probabilities = np.exp(logits - logits.max()) / np.exp(logits - logits.max()).sum()
+        best = np.sort(logits)[::-1]
+        slack = 2 * TOLERANCE * max(1.0, float(np.max(np.abs(logits))))
+        predicted = fill(text, top_k=FILL_MASK_TOP)
+        for rank, p in enumerate(predicted):
+            assert logits[p["token"]] >= best[rank] - slack, (label, text, rank, p, best)
+            assert abs(p["score"] - probabilities[p["token"]]) <= SCORE_TOLERANCE, (
+                label, text, p, probabilities[p["token"]])
+        if best[0] - best[1] > MIN_MARGIN:
+            assert predicted[0]["token"] == int(np.argmax(logits)), (label, text, predicted)
+            exact += 1
+    assert exact >= len(FILL_MASK_TEXTS) // 2, (label, exact)
+    return exact
+
+
+def check_tokenizers(tools, work, cases):
+    """The exported tokenizer's <mask> (5. above), against a causal export's tokenizer."""
+    from transformers import AutoTokenizer
+    flags = tokenizer_files(work)
+    causal = train(tools, work, "causal", {"model.objective": "CAUSAL_LM",
+                                           "train.train_iters": 1,
+                                           "train.lr_schedule.warmup_iters": 1}, 1, 1)
+    plain_texts, texts = sentences(40, seed=4), masked_texts()
+    for name, tokenizer, fill_mask in WITH_TOKENIZER:
+        for kind in ("bpe", "spm"):
+            label = f"{name}.{kind}_{tokenizer}"
+            checkpoints = cases[name]["checkpoints"]
+            hf_dir = export(tools, checkpoints, work / f"{label}.hf", *flags[kind, tokenizer])
+            theirs = AutoTokenizer.from_pretrained(hf_dir, trust_remote_code=True)
+            reference = AutoTokenizer.from_pretrained(
+                export(tools, causal, work / f"causal.{kind}_{tokenizer}.hf",
+                       *flags[kind, tokenizer]), trust_remote_code=True)
+            assert reference.mask_token is None, (label, reference.mask_token)
+            mask_id = json.loads((hf_dir / "config.json").read_text())["mask_token_id"]
+            assert (theirs.mask_token, theirs.mask_token_id) == (MASK, mask_id), (
+                label, theirs.mask_token, theirs.mask_token_id, mask_id)
+            for special in ("bos_token_id", "eos_token_id", "unk_token_id", "pad_token_id"):
+                assert getattr(theirs, special) == getattr(reference, special), (label, special)
+            for text in plain_texts:
+                assert theirs(text, add_special_tokens=False)["input_ids"] == reference(
+                    text, add_special_tokens=False)["input_ids"], (label, text)
+            for text in texts:
+                ids = theirs(text, add_special_tokens=False)["input_ids"]
+                expected = with_masks(reference, text, mask_id)
+                assert ids == expected, (label, text, ids, expected)
+            filled = ""
+            if fill_mask:
+                exact = check_fill_mask(tools, work, label, checkpoints, hf_dir, theirs)
+                filled = (f"; fill-mask's top {FILL_MASK_TOP} and scores == the project's on "
+                          f"{len(FILL_MASK_TEXTS)} texts, the top token its argmax exactly on "
+                          f"{exact}")
+            print(f"{label}: mask_token {theirs.mask_token!r} id {theirs.mask_token_id} == "
+                  f"config.json's ({len(reference)} tokenizer ids); {len(plain_texts)} texts as "
+                  f"the causal export's tokenizer, {len(texts)} with <mask> as it with the mask "
+                  f"id between{filled}", flush=True)
+    return flags
+
+
 def check_fresh_init(hf_dir):
     """A model made from the config alone starts as init_bert_params (docs/design.md 4.8)."""
     import torch
@@ -327,10 +512,20 @@ def refuse(args, out, expected):
     print(f"refused: {result.stderr.strip()}", flush=True)
 
 
-def check_refusals(tools, work, cases):
+def check_refusals(tools, work, cases, tokenizer_flags):
     baseline = cases["preln_baseline"]
     refuse([tools.nf_ckpt, "export", baseline["checkpoints"], "--format", "hf", "--out",
             work / "refused.hf", "--model-type", "gpt2"], work / "refused.hf", "model.objective")
+    for kind, file, eod in (("bpe", "vocab.json", EOT), ("spm", "spm_refused.model", "</s>")):
+        flags = tokenizer_flags[kind, "refused"]
+        refuse([tools.nf_ckpt, "export", cases["normformer_tied"]["checkpoints"], "--format",
+                "hf", "--out", work / "refused.hf", *flags], work / "refused.hf",
+               f"{file}: the masked LM's <mask> (model.mask_token) is id {VOCAB - 1} but the "
+               "tokenizer's <mask> is id ")
+        refuse([tools.nf_ckpt, "export", cases["untied_resids"]["checkpoints"], "--format", "hf",
+                "--out", work / "refused.hf", *flags], work / "refused.hf",
+               f"{file}: the masked LM's <mask> (model.mask_token) is id 5, the tokenizer's "
+               f"end-of-document token {eod}")
     source = cases["normformer_tied"]["hf_dir"]
 
     def broken(name, edit_config=None, drop_tensor=None):
@@ -373,6 +568,7 @@ def main():
         # transformers copies a directory's remote code into its modules cache: keep it here.
         os.environ["HF_MODULES_CACHE"] = str(work / "hf_modules")
         os.environ["HF_HUB_OFFLINE"] = "1"
+        os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one thread, as torch below
         import torch
         import transformers
         torch.set_num_threads(1)
@@ -382,10 +578,11 @@ def main():
         cases = {}
         for name, overrides, tp, pp in VARIANTS:
             cases[name] = check_variant(tools, work, name, overrides, tp, pp)
+        tokenizer_flags = check_tokenizers(tools, work, cases)
         check_fresh_init(cases["untied_resids"]["hf_dir"])
         check_round_trip(tools, work, "untied_resids", cases["untied_resids"])
         check_round_trip(tools, work, "tp2_pp2", cases["tp2_pp2"], "--max-shard-size", 4096)
-        check_refusals(tools, work, cases)
+        check_refusals(tools, work, cases, tokenizer_flags)
     print(f"hf_masked_lm_test: {time.monotonic() - start:.1f} s")
 
 
