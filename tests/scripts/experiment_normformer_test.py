@@ -13,7 +13,13 @@ followup. Checks that
     missing gets it on the next run without training;
   - the followup's seeds and ablations use each variant's lower-loss learning rate;
   - a rerun starts no training; bad arguments are one line and exit 2;
-  - scripts/plot-experiment draws the three plots and tabulates every arm.
+  - scripts/plot-experiment draws the three plots and tabulates every arm;
+  - --objective masked (depth 1, rates 3e-3 and 1e-2, 256 steps of 64 sequences an arm)
+    trains masked LMs (the run's config has MASKED_LM, the vocabulary plus <mask>) as arms
+    mlm-VARIANT-...: the sweep, then the seeds only (no ablations, no headword choice); each
+    done arm has nf-eval's masked-LM test perplexity (mask seed 1), which a rerun measures
+    again where it is missing; scripts/plot-experiment-mlm draws its plots and tabulates every
+    arm.
 
 usage: experiment_normformer_test.py REPO_ROOT BUILD_DIR
 """
@@ -42,24 +48,115 @@ def check(condition, message):
         sys.exit(1)
 
 
+def make_corpus(root, build):
+    """ROOT/c.{bin,idx,spm.model}: 400 documents, 128 SentencePiece pieces."""
+    rng = random.Random(1)
+    words = WORDS.split()
+    with open(os.path.join(root, "c.jsonl"), "w", encoding="utf-8") as f:
+        for k in range(400):
+            if k % 2:
+                text = " ".join(rng.choice(words) for _ in range(rng.randint(20, 80)))
+            else:
+                definition = " ".join(rng.choice(words) for _ in range(3))  # fits seq 16
+                text = f"{rng.choice(words).capitalize()}ness, n. {definition}."
+            f.write(json.dumps({"text": text}) + "\n")
+    corpus = os.path.join(root, "c")
+    subprocess.run([os.path.join(build, "data", "nf-preprocess"), "--input",
+                    corpus + ".jsonl", "--output-prefix", corpus, "--tokenizer",
+                    "sentencepiece", "--spm-train-vocab-size", "128"],
+                   check=True, capture_output=True)
+    return corpus
+
+
+def check_masked(repo, build, root, corpus):
+    """--objective masked end to end, and scripts/plot-experiment-mlm on its arms."""
+    runs = os.path.join(root, "mlm-runs")
+    command = [os.path.join(repo, "scripts", "experiment-normformer"), "--objective", "masked",
+               "--corpus", corpus, "--runs", runs, "--build", build, "--tokens", "262144",
+               "--depths", "1", "--lrs", "3e-3,1e-2"]
+    # 128 pieces and <mask>; more masked tokens a step than RoBERTa's 15% of 4 x 16, so that
+    # the training loss is smooth enough for the driver's divergence test (a loss above the
+    # first step's after warmup).
+    for setting in SHRINK + ["model.vocab_size=129", "train.micro_batch_size=16",
+                             "train.global_batch_size=64", "data.masked_lm.mask_prob=0.5"]:
+        command += ["--set", setting]
+    done = subprocess.run(command, capture_output=True, text=True)
+    check(done.returncode == 0, f"masked: exit {done.returncode}: {done.stdout}{done.stderr}")
+    check("every arm of the phases sweep,followup has finished" in done.stdout, done.stdout)
+    arms = {}
+    for name in sorted(os.listdir(runs)):
+        path = os.path.join(runs, name, "arm.json")
+        if os.path.isfile(path):
+            with open(path, encoding="utf-8") as f:
+                arms[name] = json.load(f)
+    swept = {f"mlm-{v}-L1-lr{lr}-s1" for v in ("preln", "normformer") for lr in ("0.003", "0.01")}
+    check(swept <= set(arms) and len(arms) == 8,
+          f"masked: {sorted(arms)}: expected 4 swept + 4 seeds")
+    best = {v: min((a for a in arms.values() if a["variant"] == v and a["seed"] == 1),
+                   key=lambda a: a["final_valid_loss"])["lr"] for v in ("preln", "normformer")}
+    for seed in (2, 3):
+        for variant, lr in best.items():
+            check(f"mlm-{variant}-L1-lr{lr:g}-s{seed}" in arms, f"masked: {variant} seed {seed}")
+    for name, arm in arms.items():
+        check(arm["status"] == "done", f"{name}: {arm['status']}")
+        check(arm["final_valid_loss"] < arm["first_valid_loss"], f"{name}: no learning")
+        check("headword_acc" not in arm, f"{name}: a masked LM got the headword choice")
+        with open(os.path.join(runs, name, "config.pbtxt"), encoding="utf-8") as f:
+            config = f.read()
+        check("MASKED_LM" in config and "vocab_size: 129" in config, f"{name}: config {config}")
+        with open(os.path.join(runs, name, "test.json"), encoding="utf-8") as f:
+            test = json.load(f)["perplexity"]
+        check(test["objective"] == "masked_lm" and test["mask_seed"] == 1
+              and test["tokens"] > 0 and arm["test_loss"] == test["loss"],
+              f"{name}: test {test}, arm {arm.get('test_loss')}")
+    check(not os.path.exists(os.path.join(runs, "headword-choice.jsonl")),
+          "masked: the headword choice was made")
+
+    # A done arm without its test loss (an nf-eval that refused masked LMs) gets it back on a
+    # rerun, which trains nothing.
+    evaluated = os.path.join(runs, "mlm-preln-L1-lr0.01-s1", "arm.json")
+    with open(evaluated, encoding="utf-8") as f:
+        record = json.load(f)
+    measured = record["test_loss"]
+    record.update(test_loss=None, test_error="refused")
+    with open(evaluated, "w", encoding="utf-8") as f:
+        json.dump(record, f)
+    again = subprocess.run(command, capture_output=True, text=True)
+    check(again.returncode == 0 and "training" not in again.stdout, again.stdout + again.stderr)
+    check("mlm-preln-L1-lr0.01-s1: test loss" in again.stdout, again.stdout)
+    with open(evaluated, encoding="utf-8") as f:
+        record = json.load(f)
+    check(record["test_loss"] == measured and "test_error" not in record, f"{record}")
+    listed = subprocess.run(command + ["--list"], capture_output=True, text=True)
+    check(listed.returncode == 0 and "mlm-normformer-L1-lr0.003-s1: done" in listed.stdout,
+          listed.stdout + listed.stderr)
+
+    plots = os.path.join(root, "mlm-plots")
+    table = os.path.join(root, "mlm-table.md")
+    plotted = subprocess.run([os.path.join(repo, "scripts", "plot-experiment-mlm"), runs, "-o",
+                              plots, "--table", table], capture_output=True, text=True)
+    check(plotted.returncode == 0, f"plot-experiment-mlm: exit {plotted.returncode}: "
+          f"{plotted.stderr}")
+    for png in ("validation_ppl.png", "followup_ppl.png", "grad_norm_ratio.png"):
+        path = os.path.join(plots, png)
+        check(os.path.isfile(path) and os.path.getsize(path) > 5000, f"masked: {png} missing")
+    with open(table, encoding="utf-8") as f:
+        text = f.read()
+    for name, arm in arms.items():
+        check(f"| {name} | done |" in text, f"{name} not in the masked table:\n{text}")
+    check("| learning rate | Pre-LN, 1 layers | NormFormer, 1 layers |" in text, text)
+    for variant in ("Pre-LN", "NormFormer"):
+        check(f"| {variant} (lr {best['preln' if variant == 'Pre-LN' else 'normformer']:g}, "
+              "1 layers) | 1, 2, 3 |" in text, "masked seeds table:\n" + text)
+    empty = subprocess.run([os.path.join(repo, "scripts", "plot-experiment-mlm"),
+                            os.path.join(root, "nothing")], capture_output=True, text=True)
+    check(empty.returncode == 2 and empty.stderr.count("\n") == 1, empty.stderr)
+
+
 def main():
     repo, build = sys.argv[1], sys.argv[2]
     with tempfile.TemporaryDirectory() as root:
-        rng = random.Random(1)
-        words = WORDS.split()
-        with open(os.path.join(root, "c.jsonl"), "w", encoding="utf-8") as f:
-            for k in range(400):
-                if k % 2:
-                    text = " ".join(rng.choice(words) for _ in range(rng.randint(20, 80)))
-                else:
-                    definition = " ".join(rng.choice(words) for _ in range(3))  # fits seq 16
-                    text = f"{rng.choice(words).capitalize()}ness, n. {definition}."
-                f.write(json.dumps({"text": text}) + "\n")
-        corpus = os.path.join(root, "c")
-        subprocess.run([os.path.join(build, "data", "nf-preprocess"), "--input",
-                        corpus + ".jsonl", "--output-prefix", corpus, "--tokenizer",
-                        "sentencepiece", "--spm-train-vocab-size", "128"],
-                       check=True, capture_output=True)
+        corpus = make_corpus(root, build)
         runs = os.path.join(root, "runs")
         command = [os.path.join(repo, "scripts", "experiment-normformer"), "--corpus", corpus,
                    "--runs", runs, "--build", build, "--tokens", "262144", "--depths", "1,2",
@@ -183,6 +280,7 @@ def main():
                                  capture_output=True, text=True)
         check(missing.returncode == 2 and "none.idx is missing" in missing.stderr,
               f"missing corpus: exit {missing.returncode}: {missing.stderr}")
+        check_masked(repo, build, root, corpus)
     print("experiment-normformer: ok")
 
 
