@@ -8,8 +8,9 @@
 //
 // Differences from fairseq: the random replacement is uniform over the whole vocabulary except
 // <mask> (fairseq's excludes its dictionary's special symbols; this project keeps no such list),
-// and "no target" is -1 rather than the padding id. Whole-word masking and span masking
-// (mask_whole_words, mask_multiple_length) are not implemented.
+// and "no target" is -1 rather than the padding id. RoBERTa's token-level masking only: fairseq's
+// optional whole-word and span variants (mask_whole_words, mask_multiple_length) are other
+// objectives.
 //
 // Every draw is a pure function of (seed, sample, what is drawn), through the counter-based
 // Philox of core/philox.h, never a std:: engine: a sample's mask is the same whatever the

@@ -89,6 +89,7 @@ import numpy as np
 from safetensors import safe_open
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+import hf_export_test  # noqa: E402
 from fairseq_test_util import run  # noqa: E402
 
 TOLERANCE = 2e-5
@@ -193,29 +194,12 @@ def export(tools, checkpoints, out, *flags):
 
 
 def expected_config(model):
-    """What config.json holds for the masked LM (docs/checkpoints.md "Hugging Face")."""
-    number = lambda key: float(model[key])  # noqa: E731
-    flag = lambda key: model[key] == "true"  # noqa: E731
-    return {"architectures": ["NormFormerForMaskedLM"], "model_type": "normformer",
-            "objective": "masked_lm", "mask_token_id": mask_id(model),
-            "vocab_size": int(model["vocab_size"]), "hidden_size": int(model["d_model"]),
-            "num_hidden_layers": int(model["num_layers"]),
-            "num_attention_heads": int(model["num_heads"]),
-            "intermediate_size": int(model["ffn_dim"]),
-            "max_position_embeddings": int(model["max_seq_len"]),
-            "position_embedding_type": model["positions"].lower(),
-            "first_position": int(model["first_position"]),
-            "hidden_act": {"GELU": "gelu", "GELU_TANH": "gelu_tanh",
-                           "RELU_SQUARED": "relu_squared"}[model["activation"]],
-            "layer_norm_eps": number("layer_norm_eps"),
-            "scale_embedding": flag("scale_embedding"),
-            "tie_word_embeddings": flag("tie_embeddings"), "scale_attn": flag("scale_attn"),
-            "scale_heads": flag("scale_heads"),
-            "head_scale_placement": model["head_scale_placement"].lower(),
-            "scale_fc": flag("scale_fc"), "scale_resids": flag("scale_resids"),
-            "dropout": number("dropout"), "attention_dropout": number("attention_dropout"),
-            "activation_dropout": number("activation_dropout"), "dtype": "float32",
-            "use_cache": False, "pad_token_id": None}
+    """What config.json holds for the masked LM (docs/checkpoints.md "Hugging Face"): the causal
+    normformer form's fields with the masked LM's architecture, objective and mask id."""
+    expected = hf_export_test.expected_config(model, "normformer")
+    expected.update({"architectures": ["NormFormerForMaskedLM"], "objective": "masked_lm",
+                     "mask_token_id": mask_id(model), "use_cache": False})
+    return expected
 
 
 def check_directory(hf_dir, model, name):
